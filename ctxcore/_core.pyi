@@ -1,0 +1,49 @@
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+MAX_TOKENS: int
+MAX_CANDIDATES: int
+
+class InvalidCandidate(ValueError):
+    index: int
+    candidate_id: str | None
+
+class PackOutput:
+    @property
+    def indices(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def reasons(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def tokens_used(self) -> int: ...
+    @property
+    def total_score(self) -> float: ...
+    @property
+    def upper_bound(self) -> float: ...
+    @property
+    def path(self) -> int: ...
+    @property
+    def evaluated(self) -> int: ...
+    @property
+    def excluded_for_budget(self) -> int: ...
+    @property
+    def truncated(self) -> bool: ...
+    @property
+    def proven_optimal(self) -> bool: ...
+    @property
+    def dp_cells(self) -> int: ...
+    @property
+    def search_nodes(self) -> int: ...
+
+def pack_arrays(
+    ids: Sequence[str],
+    tokens: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    pinned: npt.NDArray[np.bool_] | None,
+    budget: int,
+    bucket_tokens: int,
+    cell_ceiling: int,
+    search_node_limit: int,
+) -> PackOutput: ...

@@ -1,0 +1,142 @@
+"""The ``ctxcore`` command line.
+
+``ctxcore pack FILE.jsonl --budget N`` packs candidates read one JSON object per line
+(``id``, ``tokens``, ``score``, optional ``pinned``) and prints the selection and the
+pack record, as a table or (``--json``) as one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import __version__
+from .errors import InvalidCandidate
+from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def read_candidates_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read candidates from a JSON Lines file, naming the line of any bad entry.
+
+    Blank lines are skipped; every other line must be a JSON object.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    out: list[dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise CliError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        obj["_line"] = lineno
+        out.append(obj)
+    return out
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for k, row in enumerate(rows):
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+        if k == 0:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+
+
+def _print_pack(res: PackResult, out: TextIO) -> None:
+    decisions = res.decisions
+    by_index = {d.index: d for d in decisions}
+    rows = [["#", "id", "tokens", "score", "how"]]
+    for k, i in enumerate(res.indices.tolist(), start=1):
+        d = by_index[i]
+        rows.append([str(k), d.id, str(d.tokens), f"{d.score:.4f}", d.reason.value])
+    out.write(f"selected {len(res.ids)} of {res.evaluated} candidates\n\n")
+    if len(rows) > 1:
+        _table(rows, out)
+    left_out = [d for d in decisions if not d.selected]
+    if left_out:
+        out.write("\nleft out\n")
+        _table(
+            [["id", "tokens", "score", "why"]]
+            + [[d.id, str(d.tokens), f"{d.score:.4f}", d.reason.value] for d in left_out],
+            out,
+        )
+    rec = res.record()
+    out.write("\nrecord\n")
+    _table(
+        [["field", "value"]]
+        + [[k, f"{v:.6g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)]
+           for k, v in rec.items()],
+        out,
+    )
+
+
+def _cmd_pack(args: argparse.Namespace, out: TextIO) -> int:
+    rows = read_candidates_jsonl(Path(args.file))
+    try:
+        res = pack(rows, args.budget, bucket_tokens=args.bucket_tokens, cell_ceiling=args.cell_ceiling)
+    except InvalidCandidate as exc:
+        where = f"{args.file}:{rows[exc.index]['_line']}: " if 0 <= exc.index < len(rows) else f"{args.file}: "
+        raise CliError(where + str(exc)) from None
+    if args.json:
+        doc = {
+            "selected": list(res.ids),
+            "record": res.record(),
+            "decisions": [
+                {"id": d.id, "index": d.index, "reason": d.reason.value, "tokens": d.tokens, "score": d.score,
+                 "pinned": d.pinned}
+                for d in res.decisions
+            ],
+        }
+        json.dump(doc, out, indent=2, ensure_ascii=False)
+        out.write("\n")
+    else:
+        _print_pack(res, out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``ctxcore``."""
+    parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
+    parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="pack candidates from a JSON Lines file into a token budget")
+    p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line")
+    p.add_argument("--budget", type=int, required=True, help="the hard token budget")
+    p.add_argument("--bucket-tokens", type=int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
+    p.add_argument("--cell-ceiling", type=int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.set_defaults(func=_cmd_pack)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ctxcore`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.func(args, sys.stdout)
+    except CliError as exc:
+        sys.stderr.write(f"ctxcore: error: {exc}\n")
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"ctxcore: error: {exc}\n")
+        return 2
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

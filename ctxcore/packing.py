@@ -1,0 +1,492 @@
+"""Packing: choose which scored candidates go into the context, inside a hard token budget.
+
+This is the pipeline stage between scoring and formatting. It is a 0/1 knapsack: maximize
+the sum of scores subject to the sum of exact token costs <= budget. The work is done by
+the compiled core (``ctxcore._core``, GIL released); this module validates and converts
+input, holds the policy defaults, and wraps the result in `PackResult`, which records what
+was left out and why.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from .errors import invalid
+
+__all__ = [
+    "DEFAULT_BUCKET_TOKENS",
+    "DEFAULT_CELL_CEILING",
+    "DEFAULT_SEARCH_NODE_LIMIT",
+    "Candidate",
+    "Decision",
+    "PackPath",
+    "PackResult",
+    "Reason",
+    "pack",
+    "pack_arrays",
+]
+
+#: DP granularity. From the packer design: "Discretize the budget into 16-token buckets".
+DEFAULT_BUCKET_TOKENS = 16
+#: Largest DP table (candidates x buckets) before the fallback runs. At 2**22 cells the
+#: bit-packed choice table is 512 KiB and the DP stays near a millisecond on one core
+#: (bench/test_bench_pack.py measures it); larger tables go to the density fallback.
+DEFAULT_CELL_CEILING = 1 << 22
+#: Node budget of the branch-and-bound improvement step. Enough to finish (and so prove
+#: optimality) on every instance of up to ~14 candidates and on most realistic sets of a
+#: few hundred; bounded so that adversarial sets cost at most a few hundred microseconds.
+DEFAULT_SEARCH_NODE_LIMIT = 20_000
+
+
+class PackPath(enum.StrEnum):
+    """Which branch of the packer decided the selection."""
+
+    TRIVIAL = "trivial"  #: no decision needed: no candidates, budget <= 0, or all fit
+    DP = "dp"  #: bucketed dynamic program under the cell ceiling
+    GREEDY = "greedy"  #: value-density fallback above the cell ceiling
+
+
+class Reason(enum.StrEnum):
+    """Why a candidate was selected or left out."""
+
+    SELECTED = "selected"
+    PINNED = "pinned"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    PINNED_OVER_BUDGET = "pinned_over_budget"
+    NON_POSITIVE_SCORE = "non_positive_score"
+
+
+# Mirrors ctxcore::Reason / ctxcore::PackPath (src_c/include/ctxcore/packer.hpp).
+_REASONS = (
+    Reason.SELECTED,
+    Reason.PINNED,
+    Reason.BUDGET_EXHAUSTED,
+    Reason.PINNED_OVER_BUDGET,
+    Reason.NON_POSITIVE_SCORE,
+)
+_PATHS = (PackPath.TRIVIAL, PackPath.DP, PackPath.GREEDY)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One item that may go into the context.
+
+    Attributes:
+        id: unique, non-empty identifier.
+        tokens: exact token cost of the item as it will be serialized.
+        score: value of including it; only positive scores can be selected unless pinned.
+        pinned: taken before optimization, while it fits (guaranteed context).
+
+    >>> Candidate("m1", 120, 0.8)
+    Candidate(id='m1', tokens=120, score=0.8, pinned=False)
+    """
+
+    id: str
+    tokens: int
+    score: float
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What happened to one input candidate.
+
+    >>> d = Decision("m1", 0, Reason.SELECTED, 120, 0.8, False)
+    >>> d.selected
+    True
+    """
+
+    id: str
+    index: int
+    reason: Reason
+    tokens: int
+    score: float
+    pinned: bool
+
+    @property
+    def selected(self) -> bool:
+        """True when the candidate is in the packed context."""
+        return self.reason in (Reason.SELECTED, Reason.PINNED)
+
+
+def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackResult:
+    """The packer's selection and its record.
+
+    Attributes:
+        ids: selected ids in emit order: pinned first, then the rest; each block by
+            descending score, then id.
+        indices: input positions of `ids` (int64, read-only).
+        tokens_used: exact sum of the selected candidates' tokens (<= budget).
+        total_score: sum of the selected candidates' scores.
+        upper_bound: LP-relaxation bound on the best achievable total (>= total_score).
+        path: which branch decided (`PackPath`).
+        evaluated: number of candidates considered (all input candidates).
+        excluded_for_budget: candidates left out for lack of room (pinned ones included).
+        truncated: False for an empty candidate set; True for a non-positive budget with
+            candidates present; otherwise ``excluded_for_budget > 0``.
+        proven_optimal: the selection is an exact optimum (trivial case, or the bounded
+            branch-and-bound finished).
+        budget: the budget packed against.
+        reasons: one `Reason` code per input candidate (uint8, input order, read-only);
+            `decisions` gives the same as objects.
+        dp_cells: size of the DP table used (0 when the DP did not run).
+        search_nodes: branch-and-bound nodes explored.
+    """
+
+    ids: tuple[str, ...]
+    indices: npt.NDArray[np.int64]
+    tokens_used: int
+    total_score: float
+    upper_bound: float
+    path: PackPath
+    evaluated: int
+    excluded_for_budget: int
+    truncated: bool
+    proven_optimal: bool
+    budget: int
+    reasons: npt.NDArray[np.uint8] = field(repr=False)
+    dp_cells: int = field(repr=False, default=0)
+    search_nodes: int = field(repr=False, default=0)
+    _candidate_ids: tuple[str, ...] = field(repr=False, default=())
+    _tokens: npt.NDArray[np.int64] = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
+    _scores: npt.NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
+    _pinned: npt.NDArray[np.bool_] = field(repr=False, default_factory=lambda: np.zeros(0, bool))
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """One `Decision` per input candidate, in input order."""
+        return tuple(
+            Decision(cid, i, _REASONS[r], int(t), float(s), bool(p))
+            for i, (cid, r, t, s, p) in enumerate(
+                zip(self._candidate_ids, self.reasons.tolist(), self._tokens, self._scores, self._pinned)
+            )
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The pack record as plain JSON-ready values (no per-candidate detail).
+
+        >>> pack([Candidate("a", 10, 1.0)], 5).record()["truncated"]
+        True
+        """
+        return {
+            "path": str(self.path),
+            "budget": self.budget,
+            "tokens_used": self.tokens_used,
+            "total_score": self.total_score,
+            "upper_bound": self.upper_bound,
+            "evaluated": self.evaluated,
+            "selected": len(self.ids),
+            "excluded_for_budget": self.excluded_for_budget,
+            "truncated": self.truncated,
+            "proven_optimal": self.proven_optimal,
+            "dp_cells": self.dp_cells,
+            "search_nodes": self.search_nodes,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PackResult):
+            return NotImplemented
+        return (
+            self.ids == other.ids
+            and np.array_equal(self.indices, other.indices)
+            and self.record() == other.record()
+            and np.array_equal(self.reasons, other.reasons)
+            and self._candidate_ids == other._candidate_ids
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# ---- input conversion ---------------------------------------------------------------
+
+
+def _name(index: int, cid: object) -> str:
+    if isinstance(cid, str) and cid:
+        shown = cid if len(cid) <= 80 else cid[:80] + "..."
+        return f"candidate {shown!r} (index {index})"
+    return f"candidate at index {index}"
+
+
+def _as_int(value: object, what: str) -> int:
+    """An integer from an int or an integral float; ValueError/TypeError otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, got bool")
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isfinite(f) and f.is_integer():
+            return int(f)
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+
+
+def _as_budget(budget: object) -> int:
+    try:
+        return _as_int(budget, "budget")
+    except (TypeError, ValueError) as exc:
+        raise invalid(str(exc)) from None
+
+
+def _positive_option(value: object, name: str) -> int:
+    n = _as_int(value, name)
+    if n <= 0:
+        raise ValueError(f"{name} must be > 0, got {n}")
+    return n
+
+
+def _tokens_array(tokens: object, ids: Sequence[object]) -> npt.NDArray[np.int64]:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise invalid(f"tokens must be a 1-D array, got {arr.ndim} dimensions")
+    kind = arr.dtype.kind
+    if kind == "i":
+        return arr.astype(np.int64, copy=False)
+    if kind == "u":
+        too_big = np.flatnonzero(arr > _core.MAX_TOKENS)
+        if too_big.size:
+            i = int(too_big[0])
+            raise invalid(f"{_name(i, ids[i])}: tokens must be <= 2**40, got {arr[i]}", i, _id_or_none(ids[i]))
+        return arr.astype(np.int64)
+    if kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < 0) | (arr > _core.MAX_TOKENS))
+        if bad.size:
+            i = int(bad[0])
+            _token_error(float(arr[i]), i, ids[i])
+        return arr.astype(np.int64)
+    if kind == "O":
+        out = np.empty(arr.shape[0], np.int64)
+        for i, v in enumerate(arr.tolist()):
+            try:
+                t = _as_int(v, "tokens")
+            except (TypeError, ValueError) as exc:
+                raise invalid(f"{_name(i, ids[i])}: {exc}", i, _id_or_none(ids[i])) from None
+            if not 0 <= t <= _core.MAX_TOKENS:
+                _token_error(t, i, ids[i])
+            out[i] = t
+        return out
+    raise invalid(f"tokens must be integers, got an array of dtype {arr.dtype}")
+
+
+def _token_error(value: float, i: int, cid: object) -> None:
+    if not math.isfinite(value) or value != math.floor(value):
+        what = f"tokens must be an integer, got {value!r}"
+    elif value < 0:
+        what = f"tokens must be >= 0, got {value:.0f}"
+    else:
+        what = f"tokens must be <= 2**40, got {value:.0f}"
+    raise invalid(f"{_name(i, cid)}: {what}", i, _id_or_none(cid))
+
+
+def _scores_array(scores: object) -> npt.NDArray[np.float64]:
+    arr = np.asarray(scores)
+    if arr.ndim != 1:
+        raise invalid(f"scores must be a 1-D array, got {arr.ndim} dimensions")
+    if arr.dtype.kind in "iuf":
+        return arr.astype(np.float64, copy=False)
+    if arr.dtype.kind == "O":
+        try:
+            return np.array([_as_score(v) for v in arr.tolist()], dtype=np.float64)
+        except TypeError as exc:
+            raise invalid(f"scores: {exc}") from None
+    raise invalid(f"scores must be real numbers, got an array of dtype {arr.dtype}")
+
+
+def _as_score(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"score must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def _pinned_array(pinned: object) -> npt.NDArray[np.bool_]:
+    arr = np.asarray(pinned)
+    if arr.ndim != 1:
+        raise invalid(f"pinned must be a 1-D array, got {arr.ndim} dimensions")
+    if arr.dtype.kind == "b":
+        return arr
+    if arr.dtype.kind in "iu" and bool(np.all((arr == 0) | (arr == 1))):
+        return arr.astype(bool)
+    raise invalid(f"pinned must be booleans, got an array of dtype {arr.dtype}")
+
+
+def _id_or_none(cid: object) -> str | None:
+    return cid if isinstance(cid, str) and cid else None
+
+
+def _field(c: object, key: str, index: int) -> Any:
+    if isinstance(c, Mapping):
+        if key in c:
+            return c[key]
+    elif hasattr(c, key):
+        return getattr(c, key)
+    if key == "pinned":
+        return False
+    cid = c.get("id") if isinstance(c, Mapping) else getattr(c, "id", None)
+    raise invalid(f"{_name(index, cid)}: missing {key!r}", index, _id_or_none(cid))
+
+
+# ---- the API ------------------------------------------------------------------------
+
+
+def pack_arrays(
+    ids: Sequence[str] | Iterable[str],
+    tokens: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    budget: int,
+    *,
+    pinned: npt.ArrayLike | None = None,
+    bucket_tokens: int = DEFAULT_BUCKET_TOKENS,
+    cell_ceiling: int = DEFAULT_CELL_CEILING,
+    search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
+) -> PackResult:
+    """Pack candidates given as parallel arrays: the fast path.
+
+    Args:
+        ids: unique non-empty str ids (a list or tuple is used without copying).
+        tokens: exact token costs, 1-D; int64 C-contiguous arrays are passed to the core
+            without a copy. Integral floats are accepted; 3.5 is not.
+        scores: finite scores, 1-D; float64 arrays are passed without a copy.
+        budget: the hard token budget (an integer; <= 0 selects nothing).
+        pinned: optional 1-D bools: candidates taken first, in emit order, while they fit.
+        bucket_tokens: DP granularity in tokens.
+        cell_ceiling: largest DP table (items x buckets) before the fallback.
+        search_node_limit: node budget of the branch-and-bound improvement (0 disables).
+
+    Returns:
+        The `PackResult`; ``tokens_used <= budget`` always.
+
+    Raises:
+        InvalidCandidate: a bad candidate (negative tokens, non-finite score, empty or
+            duplicate id, ...) or mismatched lengths, naming the candidate.
+
+    >>> r = pack_arrays(["a", "b", "c"], [60, 50, 50], [6.0, 5.0, 5.0], 100)
+    >>> r.ids, r.tokens_used, r.path.value
+    (('b', 'c'), 100, 'dp')
+    """
+    if isinstance(ids, str):
+        raise invalid("ids must be a sequence of str, not a single str")
+    id_list: list[str] | tuple[str, ...] = ids if isinstance(ids, (list, tuple)) else list(ids)
+    budget_int = _as_budget(budget)
+    bucket = _positive_option(bucket_tokens, "bucket_tokens")
+    ceiling = _positive_option(cell_ceiling, "cell_ceiling")
+    node_limit = _as_int(search_node_limit, "search_node_limit")
+    if node_limit < 0:
+        raise ValueError(f"search_node_limit must be >= 0, got {node_limit}")
+
+    score_arr = _scores_array(scores)
+    n = len(id_list)
+    tok_raw = np.asarray(tokens)
+    lengths = [n, tok_raw.shape[0] if tok_raw.ndim == 1 else -1, score_arr.shape[0]]
+    pin_arr = None if pinned is None else _pinned_array(pinned)
+    if pin_arr is not None:
+        lengths.append(pin_arr.shape[0])
+    if len(set(lengths)) != 1:
+        raise invalid(
+            f"mismatched lengths: {n} ids, {lengths[1]} tokens, {lengths[2]} scores"
+            + (f", {lengths[3]} pinned flags" if pin_arr is not None else "")
+        )
+    tok_arr = _tokens_array(tok_raw, id_list)
+
+    out = _core.pack_arrays(id_list, tok_arr, score_arr, pin_arr, budget_int, bucket, ceiling, node_limit)
+    indices = out.indices
+    return PackResult(
+        ids=tuple(id_list[i] for i in indices.tolist()),
+        indices=indices,
+        tokens_used=out.tokens_used,
+        total_score=out.total_score,
+        upper_bound=out.upper_bound,
+        path=_PATHS[out.path],
+        evaluated=out.evaluated,
+        excluded_for_budget=out.excluded_for_budget,
+        truncated=out.truncated,
+        proven_optimal=out.proven_optimal,
+        budget=budget_int,
+        reasons=out.reasons,
+        dp_cells=out.dp_cells,
+        search_nodes=out.search_nodes,
+        _candidate_ids=tuple(id_list),
+        _tokens=_frozen(tok_arr),
+        _scores=_frozen(score_arr),
+        _pinned=_frozen(pin_arr if pin_arr is not None else np.zeros(n, dtype=bool)),
+    )
+
+
+def pack(
+    candidates: Iterable[Candidate | Mapping[str, Any] | Any],
+    budget: int,
+    *,
+    bucket_tokens: int = DEFAULT_BUCKET_TOKENS,
+    cell_ceiling: int = DEFAULT_CELL_CEILING,
+    search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
+) -> PackResult:
+    """Pack candidate objects (or mappings) into ``budget`` tokens.
+
+    Each candidate has ``id`` (str), ``tokens`` (int), ``score`` (float) and optionally
+    ``pinned`` (bool), as attributes (e.g. `Candidate`) or mapping keys.
+
+    Args:
+        candidates: the candidates, in any order (the result does not depend on it).
+        budget: the hard token budget.
+        bucket_tokens: DP granularity in tokens.
+        cell_ceiling: largest DP table (items x buckets) before the fallback.
+        search_node_limit: node budget of the branch-and-bound improvement (0 disables).
+
+    Returns:
+        The `PackResult`.
+
+    Raises:
+        InvalidCandidate: naming the first bad candidate.
+
+    >>> res = pack([Candidate("a", 300, 0.9), Candidate("b", 200, 0.5), {"id": "c", "tokens": 200, "score": 0.5}], 400)
+    >>> res.ids, res.tokens_used, res.truncated
+    (('b', 'c'), 400, True)
+    """
+    ids: list[str] = []
+    tokens: list[int] = []
+    scores: list[float] = []
+    pinned: list[bool] = []
+    for i, c in enumerate(candidates):
+        cid = _field(c, "id", i)
+        if not isinstance(cid, str):
+            raise invalid(f"{_name(i, None)}: id must be str, got {type(cid).__name__}", i, None)
+        try:
+            t = _as_int(_field(c, "tokens", i), "tokens")
+            s = _as_score(_field(c, "score", i))
+        except (TypeError, ValueError) as exc:
+            raise invalid(f"{_name(i, cid)}: {exc}", i, _id_or_none(cid)) from None
+        p = _field(c, "pinned", i)
+        if not isinstance(p, (bool, np.bool_)):
+            raise invalid(f"{_name(i, cid)}: pinned must be a bool, got {type(p).__name__}", i, _id_or_none(cid))
+        if not 0 <= t <= _core.MAX_TOKENS:
+            _token_error(t, i, cid)
+        ids.append(cid)
+        tokens.append(t)
+        scores.append(s)
+        pinned.append(bool(p))
+    return pack_arrays(
+        ids,
+        np.array(tokens, dtype=np.int64),
+        np.array(scores, dtype=np.float64),
+        budget,
+        pinned=np.array(pinned, dtype=bool) if any(pinned) else None,
+        bucket_tokens=bucket_tokens,
+        cell_ceiling=cell_ceiling,
+        search_node_limit=search_node_limit,
+    )

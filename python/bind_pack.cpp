@@ -1,0 +1,132 @@
+// Binding for the packer: ids (a list or tuple of str) and numpy arrays in, a result
+// object whose arrays are views into the C++ vectors it owns.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bindings.hpp"
+#include "ctxcore/packer.hpp"
+
+namespace py = pybind11;
+
+namespace ctxcore_py {
+namespace {
+
+using Int64Array = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
+
+template <class T>
+ctxcore::View<T> view_1d(const py::array_t<T, py::array::c_style | py::array::forcecast>& a,
+                         const char* name) {
+  if (a.ndim() != 1)
+    throw ctxcore::InvalidCandidate(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
+                                        " dimensions",
+                                    -1, "");
+  return {a.data(), static_cast<std::size_t>(a.shape(0))};
+}
+
+// A result that owns its vectors; `indices` and `reasons` are numpy views kept alive by it.
+struct PackOutput {
+  ctxcore::PackResult r;
+};
+
+PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
+                       const py::object& pinned, std::int64_t budget, std::int64_t bucket_tokens,
+                       std::int64_t cell_ceiling, std::int64_t search_node_limit) {
+  if (!py::isinstance<py::list>(ids) && !py::isinstance<py::tuple>(ids))
+    throw py::type_error("ids must be a list or tuple of str");
+  const std::size_t n = py::len(ids);
+  // Hold a reference to each id: the UTF-8 buffers below belong to the str objects, and
+  // must outlive the GIL-free section even if another thread mutates the caller's list.
+  std::vector<py::object> keep;
+  std::vector<std::string_view> views;
+  keep.reserve(n);
+  views.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    py::object item = ids[i];
+    if (!PyUnicode_Check(item.ptr())) {
+      throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) + ": id must be str, got " +
+                                          std::string(py::str(py::type::of(item).attr("__name__"))),
+                                      static_cast<std::int64_t>(i), "");
+    }
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(item.ptr(), &size);
+    if (utf8 == nullptr) {
+      PyErr_Clear();
+      throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) +
+                                          ": id is not encodable as UTF-8 (lone surrogate)",
+                                      static_cast<std::int64_t>(i), "");
+    }
+    views.emplace_back(utf8, static_cast<std::size_t>(size));
+    keep.push_back(std::move(item));
+  }
+  ctxcore::PackInput in;
+  in.ids = {views.data(), views.size()};
+  in.tokens = view_1d(tokens, "tokens");
+  in.scores = view_1d(scores, "scores");
+  BoolArray pinned_array;
+  if (!pinned.is_none()) {
+    pinned_array = BoolArray::ensure(pinned);
+    if (!pinned_array) throw py::type_error("pinned must be a 1-D array of bool or None");
+    const auto v = view_1d(pinned_array, "pinned");
+    // bool is one byte here; reading it through unsigned char is always allowed.
+    in.pinned = {reinterpret_cast<const std::uint8_t*>(v.data), v.size};
+  }
+  ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit};
+  PackOutput out;
+  {
+    // Safe: from here on only plain C++ data is touched. The arrays and id strings are
+    // kept alive by references held above; nothing here creates or frees Python objects.
+    py::gil_scoped_release nogil;
+    out.r = ctxcore::pack(in, budget, opt);
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_pack(py::module_& m) {
+  m.attr("MAX_TOKENS") = ctxcore::kMaxTokens;
+  m.attr("MAX_CANDIDATES") = ctxcore::kMaxCandidates;
+
+  py::class_<PackOutput>(m, "PackOutput", "Raw packer output; wrapped by ctxcore.PackResult.")
+      .def_property_readonly(
+          "indices",
+          [](py::object self) {
+            auto& v = self.cast<PackOutput&>().r.indices;
+            py::array_t<std::int64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(std::int64_t)}, v.data(),
+                                        self);
+            a.attr("setflags")(py::arg("write") = false);
+            return a;
+          })
+      .def_property_readonly(
+          "reasons",
+          [](py::object self) {
+            auto& v = self.cast<PackOutput&>().r.reasons;
+            static_assert(sizeof(ctxcore::Reason) == 1, "Reason is one byte");
+            py::array_t<std::uint8_t> a({static_cast<py::ssize_t>(v.size())}, {std::size_t{1}},
+                                        reinterpret_cast<const std::uint8_t*>(v.data()), self);
+            a.attr("setflags")(py::arg("write") = false);
+            return a;
+          })
+      .def_property_readonly("tokens_used", [](const PackOutput& o) { return o.r.tokens_used; })
+      .def_property_readonly("total_score", [](const PackOutput& o) { return o.r.total_score; })
+      .def_property_readonly("upper_bound", [](const PackOutput& o) { return o.r.upper_bound; })
+      .def_property_readonly("path", [](const PackOutput& o) { return static_cast<int>(o.r.path); })
+      .def_property_readonly("evaluated", [](const PackOutput& o) { return o.r.evaluated; })
+      .def_property_readonly("excluded_for_budget", [](const PackOutput& o) { return o.r.excluded_for_budget; })
+      .def_property_readonly("truncated", [](const PackOutput& o) { return o.r.truncated; })
+      .def_property_readonly("proven_optimal", [](const PackOutput& o) { return o.r.proven_optimal; })
+      .def_property_readonly("dp_cells", [](const PackOutput& o) { return o.r.dp_cells; })
+      .def_property_readonly("search_nodes", [](const PackOutput& o) { return o.r.search_nodes; });
+
+  m.def("pack_arrays", &pack_arrays, py::arg("ids"), py::arg("tokens"), py::arg("scores"), py::arg("pinned"),
+        py::arg("budget"), py::arg("bucket_tokens"), py::arg("cell_ceiling"), py::arg("search_node_limit"),
+        "Pack validated arrays. Private: call ctxcore.pack_arrays.");
+}
+
+}  // namespace ctxcore_py
