@@ -46,4 +46,5 @@ def pack_arrays(
     bucket_tokens: int,
     cell_ceiling: int,
     search_node_limit: int,
+    core_cell_limit: int,
 ) -> PackOutput: ...

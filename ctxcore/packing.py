@@ -38,14 +38,18 @@ __all__ = [
 
 #: DP granularity. From the packer design: "Discretize the budget into 16-token buckets".
 DEFAULT_BUCKET_TOKENS = 16
-#: Largest DP table (candidates x buckets) before the fallback runs. At 2**22 cells the
-#: bit-packed choice table is 512 KiB and the DP stays near a millisecond on one core
-#: (bench/test_bench_pack.py measures it); larger tables go to the density fallback.
-DEFAULT_CELL_CEILING = 1 << 22
+#: Largest DP table (candidates x buckets) before the fallback runs. The DP costs ~1 ns a
+#: cell here, so 2**20 cells (a 128 KiB bit-packed choice table) keep it near a
+#: millisecond; larger problems go to the density fallback, which the exact core step and
+#: the search bring to the same quality (bench/test_bench_pack.py measures both).
+DEFAULT_CELL_CEILING = 1 << 20
 #: Node budget of the branch-and-bound improvement step. Enough to finish (and so prove
 #: optimality) on every instance of up to ~14 candidates and on most realistic sets of a
 #: few hundred; bounded so that adversarial sets cost at most a few hundred microseconds.
 DEFAULT_SEARCH_NODE_LIMIT = 20_000
+#: Cells of the exact (1-token) DP over the core of items around the density break item.
+#: 2**17 cells cost ~0.1 ms and cover a window of dozens of memory-sized items.
+CORE_CELL_LIMIT = 1 << 17
 
 
 class PackPath(enum.StrEnum):
@@ -245,6 +249,12 @@ def _as_budget(budget: object) -> int:
         raise invalid(str(exc)) from None
 
 
+def _to_int64(value: int) -> int:
+    # Token sums never exceed 2**62 (see MAX_TOKENS), so clamping a budget into int64
+    # changes no decision; the result still reports the budget as given.
+    return min(max(value, -(2**63)), 2**63 - 1)
+
+
 def _positive_option(value: object, name: str) -> int:
     n = _as_int(value, name)
     if n <= 0:
@@ -393,7 +403,9 @@ def pack_arrays(
     score_arr = _scores_array(scores)
     n = len(id_list)
     tok_raw = np.asarray(tokens)
-    lengths = [n, tok_raw.shape[0] if tok_raw.ndim == 1 else -1, score_arr.shape[0]]
+    if tok_raw.ndim != 1:
+        raise invalid(f"tokens must be a 1-D array, got {tok_raw.ndim} dimensions")
+    lengths = [n, tok_raw.shape[0], score_arr.shape[0]]
     pin_arr = None if pinned is None else _pinned_array(pinned)
     if pin_arr is not None:
         lengths.append(pin_arr.shape[0])
@@ -404,7 +416,10 @@ def pack_arrays(
         )
     tok_arr = _tokens_array(tok_raw, id_list)
 
-    out = _core.pack_arrays(id_list, tok_arr, score_arr, pin_arr, budget_int, bucket, ceiling, node_limit)
+    out = _core.pack_arrays(
+        id_list, tok_arr, score_arr, pin_arr, _to_int64(budget_int), _to_int64(bucket), _to_int64(ceiling), _to_int64(node_limit),
+        CORE_CELL_LIMIT,
+    )
     indices = out.indices
     return PackResult(
         ids=tuple(id_list[i] for i in indices.tolist()),

@@ -36,10 +36,12 @@ struct PackOutput {
 
 PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
                        const py::object& pinned, std::int64_t budget, std::int64_t bucket_tokens,
-                       std::int64_t cell_ceiling, std::int64_t search_node_limit) {
+                       std::int64_t cell_ceiling, std::int64_t search_node_limit, std::int64_t core_cell_limit) {
   if (!py::isinstance<py::list>(ids) && !py::isinstance<py::tuple>(ids))
     throw py::type_error("ids must be a list or tuple of str");
-  const std::size_t n = py::len(ids);
+  // ids is a list or tuple (checked above), so its item array can be read directly.
+  const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(ids.ptr()));
+  PyObject** items = PySequence_Fast_ITEMS(ids.ptr());
   // Hold a reference to each id: the UTF-8 buffers below belong to the str objects, and
   // must outlive the GIL-free section even if another thread mutates the caller's list.
   std::vector<py::object> keep;
@@ -47,14 +49,14 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
   keep.reserve(n);
   views.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
-    py::object item = ids[i];
-    if (!PyUnicode_Check(item.ptr())) {
+    PyObject* item = items[i];
+    if (!PyUnicode_Check(item)) {
       throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) + ": id must be str, got " +
-                                          std::string(py::str(py::type::of(item).attr("__name__"))),
+                                          std::string(Py_TYPE(item)->tp_name),
                                       static_cast<std::int64_t>(i), "");
     }
     Py_ssize_t size = 0;
-    const char* utf8 = PyUnicode_AsUTF8AndSize(item.ptr(), &size);
+    const char* utf8 = PyUnicode_AsUTF8AndSize(item, &size);
     if (utf8 == nullptr) {
       PyErr_Clear();
       throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) +
@@ -62,7 +64,7 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
                                       static_cast<std::int64_t>(i), "");
     }
     views.emplace_back(utf8, static_cast<std::size_t>(size));
-    keep.push_back(std::move(item));
+    keep.push_back(py::reinterpret_borrow<py::object>(item));
   }
   ctxcore::PackInput in;
   in.ids = {views.data(), views.size()};
@@ -76,7 +78,7 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
     // bool is one byte here; reading it through unsigned char is always allowed.
     in.pinned = {reinterpret_cast<const std::uint8_t*>(v.data), v.size};
   }
-  ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit};
+  ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit};
   PackOutput out;
   {
     // Safe: from here on only plain C++ data is touched. The arrays and id strings are
@@ -126,6 +128,7 @@ void register_pack(py::module_& m) {
 
   m.def("pack_arrays", &pack_arrays, py::arg("ids"), py::arg("tokens"), py::arg("scores"), py::arg("pinned"),
         py::arg("budget"), py::arg("bucket_tokens"), py::arg("cell_ceiling"), py::arg("search_node_limit"),
+        py::arg("core_cell_limit"),
         "Pack validated arrays. Private: call ctxcore.pack_arrays.");
 }
 

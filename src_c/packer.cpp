@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -17,9 +18,9 @@ namespace {
 
 // Budgets above every possible token sum (see kMaxTokens) are clamped to this.
 constexpr std::int64_t kBudgetClamp = std::int64_t{1} << 62;
-// Bound on applied 1-for-1 swaps per call: each one is O(m log m), and in practice the
-// DP or density start leaves only a handful to find.
-constexpr int kMaxSwaps = 64;
+// Bound on applied 1-for-1 swaps per call: each costs O(m log m), and after the core step
+// there are rarely more than a few left to find.
+constexpr int kMaxSwaps = 16;
 
 std::string shown_id(std::string_view id) {
   constexpr std::size_t kShown = 80;
@@ -43,6 +44,8 @@ void validate_options(const PackOptions& opt) {
     throw std::invalid_argument("bucket_tokens must be > 0, got " + std::to_string(opt.bucket_tokens));
   if (opt.cell_ceiling <= 0)
     throw std::invalid_argument("cell_ceiling must be > 0, got " + std::to_string(opt.cell_ceiling));
+  if (opt.core_cell_limit < 0)
+    throw std::invalid_argument("core_cell_limit must be >= 0, got " + std::to_string(opt.core_cell_limit));
   if (opt.search_node_limit < 0)
     throw std::invalid_argument("search_node_limit must be >= 0, got " +
                                 std::to_string(opt.search_node_limit));
@@ -74,27 +77,39 @@ void validate_candidates(const PackInput& in) {
       if (!std::isfinite(positive_sum)) fail(in, i, "scores are so large that their sum overflows");
     }
   }
-  std::vector<std::size_t> by_id(n);
-  std::iota(by_id.begin(), by_id.end(), std::size_t{0});
-  std::sort(by_id.begin(), by_id.end(), [&](std::size_t a, std::size_t b) {
-    const int c = in.ids[a].compare(in.ids[b]);
-    return c < 0 || (c == 0 && a < b);
-  });
-  for (std::size_t k = 1; k < n; ++k) {
-    if (in.ids[by_id[k]] == in.ids[by_id[k - 1]])
-      fail(in, by_id[k], "duplicate id (first seen at index " + std::to_string(by_id[k - 1]) + ")");
+  // Duplicate ids: an open-addressing table of input positions, O(n) expected.
+  std::size_t slots = 16;
+  while (slots < 2 * n) slots <<= 1;
+  std::vector<std::size_t> table(slots, n);  // n marks an empty slot
+  const std::hash<std::string_view> hasher;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::size_t h = hasher(in.ids[i]) & (slots - 1);
+    while (table[h] != n) {
+      if (in.ids[table[h]] == in.ids[i])
+        fail(in, i, "duplicate id (first seen at index " + std::to_string(table[h]) + ")");
+      h = (h + 1) & (slots - 1);
+    }
+    table[h] = i;
   }
 }
 
 // Descending score, then ascending id (UTF-8 byte order, which is code point order).
 // Ids are unique, so this is a total order and the ranking is independent of input order.
 std::vector<std::size_t> rank_candidates(const PackInput& in) {
-  std::vector<std::size_t> order(in.ids.size);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (in.scores[a] != in.scores[b]) return in.scores[a] > in.scores[b];
-    return in.ids[a] < in.ids[b];
+  // Sort (score, position) pairs in place rather than positions through an indirection:
+  // contiguous keys, and the id is only looked at on an exact score tie.
+  struct Key {
+    double score;
+    std::size_t index;
+  };
+  std::vector<Key> keys(in.ids.size);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = {in.scores[i], i};
+  std::sort(keys.begin(), keys.end(), [&](const Key& a, const Key& b) {
+    if (a.score != b.score) return a.score > b.score;
+    return in.ids[a.index] < in.ids[b.index];
   });
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) order[k] = keys[k].index;
   return order;
 }
 
@@ -105,17 +120,28 @@ struct Pool {
   std::vector<std::int64_t> t;
   std::vector<double> v;
   std::vector<std::size_t> by_density;  // pool positions, score/token descending, rank ties
+  std::vector<std::size_t> by_tokens;   // pool positions, tokens ascending, rank ties
   std::int64_t capacity = 0;
 
   std::size_t size() const { return t.size(); }
 };
 
-void order_by_density(Pool& pool) {
-  pool.by_density.resize(pool.size());
-  std::iota(pool.by_density.begin(), pool.by_density.end(), std::size_t{0});
-  std::stable_sort(pool.by_density.begin(), pool.by_density.end(), [&](std::size_t a, std::size_t b) {
-    return pool.v[a] / static_cast<double>(pool.t[a]) > pool.v[b] / static_cast<double>(pool.t[b]);
+void order_pool(Pool& pool) {
+  struct Key {
+    double density;
+    std::size_t pos;  // pool position = rank order, the tie-break
+  };
+  std::vector<Key> keys(pool.size());
+  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = {pool.v[p] / static_cast<double>(pool.t[p]), p};
+  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    return a.density != b.density ? a.density > b.density : a.pos < b.pos;
   });
+  pool.by_density.resize(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) pool.by_density[k] = keys[k].pos;
+  pool.by_tokens.resize(pool.size());
+  std::iota(pool.by_tokens.begin(), pool.by_tokens.end(), std::size_t{0});
+  std::stable_sort(pool.by_tokens.begin(), pool.by_tokens.end(),
+                   [&](std::size_t a, std::size_t b) { return pool.t[a] < pool.t[b]; });
 }
 
 std::int64_t chosen_tokens(const Pool& pool, const std::vector<char>& chosen) {
@@ -150,8 +176,9 @@ std::int64_t to_buckets(std::int64_t tokens, std::int64_t bucket) {
   return q + (r >= bucket - r ? 1 : 0);
 }
 
-std::vector<char> dp_select(const Pool& pool, std::int64_t bucket, std::size_t width) {
-  const std::size_t m = pool.size();
+std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::vector<double>& values,
+                            std::int64_t bucket, std::size_t width) {
+  const std::size_t m = tokens.size();
   const std::size_t row_bytes = (width + 7) / 8;
   std::vector<std::uint8_t> choice(m * row_bytes, 0);  // bit-packed: item i took bucket w
   std::vector<double> prev(width, 0.0), cur(width, 0.0);
@@ -159,24 +186,19 @@ std::vector<char> dp_select(const Pool& pool, std::int64_t bucket, std::size_t w
   std::vector<std::size_t> weight(m);
 
   for (std::size_t i = 0; i < m; ++i) {
-    const std::size_t wi = static_cast<std::size_t>(std::max<std::int64_t>(1, to_buckets(pool.t[i], bucket)));
+    const std::size_t wi = static_cast<std::size_t>(std::max<std::int64_t>(1, to_buckets(tokens[i], bucket)));
     weight[i] = wi;
-    const double vi = pool.v[i];
+    const double vi = values[i];
     if (wi < width) {
       std::copy(prev.begin(), prev.begin() + static_cast<std::ptrdiff_t>(wi), cur.begin());
       std::fill(took.begin(), took.begin() + static_cast<std::ptrdiff_t>(wi), std::uint8_t{0});
-      // Separate input and output rows keep this loop free of carried dependencies, so
-      // the compiler vectorizes it (compare, blend, byte mask).
+      // Separate input and output rows keep both loops free of carried dependencies, so
+      // the compiler vectorizes them (a max, then a compare narrowed to bytes).
       const double* __restrict p = prev.data();
       double* __restrict c = cur.data();
       std::uint8_t* __restrict k = took.data();
-      for (std::size_t w = wi; w < width; ++w) {
-        const double take = p[w - wi] + vi;
-        const double keep = p[w];
-        const bool better = take > keep;
-        c[w] = better ? take : keep;
-        k[w] = better ? 1 : 0;
-      }
+      for (std::size_t w = wi; w < width; ++w) c[w] = std::max(p[w], p[w - wi] + vi);
+      for (std::size_t w = wi; w < width; ++w) k[w] = static_cast<std::uint8_t>(c[w] > p[w]);
     } else {
       std::copy(prev.begin(), prev.end(), cur.begin());
       std::fill(took.begin(), took.end(), std::uint8_t{0});
@@ -273,17 +295,68 @@ void refill(const Pool& pool, std::vector<char>& chosen) {
   }
 }
 
+double chosen_value(const Pool& pool, const std::vector<char>& chosen) {
+  double sum = 0.0;
+  for (std::size_t p = 0; p < pool.size(); ++p)
+    if (chosen[p]) sum += pool.v[p];
+  return sum;
+}
+
+// Exact DP on exact token counts over a window ("core") of items around the break item
+// of the density order: items before the window are fixed in, items after it fixed out.
+// Optimal knapsack solutions almost always differ from the density greedy only near the
+// break, and there bucket rounding is what costs value, so this recovers it exactly. The
+// window grows on both sides while its table stays within `cell_limit` cells.
+bool core_improve(const Pool& pool, std::vector<char>& chosen, std::int64_t cell_limit) {
+  const std::size_t m = pool.size();
+  std::vector<std::int64_t> prefix(m + 1, 0);
+  for (std::size_t k = 0; k < m; ++k) prefix[k + 1] = prefix[k] + pool.t[pool.by_density[k]];
+  std::size_t brk = 0;
+  while (brk < m && prefix[brk + 1] <= pool.capacity) ++brk;
+  if (brk == m) return false;  // everything fits: nothing to improve
+  // (hi - lo) x (room + 1) <= cell_limit, written so that it cannot overflow.
+  auto fits = [&](std::size_t lo, std::size_t hi) {
+    return pool.capacity - prefix[lo] + 1 <= cell_limit / static_cast<std::int64_t>(hi - lo);
+  };
+  std::size_t lo = brk, hi = brk + 1;
+  if (!fits(lo, hi)) return false;
+  for (bool grew = true; grew;) {
+    grew = false;
+    if (hi < m && fits(lo, hi + 1)) {
+      ++hi;
+      grew = true;
+    }
+    if (lo > 0 && fits(lo - 1, hi)) {
+      --lo;
+      grew = true;
+    }
+  }
+  std::vector<std::int64_t> t;
+  std::vector<double> v;
+  for (std::size_t k = lo; k < hi; ++k) {
+    t.push_back(pool.t[pool.by_density[k]]);
+    v.push_back(pool.v[pool.by_density[k]]);
+  }
+  const std::int64_t room = pool.capacity - prefix[lo];
+  const std::vector<char> window = dp_select(t, v, 1, static_cast<std::size_t>(room) + 1);
+  std::vector<char> candidate(m, 0);
+  for (std::size_t k = 0; k < lo; ++k) candidate[pool.by_density[k]] = 1;
+  for (std::size_t k = lo; k < hi; ++k) candidate[pool.by_density[k]] = window[k - lo];
+  const double before = chosen_value(pool, chosen);
+  const double after = chosen_value(pool, candidate);
+  if (!(after > before + 1e-12 * std::abs(before))) return false;
+  chosen.swap(candidate);
+  return true;
+}
+
 // Best 1-for-1 swap: for each chosen item, the most valuable unchosen item that fits in its
 // tokens plus the slack (a prefix maximum over unchosen items sorted by tokens).
 bool best_swap(const Pool& pool, std::vector<char>& chosen) {
   const std::int64_t slack = pool.capacity - chosen_tokens(pool, chosen);
-  std::vector<std::size_t> out;
-  for (std::size_t p = 0; p < pool.size(); ++p)
+  std::vector<std::size_t> out;  // unchosen, ascending tokens: a filter of the presorted order
+  for (std::size_t p : pool.by_tokens)
     if (!chosen[p]) out.push_back(p);
   if (out.empty()) return false;
-  std::sort(out.begin(), out.end(), [&](std::size_t a, std::size_t b) {
-    return pool.t[a] != pool.t[b] ? pool.t[a] < pool.t[b] : a < b;
-  });
   std::vector<std::size_t> best_upto(out.size());
   for (std::size_t k = 0; k < out.size(); ++k) {
     best_upto[k] = (k == 0 || pool.v[out[k]] > pool.v[best_upto[k - 1]]) ? out[k] : best_upto[k - 1];
@@ -472,13 +545,12 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
         pool_tokens += in.tokens[i];
       }  // else: larger than all the room there is; stays BudgetExhausted
     }
-    order_by_density(pool);
-
     std::vector<char> chosen(pool.size(), 1);
     if (pool_tokens <= pool.capacity) {
       res.path = PackPath::Trivial;
       res.proven_optimal = true;
     } else {
+      order_pool(pool);
       // Step 3: DP while the table stays under the ceiling, else the fallback.
       const std::int64_t bucket = options.bucket_tokens;
       const std::int64_t width = to_buckets(pool.capacity, bucket) + 1;
@@ -486,14 +558,21 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
       if (width <= per_item) {
         res.path = PackPath::Dp;
         res.dp_cells = width * static_cast<std::int64_t>(pool.size());
-        chosen = dp_select(pool, bucket, static_cast<std::size_t>(width));
+        chosen = dp_select(pool.t, pool.v, bucket, static_cast<std::size_t>(width));
+        repair(pool, chosen);
+        refill(pool, chosen);
+        // The density start costs O(m) more; on sets of items smaller than a bucket it is
+        // often the better of the two, since each such item costs the DP a whole bucket.
+        std::vector<char> density = greedy_select(pool);
+        refill(pool, density);
+        if (chosen_value(pool, density) > chosen_value(pool, chosen)) chosen.swap(density);
       } else {
         res.path = PackPath::Greedy;
         chosen = greedy_select(pool);
+        refill(pool, chosen);
       }
-      // Steps 4-5: exact repair, refill, swaps, bounded search.
-      repair(pool, chosen);
-      refill(pool, chosen);
+      // Steps 4-5: exact core, swaps, bounded search; repair is exact at every step.
+      if (core_improve(pool, chosen, options.core_cell_limit)) refill(pool, chosen);
       for (int s = 0; s < kMaxSwaps && best_swap(pool, chosen); ++s) refill(pool, chosen);
       const SearchOutcome search = branch_and_bound(pool, chosen, options.search_node_limit);
       res.search_nodes = search.nodes;
@@ -508,7 +587,9 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
     for (std::size_t i : order)
       if (res.reasons[i] == Reason::Pinned || (res.reasons[i] == Reason::Selected && in.tokens[i] == 0))
         fixed += in.scores[i];
-    res.upper_bound = fixed + lp_bound(pool);
+    // When everything fits, the LP optimum is the whole pool.
+    res.upper_bound = fixed + (res.path == PackPath::Trivial ? std::accumulate(pool.v.begin(), pool.v.end(), 0.0)
+                                                              : lp_bound(pool));
   }
 
   // Step 6: emit pinned first, then the rest, each in rank order.

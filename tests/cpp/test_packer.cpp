@@ -40,8 +40,9 @@ struct Items {
   }
 };
 
-PackOptions opts(std::int64_t bucket = 16, std::int64_t ceiling = 1 << 22, std::int64_t nodes = 20000) {
-  return PackOptions{bucket, ceiling, nodes};
+PackOptions opts(std::int64_t bucket = 16, std::int64_t ceiling = 1 << 22, std::int64_t nodes = 20000,
+                 std::int64_t core = 1 << 17) {
+  return PackOptions{bucket, ceiling, nodes, core};
 }
 
 double brute_force(const Items& it, std::int64_t budget) {

@@ -9,8 +9,9 @@
 //   3. DP over token buckets while the table stays under the cell ceiling,
 //      else a value-density fallback;
 //   4. repair so the exact token sum never exceeds the budget;
-//   5. refill the exact slack and improve locally (1-for-1 swaps, then a bounded
-//      branch-and-bound that proves optimality when it finishes);
+//   5. refill the exact slack and improve: an exact DP on exact token counts over the
+//      core of items around the density break, 1-for-1 swaps, then a bounded
+//      branch-and-bound that proves optimality when it finishes;
 //   6. emit in deterministic order (pinned, then the rest, each by rank).
 #pragma once
 
@@ -56,6 +57,7 @@ struct PackOptions {
   std::int64_t bucket_tokens = 0;      // DP granularity in tokens, > 0
   std::int64_t cell_ceiling = 0;       // max DP cells (items x buckets), > 0
   std::int64_t search_node_limit = 0;  // branch-and-bound nodes, >= 0 (0 = no search)
+  std::int64_t core_cell_limit = 0;    // exact core DP cells, >= 0 (0 = no core step)
 };
 
 enum class PackPath : std::uint8_t { Trivial = 0, Dp = 1, Greedy = 2 };
