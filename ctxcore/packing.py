@@ -352,6 +352,68 @@ def _field(c: object, key: str, index: int) -> Any:
     raise invalid(f"{_name(index, cid)}: missing {key!r}", index, _id_or_none(cid))
 
 
+_Fields = tuple[list[str], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]
+
+
+def _extract_fast(cands: Sequence[Any]) -> _Fields | None:
+    """Pull the fields out with comprehensions when every candidate is well-typed.
+
+    Returns None (and the caller takes the checked path, which names the bad candidate)
+    on anything unusual: a missing field, or a type other than str/int/float/bool. The
+    core still validates the values (negative tokens, NaN, duplicates, ...).
+    """
+    try:
+        if cands and isinstance(cands[0], Mapping):
+            ids = [c["id"] for c in cands]
+            tokens = [c["tokens"] for c in cands]
+            scores = [c["score"] for c in cands]
+            pinned = [c.get("pinned", False) for c in cands]
+        else:
+            ids = [c.id for c in cands]
+            tokens = [c.tokens for c in cands]
+            scores = [c.score for c in cands]
+            pinned = [getattr(c, "pinned", False) for c in cands]
+        if not (
+            set(map(type, ids)) <= {str}
+            and set(map(type, tokens)) <= {int}
+            and set(map(type, scores)) <= {float, int}
+            and set(map(type, pinned)) <= {bool}
+        ):
+            return None
+        if any(t < 0 or t > _core.MAX_TOKENS for t in (min(tokens, default=0), max(tokens, default=0))):
+            return None
+        return ids, np.array(tokens, np.int64), np.array(scores, np.float64), np.array(pinned, bool)
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _extract_checked(cands: Sequence[Any]) -> _Fields:
+    """Candidate by candidate, raising `InvalidCandidate` that names the first bad one."""
+    ids: list[str] = []
+    tokens: list[int] = []
+    scores: list[float] = []
+    pinned: list[bool] = []
+    for i, c in enumerate(cands):
+        cid = _field(c, "id", i)
+        if not isinstance(cid, str):
+            raise invalid(f"{_name(i, None)}: id must be str, got {type(cid).__name__}", i, None)
+        try:
+            t = _as_int(_field(c, "tokens", i), "tokens")
+            s = _as_score(_field(c, "score", i))
+        except (TypeError, ValueError) as exc:
+            raise invalid(f"{_name(i, cid)}: {exc}", i, _id_or_none(cid)) from None
+        p = _field(c, "pinned", i)
+        if not isinstance(p, (bool, np.bool_)):
+            raise invalid(f"{_name(i, cid)}: pinned must be a bool, got {type(p).__name__}", i, _id_or_none(cid))
+        if not 0 <= t <= _core.MAX_TOKENS:
+            _token_error(t, i, cid)
+        ids.append(cid)
+        tokens.append(t)
+        scores.append(s)
+        pinned.append(bool(p))
+    return ids, np.array(tokens, np.int64), np.array(scores, np.float64), np.array(pinned, bool)
+
+
 # ---- the API ------------------------------------------------------------------------
 
 
@@ -473,34 +535,17 @@ def pack(
     >>> res.ids, res.tokens_used, res.truncated
     (('b', 'c'), 400, True)
     """
-    ids: list[str] = []
-    tokens: list[int] = []
-    scores: list[float] = []
-    pinned: list[bool] = []
-    for i, c in enumerate(candidates):
-        cid = _field(c, "id", i)
-        if not isinstance(cid, str):
-            raise invalid(f"{_name(i, None)}: id must be str, got {type(cid).__name__}", i, None)
-        try:
-            t = _as_int(_field(c, "tokens", i), "tokens")
-            s = _as_score(_field(c, "score", i))
-        except (TypeError, ValueError) as exc:
-            raise invalid(f"{_name(i, cid)}: {exc}", i, _id_or_none(cid)) from None
-        p = _field(c, "pinned", i)
-        if not isinstance(p, (bool, np.bool_)):
-            raise invalid(f"{_name(i, cid)}: pinned must be a bool, got {type(p).__name__}", i, _id_or_none(cid))
-        if not 0 <= t <= _core.MAX_TOKENS:
-            _token_error(t, i, cid)
-        ids.append(cid)
-        tokens.append(t)
-        scores.append(s)
-        pinned.append(bool(p))
+    cands = candidates if isinstance(candidates, (list, tuple)) else list(candidates)
+    fields = _extract_fast(cands)
+    if fields is None:
+        fields = _extract_checked(cands)
+    ids, tokens, scores, pinned = fields
     return pack_arrays(
         ids,
-        np.array(tokens, dtype=np.int64),
-        np.array(scores, dtype=np.float64),
+        tokens,
+        scores,
         budget,
-        pinned=np.array(pinned, dtype=bool) if any(pinned) else None,
+        pinned=pinned if pinned.any() else None,
         bucket_tokens=bucket_tokens,
         cell_ceiling=cell_ceiling,
         search_node_limit=search_node_limit,
