@@ -48,3 +48,22 @@ def pack_arrays(
     search_node_limit: int,
     core_cell_limit: int,
 ) -> PackOutput: ...
+
+MIN_NONCE_HEX_DIGITS: int
+SAFETY_SENTENCE: str
+FORMAT_SECTIONS: tuple[str, ...]
+
+class InvalidFormatInput(ValueError):
+    section: str | None
+    index: int
+    item_id: str | None
+
+def format_context(
+    directive: str | None,
+    history: Sequence[object],
+    memories: Sequence[object],
+    tools_json: str | None,
+    nonce: str,
+    memories_frame: bool,
+    record_pieces: bool,
+) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...

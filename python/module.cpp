@@ -15,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = CTXCORE_VERSION;
   ctxcore_py::register_errors(m);
   ctxcore_py::register_pack(m);
+  ctxcore_py::register_format(m);
 }

@@ -1,0 +1,355 @@
+// Binding for the serializer: the directive, messages, memories and tools JSON in, the
+// formatted text with its section spans (and, for pricing, its pieces) out.
+//
+// Messages and memories are read here, not in Python: format_context runs in the request
+// path over thousands of memories, and one C-level pass over the items (dict lookups or
+// attribute reads, type checks) costs a fraction of a Python loop doing the same. Every
+// problem found is raised as ctxcore.InvalidFormatInput naming the item.
+#include <pybind11/gil_safe_call_once.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "ctxcore/serializer.hpp"
+
+namespace py = pybind11;
+
+namespace ctxcore_py {
+namespace {
+
+using ctxcore::FormatSection;
+using ctxcore::InvalidFormatInput;
+
+constexpr const char* kSectionNames[ctxcore::kFormatSections] = {"directive", "history", "memories", "tools"};
+
+PYBIND11_CONSTINIT py::gil_safe_call_once_and_store<py::object> invalid_format_type;
+
+// A str from bytes that may not be valid UTF-8 (an id holding a surrogate, as written by
+// "surrogatepass"): an error message must never fail to build.
+py::str lenient_str(std::string_view s) {
+  PyObject* raw = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (raw == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(raw);
+}
+
+// Raises ctxcore.InvalidFormatInput with its attributes set. `item_id` is the memory's
+// own id object (None when it has none), so the caller gets back exactly what it passed.
+[[noreturn]] void raise_invalid(const py::str& message, FormatSection section, std::int64_t index,
+                                const py::object& item_id) {
+  const py::object& type = invalid_format_type.get_stored();
+  py::object exc = type(message);
+  exc.attr("section") = kSectionNames[static_cast<std::size_t>(section)];
+  exc.attr("index") = index;
+  exc.attr("item_id") = item_id;
+  PyErr_SetObject(type.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+// Python objects the conversion needs, looked up once.
+struct Statics {
+  py::object mapping;  // collections.abc.Mapping
+  py::object real;     // numbers.Real
+  py::str id, text, score, source, role, content;
+};
+
+Statics& statics() {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<Statics> storage;
+  return storage
+      .call_once_and_store_result([]() {
+        Statics s;
+        s.mapping = py::module_::import("collections.abc").attr("Mapping");
+        s.real = py::module_::import("numbers").attr("Real");
+        s.id = py::str("id");
+        s.text = py::str("text");
+        s.score = py::str("score");
+        s.source = py::str("source");
+        s.role = py::str("role");
+        s.content = py::str("content");
+        return s;
+      })
+      .get_stored();
+}
+
+std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+// How an id appears in a message: its repr, cut to 80 code points.
+std::string shown(const py::handle& id) {
+  constexpr Py_ssize_t kShown = 80;
+  const Py_ssize_t n = PyUnicode_GET_LENGTH(id.ptr());
+  py::object cut = py::reinterpret_steal<py::object>(PyUnicode_Substring(id.ptr(), 0, std::min(n, kShown)));
+  if (!cut) throw py::error_already_set();
+  py::str r = py::repr(cut);
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(r.ptr(), &size);
+  if (data == nullptr) throw py::error_already_set();  // a repr is always encodable
+  return std::string(data, static_cast<std::size_t>(size)) + (n > kShown ? "..." : "");
+}
+
+// Keeps alive every object whose UTF-8 buffer is handed to the core.
+class Buffers {
+ public:
+  explicit Buffers(std::size_t n) { keep_.reserve(n); }
+
+  // The UTF-8 of a str. PyUnicode_AsUTF8AndSize caches it on the str (for ASCII it is the
+  // str's own data, no copy); a str holding a lone surrogate has no UTF-8, so its bytes
+  // are made with "surrogatepass" and the core replaces the surrogate, counted.
+  std::string_view utf8(py::handle s) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(s.ptr(), &size);
+    if (data != nullptr) {
+      keep_.push_back(py::reinterpret_borrow<py::object>(s));
+      return {data, static_cast<std::size_t>(size)};
+    }
+    PyErr_Clear();
+    PyObject* raw = PyUnicode_AsEncodedString(s.ptr(), "utf-8", "surrogatepass");
+    if (raw == nullptr) throw py::error_already_set();
+    py::object bytes = py::reinterpret_steal<py::object>(raw);
+    const std::string_view view(PyBytes_AS_STRING(raw), static_cast<std::size_t>(PyBytes_GET_SIZE(raw)));
+    keep_.push_back(std::move(bytes));
+    return view;
+  }
+
+ private:
+  std::vector<py::object> keep_;
+};
+
+// One field of an item: a dict or other Mapping key, else an attribute. Returns a null
+// object when the field is absent.
+py::object field(py::handle item, const py::str& key, bool is_dict, bool is_mapping) {
+  if (is_dict) {
+    PyObject* v = PyDict_GetItemWithError(item.ptr(), key.ptr());
+    if (v == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    return py::reinterpret_borrow<py::object>(v);
+  }
+  PyObject* v = is_mapping ? PyObject_GetItem(item.ptr(), key.ptr()) : PyObject_GetAttr(item.ptr(), key.ptr());
+  if (v == nullptr) {
+    if (PyErr_ExceptionMatches(is_mapping ? PyExc_KeyError : PyExc_AttributeError)) {
+      PyErr_Clear();
+      return {};
+    }
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(v);
+}
+
+struct ItemKind {
+  bool is_dict;
+  bool is_mapping;
+};
+
+ItemKind kind_of(py::handle item) {
+  if (PyDict_Check(item.ptr())) return {true, true};
+  const int m = PyObject_IsInstance(item.ptr(), statics().mapping.ptr());
+  if (m < 0) throw py::error_already_set();
+  return {false, m == 1};
+}
+
+std::vector<ctxcore::Message> read_history(const py::handle& seq, Buffers& buf) {
+  const Statics& st = statics();
+  py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "history must be a sequence"));
+  if (!fast) throw py::error_already_set();
+  const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  std::vector<ctxcore::Message> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const py::handle item(items[i]);
+    const auto where = [&] { return "message at index " + std::to_string(i) + ": "; };
+    const auto fail = [&](const std::string& what) -> void {
+      raise_invalid(py::str(where() + what), FormatSection::History, static_cast<std::int64_t>(i), py::none());
+    };
+    const ItemKind k = kind_of(item);
+    py::object role = field(item, st.role, k.is_dict, k.is_mapping);
+    py::object content = field(item, st.content, k.is_dict, k.is_mapping);
+    if (!role) fail("missing 'role' (a mapping key or an attribute)");
+    if (!content) fail("missing 'content' (a mapping key or an attribute)");
+    if (!PyUnicode_Check(role.ptr())) fail("role must be str, got " + type_name(role));
+    if (!PyUnicode_Check(content.ptr())) fail("content must be str, got " + type_name(content));
+    out[i].role = buf.utf8(role);
+    out[i].content = buf.utf8(content);
+  }
+  return out;
+}
+
+std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf) {
+  const Statics& st = statics();
+  py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "memories must be a sequence"));
+  if (!fast) throw py::error_already_set();
+  const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  std::vector<ctxcore::Memory> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const py::handle item(items[i]);
+    const ItemKind k = kind_of(item);
+    std::string id_shown;
+    py::object id_value = py::none();
+    const auto fail = [&](const std::string& what) -> void {
+      const std::string who = id_shown.empty() ? "memory at index " + std::to_string(i)
+                                               : "memory " + id_shown + " (index " + std::to_string(i) + ")";
+      raise_invalid(py::str(who + ": " + what), FormatSection::Memories, static_cast<std::int64_t>(i), id_value);
+    };
+    ctxcore::Memory& m = out[i];
+    py::object id = field(item, st.id, k.is_dict, k.is_mapping);
+    if (!id) fail("missing 'id' (a mapping key or an attribute)");
+    if (!PyUnicode_Check(id.ptr())) fail("id must be str, got " + type_name(id));
+    m.id = buf.utf8(id);
+    if (m.id.empty()) fail("id must be a non-empty str");
+    id_value = id;
+    id_shown = shown(id);
+
+    py::object text = field(item, st.text, k.is_dict, k.is_mapping);
+    if (!text) fail("missing 'text' (a mapping key or an attribute)");
+    if (!PyUnicode_Check(text.ptr())) fail("text must be str, got " + type_name(text));
+    m.text = buf.utf8(text);
+
+    py::object score = field(item, st.score, k.is_dict, k.is_mapping);
+    if (score && !score.is_none()) {
+      if (PyBool_Check(score.ptr())) fail("score must be a real number or None, got bool");
+      if (PyFloat_Check(score.ptr())) {
+        m.score = PyFloat_AS_DOUBLE(score.ptr());
+      } else {
+        const int real = PyObject_IsInstance(score.ptr(), st.real.ptr());
+        if (real < 0) throw py::error_already_set();
+        if (real == 0) fail("score must be a real number or None, got " + type_name(score));
+        m.score = PyFloat_AsDouble(score.ptr());
+        if (m.score == -1.0 && PyErr_Occurred()) {
+          PyErr_Clear();
+          fail("score is not convertible to a float");
+        }
+      }
+      if (!std::isfinite(m.score)) fail("score must be finite, got " + std::string(py::repr(score)));
+      m.has_score = true;
+    }
+
+    py::object source = field(item, st.source, k.is_dict, k.is_mapping);
+    if (source && !source.is_none()) {
+      if (!PyUnicode_Check(source.ptr())) fail("source must be str or None, got " + type_name(source));
+      m.source = buf.utf8(source);
+      m.has_source = true;
+    }
+  }
+  return out;
+}
+
+std::string_view optional_str(const py::object& obj, const char* what, FormatSection section, Buffers& buf) {
+  if (obj.is_none()) return {};
+  if (!PyUnicode_Check(obj.ptr()))
+    raise_invalid(py::str(std::string(what) + " must be str or None, got " + type_name(obj)), section, -1, py::none());
+  return buf.utf8(obj);
+}
+
+// Code point offsets of ascending byte offsets into valid UTF-8: one scan, counting the
+// bytes that start a code point.
+std::vector<std::size_t> code_point_offsets(const std::string& text, const std::vector<std::size_t>& bytes) {
+  std::vector<std::size_t> out;
+  out.reserve(bytes.size());
+  std::size_t pos = 0;
+  std::size_t cps = 0;
+  for (std::size_t b : bytes) {
+    for (; pos < b; ++pos) cps += (static_cast<unsigned char>(text[pos]) & 0xC0U) != 0x80U ? 1U : 0U;
+    out.push_back(cps);
+  }
+  return out;
+}
+
+using Spans = std::vector<std::tuple<int, std::size_t, std::size_t>>;
+using Pieces = std::vector<std::tuple<int, std::size_t>>;
+
+std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object& directive,
+                                                                 const py::object& history,
+                                                                 const py::object& memories,
+                                                                 const py::object& tools_json, const py::str& nonce,
+                                                                 bool memories_frame, bool record_pieces) {
+  Buffers buf(8);
+  ctxcore::FormatInput in;
+  in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
+  in.tools_json = optional_str(tools_json, "tools JSON", FormatSection::Tools, buf);
+  in.nonce = buf.utf8(nonce);
+  Buffers items(2 * static_cast<std::size_t>(py::len(memories)) + 2 * static_cast<std::size_t>(py::len(history)));
+  const std::vector<ctxcore::Message> messages = read_history(history, items);
+  const std::vector<ctxcore::Memory> mems = read_memories(memories, items);
+  in.history = {messages.data(), messages.size()};
+  in.memories = {mems.data(), mems.size()};
+  ctxcore::FormatOptions opt{memories_frame, record_pieces};
+
+  ctxcore::FormattedText r;
+  {
+    // Safe: from here on only plain C++ data is touched. Every string the core reads is
+    // owned by a Python object held in `buf` or `items`; nothing here creates or frees a
+    // Python object.
+    py::gil_scoped_release nogil;
+    r = ctxcore::format_context(in, opt);
+  }
+
+  PyObject* raw = PyUnicode_DecodeUTF8(r.text.data(), static_cast<Py_ssize_t>(r.text.size()), "strict");
+  if (raw == nullptr) throw py::error_already_set();
+  py::str text = py::reinterpret_steal<py::str>(raw);
+
+  // Offsets are bytes in the core and code points in Python; they are equal when the
+  // text is ASCII, which its length tells without a scan.
+  const bool ascii = static_cast<std::size_t>(PyUnicode_GET_LENGTH(raw)) == r.text.size();
+  std::vector<std::size_t> section_bytes;
+  for (const auto& s : r.sections) {
+    section_bytes.push_back(s.begin);
+    section_bytes.push_back(s.end);
+  }
+  std::vector<std::size_t> piece_bytes;
+  for (const auto& p : r.pieces) piece_bytes.push_back(p.end);
+  if (!ascii) {
+    section_bytes = code_point_offsets(r.text, section_bytes);
+    piece_bytes = code_point_offsets(r.text, piece_bytes);
+  }
+  Spans spans;
+  for (std::size_t i = 0; i < r.sections.size(); ++i)
+    spans.emplace_back(static_cast<int>(r.sections[i].section), section_bytes[2 * i], section_bytes[2 * i + 1]);
+  Pieces pieces;
+  for (std::size_t i = 0; i < r.pieces.size(); ++i)
+    pieces.emplace_back(static_cast<int>(r.pieces[i].kind), piece_bytes[i]);
+  return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
+}
+
+}  // namespace
+
+void register_format(py::module_& m) {
+  m.attr("MIN_NONCE_HEX_DIGITS") = ctxcore::kMinNonceHexDigits;
+  m.attr("SAFETY_SENTENCE") = py::str(ctxcore::kSafetySentence.data(), ctxcore::kSafetySentence.size());
+  m.attr("FORMAT_SECTIONS") = py::make_tuple(kSectionNames[0], kSectionNames[1], kSectionNames[2], kSectionNames[3]);
+
+  invalid_format_type.call_once_and_store_result([&]() -> py::object {
+    py::object type = py::exception<ctxcore::InvalidFormatInput>(m, "InvalidFormatInput", PyExc_ValueError);
+    type.attr("__doc__") =
+        "Input to format_context or formatter_overhead is not valid. `section` names the section\n"
+        "('directive', 'history', 'memories' or 'tools'), `index` the offending item's position in\n"
+        "it (or -1), `item_id` a memory's id when it has one (or None).";
+    type.attr("section") = py::none();
+    type.attr("index") = -1;
+    type.attr("item_id") = py::none();
+    return type;
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ctxcore::InvalidFormatInput& e) {
+      // Errors raised by the core itself (a C++ caller's view of the same checks).
+      const py::object& type = invalid_format_type.get_stored();
+      py::object exc = type(lenient_str(e.what()));
+      exc.attr("section") = kSectionNames[static_cast<std::size_t>(e.section())];
+      exc.attr("index") = e.index();
+      exc.attr("item_id") = e.item_id().empty() ? py::none() : py::object(lenient_str(e.item_id()));
+      PyErr_SetObject(type.ptr(), exc.ptr());
+    }
+  });
+
+  m.def("format_context", &format_context, py::arg("directive"), py::arg("history"), py::arg("memories"),
+        py::arg("tools_json"), py::arg("nonce"), py::arg("memories_frame"), py::arg("record_pieces"),
+        "Serialize validated sections. Private: call ctxcore.format_context.");
+}
+
+}  // namespace ctxcore_py
