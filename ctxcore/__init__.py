@@ -23,7 +23,14 @@ except ImportError as _exc:  # pragma: no cover - only without a built extension
     )
     raise
 
-from .errors import InvalidCandidate
+from .errors import (
+    CatalogError,
+    ConfigError,
+    InvalidCandidate,
+    TokenizerMismatch,
+    TokenizerUnavailable,
+    UnknownModel,
+)
 from .packing import (
     DEFAULT_BUCKET_TOKENS,
     DEFAULT_CELL_CEILING,
@@ -36,6 +43,15 @@ from .packing import (
     pack,
     pack_arrays,
 )
+from .tokens import (
+    TokenCount,
+    TokenKind,
+    count_tokens,
+    estimate_tokens,
+    estimate_tokens_batch,
+    estimator_families,
+    exact_families,
+)
 
 try:
     __version__ = version("ctxcore")
@@ -47,12 +63,24 @@ __all__ = [
     "DEFAULT_CELL_CEILING",
     "DEFAULT_SEARCH_NODE_LIMIT",
     "Candidate",
+    "CatalogError",
+    "ConfigError",
     "Decision",
     "InvalidCandidate",
     "PackPath",
     "PackResult",
     "Reason",
+    "TokenCount",
+    "TokenKind",
+    "TokenizerMismatch",
+    "TokenizerUnavailable",
+    "UnknownModel",
     "__version__",
+    "count_tokens",
+    "estimate_tokens",
+    "estimate_tokens_batch",
+    "estimator_families",
+    "exact_families",
     "pack",
     "pack_arrays",
 ]

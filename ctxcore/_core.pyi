@@ -67,3 +67,27 @@ def format_context(
     memories_frame: bool,
     record_pieces: bool,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
+
+ESTIMATOR_BLOCKS: int
+ESTIMATOR_COST_UNIT: float
+ESTIMATOR_UNSEEN_PAIR: int
+
+class Estimator:
+    def __init__(
+        self,
+        pair_bits: int,
+        pair_costs: npt.NDArray[np.uint16],
+        block_costs: npt.NDArray[np.uint16],
+        scale: float,
+        spread: float,
+    ) -> None: ...
+    def estimate(self, text: str) -> int: ...
+    def estimate_batch(self, texts: Sequence[str]) -> npt.NDArray[np.int64]: ...
+    @property
+    def pair_bits(self) -> int: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def spread(self) -> float: ...
+
+def estimator_buckets(text: str, bits: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]: ...

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from ._core import InvalidCandidate
 
-__all__ = ["InvalidCandidate", "invalid"]
+__all__ = [
+    "CatalogError",
+    "ConfigError",
+    "InvalidCandidate",
+    "TokenizerMismatch",
+    "TokenizerUnavailable",
+    "UnknownModel",
+    "invalid",
+]
 
 
 def invalid(message: str, index: int = -1, candidate_id: str | None = None) -> InvalidCandidate:
@@ -28,3 +36,38 @@ def invalid(message: str, index: int = -1, candidate_id: str | None = None) -> I
     err.index = index
     err.candidate_id = candidate_id
     return err
+
+
+class TokenizerMismatch(ValueError):
+    """Token counts of different tokenizer families or kinds were combined."""
+
+    __module__ = "ctxcore"
+
+
+class TokenizerUnavailable(LookupError):
+    """An exact count was asked for a family whose tokenizer is not installed offline."""
+
+    __module__ = "ctxcore"
+
+
+class UnknownModel(LookupError):
+    """A model name is in no catalog entry. `suggestions` holds the closest names."""
+
+    __module__ = "ctxcore"
+
+    def __init__(self, message: str, model: str = "", suggestions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.model = model
+        self.suggestions = suggestions
+
+
+class CatalogError(ValueError):
+    """A capability catalog file is not valid; the message names the file and the entry."""
+
+    __module__ = "ctxcore"
+
+
+class ConfigError(ValueError):
+    """A policy setting makes no sense (e.g. a negative fraction, a minimum above its maximum)."""
+
+    __module__ = "ctxcore"

@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   ctxcore_py::register_errors(m);
   ctxcore_py::register_pack(m);
   ctxcore_py::register_format(m);
+  ctxcore_py::register_tokens(m);
 }

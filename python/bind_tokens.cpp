@@ -1,0 +1,154 @@
+// Binding for the token estimator: an Estimator object holds one family's calibrated
+// tables (converted and validated once) and estimates one text or a batch. Texts are read
+// in place from the str objects' own code-point storage: no copy, no UTF-8 encoding.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "ctxcore/estimator.hpp"
+
+namespace py = pybind11;
+
+namespace ctxcore_py {
+namespace {
+
+using U16Array = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>;
+
+// The code points of a str, as the core reads them. CPython stores every str as fixed-width
+// units of 1, 2 or 4 bytes; lone surrogates are just code points there.
+ctxcore::CodePoints code_points(const py::handle& obj, std::size_t index) {
+  if (!PyUnicode_Check(obj.ptr())) {
+    throw py::type_error("text at index " + std::to_string(index) + " must be str, got " +
+                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+#if PY_VERSION_HEX < 0x030C0000
+  if (PyUnicode_READY(obj.ptr()) != 0) throw py::error_already_set();
+#endif
+  return {PyUnicode_DATA(obj.ptr()), static_cast<std::size_t>(PyUnicode_GET_LENGTH(obj.ptr())),
+          static_cast<unsigned>(PyUnicode_KIND(obj.ptr()))};
+}
+
+std::vector<std::uint16_t> to_vector(const U16Array& a, const char* name) {
+  if (a.ndim() != 1) throw std::invalid_argument(std::string(name) + " must be a 1-D array");
+  return {a.data(), a.data() + a.shape(0)};
+}
+
+// Below this many code points, releasing and re-taking the GIL costs more than the
+// estimate itself, so short texts keep it; the batch form always releases it.
+constexpr std::size_t kReleaseGilCodePoints = 16 * 1024;
+
+class Estimator {
+ public:
+  Estimator(unsigned pair_bits, const U16Array& pair_costs, const U16Array& block_costs, double scale,
+            double spread) {
+    params_.pair_bits = pair_bits;
+    params_.pair_costs = to_vector(pair_costs, "pair_costs");
+    params_.block_costs = to_vector(block_costs, "block_costs");
+    params_.scale = scale;
+    params_.spread = spread;
+    ctxcore::validate(params_);
+  }
+
+  std::int64_t estimate(const py::handle& text) const {
+    const ctxcore::CodePoints t = code_points(text, 0);
+    if (t.size < kReleaseGilCodePoints) return ctxcore::estimate_tokens(t, params_);
+    // Safe: `text` is borrowed from the caller's frame, which keeps it alive until we
+    // return; str objects are immutable, and the scan touches no Python object.
+    py::gil_scoped_release nogil;
+    return ctxcore::estimate_tokens(t, params_);
+  }
+
+  py::array_t<std::int64_t> estimate_batch(const py::sequence& texts) const {
+    if (py::isinstance<py::str>(texts)) throw py::type_error("texts must be a sequence of str, not a str");
+    const std::size_t n = py::len(texts);
+    // Hold a reference to each text: its storage must outlive the GIL-free section even
+    // if another thread mutates the caller's list meanwhile.
+    std::vector<py::object> keep;
+    std::vector<ctxcore::CodePoints> views;
+    keep.reserve(n);
+    views.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      py::object item = texts[i];
+      views.push_back(code_points(item, i));
+      keep.push_back(std::move(item));
+    }
+    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(n));
+    std::int64_t* dst = out.mutable_data();
+    {
+      // Safe: every text is kept alive by `keep` and is immutable; `out` is ours alone;
+      // the scan creates and frees no Python object.
+      py::gil_scoped_release nogil;
+      ctxcore::estimate_tokens_batch(ctxcore::View<ctxcore::CodePoints>{views.data(), views.size()}, params_, dst);
+    }
+    return out;
+  }
+
+  unsigned pair_bits() const { return params_.pair_bits; }
+  double scale() const { return params_.scale; }
+  double spread() const { return params_.spread; }
+
+ private:
+  ctxcore::EstimatorParams params_;
+};
+
+template <class Unit>
+void fill_buckets(const Unit* cps, std::size_t n, unsigned bits, std::uint32_t* pair, std::uint32_t* block) {
+  char32_t prev = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto cp = static_cast<char32_t>(cps[i]);
+    pair[i] = ctxcore::pair_bucket(prev, cp, bits);
+    block[i] = static_cast<std::uint32_t>(ctxcore::block_of(cp));
+    prev = cp;
+  }
+}
+
+// Per code point of `text`: its pair-table bucket and its block. What the calibration
+// averages exact token starts over; private.
+std::pair<py::array_t<std::uint32_t>, py::array_t<std::uint32_t>> estimator_buckets(const py::str& text,
+                                                                                  unsigned bits) {
+  if (bits < ctxcore::kMinPairBits || bits > ctxcore::kMaxPairBits)
+    throw std::invalid_argument("bits must be in [" + std::to_string(ctxcore::kMinPairBits) + ", " +
+                                std::to_string(ctxcore::kMaxPairBits) + "], got " + std::to_string(bits));
+  const ctxcore::CodePoints t = code_points(text, 0);
+  py::array_t<std::uint32_t> pair(static_cast<py::ssize_t>(t.size));
+  py::array_t<std::uint32_t> block(static_cast<py::ssize_t>(t.size));
+  switch (t.width) {
+    case 1:
+      fill_buckets(static_cast<const std::uint8_t*>(t.data), t.size, bits, pair.mutable_data(), block.mutable_data());
+      break;
+    case 2:
+      fill_buckets(static_cast<const std::uint16_t*>(t.data), t.size, bits, pair.mutable_data(),
+                   block.mutable_data());
+      break;
+    default:
+      fill_buckets(static_cast<const std::uint32_t*>(t.data), t.size, bits, pair.mutable_data(),
+                   block.mutable_data());
+      break;
+  }
+  return {pair, block};
+}
+
+}  // namespace
+
+void register_tokens(py::module_& m) {
+  m.attr("ESTIMATOR_BLOCKS") = ctxcore::kBlocks;
+  m.attr("ESTIMATOR_COST_UNIT") = ctxcore::kCostUnit;
+  m.attr("ESTIMATOR_UNSEEN_PAIR") = ctxcore::kUnseenPair;
+  py::class_<Estimator>(m, "Estimator", "One tokenizer family's estimator. Private: use ctxcore.estimate_tokens.")
+      .def(py::init<unsigned, const U16Array&, const U16Array&, double, double>(), py::arg("pair_bits"),
+           py::arg("pair_costs"), py::arg("block_costs"), py::arg("scale"), py::arg("spread"))
+      .def("estimate", &Estimator::estimate, py::arg("text"))
+      .def("estimate_batch", &Estimator::estimate_batch, py::arg("texts"))
+      .def_property_readonly("pair_bits", &Estimator::pair_bits)
+      .def_property_readonly("scale", &Estimator::scale)
+      .def_property_readonly("spread", &Estimator::spread);
+  m.def("estimator_buckets", &estimator_buckets, py::arg("text"), py::arg("bits"),
+        "Per code point: pair-table bucket and block. Private: used by the calibration.");
+}
+
+}  // namespace ctxcore_py

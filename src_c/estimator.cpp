@@ -1,0 +1,161 @@
+// The conservative token estimator. See estimator.hpp for the model; this file is the one
+// pass over the code points (raw_cost) and the margin applied to its sum (finish_estimate).
+#include "ctxcore/estimator.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace ctxcore {
+namespace {
+
+constexpr char32_t kReplacement = 0xFFFD;
+
+// Decodes one code point at s[i]. Returns its length in bytes (1-4), or 0 when the bytes
+// there are not valid UTF-8 (overlong forms, surrogates and values past U+10FFFF included).
+std::size_t decode(std::string_view s, std::size_t i, char32_t& cp) noexcept {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  }
+  std::size_t len = 0;
+  char32_t min = 0;
+  if ((b0 & 0xE0) == 0xC0) {
+    len = 2;
+    cp = b0 & 0x1Fu;
+    min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3;
+    cp = b0 & 0x0Fu;
+    min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4;
+    cp = b0 & 0x07u;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < len) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return len;
+}
+
+// Calls f(cp) for every code point of a UTF-8 text; invalid bytes become U+FFFD.
+template <class F>
+void for_each_utf8(std::string_view s, F&& f) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    char32_t cp = 0;
+    const std::size_t len = decode(s, i, cp);
+    if (len == 0) {
+      f(kReplacement);
+      ++i;
+    } else {
+      f(cp);
+      i += len;
+    }
+  }
+}
+
+// The cost of one code point after `prev`, in cost units.
+inline std::uint64_t cost(char32_t prev, char32_t cp, const EstimatorParams& p) noexcept {
+  const std::uint16_t c = p.pair_costs[pair_bucket(prev, cp, p.pair_bits)];
+  return c != kUnseenPair ? c : p.block_costs[block_of(cp)];
+}
+
+}  // namespace
+
+void validate(const EstimatorParams& p) {
+  if (p.pair_bits < kMinPairBits || p.pair_bits > kMaxPairBits)
+    throw std::invalid_argument("estimator pair_bits must be in [" + std::to_string(kMinPairBits) + ", " +
+                                std::to_string(kMaxPairBits) + "], got " + std::to_string(p.pair_bits));
+  const std::size_t want = std::size_t{1} << p.pair_bits;
+  if (p.pair_costs.size() != want)
+    throw std::invalid_argument("estimator pair_costs must have 2**pair_bits = " + std::to_string(want) +
+                                " entries, got " + std::to_string(p.pair_costs.size()));
+  if (p.block_costs.size() != kBlocks)
+    throw std::invalid_argument("estimator block_costs must have " + std::to_string(kBlocks) + " entries, got " +
+                                std::to_string(p.block_costs.size()));
+  for (std::size_t i = 0; i < kBlocks; ++i) {
+    if (p.block_costs[i] == kUnseenPair)
+      throw std::invalid_argument("estimator block_costs[" + std::to_string(i) + "] must be < " +
+                                  std::to_string(kUnseenPair));
+  }
+  if (!std::isfinite(p.scale) || p.scale < 0.0)
+    throw std::invalid_argument("estimator scale must be finite and >= 0, got " + std::to_string(p.scale));
+  if (!std::isfinite(p.spread) || p.spread < 0.0)
+    throw std::invalid_argument("estimator spread must be finite and >= 0, got " + std::to_string(p.spread));
+}
+
+template <class Unit>
+std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
+  std::uint64_t total = 0;
+  char32_t prev = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto cp = static_cast<char32_t>(cps[i]);
+    total += cost(prev, cp, params);
+    prev = cp;
+  }
+  return total;
+}
+
+template std::uint64_t raw_cost<std::uint8_t>(const std::uint8_t*, std::size_t, const EstimatorParams&) noexcept;
+template std::uint64_t raw_cost<std::uint16_t>(const std::uint16_t*, std::size_t, const EstimatorParams&) noexcept;
+template std::uint64_t raw_cost<std::uint32_t>(const std::uint32_t*, std::size_t, const EstimatorParams&) noexcept;
+template std::uint64_t raw_cost<char32_t>(const char32_t*, std::size_t, const EstimatorParams&) noexcept;
+
+std::uint64_t raw_cost_utf8(std::string_view utf8, const EstimatorParams& params) noexcept {
+  std::uint64_t total = 0;
+  char32_t prev = 0;
+  for_each_utf8(utf8, [&](char32_t cp) {
+    total += cost(prev, cp, params);
+    prev = cp;
+  });
+  return total;
+}
+
+std::int64_t finish_estimate(std::uint64_t raw_units, bool nonempty, const EstimatorParams& params) noexcept {
+  if (!nonempty) return 0;
+  const double raw = static_cast<double>(raw_units) / kCostUnit;
+  const double est = std::ceil(params.scale * raw + params.spread * std::sqrt(raw));
+  // Only reachable with absurd parameters on absurdly long text: saturate, never overflow.
+  constexpr double kMax = 9.0e18;
+  if (!(est < kMax)) return static_cast<std::int64_t>(kMax);
+  return est < 1.0 ? 1 : static_cast<std::int64_t>(est);
+}
+
+std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& params) noexcept {
+  return finish_estimate(raw_cost_utf8(utf8, params), !utf8.empty(), params);
+}
+
+std::int64_t estimate_tokens(const CodePoints& t, const EstimatorParams& params) noexcept {
+  std::uint64_t raw = 0;
+  switch (t.width) {
+    case 1:
+      raw = raw_cost(static_cast<const std::uint8_t*>(t.data), t.size, params);
+      break;
+    case 2:
+      raw = raw_cost(static_cast<const std::uint16_t*>(t.data), t.size, params);
+      break;
+    default:
+      raw = raw_cost(static_cast<const std::uint32_t*>(t.data), t.size, params);
+      break;
+  }
+  return finish_estimate(raw, t.size > 0, params);
+}
+
+void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params,
+                           std::int64_t* out) noexcept {
+  for (std::size_t i = 0; i < texts.size; ++i) out[i] = estimate_tokens(texts[i], params);
+}
+
+void estimate_tokens_batch(View<CodePoints> texts, const EstimatorParams& params, std::int64_t* out) noexcept {
+  for (std::size_t i = 0; i < texts.size; ++i) out[i] = estimate_tokens(texts[i], params);
+}
+
+}  // namespace ctxcore

@@ -1,0 +1,102 @@
+// The conservative token estimator: how many tokens a text will cost, without running a
+// tokenizer. It sits beside the budget: the budget, the formatter's overhead and every
+// candidate's cost are priced with it when an exact count is unavailable or too slow.
+// Plain C++17, no Python.
+//
+// The model: a text's token count is the sum, over its code points, of the expected number
+// of tokens that start inside each code point, given that code point and the one before
+// it. Those expectations live in a hashed table of code-point pairs (`pair_costs`, learned
+// from exact tokenizations); a pair the table has never seen falls back to the average of
+// the code point's 32-code-point block (`block_costs`), which stands in for its script.
+// The sum `raw` becomes the estimate ceil(scale * raw + spread * sqrt(raw)), at least 1
+// for non-empty text: a margin relatively wide for short texts (where a sum of averages
+// strays furthest) and narrow for long ones. Tables, scale and spread are calibrated per
+// tokenizer family and passed in by the caller: the core holds none of them.
+//
+// Properties that hold for any parameters that pass validate(): empty text costs exactly
+// 0, non-empty text at least 1; the estimate is never negative; appending text never
+// lowers it (each code point's cost depends only on it and its predecessor, so a prefix's
+// costs are a subset of the whole's, and every cost is >= 0).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string_view>
+#include <vector>
+
+#include "ctxcore/packer.hpp"
+
+namespace ctxcore {
+
+// Costs are fixed point: this many units per token (uint16 holds up to ~64 tokens).
+inline constexpr double kCostUnit = 1024.0;
+// pair_costs entries equal to this mean "pair never seen: use the block cost".
+inline constexpr std::uint16_t kUnseenPair = 0xFFFF;
+// Block of a code point: cp >> kBlockShift below kBlockLimit, else the last block.
+inline constexpr unsigned kBlockShift = 5;
+inline constexpr char32_t kBlockLimit = 0x30000;  // past the CJK extensions; beyond is rare
+inline constexpr std::size_t kBlocks = (kBlockLimit >> kBlockShift) + 1;
+// Bounds on the pair table's size (2^bits entries).
+inline constexpr unsigned kMinPairBits = 1;
+inline constexpr unsigned kMaxPairBits = 24;
+
+// The calibrated parameters of one tokenizer family.
+struct EstimatorParams {
+  unsigned pair_bits = 0;                  // pair_costs has 2^pair_bits entries
+  std::vector<std::uint16_t> pair_costs;   // cost units, or kUnseenPair
+  std::vector<std::uint16_t> block_costs;  // kBlocks entries, cost units
+  double scale = 1.0;                      // >= 0
+  double spread = 0.0;                     // >= 0
+};
+
+// Throws std::invalid_argument naming what is wrong (sizes, bits, scale, spread).
+void validate(const EstimatorParams& params);
+
+// The pair-table bucket of a code point `cp` preceded by `prev` (0 at the start of a text).
+inline std::uint32_t pair_bucket(char32_t prev, char32_t cp, unsigned bits) noexcept {
+  std::uint32_t h = static_cast<std::uint32_t>(prev) * 0x9E3779B1u;
+  h ^= static_cast<std::uint32_t>(cp);
+  h *= 0x85EBCA77u;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h >> (32u - bits);
+}
+
+inline std::size_t block_of(char32_t cp) noexcept {
+  return cp < kBlockLimit ? static_cast<std::size_t>(cp >> kBlockShift) : kBlocks - 1;
+}
+
+// A text as code points in fixed-width units of `width` bytes: 1 (Latin-1), 2 (UCS-2) or
+// 4 (UCS-4); the form in which language runtimes commonly hold their strings.
+struct CodePoints {
+  const void* data = nullptr;
+  std::size_t size = 0;  // code points
+  unsigned width = 1;
+};
+
+// The raw cost (in cost units) of a text given as code points in fixed-width units:
+// std::uint8_t (Latin-1), std::uint16_t (UCS-2) or char32_t / std::uint32_t (UCS-4).
+template <class Unit>
+std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept;
+
+// The same for UTF-8; a byte that is not part of valid UTF-8 counts as one U+FFFD.
+std::uint64_t raw_cost_utf8(std::string_view utf8, const EstimatorParams& params) noexcept;
+
+// ceil(scale * raw + spread * sqrt(raw)) in tokens, at least 1 when `nonempty`.
+std::int64_t finish_estimate(std::uint64_t raw_units, bool nonempty, const EstimatorParams& params) noexcept;
+
+// The estimate for one UTF-8 text. `params` must have passed validate().
+std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& params) noexcept;
+
+// The estimates for many UTF-8 texts, written to out[0 .. texts.size).
+void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params,
+                           std::int64_t* out) noexcept;
+
+// The estimate for code points in fixed-width units; same result as the UTF-8 form.
+std::int64_t estimate_tokens(const CodePoints& text, const EstimatorParams& params) noexcept;
+
+// The estimates for many texts in fixed-width units, written to out[0 .. texts.size).
+void estimate_tokens_batch(View<CodePoints> texts, const EstimatorParams& params, std::int64_t* out) noexcept;
+
+}  // namespace ctxcore

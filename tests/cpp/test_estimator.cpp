@@ -1,0 +1,158 @@
+// Unit tests of the C++ token estimator, run through ctest (also under ASan + UBSan in CI).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ctxcore/estimator.hpp"
+
+namespace {
+
+using ctxcore::EstimatorParams;
+
+constexpr std::uint16_t kOne = static_cast<std::uint16_t>(ctxcore::kCostUnit);
+
+// Every pair costs `pair` units unless marked unseen; every block costs `block` units.
+EstimatorParams params(unsigned bits, std::uint16_t pair, std::uint16_t block, double scale = 1.0,
+                       double spread = 0.0) {
+  EstimatorParams p;
+  p.pair_bits = bits;
+  p.pair_costs.assign(std::size_t{1} << bits, pair);
+  p.block_costs.assign(ctxcore::kBlocks, block);
+  p.scale = scale;
+  p.spread = spread;
+  return p;
+}
+
+std::int64_t est(const std::string& s, const EstimatorParams& p) { return ctxcore::estimate_tokens(s, p); }
+
+TEST(Estimator, EmptyTextIsZeroNonEmptyAtLeastOne) {
+  const auto p = params(4, 0, 0, 1.2, 3.0);
+  EXPECT_EQ(est("", p), 0);
+  EXPECT_EQ(est("a", p), 1);  // every cost is 0, yet a non-empty text is at least 1 token
+  EXPECT_EQ(est(std::string(1000, ' '), p), 1);
+}
+
+TEST(Estimator, SumsPairCosts) {
+  const auto p = params(4, kOne, 0);
+  EXPECT_EQ(est("hello world", p), 11);
+  EXPECT_EQ(est("\xE6\x97\xA5\xE6\x9C\xAC", p), 2);  // 日本: two code points
+  EXPECT_EQ(est("\xF0\x9F\x8E\x89", p), 1);          // 🎉
+}
+
+TEST(Estimator, UnseenPairsFallBackToTheBlock) {
+  auto p = params(3, ctxcore::kUnseenPair, 0);
+  p.block_costs[ctxcore::block_of(U'a')] = 2 * kOne;  // a-z share a block
+  p.block_costs[ctxcore::block_of(U'\u65E5')] = 3 * kOne;
+  EXPECT_EQ(est("ab", p), 4);
+  EXPECT_EQ(est("\xE6\x97\xA5", p), 3);
+  // A seen pair overrides the block.
+  p.pair_costs[ctxcore::pair_bucket(0, U'a', 3)] = kOne / 2;
+  const std::uint16_t second = p.pair_costs[ctxcore::pair_bucket(U'a', U'b', 3)];
+  const std::int64_t b_cost = second == ctxcore::kUnseenPair ? 2 : 0;
+  EXPECT_EQ(est("ab", p), static_cast<std::int64_t>(std::ceil(0.5 + static_cast<double>(b_cost))));
+}
+
+TEST(Estimator, CodePointFormsAgreeWithUtf8) {
+  std::mt19937 rng(3);
+  auto p = params(10, 0, 0, 1.1, 0.7);
+  for (auto& c : p.pair_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  const std::u32string text = U"Grüße, 世界! \U0001F389 ok\n\tx = 12345;";
+  std::string utf8;
+  for (char32_t c : text) {
+    if (c < 0x80) {
+      utf8 += static_cast<char>(c);
+    } else if (c < 0x800) {
+      utf8 += static_cast<char>(0xC0 | (c >> 6));
+      utf8 += static_cast<char>(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      utf8 += static_cast<char>(0xE0 | (c >> 12));
+      utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      utf8 += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      utf8 += static_cast<char>(0xF0 | (c >> 18));
+      utf8 += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      utf8 += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  const ctxcore::CodePoints wide{text.data(), text.size(), 4};
+  EXPECT_EQ(ctxcore::estimate_tokens(wide, p), est(utf8, p));
+  const std::vector<std::uint8_t> latin1 = {'c', 'a', 'f', 0xE9};
+  const ctxcore::CodePoints narrow{latin1.data(), latin1.size(), 1};
+  EXPECT_EQ(ctxcore::estimate_tokens(narrow, p), est("caf\xC3\xA9", p));
+  const std::vector<std::uint16_t> ucs2 = {0x65E5, 0x672C};
+  const ctxcore::CodePoints mid{ucs2.data(), ucs2.size(), 2};
+  EXPECT_EQ(ctxcore::estimate_tokens(mid, p), est("\xE6\x97\xA5\xE6\x9C\xAC", p));
+}
+
+TEST(Estimator, InvalidUtf8CountsAsReplacementCharacters) {
+  auto p = params(4, ctxcore::kUnseenPair, 0);
+  p.block_costs[ctxcore::block_of(0xFFFD)] = 5 * kOne;
+  // Truncated sequences, overlong forms, surrogates, values past U+10FFFF, stray bytes.
+  const std::vector<std::pair<std::string, std::int64_t>> cases = {
+      {"\xC3", 5}, {"\xE6\x97", 10}, {"\xC0\xAF", 10}, {"\xED\xA0\x80", 15}, {"\xF4\x90\x80\x80", 20}, {"\x80", 5}};
+  for (const auto& [s, want] : cases) EXPECT_EQ(est(s, p), want) << s.size();
+}
+
+TEST(Estimator, MarginFormula) {
+  const auto p = params(2, 2 * kOne, 0, 1.5, 1.0);
+  // Four code points: raw = 8; ceil(1.5 * 8 + sqrt(8)) = ceil(14.83) = 15.
+  EXPECT_EQ(est("abcd", p), 15);
+}
+
+TEST(Estimator, MonotoneUnderAppend) {
+  std::mt19937 rng(7);
+  auto p = params(8, 0, 0, 1.13, 1.7);
+  for (auto& c : p.pair_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 4000);
+  for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 4000);
+  const std::vector<std::string> pieces = {"a",  "Z", " ",  "  ", "\n", "7",  ",",           "...",
+                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xCC\x81", "\t", "\xFF"};
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string s;
+    std::int64_t last = 0;
+    for (int step = 0; step < 40; ++step) {
+      s += pieces[rng() % pieces.size()];
+      const auto e = est(s, p);
+      ASSERT_GE(e, last) << s;
+      last = e;
+    }
+  }
+}
+
+TEST(Estimator, BatchMatchesSingle) {
+  const std::vector<std::string> texts = {"", "hello", "\xE4\xB8\xAD\xE6\x96\x87", "x = f(y) + 12345;\n"};
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  std::vector<std::int64_t> out(texts.size(), -1);
+  auto p = params(6, 700, 900, 1.1, 0.5);
+  p.pair_costs[5] = ctxcore::kUnseenPair;
+  ctxcore::estimate_tokens_batch({views.data(), views.size()}, p, out.data());
+  for (std::size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(out[i], est(texts[i], p));
+}
+
+TEST(Estimator, ValidateRejectsBadParams) {
+  EXPECT_NO_THROW(ctxcore::validate(params(4, 1, 1)));
+  EXPECT_THROW(ctxcore::validate(params(0, 1, 1)), std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(25, 1, 1)), std::invalid_argument);
+  auto p = params(4, 1, 1);
+  p.pair_costs.pop_back();
+  EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
+  p = params(4, 1, 1);
+  p.block_costs.push_back(1);
+  EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(4, 1, ctxcore::kUnseenPair)), std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(4, 1, 1, -1.0)), std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(4, 1, 1, std::numeric_limits<double>::quiet_NaN())), std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(4, 1, 1, 1.0, std::numeric_limits<double>::infinity())),
+               std::invalid_argument);
+}
+
+TEST(Estimator, SaturatesInsteadOfOverflowing) {
+  EXPECT_EQ(est("abc", params(4, kOne, 0, 1e300)), static_cast<std::int64_t>(9.0e18));
+}
+
+}  // namespace

