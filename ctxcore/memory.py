@@ -1,0 +1,178 @@
+"""Memories and the sources that retrieve them: the data retrieval hands to scoring.
+
+A `MemoryRecord` is one retrieved memory with its scope (organization and agent), its
+text, the retrieval-time signals (similarity, confidence, importance, times, rank) and,
+when the store counted it at insert, its token count tagged with tokenizer family and
+kind. `Sources` bundles the three retrieval branches of an assembly: directive, hot
+memory and cold memory, each an async callable that receives the request's `Scope`.
+Stores (`ctxcore.stores`) implement `MemoryStore` and give their branches with
+`Sources.from_store`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "FULLTEXT_RELEVANCE_SENTINEL",
+    "MemoryOrigin",
+    "MemoryRecord",
+    "MemoryStore",
+    "Query",
+    "Scope",
+    "Sources",
+]
+
+#: Relevance given to full-text hits that carry no cosine score. From the ranking design:
+#: "full-text hits use a fixed relevance sentinel of 0.5 when they have no cosine score";
+#: the relevance floor must stay below it.
+FULLTEXT_RELEVANCE_SENTINEL = 0.5
+
+
+class MemoryOrigin(enum.StrEnum):
+    """Which retrieval path produced a memory."""
+
+    HOT = "hot"  #: the agent's most recent memories
+    VECTOR = "vector"  #: cosine similarity over stored embeddings (cold)
+    FULLTEXT = "fulltext"  #: full-text match (cold), relevance = the sentinel
+    REMOTE = "remote"  #: a memory service over HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Who an assembly is for. Every memory used must carry exactly this scope.
+
+    >>> Scope("org-1", "agent-7")
+    Scope(organization_id='org-1', agent_id='agent-7')
+    """
+
+    organization_id: str
+    agent_id: str
+
+    def __post_init__(self) -> None:
+        for name in ("organization_id", "agent_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What the request is about: its text and, optionally, its embedding.
+
+    >>> Query("refund policy", (0.1, 0.2)).embedding
+    (0.1, 0.2)
+    """
+
+    text: str
+    embedding: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"query text must be str, got {type(self.text).__name__}")
+        if self.embedding is not None:
+            emb = tuple(float(x) for x in self.embedding)
+            if not emb or not all(math.isfinite(x) for x in emb):
+                raise ValueError("query embedding must be a non-empty sequence of finite floats")
+            object.__setattr__(self, "embedding", emb)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """One retrieved memory.
+
+    Attributes:
+        id: unique id of the memory in its store.
+        organization_id: owning organization.
+        agent_id: owning agent.
+        text: the memory's content (untrusted data: it is escaped when formatted).
+        origin: which retrieval path found it.
+        similarity: cosine similarity to the query, when vector-ranked; None otherwise.
+        confidence: the store's confidence in the memory, in [0, 1].
+        importance: optional importance in [0, 1].
+        created_at: creation time, seconds since the epoch, if known.
+        accessed_at: last access time, seconds since the epoch, if known.
+        rank: the source's own rank (0 = best), if it gave one.
+        token_count: tokens of `text`, counted by the store, if it did.
+        token_family: tokenizer family of `token_count` (e.g. ``"cl100k_base"``).
+        token_kind: ``"exact"`` or ``"estimate"``: how `token_count` was obtained.
+
+    >>> MemoryRecord("m1", "org", "agent", "likes tea", similarity=0.8).relevance
+    0.8
+    >>> MemoryRecord("m2", "org", "agent", "tea", origin=MemoryOrigin.FULLTEXT).relevance
+    0.5
+    """
+
+    id: str
+    organization_id: str
+    agent_id: str
+    text: str
+    origin: MemoryOrigin = MemoryOrigin.VECTOR
+    similarity: float | None = None
+    confidence: float = 1.0
+    importance: float | None = None
+    created_at: float | None = None
+    accessed_at: float | None = None
+    rank: int | None = None
+    token_count: int | None = None
+    token_family: str | None = None
+    token_kind: str | None = None
+
+    @property
+    def relevance(self) -> float:
+        """The relevance the gate compares with the floor: the cosine similarity, or the
+        full-text sentinel for hits without one."""
+        return self.similarity if self.similarity is not None else FULLTEXT_RELEVANCE_SENTINEL
+
+    @property
+    def scope(self) -> Scope:
+        """The memory's (organization, agent)."""
+        return Scope(self.organization_id, self.agent_id)
+
+
+DirectiveFn = Callable[[Scope], Awaitable[str | None]]
+HotFn = Callable[[Scope, Query, int], Awaitable[Sequence[MemoryRecord]]]
+ColdFn = Callable[[Scope, Query, int, float], Awaitable[Sequence[MemoryRecord]]]
+
+
+@runtime_checkable
+class MemoryStore(Protocol):
+    """What a store offers the three retrieval branches. Every method is scoped: it must
+    only ever return data of `scope`."""
+
+    async def directive(self, scope: Scope) -> str | None:
+        """The operator directive (system instructions) for this organization and agent."""
+        ...
+
+    async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
+        """The agent's most recent memories, newest first, at most `limit`."""
+        ...
+
+    async def cold(
+        self, scope: Scope, query: Query, limit: int, min_similarity: float
+    ) -> Sequence[MemoryRecord]:
+        """Memories relevant to `query`: vector hits with similarity >= `min_similarity`
+        (the ANN cutoff, applied before hydration) and full-text hits, at most `limit`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """The three retrieval branches of an assembly; a branch left as None is skipped.
+
+    >>> Sources().directive is None
+    True
+    """
+
+    directive: DirectiveFn | None = None
+    hot: HotFn | None = None
+    cold: ColdFn | None = None
+
+    @classmethod
+    def from_store(cls, store: MemoryStore) -> Sources:
+        """All three branches served by one store."""
+        return cls(directive=store.directive, hot=store.hot, cold=store.cold)

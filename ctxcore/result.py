@@ -1,0 +1,132 @@
+"""What an assembly returns: the context, and the record of how it was made.
+
+The last stage of the pipeline. Besides the text, an `AssembledContext` carries the budget
+ledger, the pack record, one `TraceEntry` per memory candidate (why it is in or out), one
+`BranchRecord` per retrieval branch (ok / timeout / error / skipped, with its latency), the
+wall that bounded retrieval, whether and why the assembly degraded, and stage timings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "Branch",
+    "BranchRecord",
+    "BranchStatus",
+    "HistoryDrop",
+    "StageTimings",
+    "TraceEntry",
+    "TraceReason",
+    "Wall",
+    "WallSource",
+]
+
+
+class Branch(enum.StrEnum):
+    """The three retrieval branches."""
+
+    DIRECTIVE = "directive"
+    HOT = "hot"
+    COLD = "cold"
+
+
+class BranchStatus(enum.StrEnum):
+    """How a retrieval branch ended."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"  #: cancelled at its own timeout or at the wall
+    ERROR = "error"  #: raised, or returned malformed data
+    SKIPPED = "skipped"  #: not run (no source, context disabled, memory skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRecord:
+    """One retrieval branch's outcome.
+
+    >>> BranchRecord(Branch.HOT, BranchStatus.OK, 3.2, items=12).status.value
+    'ok'
+    """
+
+    branch: Branch
+    status: BranchStatus
+    latency_ms: float
+    error: str | None = None
+    items: int = 0
+    dropped_out_of_scope: int = 0
+
+
+class TraceReason(enum.StrEnum):
+    """Why a memory candidate is in or out of the context (exactly one per candidate)."""
+
+    SELECTED = "selected"
+    PINNED = "pinned"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    BELOW_RELEVANCE_FLOOR = "below_relevance_floor"
+    OUT_OF_SCOPE = "out_of_scope"
+    DUPLICATE = "duplicate"
+    OVER_MAX_MEMORIES = "over_max_memories"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """The decision about one memory candidate.
+
+    Attributes:
+        memory_id: the memory's id.
+        reason: why it is in or out.
+        origin: which retrieval path returned it (``hot``, ``vector``, ``fulltext``, ...).
+        tokens: its cost in the packer (tokens of its escaped, wrapped form); 0 when it
+            never reached the packer.
+        score: its score (0 when it never reached scoring).
+        relevance: the relevance the gate saw.
+        recounted: True when the store's token count was of another tokenizer family or
+            kind and was recomputed rather than mixed.
+    """
+
+    memory_id: str
+    reason: TraceReason
+    origin: str
+    tokens: int = 0
+    score: float = 0.0
+    relevance: float = 0.0
+    recounted: bool = False
+
+
+class WallSource(enum.StrEnum):
+    """Which limit set the retrieval wall."""
+
+    CLIENT_TIMEOUT = "client_timeout"
+    SERVER_DEADLINE = "server_deadline"
+    CALLER_DEADLINE = "caller_deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class Wall:
+    """The retrieval wall that applied: its length and where it came from."""
+
+    limit_ms: float
+    source: WallSource
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryDrop:
+    """A group of turns dropped by ``history_policy="trim_oldest"``."""
+
+    first_index: int
+    count: int
+    tokens: int
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Milliseconds spent per pipeline stage."""
+
+    budget_ms: float = 0.0
+    retrieval_ms: float = 0.0
+    scoring_ms: float = 0.0
+    packing_ms: float = 0.0
+    formatting_ms: float = 0.0
+    total_ms: float = 0.0
