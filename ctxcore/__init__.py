@@ -23,6 +23,16 @@ except ImportError as _exc:  # pragma: no cover - only without a built extension
     )
     raise
 
+from .budget import (
+    CONSTRAINED_BELOW,
+    RESPONSE_FRACTION,
+    RESPONSE_MAX,
+    RESPONSE_MIN,
+    Budget,
+    BudgetPolicy,
+    compute_budget,
+)
+from .catalog import Catalog, ModelCapability, TokenizerPolicy, default_catalog, load_catalog
 from .errors import (
     CatalogError,
     ConfigError,
@@ -43,6 +53,20 @@ from .packing import (
     pack,
     pack_arrays,
 )
+from .scoring import (
+    DEFAULT_MIN_SIMILARITY,
+    DEFAULT_RELEVANCE_FLOOR,
+    FULL_TEXT_RELEVANCE,
+    INTERIM_CONFIDENCE_WEIGHT,
+    INTERIM_SIMILARITY_WEIGHT,
+    ScoredCandidates,
+    ScoreFormula,
+    ScoreWeights,
+    ScoringConfig,
+    interim_score,
+    relevance_gate,
+    score_candidates,
+)
 from .tokens import (
     TokenCount,
     TokenKind,
@@ -59,6 +83,30 @@ except PackageNotFoundError:  # pragma: no cover - running from an unusual layou
     __version__ = _core.__version__
 
 __all__ = [
+    "CONSTRAINED_BELOW",
+    "DEFAULT_MIN_SIMILARITY",
+    "DEFAULT_RELEVANCE_FLOOR",
+    "FULL_TEXT_RELEVANCE",
+    "INTERIM_CONFIDENCE_WEIGHT",
+    "INTERIM_SIMILARITY_WEIGHT",
+    "RESPONSE_FRACTION",
+    "RESPONSE_MAX",
+    "RESPONSE_MIN",
+    "Budget",
+    "BudgetPolicy",
+    "Catalog",
+    "ModelCapability",
+    "ScoreFormula",
+    "ScoreWeights",
+    "ScoredCandidates",
+    "ScoringConfig",
+    "TokenizerPolicy",
+    "compute_budget",
+    "default_catalog",
+    "interim_score",
+    "load_catalog",
+    "relevance_gate",
+    "score_candidates",
     "DEFAULT_BUCKET_TOKENS",
     "DEFAULT_CELL_CEILING",
     "DEFAULT_SEARCH_NODE_LIMIT",

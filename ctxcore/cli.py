@@ -2,7 +2,8 @@
 
 ``ctxcore pack FILE.jsonl --budget N`` packs candidates read one JSON object per line
 (``id``, ``tokens``, ``score``, optional ``pinned``) and prints the selection and the
-pack record, as a table or (``--json``) as one JSON document.
+pack record, as a table or (``--json``) as one JSON document. ``ctxcore catalog [MODEL]``
+lists the capability catalog (or one model; ``--catalog FILE`` for a user's own).
 """
 
 from __future__ import annotations
@@ -110,6 +111,37 @@ def _cmd_pack(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
+    from .catalog import default_catalog, load_catalog
+    from .errors import CatalogError, UnknownModel
+
+    try:
+        cat = load_catalog(args.catalog) if args.catalog else default_catalog()
+        caps = [cat.get_model(args.model)] if args.model else [cat[name] for name in cat]
+    except (CatalogError, UnknownModel) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        doc = [
+            {"name": m.name, "provider": m.provider, "context_window": m.context_window,
+             "max_output_tokens": m.max_output_tokens, "tokenizer_family": m.tokenizer_family,
+             "estimate_kind": m.estimate_kind.value, "safety_fraction": m.safety_fraction,
+             "aliases": list(m.aliases)}
+            for m in caps
+        ]
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+        return 0
+    rows = [["model", "provider", "window", "max out", "tokenizer", "counts", "safety", "aliases"]]
+    rows += [
+        [m.name, m.provider, str(m.context_window), str(m.max_output_tokens), m.tokenizer_family,
+         m.estimate_kind.value, f"{m.safety_fraction:g}", ", ".join(m.aliases)]
+        for m in caps
+    ]
+    _table(rows, out)
+    out.write(f"\n{len(caps)} of {len(cat)} models, from {cat.source}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``ctxcore``."""
     parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
@@ -122,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-ceiling", type=int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=_cmd_pack)
+    c = sub.add_parser("catalog", help="list the capability catalog (models, windows, tokenizers)")
+    c.add_argument("model", nargs="?", help="show one model (name or alias) instead of all")
+    c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
+    c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    c.set_defaults(func=_cmd_catalog)
     return parser
 
 

@@ -1,0 +1,164 @@
+"""The capability catalog: the shipped file, users' files and their validation, the CLI."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import ctxcore
+from ctxcore import TokenKind
+from ctxcore.cli import main
+
+POLICY = """
+[tokenizer_policy.cl100k_base]
+exact = 0.01
+estimate = 0.02
+"""
+
+MODEL = """
+[models."m1"]
+provider = "house"
+context_window = 32000
+max_output_tokens = 4000
+tokenizer_family = "cl100k_base"
+estimate_kind = "estimate"
+aliases = ["m1-latest"]
+"""
+
+
+def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
+    p = tmp_path / "catalog.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_shipped_catalog_covers_the_major_providers() -> None:
+    cat = ctxcore.default_catalog()
+    providers = {cat[name].provider for name in cat}
+    assert {"openai", "anthropic", "google", "meta", "mistral"} <= providers
+    for name in cat:
+        m = cat[name]
+        assert m.name == name
+        assert 0 < m.max_output_tokens <= m.context_window
+        assert 0 <= m.safety_fraction < 1
+        assert m.tokenizer_family in ctxcore.estimator_families()
+        if m.estimate_kind is TokenKind.EXACT:
+            assert m.tokenizer_family in ctxcore.exact_families()
+
+
+@pytest.mark.parametrize(
+    "name,window,max_out,family",
+    [
+        ("gpt-4o", 128_000, 16_384, "o200k_base"),
+        ("gpt-4.1", 1_047_576, 32_768, "o200k_base"),
+        ("gpt-4", 8192, 8192, "cl100k_base"),
+        ("claude-sonnet-4", 200_000, 64_000, "claude"),
+        ("gemini-2.5-pro", 1_048_576, 65_536, "gemini"),
+        ("llama-3.1-70b-instruct", 131_072, 131_072, "llama3"),
+    ],
+)
+def test_known_models(name: str, window: int, max_out: int, family: str) -> None:
+    m = ctxcore.default_catalog()[name]
+    assert (m.context_window, m.max_output_tokens, m.tokenizer_family) == (window, max_out, family)
+
+
+def test_aliases_and_case_resolve_to_the_canonical_entry() -> None:
+    cat = ctxcore.default_catalog()
+    assert cat.get_model("claude-sonnet-4-20250514").name == "claude-sonnet-4"
+    assert cat.get_model("  GPT-4o  ").name == "gpt-4o"
+    assert "gpt-4o-2024-08-06" in cat and "no-such-model" not in cat and 3 not in cat
+
+
+def test_unknown_model_lists_close_matches() -> None:
+    with pytest.raises(ctxcore.UnknownModel) as info:
+        ctxcore.default_catalog().get_model("claude-sonet-4")
+    err = info.value
+    assert isinstance(err, LookupError)
+    assert err.model == "claude-sonet-4"
+    assert "claude-sonnet-4" in err.suggestions
+    assert "did you mean" in str(err)
+    with pytest.raises(ctxcore.UnknownModel, match="unknown model 'zzzz'") as info2:
+        ctxcore.default_catalog()["zzzz"]
+    assert info2.value.suggestions == ()
+
+
+def test_load_a_users_catalog(tmp_path: pathlib.Path) -> None:
+    cat = ctxcore.load_catalog(write(tmp_path, POLICY + MODEL))
+    m = cat["m1-latest"]
+    assert (m.name, m.provider, m.context_window, m.safety_fraction) == ("m1", "house", 32000, 0.02)
+    assert len(cat) == 1 and list(cat) == ["m1"]
+    assert cat.policies["cl100k_base"].safety_fraction(TokenKind.EXACT) == 0.01
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("this is = not toml [", "not valid TOML"),
+        (MODEL, r"\[tokenizer_policy\] must be a table"),
+        (POLICY, r"\[models\] must be a table"),
+        (POLICY + MODEL + "\n[extra]\nx = 1\n", "unknown top-level keys extra"),
+        ("[tokenizer_policy.gpt2]\nexact = 0.1\n" + MODEL, "tokenizer_policy.gpt2: unknown tokenizer family"),
+        ("[tokenizer_policy.cl100k_base]\nexact = 1.5\n" + MODEL, r"cl100k_base.exact: safety fraction must be"),
+        ("[tokenizer_policy.cl100k_base]\nexact = -0.1\n" + MODEL, "safety fraction"),
+        ("[tokenizer_policy.cl100k_base]\nroughly = 0.1\n" + MODEL, "unknown kind 'roughly'"),
+        ("[tokenizer_policy.cl100k_base]\nexact = 0.01\n" + MODEL, r"models.'m1'.*no safety fraction for estimate"),
+        (POLICY + MODEL.replace("context_window = 32000", "context_window = 0"), r"models.'m1'.*context_window must be a positive"),
+        (POLICY + MODEL.replace("context_window = 32000", 'context_window = "big"'), "context_window"),
+        (POLICY + MODEL.replace("max_output_tokens = 4000", "max_output_tokens = 64000"), "exceeds context_window"),
+        (POLICY + MODEL.replace('tokenizer_family = "cl100k_base"', 'tokenizer_family = "o200k_base"'), "no \\[tokenizer_policy\\] entry"),
+        (POLICY + MODEL.replace('estimate_kind = "estimate"', 'estimate_kind = "guess"'), "estimate_kind must be"),
+        (POLICY + MODEL.replace('aliases = ["m1-latest"]', "aliases = [1]"), "aliases must be a list"),
+        (POLICY + MODEL.replace('provider = "house"', "colour = 'red'"), "unknown keys colour"),
+        (POLICY + MODEL.replace('estimate_kind = "estimate"\n', ""), "missing estimate_kind"),
+        (POLICY + MODEL + MODEL.replace('[models."m1"]', '[models."m2"]'), "'m1-latest' of model 'm2' is already used by model 'm1'"),
+    ],
+)
+def test_invalid_catalogs_name_the_bad_entry(tmp_path: pathlib.Path, text: str, match: str) -> None:
+    with pytest.raises(ctxcore.CatalogError, match=match) as info:
+        ctxcore.load_catalog(write(tmp_path, text))
+    assert isinstance(info.value, ValueError)
+    assert str(tmp_path) in str(info.value) or "TOML" in str(info.value)
+
+
+def test_unreadable_catalog(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ctxcore.CatalogError, match="cannot read catalog"):
+        ctxcore.load_catalog(tmp_path / "missing.toml")
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(ctxcore.CatalogError, match="not UTF-8"):
+        ctxcore.load_catalog(bad)
+
+
+def test_cli_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-4o" in out and "claude-sonnet-4" in out and "o200k_base" in out
+    assert f"{len(ctxcore.default_catalog())} of {len(ctxcore.default_catalog())} models" in out
+
+
+def test_cli_one_model_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "gpt-4o-mini-2024-07-18", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == [
+        {
+            "name": "gpt-4o-mini",
+            "provider": "openai",
+            "context_window": 128000,
+            "max_output_tokens": 16384,
+            "tokenizer_family": "o200k_base",
+            "estimate_kind": "estimate",
+            "safety_fraction": 0.03,
+            "aliases": ["gpt-4o-mini-2024-07-18"],
+        }
+    ]
+
+
+def test_cli_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "gpt4o"]) == 2
+    assert "did you mean 'gpt-4o'" in capsys.readouterr().err
+    assert main(["catalog", "--catalog", str(write(tmp_path, "[models]\n"))]) == 2
+    assert "tokenizer_policy" in capsys.readouterr().err
+    assert main(["catalog", "--catalog", str(write(tmp_path, POLICY + MODEL))]) == 0
+    assert "m1-latest" in capsys.readouterr().out
