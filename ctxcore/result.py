@@ -67,6 +67,7 @@ class TraceReason(enum.StrEnum):
     OUT_OF_SCOPE = "out_of_scope"
     DUPLICATE = "duplicate"
     OVER_MAX_MEMORIES = "over_max_memories"
+    NON_POSITIVE_SCORE = "non_positive_score"  #: scored <= 0: it cannot raise the total
 
 
 @dataclass(frozen=True, slots=True)
