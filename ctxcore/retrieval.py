@@ -1,0 +1,291 @@
+"""Retrieval: the directive, hot-memory and cold-memory branches, run concurrently under
+one shared wall.
+
+The stage after budgeting. Each branch runs as its own task with its own timeout, cut to
+what is left of the wall; when the wall is reached the branches still running are
+cancelled and awaited (no task outlives the call), and a branch that completed is kept.
+Every branch ends with a `BranchRecord`: ``ok``, ``timeout``, ``error`` (it raised or
+returned malformed data) or ``skipped``, with its latency. Memories are checked against
+the request's scope here, before anything else sees them: a memory of another
+organization or agent is dropped and counted, never used. A failed branch is only
+recorded; nothing is retried wider, cached or substituted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .memory import MemoryRecord, Query, Scope, Sources
+from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
+
+__all__ = [
+    "DEFAULT_CLIENT_TIMEOUT_MS",
+    "DEFAULT_COLD_TIMEOUT_MS",
+    "DEFAULT_DIRECTIVE_TIMEOUT_MS",
+    "DEFAULT_HOT_TIMEOUT_MS",
+    "DEFAULT_SERVER_DEADLINE_MS",
+    "BranchTimeouts",
+    "Retrieved",
+    "compute_wall",
+    "retrieve",
+]
+
+#: Client (outer) retrieval timeout: "IBEX_CONTEXT_TIMEOUT=45ms".
+DEFAULT_CLIENT_TIMEOUT_MS = 45.0
+#: Server retrieval wall: "IBEX_CONTEXT_DEADLINE_MS=40ms". The wall is the smaller of the two.
+DEFAULT_SERVER_DEADLINE_MS = 40.0
+#: Per-branch timeouts: "Directive timeout: 5ms. Hot-memory timeout: 15ms. Cold-memory
+#: timeout: 45ms." (the cold one is in practice bounded by the wall).
+DEFAULT_DIRECTIVE_TIMEOUT_MS = 5.0
+DEFAULT_HOT_TIMEOUT_MS = 15.0
+DEFAULT_COLD_TIMEOUT_MS = 45.0
+#: Longest error text kept in a branch record: enough to diagnose, never a memory dump.
+_MAX_ERROR_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class BranchTimeouts:
+    """Per-branch timeouts in milliseconds.
+
+    >>> BranchTimeouts().hot_ms
+    15.0
+    """
+
+    directive_ms: float = DEFAULT_DIRECTIVE_TIMEOUT_MS
+    hot_ms: float = DEFAULT_HOT_TIMEOUT_MS
+    cold_ms: float = DEFAULT_COLD_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        for name in ("directive_ms", "hot_ms", "cold_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+    def of(self, branch: Branch) -> float:
+        """The timeout of `branch`, in milliseconds."""
+        return {Branch.DIRECTIVE: self.directive_ms, Branch.HOT: self.hot_ms, Branch.COLD: self.cold_ms}[branch]
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieved:
+    """What the three branches brought back, already scope-checked.
+
+    Attributes:
+        directive: the directive text, or None (no directive, or the branch failed).
+        memories: in-scope memories, hot first then cold, in the order the sources gave.
+        out_of_scope: memories a source returned for another organization or agent:
+            dropped, kept here only to be counted and traced (by id).
+        branches: one record per branch, directive, hot, cold.
+        wall: the wall that bounded retrieval.
+    """
+
+    directive: str | None
+    memories: tuple[MemoryRecord, ...]
+    out_of_scope: tuple[MemoryRecord, ...]
+    branches: tuple[BranchRecord, ...]
+    wall: Wall
+
+    def branch(self, which: Branch) -> BranchRecord:
+        """The record of one branch."""
+        return next(b for b in self.branches if b.branch == which)
+
+
+def compute_wall(
+    client_timeout_ms: float,
+    server_deadline_ms: float,
+    *,
+    deadline: float | None = None,
+    headroom_ms: float = 0.0,
+    now: float | None = None,
+) -> Wall:
+    """The retrieval wall: min(client timeout, server deadline), and, when the caller has a
+    deadline (an absolute `time.monotonic()` time), its remaining time minus the headroom
+    kept for packing and formatting.
+
+    >>> compute_wall(45, 40)
+    Wall(limit_ms=40.0, source=<WallSource.SERVER_DEADLINE: 'server_deadline'>)
+    >>> compute_wall(45, 40, deadline=100.020, headroom_ms=5, now=100.0).source.value
+    'caller_deadline'
+    """
+    if client_timeout_ms <= server_deadline_ms:
+        wall = Wall(float(client_timeout_ms), WallSource.CLIENT_TIMEOUT)
+    else:
+        wall = Wall(float(server_deadline_ms), WallSource.SERVER_DEADLINE)
+    if deadline is not None:
+        remaining_ms = (deadline - (time.monotonic() if now is None else now)) * 1000.0 - headroom_ms
+        if remaining_ms < wall.limit_ms:
+            wall = Wall(max(0.0, remaining_ms), WallSource.CALLER_DEADLINE)
+    return wall
+
+
+@dataclass(slots=True)
+class _Outcome:
+    record: BranchRecord
+    value: Any = None
+    out_of_scope: list[MemoryRecord] = field(default_factory=list)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+
+
+def _check_memories(value: object, scope: Scope) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+    """Split a branch's result into in-scope and out-of-scope memories; raise on anything
+    that is not a sequence of `MemoryRecord` (the whole result is then an error: a
+    partial result of unknown scope is never used)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"expected a sequence of MemoryRecord, got {type(value).__name__}")
+    ok: list[MemoryRecord] = []
+    foreign: list[MemoryRecord] = []
+    for i, m in enumerate(value):
+        if not isinstance(m, MemoryRecord):
+            raise TypeError(f"item {i} is {type(m).__name__}, not a MemoryRecord")
+        if not isinstance(m.id, str) or not m.id or not isinstance(m.text, str):
+            raise TypeError(f"item {i} has no usable id or text")
+        for name in ("similarity", "confidence", "importance"):
+            v = getattr(m, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise TypeError(f"item {i} ({m.id!r}) has a non-finite or non-numeric {name}")
+        if m.organization_id == scope.organization_id and m.agent_id == scope.agent_id:
+            ok.append(m)
+        else:
+            foreign.append(m)
+    return ok, foreign
+
+
+async def _run_branch(
+    branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope
+) -> _Outcome:
+    t0 = time.perf_counter()
+
+    def record(status: BranchStatus, error: str | None = None, items: int = 0, foreign: int = 0) -> BranchRecord:
+        return BranchRecord(branch, status, (time.perf_counter() - t0) * 1000.0, error, items, foreign)
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await call()
+    except TimeoutError:
+        return _Outcome(record(BranchStatus.TIMEOUT, f"no answer within {timeout_s * 1000:.1f} ms"))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a failing source is recorded, never propagated
+        return _Outcome(record(BranchStatus.ERROR, _error_text(exc)))
+    try:
+        if branch == Branch.DIRECTIVE:
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"expected str or None, got {type(value).__name__}")
+            return _Outcome(record(BranchStatus.OK, items=0 if value is None else 1), value)
+        ok, foreign = _check_memories(value, scope)
+    except TypeError as exc:
+        return _Outcome(record(BranchStatus.ERROR, f"malformed result: {exc}"))
+    return _Outcome(record(BranchStatus.OK, items=len(ok), foreign=len(foreign)), ok, foreign)
+
+
+async def retrieve(
+    scope: Scope,
+    query: Query,
+    sources: Sources,
+    *,
+    wall: Wall,
+    timeouts: BranchTimeouts | None = None,
+    limit: int = 64,
+    min_similarity: float = 0.70,
+    run_directive: bool = True,
+    run_memory: bool = True,
+    wall_start: float | None = None,
+) -> Retrieved:
+    """Run the three branches concurrently and return what came back within the wall.
+
+    Args:
+        scope: the request's organization and agent; every memory must match it.
+        query: passed to the memory branches.
+        sources: the branch callables; a None branch is ``skipped``.
+        wall: the shared wall (see `compute_wall`).
+        timeouts: per-branch timeouts; each is also cut to what is left of the wall.
+        limit: most memories asked of each memory branch.
+        min_similarity: the ANN cutoff passed to the cold branch.
+        run_directive: False skips the directive branch.
+        run_memory: False skips both memory branches.
+        wall_start: `time.perf_counter()` when the wall started (default: now), so that
+            work done before retrieval in the same request counts against it.
+
+    Returns:
+        `Retrieved`; it never raises for a failing or slow source.
+
+    >>> async def directive(scope): return "Be brief."
+    >>> r = asyncio.run(retrieve(Scope("o", "a"), Query("q"), Sources(directive=directive), wall=compute_wall(45, 40)))
+    >>> (r.directive, [b.status.value for b in r.branches])
+    ('Be brief.', ['ok', 'skipped', 'skipped'])
+    """
+    timeouts = timeouts or BranchTimeouts()
+    start = time.perf_counter() if wall_start is None else wall_start
+    wall_end = start + wall.limit_ms / 1000.0
+    calls: dict[Branch, Callable[[], Awaitable[Any]] | None] = dict.fromkeys(Branch)
+    d, h, c = sources.directive, sources.hot, sources.cold
+    if run_directive and d is not None:
+        calls[Branch.DIRECTIVE] = lambda: d(scope)
+    if run_memory and h is not None:
+        calls[Branch.HOT] = lambda: h(scope, query, limit)
+    if run_memory and c is not None:
+        calls[Branch.COLD] = lambda: c(scope, query, limit, min_similarity)
+    tasks: dict[Branch, asyncio.Task[_Outcome]] = {}
+    for branch, call in calls.items():
+        if call is None:
+            continue
+        budget_s = max(0.0, min(timeouts.of(branch) / 1000.0, wall_end - time.perf_counter()))
+        tasks[branch] = asyncio.create_task(_run_branch(branch, call, budget_s, scope), name=f"ctxcore-{branch}")
+
+    outcomes: dict[Branch, _Outcome] = {}
+    if tasks:
+        try:
+            done, pending = await asyncio.wait(tasks.values(), timeout=max(0.0, wall_end - time.perf_counter()))
+        except asyncio.CancelledError:
+            for t in tasks.values():
+                t.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            raise
+        for t in pending:
+            t.cancel()
+        if pending:
+            # Cancelled branches are awaited so no task outlives this call.
+            await asyncio.gather(*pending, return_exceptions=True)
+        for branch, task in tasks.items():
+            if task in done and not task.cancelled():
+                outcomes[branch] = task.result()
+            else:
+                outcomes[branch] = _Outcome(
+                    BranchRecord(
+                        branch,
+                        BranchStatus.TIMEOUT,
+                        (time.perf_counter() - start) * 1000.0,
+                        f"cancelled at the {wall.source.value} wall ({wall.limit_ms:.1f} ms)",
+                    )
+                )
+
+    records = []
+    for branch in (Branch.DIRECTIVE, Branch.HOT, Branch.COLD):
+        if branch in outcomes:
+            records.append(outcomes[branch].record)
+        else:
+            reason = "not requested" if _has_source(sources, branch) else "no source"
+            records.append(BranchRecord(branch, BranchStatus.SKIPPED, 0.0, reason))
+    directive_outcome = outcomes.get(Branch.DIRECTIVE)
+    directive = directive_outcome.value if directive_outcome and directive_outcome.record.status == BranchStatus.OK else None
+    memories: list[MemoryRecord] = []
+    foreign: list[MemoryRecord] = []
+    for branch in (Branch.HOT, Branch.COLD):
+        o = outcomes.get(branch)
+        if o is not None and o.record.status == BranchStatus.OK:
+            memories.extend(o.value)
+            foreign.extend(o.out_of_scope)
+    return Retrieved(directive, tuple(memories), tuple(foreign), tuple(records), wall)
+
+
+def _has_source(sources: Sources, branch: Branch) -> bool:
+    return {Branch.DIRECTIVE: sources.directive, Branch.HOT: sources.hot, Branch.COLD: sources.cold}[branch] is not None
