@@ -122,6 +122,27 @@ class MemoryRecord:
     token_family: str | None = None
     token_kind: str | None = None
 
+    def __post_init__(self) -> None:
+        # Checked once here, where a source builds the record, so that the assembly's hot
+        # path only needs `type(m) is MemoryRecord`.
+        for name in ("id", "organization_id", "agent_id"):
+            v = getattr(self, name)
+            if type(v) is not str or not v:
+                raise ValueError(f"memory {name} must be a non-empty str, got {v!r:.80}")
+        if type(self.text) is not str:
+            raise TypeError(f"memory {self.id!r}: text must be str, got {type(self.text).__name__}")
+        for name in ("similarity", "confidence", "importance", "created_at", "accessed_at"):
+            v = getattr(self, name)
+            if v is None and name != "confidence":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"memory {self.id!r}: {name} must be a finite number, got {v!r:.80}")
+        if self.token_count is not None and (
+            isinstance(self.token_count, bool) or not isinstance(self.token_count, int) or self.token_count < 0
+        ):
+            raise ValueError(f"memory {self.id!r}: token_count must be an int >= 0, got {self.token_count!r:.80}")
+        object.__setattr__(self, "origin", MemoryOrigin(self.origin))
+
     @property
     def relevance(self) -> float:
         """The relevance the gate compares with the floor: the cosine similarity, or the

@@ -143,16 +143,12 @@ def _check_memories(value: object, scope: Scope) -> tuple[list[MemoryRecord], li
         raise TypeError(f"expected a sequence of MemoryRecord, got {type(value).__name__}")
     ok: list[MemoryRecord] = []
     foreign: list[MemoryRecord] = []
+    org, agent = scope.organization_id, scope.agent_id
     for i, m in enumerate(value):
+        # MemoryRecord validates its fields when built; only the type is checked here.
         if not isinstance(m, MemoryRecord):
             raise TypeError(f"item {i} is {type(m).__name__}, not a MemoryRecord")
-        if not isinstance(m.id, str) or not m.id or not isinstance(m.text, str):
-            raise TypeError(f"item {i} has no usable id or text")
-        for name in ("similarity", "confidence", "importance"):
-            v = getattr(m, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                raise TypeError(f"item {i} ({m.id!r}) has a non-finite or non-numeric {name}")
-        if m.organization_id == scope.organization_id and m.agent_id == scope.agent_id:
+        if m.organization_id == org and m.agent_id == agent:
             ok.append(m)
         else:
             foreign.append(m)
