@@ -69,6 +69,7 @@ def format_context(
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 
 ESTIMATOR_BLOCKS: int
+ESTIMATOR_LATIN_PAIRS: int
 ESTIMATOR_COST_UNIT: float
 ESTIMATOR_UNSEEN_PAIR: int
 
@@ -76,7 +77,8 @@ class Estimator:
     def __init__(
         self,
         pair_bits: int,
-        pair_costs: npt.NDArray[np.uint16],
+        latin_costs: npt.NDArray[np.uint16],
+        pair_entries: npt.NDArray[np.uint32],
         block_costs: npt.NDArray[np.uint16],
         scale: float,
         spread: float,
@@ -90,4 +92,4 @@ class Estimator:
     @property
     def spread(self) -> float: ...
 
-def estimator_buckets(text: str, bits: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]: ...
+def estimator_buckets(text: str, bits: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]: ...

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import importlib.resources
 import io
+import operator
 import threading
 import tomllib
 from collections.abc import Sequence
@@ -86,11 +87,20 @@ class TokenCount:
     kind: TokenKind
 
     def __post_init__(self) -> None:
-        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 0:
-            raise ValueError(f"TokenCount value must be an int >= 0, got {self.value!r}")
-        if not isinstance(self.family, str) or not self.family:
+        # Fast path first: counts are built on every estimate, and all three checks are
+        # exact-type tests when the caller passes what the fields say.
+        value = self.value
+        if type(value) is not int:
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise ValueError(f"TokenCount value must be an int >= 0, got {value!r}")
+            value = operator.index(value)
+            object.__setattr__(self, "value", value)
+        if value < 0:
+            raise ValueError(f"TokenCount value must be an int >= 0, got {value!r}")
+        if type(self.family) is not str or not self.family:
             raise ValueError(f"TokenCount family must be a non-empty str, got {self.family!r}")
-        object.__setattr__(self, "kind", TokenKind(self.kind))
+        if type(self.kind) is not TokenKind:
+            object.__setattr__(self, "kind", TokenKind(self.kind))
 
     def __add__(self, other: object) -> TokenCount:
         if not isinstance(other, TokenCount):
@@ -135,12 +145,13 @@ def _estimator(family: str) -> _core.Estimator:
         entry = table[entry["basis"]]
     raw = importlib.resources.files("ctxcore").joinpath("data", entry["tables"]).read_bytes()
     with np.load(io.BytesIO(raw), allow_pickle=False) as tables:
-        pair_costs, block_costs = tables["pair_costs"], tables["block_costs"]
+        latin, entries, blocks = tables["latin_costs"], tables["pair_entries"], tables["block_costs"]
     # Scaling the margin by `factor` scales every estimate by it (up to rounding up).
     return _core.Estimator(
         int(entry["pair_bits"]),
-        pair_costs,
-        block_costs,
+        latin,
+        entries,
+        blocks,
         float(entry["scale"]) * factor,
         float(entry["spread"]) * factor,
     )

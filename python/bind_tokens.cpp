@@ -18,6 +18,7 @@ namespace ctxcore_py {
 namespace {
 
 using U16Array = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>;
+using U32Array = py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>;
 
 // The code points of a str, as the core reads them. CPython stores every str as fixed-width
 // units of 1, 2 or 4 bytes; lone surrogates are just code points there.
@@ -33,7 +34,8 @@ ctxcore::CodePoints code_points(const py::handle& obj, std::size_t index) {
           static_cast<unsigned>(PyUnicode_KIND(obj.ptr()))};
 }
 
-std::vector<std::uint16_t> to_vector(const U16Array& a, const char* name) {
+template <class T>
+std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::forcecast>& a, const char* name) {
   if (a.ndim() != 1) throw std::invalid_argument(std::string(name) + " must be a 1-D array");
   return {a.data(), a.data() + a.shape(0)};
 }
@@ -44,10 +46,11 @@ constexpr std::size_t kReleaseGilCodePoints = 16 * 1024;
 
 class Estimator {
  public:
-  Estimator(unsigned pair_bits, const U16Array& pair_costs, const U16Array& block_costs, double scale,
-            double spread) {
+  Estimator(unsigned pair_bits, const U16Array& latin_costs, const U32Array& pair_entries, const U16Array& block_costs,
+            double scale, double spread) {
     params_.pair_bits = pair_bits;
-    params_.pair_costs = to_vector(pair_costs, "pair_costs");
+    params_.latin_costs = to_vector(latin_costs, "latin_costs");
+    params_.pair_entries = to_vector(pair_entries, "pair_entries");
     params_.block_costs = to_vector(block_costs, "block_costs");
     params_.scale = scale;
     params_.spread = spread;
@@ -97,25 +100,27 @@ class Estimator {
 };
 
 template <class Unit>
-void fill_buckets(const Unit* cps, std::size_t n, unsigned bits, std::uint32_t* pair, std::uint32_t* block) {
+void fill_buckets(const Unit* cps, std::size_t n, unsigned bits, std::uint64_t* pair, std::uint32_t* block) {
   char32_t prev = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const auto cp = static_cast<char32_t>(cps[i]);
-    pair[i] = ctxcore::pair_bucket(prev, cp, bits);
+    // One number per pair: the direct index, or (tag << bits | index) + kLatinPairs.
+    const ctxcore::PairSlot slot = ctxcore::pair_slot(prev, cp, bits);
+    pair[i] = slot.direct ? slot.index : ctxcore::kLatinPairs + ((std::uint64_t{slot.tag} << bits) | slot.index);
     block[i] = static_cast<std::uint32_t>(ctxcore::block_of(cp));
     prev = cp;
   }
 }
 
-// Per code point of `text`: its pair-table bucket and its block. What the calibration
+// Per code point of `text`: its packed pair number and its block. What the calibration
 // averages exact token starts over; private.
-std::pair<py::array_t<std::uint32_t>, py::array_t<std::uint32_t>> estimator_buckets(const py::str& text,
+std::pair<py::array_t<std::uint64_t>, py::array_t<std::uint32_t>> estimator_buckets(const py::str& text,
                                                                                   unsigned bits) {
   if (bits < ctxcore::kMinPairBits || bits > ctxcore::kMaxPairBits)
     throw std::invalid_argument("bits must be in [" + std::to_string(ctxcore::kMinPairBits) + ", " +
                                 std::to_string(ctxcore::kMaxPairBits) + "], got " + std::to_string(bits));
   const ctxcore::CodePoints t = code_points(text, 0);
-  py::array_t<std::uint32_t> pair(static_cast<py::ssize_t>(t.size));
+  py::array_t<std::uint64_t> pair(static_cast<py::ssize_t>(t.size));
   py::array_t<std::uint32_t> block(static_cast<py::ssize_t>(t.size));
   switch (t.width) {
     case 1:
@@ -137,18 +142,20 @@ std::pair<py::array_t<std::uint32_t>, py::array_t<std::uint32_t>> estimator_buck
 
 void register_tokens(py::module_& m) {
   m.attr("ESTIMATOR_BLOCKS") = ctxcore::kBlocks;
+  m.attr("ESTIMATOR_LATIN_PAIRS") = ctxcore::kLatinPairs;
   m.attr("ESTIMATOR_COST_UNIT") = ctxcore::kCostUnit;
   m.attr("ESTIMATOR_UNSEEN_PAIR") = ctxcore::kUnseenPair;
   py::class_<Estimator>(m, "Estimator", "One tokenizer family's estimator. Private: use ctxcore.estimate_tokens.")
-      .def(py::init<unsigned, const U16Array&, const U16Array&, double, double>(), py::arg("pair_bits"),
-           py::arg("pair_costs"), py::arg("block_costs"), py::arg("scale"), py::arg("spread"))
+      .def(py::init<unsigned, const U16Array&, const U32Array&, const U16Array&, double, double>(),
+           py::arg("pair_bits"), py::arg("latin_costs"), py::arg("pair_entries"), py::arg("block_costs"),
+           py::arg("scale"), py::arg("spread"))
       .def("estimate", &Estimator::estimate, py::arg("text"))
       .def("estimate_batch", &Estimator::estimate_batch, py::arg("texts"))
       .def_property_readonly("pair_bits", &Estimator::pair_bits)
       .def_property_readonly("scale", &Estimator::scale)
       .def_property_readonly("spread", &Estimator::spread);
   m.def("estimator_buckets", &estimator_buckets, py::arg("text"), py::arg("bits"),
-        "Per code point: pair-table bucket and block. Private: used by the calibration.");
+        "Per code point: packed pair number and block. Private: used by the calibration.");
 }
 
 }  // namespace ctxcore_py

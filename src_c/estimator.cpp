@@ -64,8 +64,16 @@ void for_each_utf8(std::string_view s, F&& f) noexcept {
 
 // The cost of one code point after `prev`, in cost units.
 inline std::uint64_t cost(char32_t prev, char32_t cp, const EstimatorParams& p) noexcept {
-  const std::uint16_t c = p.pair_costs[pair_bucket(prev, cp, p.pair_bits)];
-  return c != kUnseenPair ? c : p.block_costs[block_of(cp)];
+  const PairSlot slot = pair_slot(prev, cp, p.pair_bits);
+  if (slot.direct) {
+    const std::uint16_t c = p.latin_costs[slot.index];
+    if (c != kUnseenPair) return c;
+  } else {
+    const std::uint32_t e = p.pair_entries[slot.index];
+    const std::uint32_t c = e & 0xFFFFu;
+    if (c != kUnseenPair && (e >> 16) == slot.tag) return c;
+  }
+  return p.block_costs[block_of(cp)];
 }
 
 }  // namespace
@@ -74,10 +82,13 @@ void validate(const EstimatorParams& p) {
   if (p.pair_bits < kMinPairBits || p.pair_bits > kMaxPairBits)
     throw std::invalid_argument("estimator pair_bits must be in [" + std::to_string(kMinPairBits) + ", " +
                                 std::to_string(kMaxPairBits) + "], got " + std::to_string(p.pair_bits));
+  if (p.latin_costs.size() != kLatinPairs)
+    throw std::invalid_argument("estimator latin_costs must have " + std::to_string(kLatinPairs) +
+                                " entries, got " + std::to_string(p.latin_costs.size()));
   const std::size_t want = std::size_t{1} << p.pair_bits;
-  if (p.pair_costs.size() != want)
-    throw std::invalid_argument("estimator pair_costs must have 2**pair_bits = " + std::to_string(want) +
-                                " entries, got " + std::to_string(p.pair_costs.size()));
+  if (p.pair_entries.size() != want)
+    throw std::invalid_argument("estimator pair_entries must have 2**pair_bits = " + std::to_string(want) +
+                                " entries, got " + std::to_string(p.pair_entries.size()));
   if (p.block_costs.size() != kBlocks)
     throw std::invalid_argument("estimator block_costs must have " + std::to_string(kBlocks) + " entries, got " +
                                 std::to_string(p.block_costs.size()));
@@ -94,6 +105,19 @@ void validate(const EstimatorParams& p) {
 
 template <class Unit>
 std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
+  if constexpr (sizeof(Unit) == 1) {
+    // Latin-1 text: every pair is a direct entry, no hashing.
+    std::uint64_t total = 0;
+    std::size_t prev = 0;
+    const std::uint16_t* table = params.latin_costs.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t cp = cps[i];
+      const std::uint16_t c = table[(prev << 8) | cp];
+      total += c != kUnseenPair ? c : params.block_costs[cp >> kBlockShift];
+      prev = cp;
+    }
+    return total;
+  }
   std::uint64_t total = 0;
   char32_t prev = 0;
   for (std::size_t i = 0; i < n; ++i) {

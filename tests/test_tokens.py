@@ -90,6 +90,12 @@ def test_token_count_rejects_bad_family_and_kind() -> None:
     assert TokenCount(1, FAMILY, "exact").kind is TokenKind.EXACT  # type: ignore[arg-type]
 
 
+def test_token_count_takes_integer_like_values() -> None:
+    batch = ctxcore.estimate_tokens_batch(["some text"], FAMILY)
+    c = TokenCount(batch[0], FAMILY, TokenKind.ESTIMATE)  # type: ignore[arg-type]
+    assert type(c.value) is int and c == ctxcore.estimate_tokens("some text", FAMILY)
+
+
 # ---- the estimator ------------------------------------------------------------------------
 
 

@@ -55,8 +55,9 @@ HELD_OUT_EVERY = 4
 #: Target undercount rate on the calibration part. The issue's goal is <= 0.5% on held-out
 #: text; the margin is fitted to a stricter rate so the held-out figure has room.
 TARGET_UNDERCOUNT = 0.002
-#: Size of the pair table: 2**16 two-byte entries (128 KiB) stay in a core's L2 cache,
-#: which keeps the estimator at one table read per code point.
+#: Size of the hashed part of the pair table (the direct Latin-1 part is 65536 entries):
+#: 2 x 2**16 two-byte entries (256 KiB) stay in a core's L2 cache, which keeps the
+#: estimator at one table read per code point.
 PAIR_BITS = 16
 #: Pseudo-observations that pull a rarely seen pair toward the global mean, and a rarely
 #: seen block toward its UTF-8 length.
@@ -68,10 +69,10 @@ BLOCK_SHIFT = 5
 #: long retrieved passage.
 MIN_CHARS, MAX_CHARS = 24, 4000
 #: Per-source caps keep the corpus (and the calibration run) to about a minute.
-MAX_MO_FILES_PER_LANG = 12
-MAX_DOC_FILES = 500
-MAX_PY_FILES = 170
-MAX_HEADERS = 140
+MAX_MO_FILES_PER_LANG = 40
+MAX_DOC_FILES = 1200
+MAX_PY_FILES = 400
+MAX_HEADERS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,50 +335,80 @@ def block_widths() -> npt.NDArray[np.float64]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    pair: npt.NDArray[np.uint16]
+    latin: npt.NDArray[np.uint16]
+    entries: npt.NDArray[np.uint32]
     block: npt.NDArray[np.uint16]
 
 
 def fit_tables(texts: Sequence[str]) -> Tables:
-    """Average exact token starts per code-point pair bucket, backed off to the block."""
+    """Average exact token starts per code-point pair, backed off to the block."""
     from ctxcore import _core
 
-    n_pair = 1 << PAIR_BITS
-    p_sum, p_cnt = np.zeros(n_pair), np.zeros(n_pair)
+    n_latin = _core.ESTIMATOR_LATIN_PAIRS
+    l_sum, l_cnt = np.zeros(n_latin), np.zeros(n_latin)
     b_sum, b_cnt = np.zeros(_core.ESTIMATOR_BLOCKS), np.zeros(_core.ESTIMATOR_BLOCKS)
+    hashed_keys: list[npt.NDArray[np.uint64]] = []
+    hashed_starts: list[npt.NDArray[np.int64]] = []
     for text in texts:
         starts = token_starts(text)
         pair, block = _core.estimator_buckets(text, PAIR_BITS)
-        p_sum += np.bincount(pair, weights=starts, minlength=n_pair)
-        p_cnt += np.bincount(pair, minlength=n_pair)
+        direct = pair < n_latin
+        l_sum += np.bincount(pair[direct].astype(np.int64), weights=starts[direct], minlength=n_latin)
+        l_cnt += np.bincount(pair[direct].astype(np.int64), minlength=n_latin)
+        hashed_keys.append(pair[~direct] - np.uint64(n_latin))
+        hashed_starts.append(starts[~direct])
         b_sum += np.bincount(block, weights=starts, minlength=_core.ESTIMATOR_BLOCKS)
         b_cnt += np.bincount(block, minlength=_core.ESTIMATOR_BLOCKS)
+    unit = _core.ESTIMATOR_COST_UNIT
+    unseen = _core.ESTIMATOR_UNSEEN_PAIR
+
+    def units(cost: npt.NDArray[np.float64]) -> npt.NDArray[np.uint16]:
+        return np.minimum(np.ceil(cost * unit), unseen - 1).astype(np.uint16)
+
     # A block never seen costs its UTF-8 length (an upper bound); a seen one its average,
     # pulled toward that bound by BLOCK_PRIOR pseudo-observations.
     upper = block_widths()
-    block_cost = (b_sum + BLOCK_PRIOR * upper) / (b_cnt + BLOCK_PRIOR)
-    unit = _core.ESTIMATOR_COST_UNIT
-
-    def units(cost: npt.NDArray[np.float64]) -> npt.NDArray[np.uint16]:
-        return np.minimum(np.ceil(cost * unit), _core.ESTIMATOR_UNSEEN_PAIR - 1).astype(np.uint16)
-
-    # Seen pairs: their average, smoothed toward a neutral PAIR_PRIOR pseudo-observations
-    # of the global mean (the block a bucket's pairs fall in varies with the bucket).
-    mean = p_sum.sum() / max(p_cnt.sum(), 1.0)
-    pair_cost = (p_sum + PAIR_PRIOR * mean) / (p_cnt + PAIR_PRIOR)
-    pair = np.where(p_cnt > 0, units(pair_cost), _core.ESTIMATOR_UNSEEN_PAIR).astype(np.uint16)
-    return Tables(pair=pair, block=units(block_cost))
+    block_cost = units((b_sum + BLOCK_PRIOR * upper) / (b_cnt + BLOCK_PRIOR))
+    # Pairs: their average, smoothed toward the global mean by PAIR_PRIOR pseudo-observations.
+    keys = np.concatenate(hashed_keys) if hashed_keys else np.zeros(0, dtype=np.uint64)
+    k_starts = np.concatenate(hashed_starts) if hashed_starts else np.zeros(0, dtype=np.int64)
+    mean = (l_sum.sum() + k_starts.sum()) / max(l_cnt.sum() + len(keys), 1.0)
+    latin = np.where(l_cnt > 0, units((l_sum + PAIR_PRIOR * mean) / (l_cnt + PAIR_PRIOR)), unseen).astype(np.uint16)
+    # Hashed entries: where pairs collide on one entry, the most frequent one keeps it (its
+    # tag marks it); the others fall back to their block.
+    entries = np.full(1 << PAIR_BITS, unseen, dtype=np.uint32)
+    if len(keys):
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        cnt = np.bincount(inverse)
+        tot = np.bincount(inverse, weights=k_starts)
+        index = (uniq & np.uint64((1 << PAIR_BITS) - 1)).astype(np.int64)
+        tag = (uniq >> np.uint64(PAIR_BITS)).astype(np.uint32)
+        cost = units((tot + PAIR_PRIOR * mean) / (cnt + PAIR_PRIOR)).astype(np.uint32)
+        order = np.lexsort((-cnt, index))  # by entry, most frequent first
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = index[order][1:] != index[order][:-1]
+        win = order[first]
+        entries[index[win]] = (tag[win] << np.uint32(16)) | cost[win]
+    return Tables(latin=latin, entries=entries, block=block_cost)
 
 
 def raw_costs(texts: Sequence[str], tables: Tables) -> npt.NDArray[np.float64]:
     """Each text's sum of table costs, in tokens (what the C++ core sums)."""
     from ctxcore import _core
 
+    n_latin = _core.ESTIMATOR_LATIN_PAIRS
+    unseen = _core.ESTIMATOR_UNSEEN_PAIR
     out = np.empty(len(texts))
     for k, text in enumerate(texts):
         pair, block = _core.estimator_buckets(text, PAIR_BITS)
-        c = tables.pair[pair].astype(np.float64)
-        c = np.where(tables.pair[pair] == _core.ESTIMATOR_UNSEEN_PAIR, tables.block[block], c)
+        direct = pair < n_latin
+        c = tables.block[block].astype(np.float64)
+        lat = tables.latin[pair[direct].astype(np.int64)]
+        c[direct] = np.where(lat != unseen, lat, c[direct])
+        key = pair[~direct] - np.uint64(n_latin)
+        e = tables.entries[(key & np.uint64((1 << PAIR_BITS) - 1)).astype(np.int64)]
+        hit = ((e & 0xFFFF) != unseen) & ((e >> 16) == (key >> np.uint64(PAIR_BITS)).astype(np.uint32))
+        c[~direct] = np.where(hit, e & 0xFFFF, c[~direct])
         out[k] = c.sum() / _core.ESTIMATOR_COST_UNIT
     return out
 
@@ -447,7 +478,9 @@ HEADER = "| method | texts | undercount rate | median over | p95 over | worst un
 def write_params(tables: Tables, scale: float, spread: float, note: str) -> None:
     current = tomllib.loads(PARAMS_PATH.read_text(encoding="utf-8")) if PARAMS_PATH.exists() else {}
     table_file = f"estimator_{FAMILY}.npz"
-    np.savez_compressed(PARAMS_PATH.parent / table_file, pair_costs=tables.pair, block_costs=tables.block)
+    np.savez_compressed(
+        PARAMS_PATH.parent / table_file, latin_costs=tables.latin, pair_entries=tables.entries, block_costs=tables.block
+    )
     lines = [
         "# Calibrated parameters of ctxcore's token estimator, one table per tokenizer family.",
         "# A fitted family names its cost tables (`tables`, an .npz beside this file, with",
@@ -497,10 +530,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = f"{int(train.sum())} texts, seed {SEED}, target undercount {TARGET_UNDERCOUNT}"
         write_params(tables, scale, spread, note)
         est_all = apply_margin(raw, np.ones(len(raw), dtype=bool), scale, spread)
+        # The compiled estimator with these tables must give exactly the modelled estimates.
+        from ctxcore import _core
+
+        compiled = _core.Estimator(PAIR_BITS, tables.latin, tables.entries, tables.block, scale, spread)
+        mismatch = int(np.count_nonzero(compiled.estimate_batch(texts) != est_all))
+        if mismatch:
+            raise SystemExit(f"the compiled estimator disagrees with the fitted model on {mismatch} texts")
 
     h = heuristics(texts)
     kinds = sorted({s.kind for s in corpus})
-    langs = Counter(s.lang for s in corpus)
+    langs = Counter(s.lang for s in corpus if s.kind == "messages")
     rows_test = [fmt_row("ctxcore estimator", stats(est_all[test], y[test]))]
     rows_test += [fmt_row(k, stats(v[test], y[test])) for k, v in h.items()]
     rows_train = [fmt_row("ctxcore estimator", stats(est_all[train], y[train]))]
@@ -574,6 +614,19 @@ median of estimate / exact - 1. "worst under": the most negative relative error.
 |---|---|---:|---:|---|
 {chr(10).join(worst_rows)}
 
+## What limits it
+
+The median overestimate is well above the 20% aimed for, and it is highest on English
+prose and code. A code-point pair costs the same whichever language it occurs in, but
+cl100k_base splits the same letters very differently by language (most English words are
+one token; Basque, Finnish, Zulu or Kinyarwanda words of the same length are three or
+four). The pair costs are averages over all of them, and the margin has to lift the
+languages the vocabulary serves worst above their exact counts, which leaves English text
+overestimated. Longer contexts (code-point triples) narrowed the gap on the calibration
+part but undercounted more often on held-out documents: they learn the corpus, not the
+tokenizer. The undercount rate is the property the budget relies on, so the margin is
+fitted to it.
+
 ## Calibration part (for comparison)
 
 {HEADER}
@@ -582,7 +635,8 @@ median of estimate / exact - 1. "worst under": the most negative relative error.
 ## Fitted parameters
 
 scale = {params["scale"]}, spread = {params["spread"]}, target undercount on the calibration
-part = {TARGET_UNDERCOUNT:.1%}, pair table of 2**{PAIR_BITS} entries. The cost tables are in
+part = {TARGET_UNDERCOUNT:.1%}, pair table of 65536 direct Latin-1 entries plus 2**{PAIR_BITS}
+hashed ones. The cost tables are in
 `ctxcore/data/estimator_{FAMILY}.npz`. Speed is gated in `bench/test_bench_tokens.py`.
 """
     REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)

@@ -15,12 +15,14 @@ using ctxcore::EstimatorParams;
 
 constexpr std::uint16_t kOne = static_cast<std::uint16_t>(ctxcore::kCostUnit);
 
-// Every pair costs `pair` units unless marked unseen; every block costs `block` units.
-EstimatorParams params(unsigned bits, std::uint16_t pair, std::uint16_t block, double scale = 1.0,
+// Every Latin-1 pair costs `latin` units (or is unseen), the hashed table is empty, and
+// every block costs `block` units.
+EstimatorParams params(unsigned bits, std::uint16_t latin, std::uint16_t block, double scale = 1.0,
                        double spread = 0.0) {
   EstimatorParams p;
   p.pair_bits = bits;
-  p.pair_costs.assign(std::size_t{1} << bits, pair);
+  p.latin_costs.assign(ctxcore::kLatinPairs, latin);
+  p.pair_entries.assign(std::size_t{1} << bits, ctxcore::kUnseenPair);
   p.block_costs.assign(ctxcore::kBlocks, block);
   p.scale = scale;
   p.spread = spread;
@@ -37,7 +39,7 @@ TEST(Estimator, EmptyTextIsZeroNonEmptyAtLeastOne) {
 }
 
 TEST(Estimator, SumsPairCosts) {
-  const auto p = params(4, kOne, 0);
+  const auto p = params(4, kOne, kOne);
   EXPECT_EQ(est("hello world", p), 11);
   EXPECT_EQ(est("\xE6\x97\xA5\xE6\x9C\xAC", p), 2);  // 日本: two code points
   EXPECT_EQ(est("\xF0\x9F\x8E\x89", p), 1);          // 🎉
@@ -50,16 +52,43 @@ TEST(Estimator, UnseenPairsFallBackToTheBlock) {
   EXPECT_EQ(est("ab", p), 4);
   EXPECT_EQ(est("\xE6\x97\xA5", p), 3);
   // A seen pair overrides the block.
-  p.pair_costs[ctxcore::pair_bucket(0, U'a', 3)] = kOne / 2;
-  const std::uint16_t second = p.pair_costs[ctxcore::pair_bucket(U'a', U'b', 3)];
-  const std::int64_t b_cost = second == ctxcore::kUnseenPair ? 2 : 0;
-  EXPECT_EQ(est("ab", p), static_cast<std::int64_t>(std::ceil(0.5 + static_cast<double>(b_cost))));
+  p.latin_costs[ctxcore::pair_slot(0, U'a', 3).index] = kOne / 2;
+  EXPECT_EQ(est("ab", p), 3);  // ceil(0.5 + 2)
+}
+
+TEST(Estimator, LatinPairsAreDirectOthersHashedWithTags) {
+  const auto ab = ctxcore::pair_slot(U'a', U'b', 10);
+  EXPECT_TRUE(ab.direct);
+  EXPECT_EQ(ab.index, (std::size_t{'a'} << 8) | 'b');
+  EXPECT_EQ(ctxcore::pair_slot(0, 0xE9, 10).index, std::size_t{0xE9});
+  for (char32_t prev : {char32_t{0}, char32_t{'x'}, char32_t{0x4E2D}}) {
+    for (char32_t cp : {char32_t{0x100}, char32_t{0x65E5}, char32_t{0x1F389}}) {
+      const auto slot = ctxcore::pair_slot(prev, cp, 10);
+      EXPECT_FALSE(slot.direct);
+      EXPECT_LT(slot.index, std::size_t{1024});
+      EXPECT_LE(slot.tag, 0xFFFFu);
+    }
+  }
+  // Every Latin-1 pair has its own entry: setting one changes only texts with that pair.
+  auto p = params(4, 0, 0);
+  p.latin_costs[ab.index] = 7 * kOne;
+  EXPECT_EQ(est("ab", p), 7);
+  EXPECT_EQ(est("ba", p), 1);
+  EXPECT_EQ(est("cab", p), 7);
+  // A hashed entry applies only to the pair whose tag it carries.
+  auto q = params(4, 0, kOne);
+  const auto slot = ctxcore::pair_slot(0x65E5, 0x672C, 4);  // 日本
+  q.pair_entries[slot.index] = (slot.tag << 16) | (5u * kOne);
+  EXPECT_EQ(est("\xE6\x97\xA5\xE6\x9C\xAC", q), 1 + 5);
+  q.pair_entries[slot.index] = ((slot.tag ^ 1u) << 16) | (5u * kOne);
+  EXPECT_EQ(est("\xE6\x97\xA5\xE6\x9C\xAC", q), 2);  // another pair's entry: the block cost
 }
 
 TEST(Estimator, CodePointFormsAgreeWithUtf8) {
   std::mt19937 rng(3);
   auto p = params(10, 0, 0, 1.1, 0.7);
-  for (auto& c : p.pair_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& c : p.latin_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& e : p.pair_entries) e = static_cast<std::uint32_t>(rng());
   for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
   const std::u32string text = U"Grüße, 世界! \U0001F389 ok\n\tx = 12345;";
   std::string utf8;
@@ -108,7 +137,8 @@ TEST(Estimator, MarginFormula) {
 TEST(Estimator, MonotoneUnderAppend) {
   std::mt19937 rng(7);
   auto p = params(8, 0, 0, 1.13, 1.7);
-  for (auto& c : p.pair_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 4000);
+  for (auto& c : p.latin_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 4000);
+  for (auto& e : p.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 4000));
   for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 4000);
   const std::vector<std::string> pieces = {"a",  "Z", " ",  "  ", "\n", "7",  ",",           "...",
                                            "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xCC\x81", "\t", "\xFF"};
@@ -129,7 +159,7 @@ TEST(Estimator, BatchMatchesSingle) {
   std::vector<std::string_view> views(texts.begin(), texts.end());
   std::vector<std::int64_t> out(texts.size(), -1);
   auto p = params(6, 700, 900, 1.1, 0.5);
-  p.pair_costs[5] = ctxcore::kUnseenPair;
+  p.latin_costs[5] = ctxcore::kUnseenPair;
   ctxcore::estimate_tokens_batch({views.data(), views.size()}, p, out.data());
   for (std::size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(out[i], est(texts[i], p));
 }
@@ -139,7 +169,10 @@ TEST(Estimator, ValidateRejectsBadParams) {
   EXPECT_THROW(ctxcore::validate(params(0, 1, 1)), std::invalid_argument);
   EXPECT_THROW(ctxcore::validate(params(25, 1, 1)), std::invalid_argument);
   auto p = params(4, 1, 1);
-  p.pair_costs.pop_back();
+  p.pair_entries.pop_back();
+  EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
+  p = params(4, 1, 1);
+  p.latin_costs.push_back(1);
   EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
   p = params(4, 1, 1);
   p.block_costs.push_back(1);

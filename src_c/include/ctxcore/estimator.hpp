@@ -5,12 +5,16 @@
 //
 // The model: a text's token count is the sum, over its code points, of the expected number
 // of tokens that start inside each code point, given that code point and the one before
-// it. Those expectations live in a hashed table of code-point pairs (`pair_costs`, learned
-// from exact tokenizations); a pair the table has never seen falls back to the average of
-// the code point's 32-code-point block (`block_costs`), which stands in for its script.
-// The sum `raw` becomes the estimate ceil(scale * raw + spread * sqrt(raw)), at least 1
-// for non-empty text: a margin relatively wide for short texts (where a sum of averages
-// strays furthest) and narrow for long ones. Tables, scale and spread are calibrated per
+// it. Those expectations live in tables of code-point pairs (learned from
+// exact tokenizations): pairs of two Latin-1 code points index a direct table
+// (`latin_costs`), every other pair is hashed into `pair_entries`, whose entries carry a
+// 16-bit tag of the pair they were learned from, so that a pair landing on another pair's
+// entry is recognized as unseen rather than given that pair's cost. A
+// pair the table has never seen falls back to the average of the code point's
+// 32-code-point block (`block_costs`), which stands in for its script. The sum `raw`
+// becomes the estimate ceil(scale * raw + spread * sqrt(raw)), at least 1 for non-empty
+// text: a margin relatively wide for short texts (where a sum of averages strays
+// furthest) and narrow for long ones. Tables, scale and spread are calibrated per
 // tokenizer family and passed in by the caller: the core holds none of them.
 //
 // Properties that hold for any parameters that pass validate(): empty text costs exactly
@@ -31,20 +35,24 @@ namespace ctxcore {
 
 // Costs are fixed point: this many units per token (uint16 holds up to ~64 tokens).
 inline constexpr double kCostUnit = 1024.0;
-// pair_costs entries equal to this mean "pair never seen: use the block cost".
+// A cost equal to this means "pair never seen: use the block cost".
 inline constexpr std::uint16_t kUnseenPair = 0xFFFF;
 // Block of a code point: cp >> kBlockShift below kBlockLimit, else the last block.
 inline constexpr unsigned kBlockShift = 5;
 inline constexpr char32_t kBlockLimit = 0x30000;  // past the CJK extensions; beyond is rare
 inline constexpr std::size_t kBlocks = (kBlockLimit >> kBlockShift) + 1;
-// Bounds on the pair table's size (2^bits entries).
+// The direct table: kLatinPairs entries, (prev << 8) | cp for two code points below 256
+// (prev is 0 at the start of a text).
+inline constexpr std::size_t kLatinPairs = 256 * 256;
+// A hashed entry is (tag << 16) | cost; a cost of kUnseenPair marks an empty entry.
 inline constexpr unsigned kMinPairBits = 1;
 inline constexpr unsigned kMaxPairBits = 24;
 
 // The calibrated parameters of one tokenizer family.
 struct EstimatorParams {
-  unsigned pair_bits = 0;                  // pair_costs has 2^pair_bits entries
-  std::vector<std::uint16_t> pair_costs;   // cost units, or kUnseenPair
+  unsigned pair_bits = 0;                  // pair_entries has 2^pair_bits entries
+  std::vector<std::uint16_t> latin_costs;  // kLatinPairs entries: cost units, or kUnseenPair
+  std::vector<std::uint32_t> pair_entries; // (tag << 16) | cost units
   std::vector<std::uint16_t> block_costs;  // kBlocks entries, cost units
   double scale = 1.0;                      // >= 0
   double spread = 0.0;                     // >= 0
@@ -53,14 +61,19 @@ struct EstimatorParams {
 // Throws std::invalid_argument naming what is wrong (sizes, bits, scale, spread).
 void validate(const EstimatorParams& params);
 
-// The pair-table bucket of a code point `cp` preceded by `prev` (0 at the start of a text).
-inline std::uint32_t pair_bucket(char32_t prev, char32_t cp, unsigned bits) noexcept {
-  std::uint32_t h = static_cast<std::uint32_t>(prev) * 0x9E3779B1u;
-  h ^= static_cast<std::uint32_t>(cp);
-  h *= 0x85EBCA77u;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  return h >> (32u - bits);
+// Where the pair (prev, cp) lives: a direct index into latin_costs when both are below
+// 256 (then `tag` is 0), else an index into pair_entries and the tag its entry must carry.
+struct PairSlot {
+  std::size_t index;
+  std::uint32_t tag;
+  bool direct;
+};
+
+inline PairSlot pair_slot(char32_t prev, char32_t cp, unsigned bits) noexcept {
+  if ((prev | cp) < 256) return {(static_cast<std::size_t>(prev) << 8) | cp, 0, true};
+  const std::uint32_t g = (static_cast<std::uint32_t>(prev) * 0x9E3779B1u) ^ static_cast<std::uint32_t>(cp);
+  const std::uint32_t h = g * 0x85EBCA77u;
+  return {static_cast<std::size_t>(h >> (32u - bits)), (g ^ (g >> 16)) & 0xFFFFu, false};
 }
 
 inline std::size_t block_of(char32_t cp) noexcept {
