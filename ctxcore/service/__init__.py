@@ -1,0 +1,56 @@
+"""`ctxcore serve`: the gRPC ContextAssemblyService.
+
+`ContextService` is one server (grpc.aio): authentication at the boundary, the deadline
+contract, health, reflection on loopback, Prometheus metrics and graceful shutdown.
+`ServiceConfig` / `load_service_config` read its TOML configuration; `serve` runs it
+until SIGTERM. The wire contract is ``ctxcore/v1/context_assembly.proto``; Python callers
+use `ctxcore.client.ContextClient`.
+
+The names below load on first use, so that ``ctxcore pack`` and the other commands do not
+pay for importing gRPC.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .auth import AuthMethod, Authenticator, Principal, ServiceError, hash_api_key, new_api_key
+    from .config import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig, load_service_config
+    from .server import SERVICE_NAME, ContextService, scoped_sources, serve
+
+_WHERE = {
+    "AuthMethod": "auth",
+    "Authenticator": "auth",
+    "Principal": "auth",
+    "ServiceError": "auth",
+    "hash_api_key": "auth",
+    "new_api_key": "auth",
+    "AuthConfig": "config",
+    "ClientAuth": "config",
+    "Grant": "config",
+    "JwtConfig": "config",
+    "ServiceConfig": "config",
+    "TlsConfig": "config",
+    "load_service_config": "config",
+    "SERVICE_NAME": "server",
+    "ContextService": "server",
+    "scoped_sources": "server",
+    "serve": "server",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'ctxcore.service' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -1,0 +1,494 @@
+"""The configuration of `ctxcore serve`: one TOML file, overridden by flags.
+
+Read once at start-up and validated whole, so a bad value stops the server before it
+binds, with a message that names the key. The shape (every key optional)::
+
+    [server]
+    bind = "127.0.0.1:50051"        # host:port, [v6]:port or unix:PATH
+    max_message_bytes = 4194304     # larger requests get RESOURCE_EXHAUSTED
+    max_concurrent_rpcs = 1024      # more in flight get RESOURCE_EXHAUSTED
+    deadline_headroom_ms = 1.0      # kept back from the caller's deadline for the response
+    min_retrieval_ms = 1.0          # less than this left -> DEADLINE_EXCEEDED at once
+    shutdown_grace_s = 10.0         # in-flight calls get this long after SIGTERM
+    drain_delay_s = 0.0             # NOT_SERVING this long before new calls are refused
+    reflection = "auto"             # auto (loopback binds only) | false
+    catalog = "models.toml"         # a capability catalog instead of the shipped one
+
+    [store]
+    db = "memories.db"              # the SQLite memory store
+
+    [assembly]                      # ctxcore.AssemblyConfig fields
+    client_timeout_ms = 45
+    server_deadline_ms = 40
+    packing_headroom_ms = 5         # kept back from the caller's deadline for packing
+
+    [metrics]
+    port = 9464                     # Prometheus text format on http://bind:port/metrics
+    bind = "127.0.0.1"
+
+    [auth]
+    allow_unauthenticated = false   # loopback binds only: trust request fields
+    allow_plaintext = false         # non-loopback bind without TLS (behind a TLS proxy)
+    api_key_file = "keys.txt"       # lines "principal sha256:HEX"
+    [auth.jwt]
+    issuer = "https://issuer.example"
+    audience = "ctxcore"
+    algorithms = ["RS256"]
+    key_file = "issuer-public.pem"  # PEM public key (RS/ES/PS/EdDSA) or HMAC secret (HS*)
+    leeway_s = 5
+    principal_claim = "sub"
+    [auth.tls]
+    cert_file = "server.pem"
+    key_file = "server-key.pem"
+    client_ca_file = "clients-ca.pem"   # mTLS: the principal is the client cert's CN
+    client_auth = "require"             # require | none (server TLS only; tokens or keys)
+    [auth.principals]
+    "svc-checkout" = ["org-1/agent-7", "org-2/*"]
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = [
+    "DEFAULT_BIND",
+    "DEFAULT_DEADLINE_HEADROOM_MS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MIN_RETRIEVAL_MS",
+    "ASSEMBLY_KEYS",
+    "AuthConfig",
+    "ClientAuth",
+    "Grant",
+    "JwtConfig",
+    "ServiceConfig",
+    "TlsConfig",
+    "is_loopback_bind",
+    "load_service_config",
+]
+
+#: Where the server listens when nothing is said: loopback only, gRPC's usual port.
+DEFAULT_BIND = "127.0.0.1:50051"
+#: gRPC's own default receive limit (4 MiB); a context request is a few hundred KiB at most.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Bound on concurrent calls: beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing
+#: work that would miss a 45 ms deadline anyway.
+DEFAULT_MAX_CONCURRENT_RPCS = 1024
+#: Time kept back from the caller's deadline for what happens after the assembly returns:
+#: converting it to a protobuf message, serializing and writing the response (~0.2 ms for
+#: a 100 KiB context here). Scoring, packing and formatting have their own headroom,
+#: ``[assembly] packing_headroom_ms``, which the assembly subtracts in turn.
+DEFAULT_DEADLINE_HEADROOM_MS = 1.0
+#: A call whose deadline leaves less than this for retrieval after the headroom fails at
+#: once with DEADLINE_EXCEEDED: there is no time to retrieve anything useful.
+DEFAULT_MIN_RETRIEVAL_MS = 1.0
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+
+#: The [assembly] keys: the fields of ctxcore.AssemblyConfig.
+ASSEMBLY_KEYS = frozenset(
+    {
+        "client_timeout_ms",
+        "server_deadline_ms",
+        "directive_timeout_ms",
+        "hot_timeout_ms",
+        "cold_timeout_ms",
+        "packing_headroom_ms",
+        "relevance_floor",
+        "min_similarity",
+    }
+)
+
+
+class ClientAuth(enum.StrEnum):
+    """Whether TLS clients must present a certificate."""
+
+    NONE = "none"  #: server-side TLS only: callers authenticate with a token or key
+    REQUIRE = "require"  #: the handshake fails without a certificate from the client CA
+
+    # There is no "optional" mode: gRPC does not verify a client certificate it does not
+    # require, so an optional certificate's name could not be trusted.
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One (organization, agent) a principal may act for; agent ``*`` means any agent.
+
+    >>> Grant.parse("org-1/*").allows("org-1", "agent-9")
+    True
+    """
+
+    organization_id: str
+    agent_id: str
+
+    @classmethod
+    def parse(cls, text: str) -> Grant:
+        """``ORG/AGENT`` or ``ORG/*``."""
+        org, sep, agent = text.partition("/")
+        if not sep or not org or not agent or "/" in agent or org == "*":
+            raise ConfigError(f"grant {text!r} must be 'ORG/AGENT' or 'ORG/*' (the organization cannot be a wildcard)")
+        return cls(org, agent)
+
+    def allows(self, organization_id: str, agent_id: str) -> bool:
+        """Whether this grant covers the pair."""
+        return self.organization_id == organization_id and self.agent_id in ("*", agent_id)
+
+    def __str__(self) -> str:
+        return f"{self.organization_id}/{self.agent_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class JwtConfig:
+    """How bearer JWTs are verified (PyJWT): every one needs this issuer, audience, an
+    expiry, and a signature by `key_file` in one of `algorithms` (never ``none``)."""
+
+    issuer: str
+    audience: str
+    algorithms: tuple[str, ...]
+    key_file: Path
+    leeway_s: float = 0.0
+    principal_claim: str = "sub"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """The server's certificate and, for mTLS, the CA that signs client certificates."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+    client_auth: ClientAuth = ClientAuth.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Who may call, and for which organizations and agents."""
+
+    jwt: JwtConfig | None = None
+    api_key_file: Path | None = None
+    tls: TlsConfig | None = None
+    principals: Mapping[str, tuple[Grant, ...]] = field(default_factory=dict)
+    allow_unauthenticated: bool = False
+    allow_plaintext: bool = False
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether any credential check is configured."""
+        return (
+            self.jwt is not None
+            or self.api_key_file is not None
+            or (self.tls is not None and self.tls.client_auth is not ClientAuth.NONE)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """Everything `ctxcore serve` needs, validated (see the module docstring for the TOML)."""
+
+    bind: str = DEFAULT_BIND
+    db: Path | None = None
+    catalog: Path | None = None
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
+    deadline_headroom_ms: float = DEFAULT_DEADLINE_HEADROOM_MS
+    min_retrieval_ms: float = DEFAULT_MIN_RETRIEVAL_MS
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    drain_delay_s: float = 0.0
+    reflection: bool | None = None
+    assembly: Mapping[str, float] = field(default_factory=dict)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def __post_init__(self) -> None:
+        _host_port(self.bind)
+        for name in ("max_message_bytes", "max_concurrent_rpcs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
+        if self.metrics_port is not None and (
+            isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
+            or not 0 <= self.metrics_port <= 65535
+        ):
+            raise ConfigError(f"metrics.port must be an integer in [0, 65535], got {self.metrics_port!r}")
+        for name in ("deadline_headroom_ms", "min_retrieval_ms", "shutdown_grace_s", "drain_delay_s"):
+            _non_negative(f"server.{name}", getattr(self, name))
+        unknown = set(self.assembly) - ASSEMBLY_KEYS
+        if unknown:
+            raise ConfigError(f"unknown [assembly] keys {sorted(unknown)} (allowed: {sorted(ASSEMBLY_KEYS)})")
+        for k, v in self.assembly.items():
+            _non_negative(f"assembly.{k}", v)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the bind address is reachable from this machine only."""
+        return is_loopback_bind(self.bind)
+
+    @property
+    def reflection_enabled(self) -> bool:
+        """Reflection is served on loopback binds only, and never when turned off."""
+        return self.loopback and self.reflection is not False
+
+    def check_start(self) -> None:
+        """Fail closed: refuse configurations that would expose data without authentication.
+
+        Raises:
+            ConfigError: no authentication on a non-loopback bind; unauthenticated mode
+                asked for on a non-loopback bind; neither authentication nor the explicit
+                unauthenticated flag; plaintext credentials on a non-loopback bind.
+        """
+        a = self.auth
+        if a.allow_unauthenticated:
+            if not self.loopback:
+                raise ConfigError(
+                    f"refusing to serve unauthenticated on {self.bind}: unauthenticated mode is for loopback "
+                    "binds only (127.0.0.0/8, ::1, localhost, unix:)"
+                )
+            if a.authenticates:
+                raise ConfigError("auth.allow_unauthenticated cannot be combined with configured authentication")
+            return
+        if not a.authenticates:
+            where = "a non-loopback address" if not self.loopback else self.bind
+            raise ConfigError(
+                f"refusing to serve on {where} without authentication: configure auth.jwt, auth.api_key_file or "
+                "mTLS (auth.tls.client_ca_file), or pass --allow-unauthenticated on a loopback bind"
+            )
+        if not a.principals:
+            raise ConfigError("authentication is configured but auth.principals grants nobody anything")
+        if a.tls is None and not self.loopback and not a.allow_plaintext:
+            raise ConfigError(
+                f"refusing to accept bearer credentials in plaintext on {self.bind}: configure auth.tls, or set "
+                "auth.allow_plaintext when a TLS-terminating proxy sits in front"
+            )
+
+
+def _non_negative(name: str, v: object) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+def _host_port(bind: str) -> tuple[str, int | None]:
+    if not isinstance(bind, str) or not bind:
+        raise ConfigError(f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}")
+    if bind.startswith("unix:"):
+        return bind, None
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def is_loopback_bind(bind: str) -> bool:
+    """Whether a bind address is reachable from this machine only.
+
+    >>> [is_loopback_bind(b) for b in ("127.0.0.1:1", "[::1]:1", "localhost:1", "0.0.0.0:1", "[::]:1")]
+    [True, True, True, False, False]
+    """
+    host, port = _host_port(bind)
+    if port is None:  # a unix domain socket
+        return True
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+# ---- TOML ---------------------------------------------------------------------------
+
+_SECTIONS: dict[str, set[str]] = {
+    "server": {
+        "bind", "max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
+        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog",
+    },
+    "store": {"db"},
+    "assembly": set(ASSEMBLY_KEYS),
+    "metrics": {"port", "bind"},
+    "auth": {"allow_unauthenticated", "allow_plaintext", "api_key_file", "jwt", "tls", "principals"},
+}
+_JWT_KEYS = {"issuer", "audience", "algorithms", "key_file", "leeway_s", "principal_claim"}
+_TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth"}
+
+
+def _table(doc: Mapping[str, Any], name: str, allowed: set[str], where: str) -> dict[str, Any]:
+    t = doc.get(name, {})
+    if not isinstance(t, dict):
+        raise ConfigError(f"{where}{name} must be a table")
+    unknown = set(t) - allowed
+    if unknown:
+        raise ConfigError(f"unknown keys in [{where}{name}]: {sorted(unknown)} (allowed: {sorted(allowed)})")
+    return t
+
+
+def _str(where: str, v: object) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{where} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _path(where: str, v: object, base: Path) -> Path:
+    p = Path(_str(where, v)).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _bool(where: str, v: object) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where} must be true or false, got {v!r}")
+    return v
+
+
+def parse_jwt(t: Mapping[str, Any], base: Path) -> JwtConfig:
+    """Validate an [auth.jwt] table."""
+    for k in ("issuer", "audience", "algorithms", "key_file"):
+        if k not in t:
+            raise ConfigError(f"auth.jwt.{k} is required")
+    algs = t["algorithms"]
+    if not isinstance(algs, list) or not algs or not all(isinstance(a, str) and a for a in algs):
+        raise ConfigError("auth.jwt.algorithms must be a non-empty list of algorithm names")
+    from .auth import check_jwt_algorithms
+
+    check_jwt_algorithms(algs)
+    leeway = t.get("leeway_s", 0.0)
+    _non_negative("auth.jwt.leeway_s", leeway)
+    return JwtConfig(
+        issuer=_str("auth.jwt.issuer", t["issuer"]),
+        audience=_str("auth.jwt.audience", t["audience"]),
+        algorithms=tuple(algs),
+        key_file=_path("auth.jwt.key_file", t["key_file"], base),
+        leeway_s=float(leeway),
+        principal_claim=_str("auth.jwt.principal_claim", t.get("principal_claim", "sub")),
+    )
+
+
+def parse_tls(t: Mapping[str, Any], base: Path) -> TlsConfig:
+    """Validate an [auth.tls] table."""
+    for k in ("cert_file", "key_file"):
+        if k not in t:
+            raise ConfigError(f"auth.tls.{k} is required")
+    ca = _path("auth.tls.client_ca_file", t["client_ca_file"], base) if "client_ca_file" in t else None
+    try:
+        mode = ClientAuth(t.get("client_auth", "require" if ca else "none"))
+    except ValueError:
+        raise ConfigError(
+            f"auth.tls.client_auth must be one of {[m.value for m in ClientAuth]}, got {t.get('client_auth')!r}"
+        ) from None
+    if mode is not ClientAuth.NONE and ca is None:
+        raise ConfigError("auth.tls.client_auth needs auth.tls.client_ca_file (the CA that signs client certificates)")
+    return TlsConfig(
+        cert_file=_path("auth.tls.cert_file", t["cert_file"], base),
+        key_file=_path("auth.tls.key_file", t["key_file"], base),
+        client_ca_file=ca,
+        client_auth=mode,
+    )
+
+
+def parse_principals(t: object) -> dict[str, tuple[Grant, ...]]:
+    """Validate an [auth.principals] table: principal -> list of 'ORG/AGENT' grants."""
+    if not isinstance(t, dict):
+        raise ConfigError("auth.principals must be a table of principal = ['ORG/AGENT', ...]")
+    out: dict[str, tuple[Grant, ...]] = {}
+    for name, grants in t.items():
+        if not name:
+            raise ConfigError("auth.principals has an empty principal name")
+        if not isinstance(grants, list) or not all(isinstance(g, str) for g in grants):
+            raise ConfigError(f"auth.principals.{name!r} must be a list of 'ORG/AGENT' strings")
+        out[name] = tuple(Grant.parse(g) for g in grants)
+    return out
+
+
+def parse_service_config(text: str, source: str = "<string>", base: Path | None = None) -> ServiceConfig:
+    """Build a `ServiceConfig` from TOML text; relative paths are taken from `base`.
+
+    Raises:
+        ConfigError: not TOML, an unknown key, or a bad value (the message names it).
+
+    >>> parse_service_config('[server]\\nbind = "127.0.0.1:7000"\\n[assembly]\\nhot_timeout_ms = 10').assembly
+    {'hot_timeout_ms': 10}
+    """
+    base = base if base is not None else Path.cwd()
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    unknown = set(doc) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown sections {sorted(unknown)} (allowed: {sorted(_SECTIONS)})")
+    try:
+        srv = _table(doc, "server", _SECTIONS["server"], "")
+        store = _table(doc, "store", _SECTIONS["store"], "")
+        asm = _table(doc, "assembly", _SECTIONS["assembly"], "")
+        met = _table(doc, "metrics", _SECTIONS["metrics"], "")
+        auth = _table(doc, "auth", _SECTIONS["auth"], "")
+        kw: dict[str, Any] = {}
+        for k in ("bind",):
+            if k in srv:
+                kw[k] = _str(f"server.{k}", srv[k])
+        for k in ("max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
+                  "shutdown_grace_s", "drain_delay_s"):
+            if k in srv:
+                kw[k] = srv[k]
+        if "reflection" in srv:
+            r = srv["reflection"]
+            if r not in ("auto", False):
+                raise ConfigError(f"server.reflection must be \"auto\" or false, got {r!r}")
+            kw["reflection"] = None if r == "auto" else False
+        if "catalog" in srv:
+            kw["catalog"] = _path("server.catalog", srv["catalog"], base)
+        if "db" in store:
+            kw["db"] = _path("store.db", store["db"], base)
+        kw["assembly"] = dict(asm)
+        if "port" in met:
+            kw["metrics_port"] = met["port"]
+        if "bind" in met:
+            kw["metrics_bind"] = _str("metrics.bind", met["bind"])
+        a: dict[str, Any] = {}
+        for k in ("allow_unauthenticated", "allow_plaintext"):
+            if k in auth:
+                a[k] = _bool(f"auth.{k}", auth[k])
+        if "api_key_file" in auth:
+            a["api_key_file"] = _path("auth.api_key_file", auth["api_key_file"], base)
+        if "jwt" in auth:
+            a["jwt"] = parse_jwt(_table(auth, "jwt", _JWT_KEYS, "auth."), base)
+        if "tls" in auth:
+            a["tls"] = parse_tls(_table(auth, "tls", _TLS_KEYS, "auth."), base)
+        if "principals" in auth:
+            a["principals"] = parse_principals(auth["principals"])
+        kw["auth"] = AuthConfig(**a)
+        return ServiceConfig(**kw)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_service_config(path: str | Path) -> ServiceConfig:
+    """Read a TOML config file; relative paths in it are relative to the file.
+
+    Raises:
+        ConfigError: the file cannot be read or is invalid.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {p} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return parse_service_config(text, str(p), p.resolve().parent)
+
+
+def with_overrides(cfg: ServiceConfig, **changes: Any) -> ServiceConfig:
+    """`cfg` with the given top-level fields replaced (None values are ignored)."""
+    names = {f.name for f in fields(ServiceConfig)}
+    bad = set(changes) - names
+    if bad:
+        raise TypeError(f"unknown ServiceConfig fields {sorted(bad)}")
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})

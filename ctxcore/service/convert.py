@@ -1,0 +1,438 @@
+"""Between the wire (ctxcore.v1 protobuf messages) and ctxcore's Python objects.
+
+Inbound, a request message becomes an `AssemblyRequest`; every problem is an
+INVALID_ARGUMENT that names the field in wire terms (``messages[3].role``), never a
+traceback. Outbound, an assembled context, a `Budget` and catalog entries become their
+messages field for field. The client (`ctxcore.client`) uses the same functions the other
+way round, so both ends read one mapping.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar, cast
+
+import grpc
+
+from ..budget import Budget
+from ..catalog import Catalog, ModelCapability, TokenizerPolicy
+from ..memory import Query, Scope
+from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, ToolCall
+from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
+from ..tokens import TokenKind
+from ..v1 import context_assembly_pb2 as pb
+from .auth import ServiceError
+
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_MEMORIES_LIMIT",
+    "AssembledLike",
+    "assembled_to_proto",
+    "budget_from_proto",
+    "budget_to_proto",
+    "capabilities_to_proto",
+    "capability_from_proto",
+    "enum_to_proto",
+    "request_from_proto",
+    "request_to_proto",
+]
+
+#: Longest organization / agent / model / memory id accepted. Ids are keys, not text;
+#: anything longer is a malformed request, not a real id.
+MAX_ID_CHARS = 256
+#: Most memories one request may ask for. The packer handles thousands, but one context
+#: window holds a few hundred memories at most; larger values are absurd, not ambitious.
+MAX_MEMORIES_LIMIT = 4096
+#: Longest embedding accepted (the largest common embedding models have 3,072 dims).
+MAX_EMBEDDING_DIMS = 8192
+
+
+class AssembledLike(Protocol):
+    """The fields of `ctxcore.AssembledContext` the wire carries."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def sections(self) -> Mapping[str, str]: ...
+    @property
+    def nonce(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def scope(self) -> Scope: ...
+    @property
+    def budget(self) -> Budget: ...
+    @property
+    def pack(self) -> Any: ...
+    @property
+    def trace(self) -> Sequence[TraceEntry]: ...
+    @property
+    def branches(self) -> Sequence[BranchRecord]: ...
+    @property
+    def wall(self) -> Wall: ...
+    @property
+    def degraded(self) -> bool: ...
+    @property
+    def degradation_reasons(self) -> Sequence[str]: ...
+    @property
+    def constrained(self) -> bool: ...
+    @property
+    def history_dropped(self) -> Sequence[HistoryDrop]: ...
+    @property
+    def timings(self) -> StageTimings: ...
+    @property
+    def replaced_chars(self) -> int: ...
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def enum_to_proto(member: enum.Enum, proto_enum: Any, prefix: str) -> Any:
+    """The wire number of a Python enum member: ``PREFIX_`` + its value in capitals;
+    a member the wire does not know yet goes as UNSPECIFIED (0) rather than failing a call.
+
+    >>> from ctxcore.result import BranchStatus
+    >>> enum_to_proto(BranchStatus.TIMEOUT, pb.BranchStatus, "BRANCH_STATUS")
+    2
+    The result is typed Any because the generated stubs type each wire enum as its own
+    int subclass.
+    """
+    try:
+        return int(proto_enum.Value(f"{prefix}_{str(member.value).upper()}"))
+    except ValueError:
+        return 0
+
+
+def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E]) -> E:
+    """The Python member for a wire number (ValueError for UNSPECIFIED or unknown)."""
+    name = proto_enum.Name(number) if number in proto_enum.values() else ""
+    if not name.startswith(prefix + "_"):
+        raise ValueError(f"unknown {prefix.lower()} {number}")
+    return py_enum(name[len(prefix) + 1:].lower())
+
+
+# ---- inbound ------------------------------------------------------------------------
+
+
+def _bad(field: str, why: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+
+
+def _id(field: str, value: str) -> str:
+    if not value:
+        raise _bad(field, "must not be empty")
+    if len(value) > MAX_ID_CHARS:
+        raise _bad(field, f"longer than {MAX_ID_CHARS} characters")
+    if value != value.strip() or any(ord(c) < 32 for c in value):
+        raise _bad(field, "must not contain surrounding whitespace or control characters")
+    return value
+
+
+def _message(i: int, m: pb.Message) -> Message:
+    where = f"messages[{i}]"
+    calls = []
+    for j, c in enumerate(m.tool_calls):
+        try:
+            calls.append(ToolCall(c.id, c.name, c.arguments or "{}"))
+        except (TypeError, ValueError) as exc:
+            raise _bad(f"{where}.tool_calls[{j}]", str(exc)) from None
+    try:
+        return Message(cast(Any, m.role), m.content, tuple(calls), m.tool_call_id or None)
+    except (TypeError, ValueError) as exc:
+        raise _bad(where, str(exc)) from None
+
+
+def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
+    kw: dict[str, Any] = {}
+    if o.weights:
+        for k, v in o.weights.items():
+            if not math.isfinite(v) or v < 0:
+                raise _bad(f"options.weights[{k!r}]", f"must be a finite number >= 0, got {v!r}")
+        kw["weights"] = dict(o.weights)
+    for name in ("relevance_floor", "min_similarity"):
+        if o.HasField(name):
+            v = getattr(o, name)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise _bad(f"options.{name}", f"must be in [0, 1], got {v!r}")
+            kw[name] = v
+    if o.HasField("max_memories"):
+        if o.max_memories > MAX_MEMORIES_LIMIT:
+            raise _bad("options.max_memories", f"must be <= {MAX_MEMORIES_LIMIT}, got {o.max_memories}")
+        kw["max_memories"] = o.max_memories
+    for i, mid in enumerate(o.pinned_memory_ids):
+        _id(f"options.pinned_memory_ids[{i}]", mid)
+    kw["pinned_memory_ids"] = frozenset(o.pinned_memory_ids)
+    if o.history_policy != pb.HISTORY_POLICY_UNSPECIFIED:
+        try:
+            kw["history_policy"] = enum_from_proto(o.history_policy, pb.HistoryPolicy, "HISTORY_POLICY", HistoryPolicy)
+        except ValueError:
+            raise _bad("options.history_policy", f"unknown value {o.history_policy}") from None
+    if o.HasField("context_enabled"):
+        kw["context_enabled"] = o.context_enabled
+    kw["skip_memory"] = o.skip_memory
+    try:
+        return AssemblyOptions(**kw)
+    except (TypeError, ValueError) as exc:
+        raise _bad("options", str(exc)) from None
+
+
+def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
+    """Validate a wire request and build the `AssemblyRequest`.
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT naming the first bad field.
+
+    >>> r = request_from_proto(pb.AssembleContextRequest(organization_id="o", agent_id="a", model="gpt-4o"))
+    >>> (r.scope, r.query.text)
+    (Scope(organization_id='o', agent_id='a'), '')
+    >>> request_from_proto(pb.AssembleContextRequest(agent_id="a", model="gpt-4o"))
+    Traceback (most recent call last):
+    ...
+    ctxcore.service.auth.ServiceError: organization_id: must not be empty
+    """
+    org = _id("organization_id", msg.organization_id)
+    agent = _id("agent_id", msg.agent_id)
+    model = _id("model", msg.model)
+    emb = tuple(msg.query.embedding)
+    if len(emb) > MAX_EMBEDDING_DIMS:
+        raise _bad("query.embedding", f"more than {MAX_EMBEDDING_DIMS} dimensions")
+    if emb and not all(math.isfinite(x) for x in emb):
+        raise _bad("query.embedding", "must hold finite numbers only")
+    query = Query(msg.query.text, emb or None)
+    messages = tuple(_message(i, m) for i, m in enumerate(msg.messages))
+    tools: list[Mapping[str, Any]] = []
+    for i, t in enumerate(msg.tools_json):
+        try:
+            obj = json.loads(t)
+        except (json.JSONDecodeError, RecursionError):
+            raise _bad(f"tools_json[{i}]", "is not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise _bad(f"tools_json[{i}]", f"must be a JSON object, got {type(obj).__name__}")
+        tools.append(obj)
+    options = _options(msg.options) if msg.HasField("options") else AssemblyOptions()
+    try:
+        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options)
+    except (TypeError, ValueError) as exc:
+        raise _bad("request", str(exc)) from None
+
+
+def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
+    """The wire form of an `AssemblyRequest` (the client's side of `request_from_proto`).
+
+    >>> request_to_proto(AssemblyRequest("o", "a", "gpt-4o", Query("hi"))).query.text
+    'hi'
+    """
+    o = req.options
+    opts = pb.AssemblyOptions(
+        weights=dict(o.weights or {}),
+        max_memories=o.max_memories,
+        pinned_memory_ids=sorted(o.pinned_memory_ids),
+        history_policy=enum_to_proto(o.history_policy, pb.HistoryPolicy, "HISTORY_POLICY"),
+        context_enabled=o.context_enabled,
+        skip_memory=o.skip_memory,
+    )
+    if o.relevance_floor is not None:
+        opts.relevance_floor = o.relevance_floor
+    if o.min_similarity is not None:
+        opts.min_similarity = o.min_similarity
+    return pb.AssembleContextRequest(
+        organization_id=req.organization_id,
+        agent_id=req.agent_id,
+        model=req.model,
+        query=pb.Query(text=req.query.text, embedding=list(req.query.embedding or ())),
+        messages=[
+            pb.Message(
+                role=m.role.value,
+                content=m.content,
+                tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls],
+                tool_call_id=m.tool_call_id or "",
+            )
+            for m in req.messages
+        ],
+        tools_json=[json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools],
+        options=opts,
+    )
+
+
+# ---- outbound -----------------------------------------------------------------------
+
+_ERROR_HEAD = re.compile(r"[A-Za-z_][\w .]{0,59}")
+
+
+def branch_error_class(error: str | None) -> str:
+    """What of a branch's error goes on the wire: its exception class or kind only.
+
+    A source's exception message may quote the data it choked on, and that data may belong
+    to another tenant, so everything after the first colon stays in the server.
+
+    >>> branch_error_class("ValueError: bad record 'secret text'")
+    'ValueError'
+    >>> branch_error_class("no answer within 15.0 ms")
+    'no answer within 15.0 ms'
+    >>> branch_error_class(None)
+    ''
+    """
+    if not error:
+        return ""
+    head = error.split(":", 1)[0].strip()
+    return head if _ERROR_HEAD.fullmatch(head) else "error"
+
+
+def budget_to_proto(b: Budget) -> pb.Budget:
+    """The wire form of a `Budget`."""
+    rec = b.record()
+    rec["estimate_kind"] = enum_to_proto(b.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND")
+    return pb.Budget(**rec)
+
+
+def budget_from_proto(m: pb.Budget) -> Budget:
+    """A `Budget` from its wire form.
+
+    >>> from ctxcore import compute_budget
+    >>> b = compute_budget("gpt-4o", directive_tokens=100)
+    >>> budget_from_proto(budget_to_proto(b)) == b
+    True
+    """
+    return Budget(
+        model=m.model,
+        tokenizer_family=m.tokenizer_family,
+        estimate_kind=enum_from_proto(m.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND", TokenKind),
+        context_window=m.context_window,
+        max_output_tokens=m.max_output_tokens,
+        response_reserve=m.response_reserve,
+        safety_fraction=m.safety_fraction,
+        safety_buffer=m.safety_buffer,
+        directive_tokens=m.directive_tokens,
+        messages_tokens=m.messages_tokens,
+        tool_schema_tokens=m.tool_schema_tokens,
+        formatter_overhead_tokens=m.formatter_overhead_tokens,
+        shortfall=m.shortfall,
+        usable=m.usable,
+        constrained=m.constrained,
+    )
+
+
+def capability_to_proto(c: ModelCapability) -> pb.ModelCapability:
+    """The wire form of a catalog entry."""
+    return pb.ModelCapability(
+        name=c.name,
+        provider=c.provider,
+        context_window=c.context_window,
+        max_output_tokens=c.max_output_tokens,
+        tokenizer_family=c.tokenizer_family,
+        estimate_kind=enum_to_proto(c.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND"),
+        safety_fraction=c.safety_fraction,
+        aliases=list(c.aliases),
+    )
+
+
+def capability_from_proto(m: pb.ModelCapability) -> ModelCapability:
+    """A `ModelCapability` from its wire form.
+
+    >>> from ctxcore import default_catalog
+    >>> c = default_catalog()["gpt-4o"]
+    >>> capability_from_proto(capability_to_proto(c)) == c
+    True
+    """
+    return ModelCapability(
+        name=m.name,
+        provider=m.provider,
+        context_window=m.context_window,
+        max_output_tokens=m.max_output_tokens,
+        tokenizer_family=m.tokenizer_family,
+        estimate_kind=enum_from_proto(m.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND", TokenKind),
+        safety_fraction=m.safety_fraction,
+        aliases=tuple(m.aliases),
+    )
+
+
+def _policy_to_proto(p: TokenizerPolicy) -> pb.TokenizerPolicy:
+    out = pb.TokenizerPolicy(family=p.family)
+    if TokenKind.EXACT in p.safety_fractions:
+        out.exact_safety_fraction = p.safety_fractions[TokenKind.EXACT]
+    if TokenKind.ESTIMATE in p.safety_fractions:
+        out.estimate_safety_fraction = p.safety_fractions[TokenKind.ESTIMATE]
+    return out
+
+
+def capabilities_to_proto(catalog: Catalog, models: Sequence[ModelCapability]) -> pb.GetModelCapabilitiesResponse:
+    """The catalog answer: the entries and the tokenizer policies they use."""
+    families = sorted({m.tokenizer_family for m in models})
+    return pb.GetModelCapabilitiesResponse(
+        models=[capability_to_proto(m) for m in models],
+        tokenizer_policies=[_policy_to_proto(catalog.policies[f]) for f in families if f in catalog.policies],
+        catalog_source=catalog.source,
+    )
+
+
+def _pack_to_proto(pack: Any) -> pb.PackRecord:
+    fields = pb.PackRecord.DESCRIPTOR.fields_by_name
+    out = pb.PackRecord(**{k: v for k, v in pack.record().items() if k in fields and k != "path"})
+    out.path = enum_to_proto(pack.path, pb.PackPath, "PACK_PATH")
+    return out
+
+
+def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledContext:
+    """The wire form of an assembled context: every field, branch errors reduced to their
+    class (see `branch_error_class`)."""
+    out = pb.AssembledContext(
+        text=ctx.text,
+        sections=[pb.Section(name=str(k), text=v) for k, v in ctx.sections.items()],
+        nonce=ctx.nonce,
+        model=ctx.model,
+        scope=pb.Scope(organization_id=ctx.scope.organization_id, agent_id=ctx.scope.agent_id),
+        budget=budget_to_proto(ctx.budget),
+        trace=[
+            pb.TraceEntry(
+                # Another tenant's memory ids never cross the boundary: an out-of-scope
+                # entry says only that something was dropped, and how it was found.
+                memory_id="" if t.reason == TraceReason.OUT_OF_SCOPE else t.memory_id,
+                reason=enum_to_proto(t.reason, pb.TraceReason, "TRACE_REASON"),
+                origin=str(t.origin),
+                tokens=t.tokens,
+                score=t.score,
+                relevance=t.relevance,
+                recounted=t.recounted,
+            )
+            for t in ctx.trace
+        ],
+        branches=[
+            pb.BranchRecord(
+                branch=enum_to_proto(b.branch, pb.Branch, "BRANCH"),
+                status=enum_to_proto(b.status, pb.BranchStatus, "BRANCH_STATUS"),
+                latency_ms=b.latency_ms,
+                error=branch_error_class(b.error),
+                items=b.items,
+                dropped_out_of_scope=b.dropped_out_of_scope,
+            )
+            for b in ctx.branches
+        ],
+        wall=pb.Wall(
+            limit_ms=ctx.wall.limit_ms,
+            source=enum_to_proto(ctx.wall.source, pb.WallSource, "WALL_SOURCE"),
+        ),
+        degraded=ctx.degraded,
+        degradation_reasons=list(ctx.degradation_reasons),
+        constrained=ctx.constrained,
+        history_dropped=[
+            pb.HistoryDrop(first_index=h.first_index, count=h.count, tokens=h.tokens, roles=list(h.roles))
+            for h in ctx.history_dropped
+        ],
+        timings=pb.StageTimings(
+            budget_ms=ctx.timings.budget_ms,
+            retrieval_ms=ctx.timings.retrieval_ms,
+            scoring_ms=ctx.timings.scoring_ms,
+            packing_ms=ctx.timings.packing_ms,
+            formatting_ms=ctx.timings.formatting_ms,
+            total_ms=ctx.timings.total_ms,
+        ),
+        replaced_chars=ctx.replaced_chars,
+        principal=principal,
+    )
+    if ctx.pack is not None:
+        out.pack.CopyFrom(_pack_to_proto(ctx.pack))
+    return out

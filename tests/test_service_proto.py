@@ -1,0 +1,213 @@
+"""The wire contract: generated code in sync with the .proto, every Python enum member
+on the wire, conversions that round-trip, request validation naming fields, and the
+service configuration (TOML, fail-closed start-up checks)."""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+
+import ctxcore
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyOptions, AssemblyRequest, Message, ToolCall
+from ctxcore.request import HistoryPolicy
+from ctxcore.result import Branch, BranchStatus, TraceReason, WallSource
+from ctxcore.service import ServiceConfig, ServiceError
+from ctxcore.service.config import AuthConfig, ConfigError, Grant, parse_service_config
+from ctxcore.service.convert import (
+    branch_error_class,
+    budget_from_proto,
+    budget_to_proto,
+    capability_from_proto,
+    capability_to_proto,
+    enum_to_proto,
+    request_from_proto,
+    request_to_proto,
+)
+from ctxcore.tokens import TokenKind
+from ctxcore.v1 import context_assembly_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = Path(ctxcore.__file__).resolve().parent
+
+
+def _gen_module():
+    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "tools" / "gen_proto.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_generated_code_matches_the_proto() -> None:
+    gen = _gen_module()
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = gen.generate(ROOT, Path(tmp))
+    for rel, text in texts.items():
+        committed = (ROOT / rel).read_text(encoding="utf-8")
+        assert committed == text, f"{rel} is stale: run python tools/gen_proto.py"
+        installed = PKG.parent / rel
+        assert installed.read_text(encoding="utf-8") == text, f"installed {rel} differs from the checkout"
+    assert (PKG / "v1" / "context_assembly.proto").read_text() == (ROOT / gen.PROTO).read_text()
+
+
+@pytest.mark.parametrize(
+    ("py_enum", "proto_enum", "prefix"),
+    [
+        (TraceReason, pb.TraceReason, "TRACE_REASON"),
+        (Branch, pb.Branch, "BRANCH"),
+        (BranchStatus, pb.BranchStatus, "BRANCH_STATUS"),
+        (WallSource, pb.WallSource, "WALL_SOURCE"),
+        (TokenKind, pb.EstimateKind, "ESTIMATE_KIND"),
+        (ctxcore.PackPath, pb.PackPath, "PACK_PATH"),
+        (HistoryPolicy, pb.HistoryPolicy, "HISTORY_POLICY"),
+    ],
+)
+def test_every_enum_member_has_a_wire_value(py_enum: type[enum.Enum], proto_enum: object, prefix: str) -> None:
+    numbers = [enum_to_proto(m, proto_enum, prefix) for m in py_enum]
+    assert 0 not in numbers, f"a {py_enum.__name__} member is missing from the proto"
+    assert len(set(numbers)) == len(numbers)
+
+
+def test_budget_and_capability_round_trip() -> None:
+    cat = ctxcore.default_catalog()
+    for name in cat:
+        cap = cat[name]
+        assert capability_from_proto(capability_to_proto(cap)) == cap
+        b = ctxcore.compute_budget(cap, directive_tokens=123, messages_tokens=4567, tool_schema_tokens=89)
+        assert budget_from_proto(budget_to_proto(b)) == b
+
+
+def test_request_round_trip() -> None:
+    req = AssemblyRequest(
+        "org-1", "agent-7", "gpt-4o", Query("refund?", (0.25, -0.5)),
+        messages=(
+            Message("user", "hi"),
+            Message("assistant", "", (ToolCall("c1", "search", '{"q": "x"}'),)),
+            Message("tool", "result", tool_call_id="c1"),
+        ),
+        tools=({"name": "search", "parameters": {"type": "object", "n": 1}},),
+        options=AssemblyOptions(weights={"similarity": 1.0}, relevance_floor=0.2, max_memories=10,
+                                pinned_memory_ids=frozenset({"m1"}), history_policy="trim_oldest", skip_memory=True),
+    )
+    back = request_from_proto(pb.AssembleContextRequest.FromString(request_to_proto(req).SerializeToString()))
+    assert back == req
+
+
+def _bad(**fields: object) -> str:
+    base: dict[str, object] = {"organization_id": "o", "agent_id": "a", "model": "gpt-4o"}
+    base.update(fields)
+    with pytest.raises(ServiceError) as ei:
+        request_from_proto(pb.AssembleContextRequest(**base))  # type: ignore[arg-type]
+    assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    return ei.value.details
+
+
+def test_bad_requests_name_the_field() -> None:
+    assert _bad(organization_id="").startswith("organization_id:")
+    assert _bad(agent_id="").startswith("agent_id:")
+    assert _bad(model="").startswith("model:")
+    assert _bad(agent_id="x" * 1000).startswith("agent_id:")
+    assert _bad(organization_id=" o").startswith("organization_id:")
+    assert _bad(messages=[pb.Message(role="user"), pb.Message(role="wizard")]).startswith("messages[1]:")
+    assert _bad(messages=[pb.Message(role="tool", content="x")]).startswith("messages[0]:")
+    assert _bad(messages=[pb.Message(role="assistant", tool_calls=[pb.ToolCall(name="f")])]).startswith(
+        "messages[0].tool_calls[0]:")
+    assert _bad(tools_json=["{}", "[1]"]).startswith("tools_json[1]:")
+    assert _bad(tools_json=["{"]).startswith("tools_json[0]:")
+    assert _bad(query=pb.Query(embedding=[float("nan")])).startswith("query.embedding:")
+    assert _bad(options=pb.AssemblyOptions(max_memories=10**9)).startswith("options.max_memories:")
+    assert _bad(options=pb.AssemblyOptions(relevance_floor=7.0)).startswith("options.relevance_floor:")
+    assert _bad(options=pb.AssemblyOptions(weights={"similarity": -1})).startswith("options.weights")
+    assert _bad(options=pb.AssemblyOptions(pinned_memory_ids=[""])).startswith("options.pinned_memory_ids[0]:")
+    assert _bad(options=pb.AssemblyOptions(history_policy=99)).startswith("options.history_policy:")  # type: ignore[arg-type]
+
+
+def test_branch_errors_lose_their_message_on_the_wire() -> None:
+    assert branch_error_class("RuntimeError: near CANARY-1") == "RuntimeError"
+    assert branch_error_class("malformed result: item 0 is dict") == "malformed result"
+    assert branch_error_class("no answer within 15.0 ms") == "no answer within 15.0 ms"
+    assert branch_error_class("$$$ CANARY: x") == "error"
+
+
+# ---- configuration ------------------------------------------------------------------
+
+
+def test_config_toml(tmp_path: Path) -> None:
+    (tmp_path / "k.pem").write_text("x" * 40)
+    cfg = parse_service_config(
+        """
+        [server]
+        bind = "0.0.0.0:7000"
+        deadline_headroom_ms = 2
+        [store]
+        db = "mem.db"
+        [assembly]
+        hot_timeout_ms = 10
+        [metrics]
+        port = 9464
+        [auth]
+        allow_plaintext = true
+        [auth.jwt]
+        issuer = "i"
+        audience = "a"
+        algorithms = ["HS256"]
+        key_file = "k.pem"
+        [auth.principals]
+        svc = ["org-1/agent-7", "org-2/*"]
+        """,
+        base=tmp_path,
+    )
+    assert cfg.db == tmp_path / "mem.db" and cfg.metrics_port == 9464 and cfg.deadline_headroom_ms == 2
+    assert cfg.auth.principals["svc"] == (Grant("org-1", "agent-7"), Grant("org-2", "*"))
+    assert not cfg.loopback and not cfg.reflection_enabled
+    cfg.check_start()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[server]\nbind = 'nohost'", "server.bind"),
+        ("[server]\nmax_message_bytes = -1", "max_message_bytes"),
+        ("[bogus]\nx = 1", "unknown sections"),
+        ("[server]\nbindd = '127.0.0.1:1'", "unknown keys"),
+        ("[assembly]\nhot_timeout_ms = -5", "assembly.hot_timeout_ms"),
+        ("[auth.jwt]\nissuer='i'\naudience='a'\nalgorithms=['none']\nkey_file='k'", "none"),
+        ("[auth.jwt]\nissuer='i'\naudience='a'\nalgorithms=['HS256','RS256']\nkey_file='k'", "not both"),
+        ("[auth.principals]\nsvc = ['*/*']", "wildcard"),
+        ("[auth.tls]\ncert_file='c'\nkey_file='k'\nclient_auth='require'", "client_ca_file"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_config_errors_name_the_key(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        parse_service_config(text)
+    assert needle in str(ei.value)
+
+
+def test_fails_closed_without_auth() -> None:
+    with pytest.raises(ConfigError, match="without authentication"):
+        ServiceConfig(bind="0.0.0.0:7000").check_start()
+    with pytest.raises(ConfigError, match="without authentication"):
+        ServiceConfig(bind="127.0.0.1:7000").check_start()  # no auth and no explicit flag
+    with pytest.raises(ConfigError, match="loopback binds only"):
+        ServiceConfig(bind="0.0.0.0:7000", auth=AuthConfig(allow_unauthenticated=True)).check_start()
+    with pytest.raises(ConfigError, match="loopback binds only"):
+        ServiceConfig(bind="[::]:7000", auth=AuthConfig(allow_unauthenticated=True)).check_start()
+    ServiceConfig(bind="127.0.0.1:7000", auth=AuthConfig(allow_unauthenticated=True)).check_start()
+    ServiceConfig(bind="[::1]:7000", auth=AuthConfig(allow_unauthenticated=True)).check_start()
+
+
+def test_plaintext_credentials_refused_off_loopback(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("")
+    auth = AuthConfig(api_key_file=keys, principals={"svc": (Grant("o", "a"),)})
+    with pytest.raises(ConfigError, match="plaintext"):
+        ServiceConfig(bind="0.0.0.0:7000", auth=auth).check_start()
+    ServiceConfig(bind="127.0.0.1:7000", auth=auth).check_start()
