@@ -61,7 +61,11 @@ class TokenizerPolicy:
         object.__setattr__(self, "safety_fractions", MappingProxyType(dict(self.safety_fractions)))
 
     def safety_fraction(self, kind: TokenKind) -> float:
-        """The fraction for `kind`; `CatalogError` when this family has no policy for it."""
+        """The fraction for `kind`; `CatalogError` when this family has no policy for it.
+
+        >>> default_catalog().policies["cl100k_base"].safety_fraction(TokenKind.EXACT)
+        0.01
+        """
         try:
             return self.safety_fractions[kind]
         except KeyError:
@@ -148,7 +152,11 @@ class Catalog(Mapping[str, ModelCapability]):
 
     @property
     def policies(self) -> Mapping[str, TokenizerPolicy]:
-        """Tokenizer policies by family."""
+        """Tokenizer policies by family.
+
+        >>> sorted(default_catalog().policies)[:2]
+        ['cl100k_base', 'claude']
+        """
         return self._policies
 
     def get_model(self, name: str) -> ModelCapability:

@@ -125,7 +125,11 @@ class ScoreWeights:
                 raise ConfigError(f"weight for {name} must be a finite number >= 0, got {w!r}")
 
     def given(self) -> dict[str, float]:
-        """The weights that were set, by component."""
+        """The weights that were set, by component.
+
+        >>> ScoreWeights(confidence=1.0).given()
+        {'confidence': 1.0}
+        """
         return {name: float(w) for name in COMPONENTS if (w := getattr(self, name)) is not None}
 
 
@@ -156,7 +160,11 @@ class ScoredCandidates:
         object.__setattr__(self, "dropped", int(self.kept.size - np.count_nonzero(self.kept)))
 
     def record(self) -> dict[str, Any]:
-        """Which formula ran, with which weights, and how many the floor dropped."""
+        """Which formula ran, with which weights, and how many the floor dropped.
+
+        >>> score_candidates([0.9, 0.05], [0.5, 0.5]).record()["below_relevance_floor"]
+        1
+        """
         return {
             "formula": self.formula.value,
             "weights": dict(self.weights),
@@ -255,7 +263,13 @@ def score_candidates(
         raise TypeError(f"config must be a ScoringConfig, got {type(config).__name__}")
     if weights is not None and not isinstance(weights, ScoreWeights):
         raise TypeError(f"weights must be a ScoreWeights, got {type(weights).__name__}")
-    sim = _array("similarity", similarity, None) if full_text is None else np.asarray(similarity, dtype=np.float64)
+    if full_text is None:
+        sim = _array("similarity", similarity, None)
+    else:
+        try:
+            sim = np.asarray(similarity, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError("similarity must be a 1-D sequence of numbers") from None
     n = sim.shape[0] if sim.ndim == 1 else -1
     if full_text is not None:
         ft = np.asarray(full_text)
