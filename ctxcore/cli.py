@@ -4,6 +4,8 @@
 (``id``, ``tokens``, ``score``, optional ``pinned``) and prints the selection and the
 pack record, as a table or (``--json``) as one JSON document. ``ctxcore catalog [MODEL]``
 lists the capability catalog (or one model; ``--catalog FILE`` for a user's own).
+``ctxcore memories add FILE.jsonl --db PATH`` stores memories and directives (one JSON
+object per line) in a SQLite memory store, all or none, naming the line of any bad entry.
 """
 
 from __future__ import annotations
@@ -142,6 +144,31 @@ def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
+    from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{args.file}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        embedder = HashingEmbedder() if args.embedder == "hashing" else None
+        with SqliteMemoryStore(args.db, embedder=embedder, token_family=args.token_family) as store:
+            report = ingest_jsonl(store, args.file, text)
+    except (InvalidMemory, MemoryStoreError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        json.dump({"db": args.db, "source": report.source, "memories": report.memories,
+                   "directives": report.directives}, out)
+        out.write("\n")
+    else:
+        out.write(f"stored {report.memories} memories and {report.directives} directives from {args.file} "
+                  f"in {args.db}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``ctxcore``."""
     parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
@@ -159,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
     c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     c.set_defaults(func=_cmd_catalog)
+    mem = sub.add_parser("memories", help="manage a SQLite memory store").add_subparsers(dest="action", required=True)
+    ma = mem.add_parser("add", help="store memories and directives from a JSON Lines file (all or none)")
+    ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
+                    'and directives {"type": "directive", organization_id, agent_id?, text}')
+    ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
+    ma.add_argument("--embedder", choices=("hashing", "none"), default="hashing",
+                    help="embed memories that carry no embedding with the offline hashing embedder (default) "
+                    "or not at all; use none when the file carries your own model's embeddings")
+    ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
+    ma.add_argument("--json", action="store_true", help="print one JSON document")
+    ma.set_defaults(func=_cmd_memories_add)
     return parser
 
 

@@ -1,0 +1,45 @@
+"""Text helpers shared by the full-text index and the hashing embedder: Unicode
+normalization and word segmentation that also works for scripts written without spaces.
+
+Chinese, Japanese and Korean text has no spaces between words, so a word tokenizer sees
+a whole sentence as one token. Both the FTS5 index and the embedder therefore treat each
+CJK character as a word of its own; a multi-character query word then matches as a
+phrase of consecutive characters.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["cjk_spaced", "normalize", "raw_words", "words"]
+
+# Han (URO, extension A, compatibility, the supplementary planes), kana, half-width kana,
+# Hangul syllables and jamo, bopomofo.
+_CJK = (
+    "\u1100-\u11ff\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
+    "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+)
+_CJK_CHAR = re.compile(f"([{_CJK}])")
+# A word: a run of letters and digits (``\w`` without the underscore).
+_WORD = re.compile(r"[^\W_]+")
+
+
+def normalize(text: str) -> str:
+    """NFKC and case folding, so that full-width, ligature and case variants compare equal."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def cjk_spaced(text: str) -> str:
+    """`text` with a space either side of every CJK character."""
+    return _CJK_CHAR.sub(r" \1 ", text)
+
+
+def raw_words(text: str) -> list[str]:
+    """The letter/digit runs of `text`, CJK runs kept whole."""
+    return _WORD.findall(text)
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, every CJK character a word of its own."""
+    return _WORD.findall(cjk_spaced(text))

@@ -1,0 +1,141 @@
+"""Bulk ingest from JSON Lines, and the shipped demo database.
+
+One JSON object per line: a memory (the fields of `NewMemory`; ``"type": "memory"`` is
+optional) or a directive (``"type": "directive"``, ``organization_id``, optional
+``agent_id``, ``text``). `ingest_jsonl` stores a whole file in one transaction or
+nothing, and every error names the file and line. `load_demo` builds a database from
+the dataset shipped in the package (``ctxcore/data/demo_memories.jsonl``: several
+organizations, agents and languages), with `HashingEmbedder` embeddings; ``ctxcore
+demo`` runs an assembly against it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .embedding import HashingEmbedder
+from .errors import InvalidMemory
+from .records import Directive, NewMemory
+from .sqlite import SqliteMemoryStore
+
+__all__ = ["DEMO_DATASET", "IngestReport", "ingest_jsonl", "load_demo", "read_jsonl"]
+
+#: The demo dataset, inside the installed package.
+DEMO_DATASET = "data/demo_memories.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """What an ingest stored."""
+
+    source: str
+    memories: int
+    directives: int
+
+
+def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tuple[int, NewMemory | Directive]]:
+    """Parse a JSON Lines file of memories and directives into ``(line, record)`` pairs.
+
+    Blank lines are skipped. `text`, when given, is parsed instead of reading `path`
+    (which then only names the source in messages).
+
+    Raises:
+        InvalidMemory: ``"PATH:LINE: ..."`` for the first bad line (invalid JSON, not an
+            object, an unknown ``type``, an invalid record).
+        OSError: the file cannot be read.
+
+    >>> [type(r).__name__ for _, r in read_jsonl("x.jsonl", text='{"type": "directive", '
+    ...     '"organization_id": "o", "text": "Be brief."}\\n')]
+    ['Directive']
+    """
+    name = os.fspath(path)
+    if text is None:
+        raw = Path(path).read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidMemory(f"{name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    out: list[tuple[int, NewMemory | Directive]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidMemory(f"{name}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise InvalidMemory(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        kind = obj.pop("type", "memory")
+        try:
+            if kind == "memory":
+                out.append((lineno, NewMemory.from_mapping(obj)))
+            elif kind == "directive":
+                out.append((lineno, Directive.from_mapping(obj)))
+            else:
+                raise InvalidMemory(f"unknown type {kind!r}: expected 'memory' or 'directive'")
+        except InvalidMemory as exc:
+            raise InvalidMemory(f"{name}:{lineno}: {exc}", -1, exc.memory_id) from None
+    return out
+
+
+def ingest_jsonl(store: SqliteMemoryStore, path: str | os.PathLike[str], text: str | None = None) -> IngestReport:
+    """Store every memory and directive of a JSON Lines file: all, or (on error) none of
+    the memories.
+
+    Raises:
+        InvalidMemory: naming ``PATH:LINE`` of the first bad record, including ids used
+            twice or already stored.
+
+    >>> import tempfile, os
+    >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+    ...     ingest_jsonl(s, "in.jsonl", text='{"id": "m1", "organization_id": "o", '
+    ...                  '"agent_id": "a", "text": "likes tea"}')
+    IngestReport(source='in.jsonl', memories=1, directives=0)
+    """
+    name = os.fspath(path)
+    records = read_jsonl(path, text)
+    memories = [(line, r) for line, r in records if isinstance(r, NewMemory)]
+    directives = [r for _, r in records if isinstance(r, Directive)]
+    try:
+        store.add_many([m for _, m in memories])
+    except InvalidMemory as exc:
+        if 0 <= exc.index < len(memories):
+            raise InvalidMemory(f"{name}:{memories[exc.index][0]}: {exc}", exc.index, exc.memory_id) from None
+        raise
+    for d in directives:
+        store.set_directive(d.organization_id, d.agent_id, d.text)
+    return IngestReport(name, len(memories), len(directives))
+
+
+def load_demo(db_path: str | os.PathLike[str], *, overwrite: bool = False) -> SqliteMemoryStore:
+    """Build the demo database at `db_path` from the shipped dataset and return it open
+    (with the `HashingEmbedder` its embeddings were made with). Close it when done.
+
+    Args:
+        db_path: where to create the database.
+        overwrite: replace an existing file at `db_path` (else `FileExistsError`).
+
+    >>> import asyncio, tempfile, os
+    >>> from ctxcore.memory import Scope
+    >>> with load_demo(os.path.join(tempfile.mkdtemp(), "demo.db")) as store:
+    ...     asyncio.run(store.directive(Scope("acme-retail", "support"))) is not None
+    True
+    """
+    target = Path(db_path)
+    if target.exists():
+        if not overwrite:
+            raise FileExistsError(f"{target} exists; pass overwrite=True to rebuild it")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{target}{suffix}").unlink(missing_ok=True)
+    text = importlib.resources.files("ctxcore").joinpath(DEMO_DATASET).read_text(encoding="utf-8")
+    store = SqliteMemoryStore(target, embedder=HashingEmbedder())
+    try:
+        ingest_jsonl(store, f"ctxcore/{DEMO_DATASET}", text)
+    except BaseException:
+        store.close()
+        raise
+    return store

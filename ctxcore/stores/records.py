@@ -1,0 +1,207 @@
+"""What goes into a store: validated memories and directives for ingest.
+
+`NewMemory` is one memory to store (its id, scope, text and optional embedding and
+signals); `Directive` is the operator directive of an organization (all its agents) or of
+one agent. Both validate on construction and name the bad record; `from_mapping` reads
+the JSON form used by ``ctxcore memories add FILE.jsonl`` and the shipped demo dataset.
+Retrieval hands back `ctxcore.memory.MemoryRecord`s, never these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidMemory
+
+__all__ = ["Directive", "NewMemory"]
+
+_MEMORY_KEYS = frozenset(
+    {"id", "organization_id", "agent_id", "text", "embedding", "confidence", "importance", "created_at",
+     "accessed_at"}
+)
+_DIRECTIVE_KEYS = frozenset({"organization_id", "agent_id", "text"})
+
+
+def _where(memory_id: object, index: int) -> str:
+    at = f" (index {index})" if index >= 0 else ""
+    return f"memory {memory_id!r}{at}" if isinstance(memory_id, str) and memory_id else f"memory{at or ''}"
+
+
+def _time(value: object, field: str, label: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{label}: {field} must be seconds since the epoch or an ISO 8601 time, got {value!r}") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        value = dt.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{label}: {field} must be a finite time >= 0, got {value!r}")
+    return float(value)
+
+
+def _unit(value: object, field: str, label: str, optional: bool) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value <= 1.0):
+        raise ValueError(f"{label}: {field} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NewMemory:
+    """One memory to store.
+
+    Attributes:
+        id: unique in the store, non-empty.
+        organization_id: owning organization, non-empty.
+        agent_id: owning agent, non-empty.
+        text: the memory's content, non-empty.
+        embedding: optional vector (any dimension, the same for the whole store; finite,
+            not all zero). Stored L2-normalized as float32. Without one, a store with an
+            embedder computes it; otherwise the memory is found by hot and full-text
+            retrieval only.
+        confidence: the store's confidence in the memory, in [0, 1].
+        importance: optional importance in [0, 1].
+        created_at: seconds since the epoch; None means "now" at insert.
+        accessed_at: seconds since the epoch, if known.
+
+    Raises:
+        InvalidMemory: a field is missing or wrong; the message names the memory.
+
+    >>> NewMemory("m1", "org", "agent", "prefers email", confidence=0.9).confidence
+    0.9
+    >>> NewMemory("m2", "org", "agent", "")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ctxcore.stores.InvalidMemory: memory 'm2': text must be a non-empty str...
+    """
+
+    id: str
+    organization_id: str
+    agent_id: str
+    text: str
+    embedding: npt.NDArray[np.float32] | Sequence[float] | None = None
+    confidence: float = 1.0
+    importance: float | None = None
+    created_at: float | None = None
+    accessed_at: float | None = None
+
+    def __post_init__(self) -> None:
+        label = _where(self.id, -1)
+        try:
+            for name in ("id", "organization_id", "agent_id", "text"):
+                value = getattr(self, name)
+                if not isinstance(value, str) or not value:
+                    raise ValueError(f"{label}: {name} must be a non-empty str, got {value!r:.80}")
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"{label}: {name} contains a lone surrogate (not valid Unicode text)") from None
+            object.__setattr__(self, "confidence", _unit(self.confidence, "confidence", label, False))
+            object.__setattr__(self, "importance", _unit(self.importance, "importance", label, True))
+            object.__setattr__(self, "created_at", _time(self.created_at, "created_at", label))
+            object.__setattr__(self, "accessed_at", _time(self.accessed_at, "accessed_at", label))
+            if self.embedding is not None:
+                object.__setattr__(self, "embedding", _embedding(self.embedding, label))
+        except ValueError as exc:
+            raise InvalidMemory(str(exc), -1, self.id if isinstance(self.id, str) else None) from None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> NewMemory:
+        """A memory from its JSON form: the field names above; times may be ISO 8601.
+
+        >>> NewMemory.from_mapping({"id": "m1", "organization_id": "o", "agent_id": "a",
+        ...     "text": "t", "created_at": "2026-01-01T00:00:00Z"}).created_at
+        1767225600.0
+        """
+        if not isinstance(m, Mapping):
+            raise InvalidMemory(f"a memory must be a JSON object, got {type(m).__name__}")
+        label = _where(m.get("id"), -1)
+        unknown = sorted(set(m) - _MEMORY_KEYS)
+        if unknown:
+            raise InvalidMemory(
+                f"{label}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                f"a memory has {', '.join(sorted(_MEMORY_KEYS))}",
+                memory_id=m.get("id") if isinstance(m.get("id"), str) else None,
+            )
+        missing = [k for k in ("id", "organization_id", "agent_id", "text") if k not in m]
+        if missing:
+            raise InvalidMemory(f"{label}: missing field(s) {', '.join(map(repr, missing))}",
+                                memory_id=m.get("id") if isinstance(m.get("id"), str) else None)
+        return cls(**{k: m[k] for k in m})
+
+
+def _embedding(value: object, label: str) -> npt.NDArray[np.float32]:
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{label}: embedding must be a sequence of numbers, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{label}: embedding must be a sequence of numbers") from None
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{label}: embedding must be a non-empty 1-D sequence of numbers, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{label}: embedding has non-finite values")
+    norm = float(np.sqrt(arr @ arr))
+    if norm == 0.0:
+        raise ValueError(f"{label}: embedding is all zeros (no direction to compare)")
+    out = (arr / norm).astype(np.float32)
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """The operator directive of an organization (``agent_id=None``: all its agents) or of
+    one agent. A scope's directive is the organization's followed by the agent's.
+
+    >>> Directive("org", None, "Answer in the customer's language.").agent_id is None
+    True
+    """
+
+    organization_id: str
+    agent_id: str | None
+    text: str
+
+    def __post_init__(self) -> None:
+        label = f"directive for {self.organization_id!r}/{self.agent_id if self.agent_id is not None else '*'!r}"
+        if not isinstance(self.organization_id, str) or not self.organization_id:
+            raise InvalidMemory(f"directive: organization_id must be a non-empty str, got {self.organization_id!r:.80}")
+        if self.agent_id is not None and (not isinstance(self.agent_id, str) or not self.agent_id):
+            raise InvalidMemory(f"{label}: agent_id must be a non-empty str or None, got {self.agent_id!r:.80}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise InvalidMemory(f"{label}: text must be a non-empty str, got {self.text!r:.80}")
+        for value in (self.organization_id, self.agent_id or "", self.text):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidMemory(f"{label}: contains a lone surrogate (not valid Unicode text)") from None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> Directive:
+        """A directive from its JSON form (``organization_id``, optional ``agent_id``, ``text``).
+
+        >>> Directive.from_mapping({"organization_id": "o", "text": "Be brief."}).text
+        'Be brief.'
+        """
+        if not isinstance(m, Mapping):
+            raise InvalidMemory(f"a directive must be a JSON object, got {type(m).__name__}")
+        unknown = sorted(set(m) - _DIRECTIVE_KEYS)
+        if unknown:
+            raise InvalidMemory(f"directive: unknown field(s) {', '.join(map(repr, unknown))}; "
+                                f"a directive has {', '.join(sorted(_DIRECTIVE_KEYS))}")
+        missing = [k for k in ("organization_id", "text") if k not in m]
+        if missing:
+            raise InvalidMemory(f"directive: missing field(s) {', '.join(map(repr, missing))}")
+        return cls(m["organization_id"], m.get("agent_id"), m["text"])

@@ -1,0 +1,230 @@
+"""`ctxcore.stores.HttpMemorySource` against a real HTTP server on loopback: the wire
+format both ways, every malformed-response case, HTTP errors, and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
+from ctxcore.stores import HttpMemorySource, MemoryServiceError
+
+SCOPE = Scope("acme", "support")
+
+
+class Server:
+    """A loopback HTTP server whose answer each test sets: (status, body bytes, delay)."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body = b"{}"
+        self.delay = 0.0
+        self.requests: list[tuple[str, str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, payload: Any) -> None:
+                outer.requests.append((self.command, self.path, payload))
+                time.sleep(outer.delay)
+                try:
+                    self.send_response(outer.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(outer.body)))
+                    self.end_headers()
+                    self.wfile.write(outer.body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout tests)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._answer(None)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", "0"))
+                self._answer(json.loads(self.rfile.read(length)))
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        # A short poll interval: shutdown() waits for the serving loop to notice.
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
+        self.thread.start()
+
+    def answer(self, doc: Any = None, *, status: int = 200, raw: bytes | None = None, delay: float = 0.0) -> None:
+        self.status = status
+        self.body = raw if raw is not None else json.dumps(doc).encode()
+        self.delay = delay
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def call(server: Server, method: str, *args: Any, timeout: float | None = 2.0) -> Any:
+    async def go() -> Any:
+        async with HttpMemorySource(server.url, timeout=timeout) as src:
+            assert isinstance(src, MemoryStore)
+            return await getattr(src, method)(*args)
+
+    return asyncio.run(go())
+
+
+def memory(**over: Any) -> dict[str, Any]:
+    m: dict[str, Any] = {"id": "m1", "content": "Customer prefers email.", "similarity": 0.83, "confidence": 0.9,
+                         "rank": 0, "organization_id": "acme", "agent_id": "support"}
+    m.update(over)
+    return m
+
+
+def test_cold_round_trip(server: Server) -> None:
+    server.answer({"memories": [
+        memory(token_count=5, token_family="cl100k_base", token_kind="exact", importance=0.4, created_at=1.7e9),
+        memory(id="m2", similarity=None, rank=1),
+        memory(id="m3", organization_id="globex", rank=2),  # another scope: returned as it came
+    ], "next": "ignored"})
+    recs = call(server, "cold", SCOPE, Query("refund policy", (0.5, 0.25)), 10, 0.7)
+    method, path, payload = server.requests[-1]
+    assert (method, path) == ("POST", "/v1/retrieve")
+    assert payload == {"organization_id": "acme", "agent_id": "support", "branch": "cold",
+                       "query": {"text": "refund policy", "embedding": [0.5, 0.25]}, "limit": 10,
+                       "min_similarity": 0.7}
+    assert [r.id for r in recs] == ["m1", "m2", "m3"]
+    assert all(r.origin is MemoryOrigin.REMOTE for r in recs)
+    first = recs[0]
+    assert (first.text, first.similarity, first.confidence, first.rank) == ("Customer prefers email.", 0.83, 0.9, 0)
+    assert (first.token_count, first.token_family, first.token_kind) == (5, "cl100k_base", "exact")
+    assert (first.importance, first.created_at) == (0.4, 1.7e9)
+    assert recs[1].similarity is None and recs[1].relevance == 0.5
+    assert recs[2].scope == Scope("globex", "support")
+
+
+def test_hot_and_directive(server: Server) -> None:
+    server.answer({"memories": [memory(similarity=None)]})
+    recs = call(server, "hot", SCOPE, Query("hi"), 5)
+    assert server.requests[-1][2] == {"organization_id": "acme", "agent_id": "support", "branch": "hot",
+                                      "query": {"text": "hi"}, "limit": 5}
+    assert [r.id for r in recs] == ["m1"]
+    server.answer({"directive": "Be brief."})
+    assert call(server, "directive", Scope("acme corp", "a&b")) == "Be brief."
+    assert server.requests[-1][:2] == ("GET", "/v1/directive?organization_id=acme+corp&agent_id=a%26b")
+    server.answer({"directive": None})
+    assert call(server, "directive", SCOPE) is None
+    server.answer({"memories": []})
+    assert call(server, "hot", SCOPE, Query(""), 0) == []
+
+
+MALFORMED: list[tuple[str, bytes, str]] = [
+    ("not json", b"<html>oops</html>", "not valid JSON"),
+    ("truncated", b'{"memories": [', "not valid JSON"),
+    ("not utf-8", b'{"memories": ["\xff"]}', "not valid JSON"),
+    ("NaN literal", b'{"memories": [{"id": "m1", "similarity": NaN}]}', "not valid JSON"),
+    ("Infinity literal", json.dumps({"memories": [memory()]}).replace("0.9", "Infinity").encode(), "not valid JSON"),
+    ("top-level array", b"[]", '"memories" field'),
+    ("no memories", b'{"items": []}', '"memories" field'),
+    ("memories not a list", b'{"memories": {"id": "m1"}}', "must be an array"),
+    ("item not an object", b'{"memories": ["m1"]}', "must be an object"),
+    *[(f"missing {f}", json.dumps({"memories": [{k: v for k, v in memory().items() if k != f}]}).encode(),
+       f"missing field '{f}'")
+      for f in ("id", "content", "similarity", "confidence", "rank", "organization_id", "agent_id")],
+    ("id not a string", json.dumps({"memories": [memory(id=7)]}).encode(), "id must be a non-empty string"),
+    ("empty agent", json.dumps({"memories": [memory(agent_id="")]}).encode(), "agent_id must be"),
+    ("content not a string", json.dumps({"memories": [memory(content=None)]}).encode(), "content must be a string"),
+    ("similarity a string", json.dumps({"memories": [memory(similarity="0.8")]}).encode(), "similarity must be"),
+    ("similarity above 1", json.dumps({"memories": [memory(similarity=1.5)]}).encode(), "similarity must be"),
+    ("similarity huge", b'{"memories": [' + json.dumps(memory()).replace("0.83", "1e999").encode() + b"]}",
+     "similarity must be"),
+    ("confidence null", json.dumps({"memories": [memory(confidence=None)]}).encode(), "confidence must be"),
+    ("confidence bool", json.dumps({"memories": [memory(confidence=True)]}).encode(), "confidence must be"),
+    ("confidence negative", json.dumps({"memories": [memory(confidence=-0.1)]}).encode(), "confidence must be"),
+    ("rank negative", json.dumps({"memories": [memory(rank=-1)]}).encode(), "rank must be"),
+    ("rank fractional", json.dumps({"memories": [memory(rank=1.5)]}).encode(), "rank must be"),
+    ("importance out of range", json.dumps({"memories": [memory(importance=3)]}).encode(), "importance must be"),
+    ("token_count without family", json.dumps({"memories": [memory(token_count=5)]}).encode(), "token_family"),
+    ("token_kind unknown", json.dumps({"memories": [memory(token_count=5, token_family="cl100k_base",
+                                                           token_kind="approx")]}).encode(), "token_kind"),
+    ("token_count negative", json.dumps({"memories": [memory(token_count=-1, token_family="x",
+                                                             token_kind="exact")]}).encode(), "token_count"),
+    ("more than the limit", json.dumps({"memories": [memory(id=f"m{k}", rank=k) for k in range(4)]}).encode(),
+     "returned 4 memories for a limit of 3"),
+    ("one bad item among good ones", json.dumps({"memories": [memory(), memory(id="m2", rank="1")]}).encode(),
+     r"memories\[1\] \('m2'\): rank"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), [(r, m) for _, r, m in MALFORMED], ids=[n for n, _, _ in MALFORMED])
+def test_malformed_responses_are_rejected_whole(server: Server, raw: bytes, message: str) -> None:
+    server.answer(raw=raw)
+    with pytest.raises(MemoryServiceError, match=message):
+        call(server, "cold", SCOPE, Query("q"), 3, 0.7)
+
+
+@pytest.mark.parametrize("raw", [b'{"directive": 5}', b'{"text": "x"}', b"null", b"not json"])
+def test_malformed_directive(server: Server, raw: bytes) -> None:
+    server.answer(raw=raw)
+    with pytest.raises(MemoryServiceError):
+        call(server, "directive", SCOPE)
+
+
+@pytest.mark.parametrize("status", [500, 404, 503, 301])
+def test_http_errors(server: Server, status: int) -> None:
+    server.answer({"memories": []}, status=status)
+    with pytest.raises(MemoryServiceError, match=f"HTTP {status}") as info:
+        call(server, "hot", SCOPE, Query("q"), 5)
+    assert info.value.status == status
+
+
+def test_slow_server_hits_the_request_timeout(server: Server) -> None:
+    server.answer({"memories": []}, delay=1.0)
+    t0 = time.perf_counter()
+    with pytest.raises(MemoryServiceError, match="timed out"):
+        call(server, "hot", SCOPE, Query("q"), 5, timeout=0.05)
+    assert time.perf_counter() - t0 < 0.8
+
+
+def test_caller_cancellation_stops_the_request(server: Server) -> None:
+    server.answer({"memories": []}, delay=1.0)
+
+    async def go() -> None:
+        async with HttpMemorySource(server.url, timeout=None) as src:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(src.cold(SCOPE, Query("q"), 5, 0.7), 0.05)
+            server.answer({"memories": [memory()]})  # the pool still works afterwards
+            assert [r.id for r in await src.hot(SCOPE, Query("q"), 5)] == ["m1"]
+
+    t0 = time.perf_counter()
+    asyncio.run(go())
+    assert time.perf_counter() - t0 < 0.9
+
+
+def test_connection_refused() -> None:
+    async def go() -> None:
+        async with HttpMemorySource("http://127.0.0.1:9", timeout=1.0) as src:
+            await src.directive(SCOPE)
+
+    with pytest.raises(MemoryServiceError):
+        asyncio.run(go())
+
+
+def test_bad_arguments() -> None:
+    for url in ("ftp://x", "", "127.0.0.1:80"):
+        with pytest.raises(ValueError, match="base_url"):
+            HttpMemorySource(url)
+    for timeout in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout"):
+            HttpMemorySource("http://127.0.0.1:9", timeout=timeout)

@@ -1,0 +1,418 @@
+"""`ctxcore.stores.SqliteMemoryStore` against a real database file: scoping, the ANN
+cutoff, full-text hits and hostile query text, WAL, tagged token counts, ingest
+validation, concurrency, cancellation, the CLI and the shipped demo dataset."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ctxcore
+from ctxcore.memory import FULLTEXT_RELEVANCE_SENTINEL, MemoryOrigin, MemoryStore, Query, Scope, Sources
+from ctxcore.stores import (
+    HashingEmbedder,
+    InvalidMemory,
+    MemoryStoreError,
+    NewMemory,
+    SqliteMemoryStore,
+    fts_match_expression,
+    load_demo,
+)
+
+ORGS = ("acme", "globex")
+AGENTS = ("support", "billing")
+SCOPES = [Scope(o, a) for o in ORGS for a in AGENTS]
+# The same texts in every scope, so a query that leaks across scopes would find a match.
+TEXTS = (
+    "Refunds are accepted within 30 days of delivery.",
+    "Customer Jane prefers email over phone calls.",
+    "Les remboursements sont acceptés sous 30 jours.",
+    "返金は購入から30日以内に受け付けます。",
+    "退款在七天内原路返回。",
+    "Die Lieferung erfolgt zwischen 5 und 7 Uhr über den Hof.",
+)
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def fill(store: SqliteMemoryStore) -> None:
+    store.add_many(
+        NewMemory(f"{s.organization_id}-{s.agent_id}-{k}", s.organization_id, s.agent_id, text, created_at=1000.0 + k)
+        for s in SCOPES
+        for k, text in enumerate(TEXTS)
+    )
+    for org in ORGS:
+        store.set_directive(org, None, f"{org} policy")
+        for agent in AGENTS:
+            store.set_directive(org, agent, f"{org}/{agent} role")
+
+
+@pytest.fixture
+def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = SqliteMemoryStore(tmp_path / "mem.db", embedder=HashingEmbedder(64))
+    fill(s)
+    yield s
+    s.close()
+
+
+def test_is_a_memory_store_in_a_wal_file(store: SqliteMemoryStore, tmp_path: Path) -> None:
+    assert isinstance(store, MemoryStore)
+    assert store.journal_mode() == "wal"
+    assert Path(store.path).is_file()
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    sources = Sources.from_store(store)
+    assert run(sources.directive(SCOPES[0])) == "acme policy\n\nacme/support role"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("scope", SCOPES, ids=str)
+def test_every_branch_returns_only_its_scope(store: SqliteMemoryStore, scope: Scope) -> None:
+    async def all_branches() -> list[ctxcore.memory.MemoryRecord]:
+        out = list(await store.hot(scope, Query("refund"), 100))
+        for q in ("refunds within 30 days", "remboursements acceptes", "返金", "退款", "Lieferung Hof", ""):
+            out += await store.cold(scope, Query(q), 100, -1.0)
+        return out
+
+    records = run(all_branches())
+    assert records
+    assert {r.scope for r in records} == {scope}
+    assert {r.id for r in records} == {f"{scope.organization_id}-{scope.agent_id}-{k}" for k in range(len(TEXTS))}
+    assert run(store.directive(scope)) == f"{scope.organization_id} policy\n\n{scope.organization_id}/{scope.agent_id} role"
+    assert run(store.directive(Scope("initech", "support"))) is None
+    assert run(store.hot(Scope("initech", "support"), Query("x"), 10)) == []
+
+
+def test_hot_is_newest_first_with_limit(store: SqliteMemoryStore) -> None:
+    recs = run(store.hot(SCOPES[0], Query("refunds within 30 days"), 3))
+    assert [r.id for r in recs] == ["acme-support-5", "acme-support-4", "acme-support-3"]
+    assert [r.rank for r in recs] == [0, 1, 2]
+    assert all(r.origin is MemoryOrigin.HOT and r.similarity is not None for r in recs)
+    assert run(store.hot(SCOPES[0], Query("x"), 0)) == []
+
+
+def unit(*xs: float) -> list[float]:
+    v = np.array(xs, dtype=np.float64)
+    return list(v / np.linalg.norm(v))
+
+
+def test_ann_cutoff_applies_to_the_vector_path(tmp_path: Path) -> None:
+    scope = Scope("o", "a")
+    angles = np.deg2rad([0, 10, 30, 45, 60, 90, 180])  # cosines 1, .985, .866, .707, .5, 0, -1
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        s.add_many(
+            NewMemory(f"v{k}", "o", "a", f"memory {k}", embedding=[float(np.cos(t)), float(np.sin(t)), 0.0])
+            for k, t in enumerate(angles)
+        )
+        s.add(NewMemory("other", "o", "b", "memory other", embedding=[1.0, 0.0, 0.0]))
+        q = Query("", (1.0, 0.0, 0.0))  # no words: the vector path alone
+        for cutoff, expect in [(0.7, ["v0", "v1", "v2", "v3"]), (0.9, ["v0", "v1"]), (-1.0, [f"v{k}" for k in range(7)])]:
+            recs = run(s.cold(scope, q, 50, cutoff))
+            assert [r.id for r in recs] == expect
+            assert all(r.origin is MemoryOrigin.VECTOR for r in recs)
+            assert [r.similarity for r in recs] == pytest.approx([float(np.cos(angles[k])) for k in range(len(expect))], abs=1e-6)
+            assert all(r.similarity >= cutoff for r in recs)  # type: ignore[operator]
+        top2 = run(s.cold(scope, q, 2, 0.0))
+        assert [r.id for r in top2] == ["v0", "v1"] and [r.rank for r in top2] == [0, 1]
+        with pytest.raises(MemoryStoreError, match="2 dimensions"):
+            run(s.cold(scope, Query("", (1.0, 0.0)), 5, 0.5))
+
+
+def test_fulltext_hits_carry_the_sentinel(tmp_path: Path) -> None:
+    with SqliteMemoryStore(tmp_path / "m.db") as s:  # no embedder: full text only
+        fill(s)
+        cases = {
+            "refunds within 30 days": "acme-support-0",
+            "remboursements acceptes": "acme-support-2",  # diacritics folded
+            "返金": "acme-support-3",
+            "退款": "acme-support-4",
+            "LIEFERUNG": "acme-support-5",
+        }
+        for q, expected in cases.items():
+            recs = run(s.cold(SCOPES[0], Query(q), 10, 0.7))
+            assert expected in [r.id for r in recs], q
+            for r in recs:
+                assert r.origin is MemoryOrigin.FULLTEXT and r.similarity is None
+                assert r.relevance == FULLTEXT_RELEVANCE_SENTINEL == 0.5
+
+
+def test_vector_and_fulltext_hits_merge_one_entry_per_memory(store: SqliteMemoryStore) -> None:
+    recs = run(store.cold(SCOPES[0], Query("Refunds are accepted within 30 days of delivery."), 10, 0.7))
+    ids = [r.id for r in recs]
+    assert len(ids) == len(set(ids))
+    assert recs[0].id == "acme-support-0" and recs[0].origin is MemoryOrigin.VECTOR
+    assert recs[0].similarity == pytest.approx(1.0, abs=1e-5)
+    assert any(r.origin is MemoryOrigin.FULLTEXT for r in recs)
+    assert [r.rank for r in recs] == list(range(len(recs)))
+
+
+HOSTILE = [
+    '"',
+    "'",
+    "*",
+    "refund*",
+    "NEAR(refunds accepted, 2)",
+    "body:refunds",
+    "scope:refunds",
+    "{scope body}: refunds",
+    ") OR (",
+    "^refunds",
+    "refunds AND NOT email",
+    '"unterminated',
+    "\x00refunds\x00",
+    "\ud800refunds\udfff",
+    "' OR 1=1; DROP TABLE memories; --",
+    "🙂" * 50,
+    "refunds " * 5000,
+    "-refunds +email",
+    "a" * 100_000,
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_query_text_is_only_ever_words(store: SqliteMemoryStore, text: str) -> None:
+    recs = run(store.cold(SCOPES[0], Query(text), 20, 0.7))
+    assert {r.scope for r in recs} <= {SCOPES[0]}
+    assert run(store.hot(SCOPES[0], Query(text), 20))  # the store still serves
+    expr = fts_match_expression(SCOPES[0], text)
+    if expr is not None:  # every user word is inside a quoted string
+        body = expr.split(" AND ", 1)[1]
+        assert body.startswith("body : (") and body.endswith(")")
+
+
+def test_query_naming_another_scopes_token_stays_in_scope(store: SqliteMemoryStore) -> None:
+    # Even text that spells out the other scope's full-text token finds nothing of it.
+    other = fts_match_expression(SCOPES[3], "x")
+    assert other is not None
+    token = other.split('"')[1]
+    for text in (token, f'scope : "{token}"', f"{token} OR refunds"):
+        recs = run(store.cold(SCOPES[0], Query(text), 50, -1.0))
+        assert {r.scope for r in recs} <= {SCOPES[0]}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_any_query_text_is_safe(store: SqliteMemoryStore, text: str) -> None:
+    recs = run(store.cold(SCOPES[1], Query(text), 10, 0.9))
+    assert {r.scope for r in recs} <= {SCOPES[1]}
+
+
+def test_token_counts_are_tagged(tmp_path: Path) -> None:
+    with SqliteMemoryStore(tmp_path / "a.db") as exact_store:
+        fill(exact_store)
+        for r in run(exact_store.hot(SCOPES[0], Query(""), 10)):
+            assert (r.token_count, r.token_family, r.token_kind) == (
+                ctxcore.count_tokens(r.text, "cl100k_base").value, "cl100k_base", "exact")
+    with SqliteMemoryStore(tmp_path / "b.db", token_family="llama3") as est_store:
+        fill(est_store)
+        for r in run(est_store.hot(SCOPES[0], Query(""), 10)):
+            assert (r.token_count, r.token_family, r.token_kind) == (
+                ctxcore.estimate_tokens(r.text, "llama3").value, "llama3", "estimate")
+    with pytest.raises(ValueError, match="unknown token_family"):
+        SqliteMemoryStore(tmp_path / "c.db", token_family="no-such-family")
+
+
+BAD = [
+    ({"organization_id": "o", "agent_id": "a", "text": "t"}, "missing field"),
+    ({"id": 5, "organization_id": "o", "agent_id": "a", "text": "t"}, "id must be a non-empty str"),
+    ({"id": "b", "organization_id": "", "agent_id": "a", "text": "t"}, "organization_id must be"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": ""}, "text must be a non-empty str"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "confidence": 1.5}, "confidence"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "importance": float("nan")}, "importance"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": [0.0, float("inf")]}, "non-finite"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": [0.0, 0.0]}, "all zeros"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": "0.1"}, "sequence of numbers"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "created_at": "yesterday"}, "ISO 8601"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "\ud800"}, "lone surrogate"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "colour": "red"}, "unknown field"),
+    ({"id": "a0", "organization_id": "o", "agent_id": "a", "text": "t"}, "used twice in this batch"),
+    ({"id": "stored", "organization_id": "o", "agent_id": "a", "text": "t"}, "already stored"),
+    ({"id": "b", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": [1.0, 0.0, 0.0]}, "3 dimensions"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_ingest_names_the_record_and_stores_nothing(tmp_path: Path, bad: dict[str, object], message: str) -> None:
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        s.add({"id": "stored", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": [1.0, 0.0]})
+        good = {"id": "a0", "organization_id": "o", "agent_id": "a", "text": "fine", "embedding": [0.0, 1.0]}
+        with pytest.raises(InvalidMemory, match=message) as info:
+            s.add_many([good, bad])
+        assert info.value.index == 1
+        assert "(index 1)" in str(info.value)
+        if isinstance(bad.get("id"), str) and bad["id"]:
+            assert repr(bad["id"]) in str(info.value)
+            assert info.value.memory_id == bad["id"]
+        assert [r.id for r in run(s.hot(Scope("o", "a"), Query(""), 10))] == ["stored"]  # all or nothing
+
+
+def test_directive_validation(store: SqliteMemoryStore) -> None:
+    with pytest.raises(InvalidMemory, match="organization_id"):
+        store.set_directive("", None, "x")
+    with pytest.raises(InvalidMemory, match="text"):
+        store.set_directive("acme", "support", "   ")
+    store.set_directive("acme", "support", None)
+    assert run(store.directive(SCOPES[0])) == "acme policy"
+
+
+def test_bad_query_arguments_are_typed_errors(store: SqliteMemoryStore) -> None:
+    with pytest.raises(TypeError):
+        run(store.hot(("acme", "support"), Query(""), 5))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        run(store.cold(SCOPES[0], "refund", 5, 0.7))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit"):
+        run(store.hot(SCOPES[0], Query(""), -1))
+    with pytest.raises(ValueError, match="min_similarity"):
+        run(store.cold(SCOPES[0], Query(""), 5, float("nan")))
+
+
+def test_embedder_is_recorded_and_checked(store: SqliteMemoryStore) -> None:
+    path = store.path
+    store.close()
+    with pytest.raises(MemoryStoreError, match="built with the embedder"):
+        SqliteMemoryStore(path, embedder=HashingEmbedder(32))
+    with SqliteMemoryStore(path) as again:  # no embedder given: the recorded one
+        assert again.embedder is not None and again.embedder.name == HashingEmbedder(64).name
+        recs = run(again.cold(SCOPES[0], Query("Customer Jane prefers email over phone calls."), 5, 0.9))
+        assert recs[0].id == "acme-support-1" and recs[0].origin is MemoryOrigin.VECTOR
+
+
+def test_cold_sees_writes_from_this_and_other_connections(store: SqliteMemoryStore) -> None:
+    q = Query("", tuple(HashingEmbedder(64).embed("quarterly invoice for the Northwind account").tolist()))
+    assert run(store.cold(SCOPES[0], q, 10, 0.9)) == []
+    store.add(NewMemory("n1", "acme", "support", "quarterly invoice for the Northwind account"))
+    assert [r.id for r in run(store.cold(SCOPES[0], q, 10, 0.9))] == ["n1"]
+    with SqliteMemoryStore(store.path) as writer:  # another store on the same file
+        writer.add_many(
+            NewMemory(f"n{k}", "acme", "support", "quarterly invoice for the Northwind account") for k in range(2, 40)
+        )
+    assert sorted(r.id for r in run(store.cold(SCOPES[0], q, 100, 0.9))) == sorted(f"n{k}" for k in range(1, 40))
+    assert run(store.cold(SCOPES[1], q, 10, 0.9)) == []
+
+
+def test_concurrent_queries_give_the_serial_answers(store: SqliteMemoryStore) -> None:
+    calls = []
+    for k in range(120):
+        scope = SCOPES[k % len(SCOPES)]
+        text = TEXTS[k % len(TEXTS)]
+        calls.append((scope, text, k % 3))
+
+    async def one(scope: Scope, text: str, kind: int) -> object:
+        if kind == 0:
+            return await store.hot(scope, Query(text), 4)
+        if kind == 1:
+            return await store.cold(scope, Query(text), 6, 0.5)
+        return await store.directive(scope)
+
+    async def together() -> list[object]:
+        return list(await asyncio.gather(*(one(*c) for c in calls)))
+
+    async def serial() -> list[object]:
+        return [await one(*c) for c in calls]
+
+    assert run(together()) == run(serial())
+
+
+def test_cancelled_query_is_interrupted_and_the_store_recovers(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    n, dim = 30_000, 256
+    vecs = rng.standard_normal((n, dim)).astype(np.float32)
+    with SqliteMemoryStore(tmp_path / "big.db", readers=1, token_family="llama3") as s:
+        s.add_many(NewMemory(f"m{i}", "o", "a", f"memory number {i}", embedding=vecs[i]) for i in range(n))
+        q = Query("", tuple(vecs[7].tolist()))
+
+        async def cancel_soon() -> None:
+            # The first cold query of a scope reads all of its embeddings: long enough to
+            # be running when the caller gives up.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(s.cold(Scope("o", "a"), q, 5, 0.99), 0.002)
+
+        run(cancel_soon())
+        assert s.interrupted_queries == 1
+        # The reader left no read transaction open: it sees a write made after the cancel.
+        s.add(NewMemory("late", "o", "a", "late memory", embedding=vecs[7]))
+        recs = run(s.cold(Scope("o", "a"), q, 5, 0.99))
+        assert sorted(r.id for r in recs) == ["late", "m7"]
+
+
+def test_closed_store_refuses(tmp_path: Path) -> None:
+    s = SqliteMemoryStore(tmp_path / "m.db")
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(MemoryStoreError, match="closed"):
+        run(s.hot(Scope("o", "a"), Query(""), 5))
+    with pytest.raises(MemoryStoreError, match="closed"):
+        s.add(NewMemory("m", "o", "a", "t"))
+    with pytest.raises(ValueError, match="database file"):
+        SqliteMemoryStore(":memory:")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    beside = Path(sys.executable).with_name("ctxcore")
+    exe = str(beside) if beside.exists() else shutil.which("ctxcore")
+    assert exe is not None, "the ctxcore entry point is not installed"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_memories_add(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "\n".join(
+            json.dumps(x, ensure_ascii=False)
+            for x in [
+                {"id": "m1", "organization_id": "o", "agent_id": "a", "text": "Kunde möchte Lieferung um 5 Uhr."},
+                {"type": "memory", "id": "m2", "organization_id": "o", "agent_id": "a", "text": "likes tea",
+                 "created_at": "2026-01-02T03:04:05Z", "confidence": 0.8},
+                {"type": "directive", "organization_id": "o", "text": "Be brief."},
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    db = tmp_path / "m.db"
+    out = cli("memories", "add", str(good), "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["memories"] == 2
+    with SqliteMemoryStore(db) as s:
+        assert [r.id for r in run(s.cold(Scope("o", "a"), Query("Lieferung"), 5, 0.9))] == ["m1"]
+        assert run(s.directive(Scope("o", "a"))) == "Be brief."
+    again = cli("memories", "add", str(good), "--db", str(db))
+    assert again.returncode == 2 and f"{good}:1:" in again.stderr and "already stored" in again.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "organization_id": "o", "agent_id": "a", "text": "t"}\n\n{"id": "y", oops}\n')
+    out = cli("memories", "add", str(bad), "--db", str(tmp_path / "n.db"))
+    assert out.returncode == 2 and f"{bad}:3: invalid JSON" in out.stderr
+    bad.write_text('{"id": "x", "organization_id": "o", "agent_id": "a", "text": "t", "confidence": 7}\n')
+    out = cli("memories", "add", str(bad), "--db", str(tmp_path / "n.db"))
+    assert out.returncode == 2 and f"{bad}:1: memory 'x'" in out.stderr and "confidence" in out.stderr
+    out = cli("memories", "add", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "n.db"))
+    assert out.returncode == 2 and "cannot read" in out.stderr
+
+
+def test_demo_dataset(tmp_path: Path) -> None:
+    with load_demo(tmp_path / "demo.db") as s:
+        with sqlite3.connect(s.path) as raw:
+            rows = raw.execute("SELECT organization_id, agent_id, text FROM memories").fetchall()
+        assert len(rows) >= 200
+        assert len({r[0] for r in rows}) >= 5 and len({(r[0], r[1]) for r in rows}) >= 10
+        text = " ".join(r[2] for r in rows)
+        for probe in ("refund", "Lieferung", "remboursement", "返品", "退款", "Devolución"):
+            assert probe in text, probe
+        for org, agent in {(r[0], r[1]) for r in rows}:
+            assert run(s.directive(Scope(org, agent))), (org, agent)
+        recs = run(s.cold(Scope("acme-retail", "support"), Query("refund policy for returned shoes"), 10, 0.3))
+        assert recs and all(r.scope == Scope("acme-retail", "support") for r in recs)
+    with pytest.raises(FileExistsError):
+        load_demo(tmp_path / "demo.db")
+    load_demo(tmp_path / "demo.db", overwrite=True).close()
