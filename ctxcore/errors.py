@@ -3,16 +3,19 @@
 `InvalidCandidate` is defined by the compiled core (so C++ validation errors arrive as
 the same class) and re-exported here; the Python layer raises it through `invalid()`
 so that every instance carries the offending candidate's `index` and `candidate_id`.
+`InvalidFormatInput` (the formatter's) is defined by the core the same way and carries
+`section`, `index` and `item_id`.
 """
 
 from __future__ import annotations
 
-from ._core import InvalidCandidate
+from ._core import InvalidCandidate, InvalidFormatInput
 
 __all__ = [
     "CatalogError",
     "ConfigError",
     "InvalidCandidate",
+    "InvalidFormatInput",
     "TokenizerMismatch",
     "TokenizerUnavailable",
     "UnknownModel",

@@ -4,7 +4,8 @@
 // The input bytes become a whole FormatInput (directive, messages, memories with optional
 // score and source, tools JSON, a valid or invalid nonce) and, separately, one string for
 // the bare escapers. Any crash, sanitizer report or broken invariant aborts. Invariants:
-//   - the output is valid UTF-8 made only of XML 1.0 characters;
+//   - the output is valid UTF-8 made only of XML 1.0 characters, and its reported length
+//     and largest code point, and every offset's code-point position, are right;
 //   - the pieces tile the text, each after the first starting with a newline, and the
 //     sections come in their fixed order;
 //   - every memory piece has exactly the expected shape, and decoding its attribute values
@@ -16,6 +17,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -25,12 +27,26 @@
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();
+// Aborts (which libFuzzer reports with the input) naming the broken invariant.
+#define check(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::fprintf(stderr, "fuzz_serializer.cpp:%d: invariant broken: %s\n", __LINE__, #cond); \
+      std::abort();                                                                  \
+    }                                                                                \
+  } while (0)
+
+// Code points in s[0, bytes): the bytes that are not continuation bytes.
+std::size_t code_points(std::string_view s, std::size_t bytes) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < bytes; ++i) n += (static_cast<unsigned char>(s[i]) & 0xC0U) != 0x80U ? 1U : 0U;
+  return n;
 }
 
-// Decodes UTF-8 that the serializer wrote; aborts on anything ill-formed or not an XML Char.
-void check_xml_utf8(std::string_view s) {
+// Decodes UTF-8 that the serializer wrote; aborts on anything ill-formed or not an XML
+// Char. Returns the largest code point.
+char32_t check_xml_utf8(std::string_view s) {
+  char32_t largest = 0;
   std::size_t i = 0;
   while (i < s.size()) {
     const auto c = static_cast<unsigned char>(s[i]);
@@ -62,8 +78,10 @@ void check_xml_utf8(std::string_view s) {
     const bool xml = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) ||
                      (cp >= 0xE000 && cp <= 0xFFFD) || (cp >= 0x10000 && cp <= 0x10FFFF);
     check(xml);
+    if (cp > largest) largest = cp;
     i += n;
   }
+  return largest;
 }
 
 // The input as the serializer must give it back: illegal characters replaced.
@@ -177,7 +195,9 @@ void fuzz_format(FuzzedDataProvider& fdp) {
     check(bad);
     return;
   }
-  check_xml_utf8(r.text);
+  const char32_t largest = check_xml_utf8(r.text);
+  check(r.code_points == code_points(r.text, r.text.size()));
+  check(r.max_code_point == (r.text.empty() ? 0 : (largest < 0x7F ? 0x7F : largest)));
 
   // Pieces tile the text; memory pieces decode back to their input.
   std::size_t begin = 0;
@@ -185,14 +205,15 @@ void fuzz_format(FuzzedDataProvider& fdp) {
   std::int64_t replaced = 0;
   std::int64_t replaced_elsewhere = 0;
   for (const auto& p : r.pieces) {
-    check(p.end > begin && p.end <= r.text.size());
+    check(p.end.byte > begin && p.end.byte <= r.text.size());
+    check(p.end.code_point == code_points(r.text, p.end.byte));
     if (begin > 0) check(r.text[begin] == '\n');
-    const std::string_view piece(r.text.data() + begin, p.end - begin);
+    const std::string_view piece(r.text.data() + begin, p.end.byte - begin);
     if (p.kind == ctxcore::PieceKind::Memory) {
       check(memory < memories.size());
       check_memory_piece(piece, in.nonce, memories[memory++], replaced);
     }
-    begin = p.end;
+    begin = p.end.byte;
   }
   check(begin == r.text.size());
   check(memory == memories.size());
@@ -210,12 +231,14 @@ void fuzz_format(FuzzedDataProvider& fdp) {
 
   std::size_t last = 0;
   for (std::size_t i = 0; i < r.sections.size(); ++i) {
-    check(r.sections[i].begin < r.sections[i].end && r.sections[i].end <= r.text.size());
+    check(r.sections[i].begin.byte < r.sections[i].end.byte && r.sections[i].end.byte <= r.text.size());
+    check(r.sections[i].begin.code_point == code_points(r.text, r.sections[i].begin.byte));
+    check(r.sections[i].end.code_point == code_points(r.text, r.sections[i].end.byte));
     if (i > 0) {
       check(r.sections[i].section > r.sections[i - 1].section);
-      check(r.sections[i].begin == last + 2);
+      check(r.sections[i].begin.byte == last + 2);
     }
-    last = r.sections[i].end;
+    last = r.sections[i].end.byte;
   }
 }
 

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -188,11 +190,10 @@ std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf) 
   for (std::size_t i = 0; i < n; ++i) {
     const py::handle item(items[i]);
     const ItemKind k = kind_of(item);
-    std::string id_shown;
-    py::object id_value = py::none();
+    py::object id_value = py::none();  // set once the id is known to be a non-empty str
     const auto fail = [&](const std::string& what) -> void {
-      const std::string who = id_shown.empty() ? "memory at index " + std::to_string(i)
-                                               : "memory " + id_shown + " (index " + std::to_string(i) + ")";
+      const std::string who = id_value.is_none() ? "memory at index " + std::to_string(i)
+                                                 : "memory " + shown(id_value) + " (index " + std::to_string(i) + ")";
       raise_invalid(py::str(who + ": " + what), FormatSection::Memories, static_cast<std::int64_t>(i), id_value);
     };
     ctxcore::Memory& m = out[i];
@@ -202,7 +203,6 @@ std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf) 
     m.id = buf.utf8(id);
     if (m.id.empty()) fail("id must be a non-empty str");
     id_value = id;
-    id_shown = shown(id);
 
     py::object text = field(item, st.text, k.is_dict, k.is_mapping);
     if (!text) fail("missing 'text' (a mapping key or an attribute)");
@@ -245,16 +245,61 @@ std::string_view optional_str(const py::object& obj, const char* what, FormatSec
   return buf.utf8(obj);
 }
 
-// Code point offsets of ascending byte offsets into valid UTF-8: one scan, counting the
-// bytes that start a code point.
-std::vector<std::size_t> code_point_offsets(const std::string& text, const std::vector<std::size_t>& bytes) {
-  std::vector<std::size_t> out;
-  out.reserve(bytes.size());
-  std::size_t pos = 0;
-  std::size_t cps = 0;
-  for (std::size_t b : bytes) {
-    for (; pos < b; ++pos) cps += (static_cast<unsigned char>(text[pos]) & 0xC0U) != 0x80U ? 1U : 0U;
-    out.push_back(cps);
+// Decodes the serializer's output (valid UTF-8 by construction) into a str's storage of
+// code unit T. The core reports the length in code points and the largest code point, so
+// the str is allocated once at its final size and kind, and ASCII runs are widened eight
+// bytes at a time.
+template <class T>
+void decode_into(const std::string& text, T* dst) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* const end = p + text.size();
+  while (p < end) {
+    while (end - p >= 8) {
+      std::uint64_t eight;
+      std::memcpy(&eight, p, 8);
+      if (eight & 0x8080808080808080ULL) break;
+      for (int k = 0; k < 8; ++k) dst[k] = static_cast<T>(p[k]);
+      p += 8;
+      dst += 8;
+    }
+    if (p == end) break;
+    const std::uint32_t c = *p;
+    if (c < 0x80) {
+      *dst++ = static_cast<T>(c);
+      p += 1;
+    } else if (c < 0xE0) {
+      *dst++ = static_cast<T>(((c & 0x1FU) << 6) | (p[1] & 0x3FU));
+      p += 2;
+    } else if (c < 0xF0) {
+      *dst++ = static_cast<T>(((c & 0x0FU) << 12) | ((p[1] & 0x3FU) << 6) | (p[2] & 0x3FU));
+      p += 3;
+    } else {
+      *dst++ = static_cast<T>(((c & 0x07U) << 18) | ((p[1] & 0x3FU) << 12) | ((p[2] & 0x3FU) << 6) | (p[3] & 0x3FU));
+      p += 4;
+    }
+  }
+}
+
+py::str to_str(const ctxcore::FormattedText& r) {
+  const auto n = static_cast<Py_ssize_t>(r.code_points);
+  const auto max_char = static_cast<Py_UCS4>(std::max<char32_t>(r.max_code_point, 0x7F));
+  PyObject* raw = PyUnicode_New(n, max_char);
+  if (raw == nullptr) throw py::error_already_set();
+  py::str out = py::reinterpret_steal<py::str>(raw);
+  switch (PyUnicode_KIND(raw)) {
+    case PyUnicode_1BYTE_KIND:
+      if (max_char < 0x80) {
+        std::memcpy(PyUnicode_DATA(raw), r.text.data(), r.text.size());  // ASCII: the bytes are the str
+      } else {
+        decode_into(r.text, static_cast<Py_UCS1*>(PyUnicode_DATA(raw)));
+      }
+      break;
+    case PyUnicode_2BYTE_KIND:
+      decode_into(r.text, static_cast<Py_UCS2*>(PyUnicode_DATA(raw)));
+      break;
+    default:
+      decode_into(r.text, static_cast<Py_UCS4*>(PyUnicode_DATA(raw)));
+      break;
   }
   return out;
 }
@@ -288,30 +333,12 @@ std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object
     r = ctxcore::format_context(in, opt);
   }
 
-  PyObject* raw = PyUnicode_DecodeUTF8(r.text.data(), static_cast<Py_ssize_t>(r.text.size()), "strict");
-  if (raw == nullptr) throw py::error_already_set();
-  py::str text = py::reinterpret_steal<py::str>(raw);
-
-  // Offsets are bytes in the core and code points in Python; they are equal when the
-  // text is ASCII, which its length tells without a scan.
-  const bool ascii = static_cast<std::size_t>(PyUnicode_GET_LENGTH(raw)) == r.text.size();
-  std::vector<std::size_t> section_bytes;
-  for (const auto& s : r.sections) {
-    section_bytes.push_back(s.begin);
-    section_bytes.push_back(s.end);
-  }
-  std::vector<std::size_t> piece_bytes;
-  for (const auto& p : r.pieces) piece_bytes.push_back(p.end);
-  if (!ascii) {
-    section_bytes = code_point_offsets(r.text, section_bytes);
-    piece_bytes = code_point_offsets(r.text, piece_bytes);
-  }
+  py::str text = to_str(r);
   Spans spans;
-  for (std::size_t i = 0; i < r.sections.size(); ++i)
-    spans.emplace_back(static_cast<int>(r.sections[i].section), section_bytes[2 * i], section_bytes[2 * i + 1]);
+  for (const auto& sp : r.sections)
+    spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
   Pieces pieces;
-  for (std::size_t i = 0; i < r.pieces.size(); ++i)
-    pieces.emplace_back(static_cast<int>(r.pieces[i].kind), piece_bytes[i]);
+  for (const auto& p : r.pieces) pieces.emplace_back(static_cast<int>(p.kind), p.end.code_point);
   return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
 }
 

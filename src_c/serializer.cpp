@@ -17,9 +17,15 @@
 //   \n</tools>                      frame
 #include "ctxcore/serializer.hpp"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace ctxcore {
 
@@ -30,60 +36,121 @@ const std::string_view kSafetySentence =
 
 namespace {
 
+// ---- the output buffer --------------------------------------------------------------
+
+// A std::string whose size runs ahead of what has been written, so that the hot loops
+// write through a pointer without a capacity check per byte; finish() trims it. Growth
+// doubles, so every byte is zero-filled once and copied O(1) times. It also keeps the
+// counts a caller needs to index the text by code point without scanning it again: the
+// only multi-byte sequences written are the ones the escapers validate or write (U+FFFD).
+class Out {
+ public:
+  explicit Out(std::string& s) : s_(s), used_(s.size()) {}
+
+  // A pointer to at least n writable bytes after what has been written.
+  char* room(std::size_t n) {
+    if (s_.size() - used_ < n) s_.resize(std::max(2 * s_.size(), used_ + n));
+    return s_.data() + used_;
+  }
+  void advance_to(const char* end) { used_ = static_cast<std::size_t>(end - s_.data()); }
+
+  void put(std::string_view v) {
+    std::memcpy(room(v.size()), v.data(), v.size());
+    used_ += v.size();
+  }
+  void put(char c) {
+    *room(1) = c;
+    ++used_;
+  }
+
+  // Records `continuation` continuation bytes written, the widest code point being `cp`.
+  void wrote_multibyte(std::size_t continuation, char32_t cp) {
+    continuation_ += continuation;
+    max_code_point_ = std::max(max_code_point_, cp);
+  }
+
+  Offset offset() const { return {used_, used_ - continuation_}; }
+  char32_t max_code_point() const { return max_code_point_; }
+  void finish() { s_.resize(used_); }
+
+ private:
+  std::string& s_;
+  std::size_t used_;
+  std::size_t continuation_ = 0;
+  char32_t max_code_point_ = 0;
+};
+
 // ---- escaping -----------------------------------------------------------------------
 
 enum class Mode : std::uint8_t { Text, Attribute, Json, Raw };
 
-// What the scan does with a byte. Copy bytes are gathered into runs and appended at once.
-enum Action : std::uint8_t {
-  kCopy = 0,
-  kAmp,
-  kLt,
-  kGt,
-  kQuot,
-  kApos,
-  kTab,
-  kLf,
-  kCr,
-  kControl,   // C0 control other than tab/LF/CR: not an XML 1.0 character
-  kNonAscii,  // lead or stray byte of a multi-byte sequence: validated by scan_utf8
+// What each ASCII byte becomes in a mode: up to 8 bytes (only `length` are kept) and
+// whether it counts as a replacement. Written with one fixed-size copy, so text dense in
+// markup characters costs no unpredictable branch per byte.
+struct Entity {
+  char bytes[8];
+  std::uint8_t length;
+  std::uint8_t replaced;  // 1 when this is U+FFFD, whose UTF-8 has 2 continuation bytes
 };
+using EntityTable = std::array<Entity, 128>;
 
-using Table = std::array<std::uint8_t, 256>;
+constexpr Entity entity(std::string_view v, bool replaced = false) {
+  Entity e{{0, 0, 0, 0, 0, 0, 0, 0}, static_cast<std::uint8_t>(v.size()), static_cast<std::uint8_t>(replaced)};
+  for (std::size_t i = 0; i < v.size(); ++i) e.bytes[i] = v[i];
+  return e;
+}
 
-constexpr Table make_table(Mode mode) {
-  Table t{};
-  for (unsigned c = 0; c < 0x20; ++c) t[c] = kControl;
-  for (unsigned c = 0x80; c < 0x100; ++c) t[c] = kNonAscii;
-  t['\t'] = mode == Mode::Attribute ? kTab : kCopy;
-  t['\n'] = mode == Mode::Attribute ? kLf : kCopy;
-  t['\r'] = mode == Mode::Raw ? kCopy : kCr;
-  if (mode != Mode::Raw) {
-    t['&'] = kAmp;
-    t['<'] = kLt;
-    t['>'] = kGt;
+constexpr char kHex[] = "0123456789abcdef";
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+constexpr EntityTable make_entities(Mode mode) {
+  EntityTable t{};
+  for (unsigned c = 0; c < 128; ++c) {
+    const char ch = static_cast<char>(c);
+    t[c] = entity(std::string_view(&ch, 1));
+  }
+  for (unsigned c = 0; c < 0x20; ++c) {
+    if (mode == Mode::Json) {
+      // A raw control inside a JSON string is invalid JSON; its escape is the same value.
+      const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 0xF]};
+      t[c] = entity(std::string_view(u, 6));
+    } else {
+      t[c] = entity(kReplacement, true);  // not an XML 1.0 character
+    }
+  }
+  t['\t'] = entity(mode == Mode::Attribute ? "&#9;" : "\t");
+  t['\n'] = entity(mode == Mode::Attribute ? "&#10;" : "\n");
+  // XML parsers turn a literal CR (and CR LF) into LF; a reference survives.
+  t['\r'] = entity(mode == Mode::Raw ? "\r" : "&#13;");
+  if (mode == Mode::Text || mode == Mode::Attribute) {
+    t['&'] = entity("&amp;");
+    t['<'] = entity("&lt;");
+    t['>'] = entity("&gt;");
   }
   if (mode == Mode::Attribute) {
-    t['"'] = kQuot;
-    t['\''] = kApos;
+    t['"'] = entity("&quot;");
+    t['\''] = entity("&#39;");
+  }
+  if (mode == Mode::Json) {
+    t['&'] = entity("\\u0026");
+    t['<'] = entity("\\u003c");
+    t['>'] = entity("\\u003e");
   }
   return t;
 }
 
-constexpr Table kTextTable = make_table(Mode::Text);
-constexpr Table kAttributeTable = make_table(Mode::Attribute);
-constexpr Table kJsonTable = make_table(Mode::Json);
-constexpr Table kRawTable = make_table(Mode::Raw);
+constexpr EntityTable kTextEntities = make_entities(Mode::Text);
+constexpr EntityTable kAttributeEntities = make_entities(Mode::Attribute);
+constexpr EntityTable kJsonEntities = make_entities(Mode::Json);
+constexpr EntityTable kRawEntities = make_entities(Mode::Raw);
 
 template <Mode M>
-constexpr const Table& table_for() {
-  if constexpr (M == Mode::Text) return kTextTable;
-  if constexpr (M == Mode::Attribute) return kAttributeTable;
-  if constexpr (M == Mode::Json) return kJsonTable;
-  return kRawTable;
+constexpr const EntityTable& entities_for() {
+  if constexpr (M == Mode::Text) return kTextEntities;
+  if constexpr (M == Mode::Attribute) return kAttributeEntities;
+  if constexpr (M == Mode::Json) return kJsonEntities;
+  return kRawEntities;
 }
-
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
 
 enum class Utf8 : std::uint8_t { Valid, Surrogate, NonCharacter, IllFormed };
 
@@ -130,91 +197,100 @@ inline Scan scan_utf8(const unsigned char* p, const unsigned char* end) {
   return {need + 1, what, cp};
 }
 
-void append_json_u(std::string& out, char32_t cp) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  const char buf[6] = {'\\', 'u', kHex[(cp >> 12) & 0xF], kHex[(cp >> 8) & 0xF], kHex[(cp >> 4) & 0xF],
-                       kHex[cp & 0xF]};
-  out.append(buf, 6);
-}
-
-// Writes the replacement for one special byte (or sequence starting at p) and returns how
-// many input bytes it consumed.
+#if defined(__SSE2__)
+// One bit per byte of p[0..16) that the entity table may change or that starts a
+// multi-byte sequence; zero means the 16 bytes are copied as they are.
 template <Mode M>
-std::size_t append_special(std::string& out, const unsigned char* p, const unsigned char* end,
-                           std::int64_t& replaced) {
-  switch (table_for<M>()[*p]) {
-    case kAmp:
-      out.append(M == Mode::Json ? "\\u0026" : "&amp;");
-      return 1;
-    case kLt:
-      out.append(M == Mode::Json ? "\\u003c" : "&lt;");
-      return 1;
-    case kGt:
-      out.append(M == Mode::Json ? "\\u003e" : "&gt;");
-      return 1;
-    case kQuot:
-      out.append("&quot;");
-      return 1;
-    case kApos:
-      out.append("&#39;");
-      return 1;
-    case kTab:
-      out.append("&#9;");
-      return 1;
-    case kLf:
-      out.append("&#10;");
-      return 1;
-    case kCr:
-      // XML parsers turn a literal CR (and CR LF) into LF; a reference survives.
-      out.append("&#13;");
-      return 1;
-    case kControl:
-      if constexpr (M == Mode::Json) {
-        // A raw control inside a JSON string is invalid JSON; its escape is the same value.
-        append_json_u(out, *p);
-      } else {
-        out.append(kReplacement);
-        ++replaced;
-      }
-      return 1;
-    default: {  // kNonAscii whose sequence is not a plain valid character
-      const Scan s = scan_utf8(p, end);
-      if (M == Mode::Json && s.what != Utf8::IllFormed) {
-        // JSON can name these exactly; XML cannot carry them raw.
-        append_json_u(out, s.code_point);
-      } else {
-        out.append(kReplacement);
-        ++replaced;
-      }
-      return s.length;
-    }
+inline unsigned special_mask(const unsigned char* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // A signed compare: bytes 0x00-0x1F and 0x80-0xFF are both "less than 0x20".
+  __m128i special = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20));
+  if constexpr (M != Mode::Raw) {
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(v, _mm_set1_epi8('&')));
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(v, _mm_set1_epi8('<')));
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(v, _mm_set1_epi8('>')));
   }
+  if constexpr (M == Mode::Attribute) {
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(v, _mm_set1_epi8('"')));
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(v, _mm_set1_epi8('\'')));
+  }
+  return static_cast<unsigned>(_mm_movemask_epi8(special));
+}
+#endif
+
+inline char* write_json_u(char* dst, char32_t cp) {
+  const char u[6] = {'\\', 'u', kHex[(cp >> 12) & 0xF], kHex[(cp >> 8) & 0xF], kHex[(cp >> 4) & 0xF],
+                     kHex[cp & 0xF]};
+  std::memcpy(dst, u, 6);
+  return dst + 6;
 }
 
 template <Mode M>
-void escape(std::string& out, std::string_view in, std::int64_t& replaced) {
-  const Table& table = table_for<M>();
+void escape(Out& out, std::string_view in, std::int64_t& replaced) {
+  // Input is taken in blocks so that room for the worst case (kMaxGrowth output bytes per
+  // input byte) stays small: a block may overrun its end by up to 15 bytes (a 16-byte
+  // copy) and the copies below write up to 16 bytes past what they keep.
+  constexpr std::size_t kBlock = 4096;
+  constexpr std::size_t kSlack = 16;
+  const EntityTable& table = entities_for<M>();
   const auto* p = reinterpret_cast<const unsigned char*>(in.data());
   const auto* const end = p + in.size();
-  const auto* run = p;
+  std::int64_t replaced_ascii = 0;  // controls replaced through the entity table
+  std::size_t continuation = 0;     // continuation bytes of the multi-byte sequences written
+  char32_t widest = 0;
   while (p < end) {
-    const std::uint8_t action = table[*p];
-    if (action == kCopy) {
-      ++p;
-      continue;
-    }
-    if (action == kNonAscii) {
-      const Scan s = scan_utf8(p, end);
-      if (s.what == Utf8::Valid) {
-        p += s.length;
+    const auto* const stop = p + std::min<std::size_t>(kBlock, static_cast<std::size_t>(end - p));
+    char* dst = out.room((kBlock + kSlack) * kMaxGrowth + kSlack);
+    while (p < stop) {
+#if defined(__SSE2__)
+      if (end - p >= 16) {
+        const unsigned mask = special_mask<M>(p);
+        std::memcpy(dst, p, 16);
+        if (mask == 0) {
+          p += 16;
+          dst += 16;
+          continue;
+        }
+        const auto keep = static_cast<unsigned>(__builtin_ctz(mask));
+        p += keep;
+        dst += keep;
+      }
+#endif
+      const unsigned char b = *p;
+      if (b < 0x80) {
+        const Entity& e = table[b];
+        std::memcpy(dst, e.bytes, sizeof(e.bytes));
+        dst += e.length;
+        replaced_ascii += e.replaced;
+        ++p;
         continue;
       }
+      const Scan sc = scan_utf8(p, end);
+      if (sc.what == Utf8::Valid) {
+        std::memcpy(dst, p, sc.length);
+        dst += sc.length;
+        continuation += sc.length - 1;
+        widest = std::max(widest, sc.code_point);
+      } else if (M == Mode::Json && sc.what != Utf8::IllFormed) {
+        // JSON can name surrogates and U+FFFE/U+FFFF exactly; XML cannot carry them raw.
+        dst = write_json_u(dst, sc.code_point);
+      } else {
+        std::memcpy(dst, kReplacement.data(), kReplacement.size());
+        dst += kReplacement.size();
+        continuation += kReplacement.size() - 1;
+        widest = std::max<char32_t>(widest, 0xFFFD);
+        ++replaced;
+      }
+      p += sc.length;
     }
-    out.append(reinterpret_cast<const char*>(run), static_cast<std::size_t>(p - run));
-    p += append_special<M>(out, p, end, replaced);
-    run = p;
+    out.advance_to(dst);
   }
-  out.append(reinterpret_cast<const char*>(run), static_cast<std::size_t>(p - run));
+  if (replaced_ascii > 0) {
+    continuation += static_cast<std::size_t>(replaced_ascii) * (kReplacement.size() - 1);
+    widest = std::max<char32_t>(widest, 0xFFFD);
+    replaced += replaced_ascii;
+  }
+  out.wrote_multibyte(continuation, widest);
 }
 
 // ---- validation ---------------------------------------------------------------------
@@ -261,43 +337,50 @@ constexpr std::size_t kFrameBytes = 256;  // every section tag and join together
 
 class Writer {
  public:
-  Writer(FormattedText& r, bool record) : r_(r), record_(record) {}
+  Writer(FormattedText& r, bool record) : r_(r), out_(r.text), record_(record) {}
 
-  std::string& out() { return r_.text; }
+  Out& out() { return out_; }
 
   // Ends the current piece. Adjacent frame pieces merge: between two sections there is
   // only formatter text, and one piece prices it at least as tightly as two.
   void end_piece(PieceKind kind) {
     if (!record_) return;
     if (kind == PieceKind::Frame && !r_.pieces.empty() && r_.pieces.back().kind == PieceKind::Frame) {
-      r_.pieces.back().end = r_.text.size();
+      r_.pieces.back().end = out_.offset();
       return;
     }
-    r_.pieces.push_back({kind, r_.text.size()});
+    r_.pieces.push_back({kind, out_.offset()});
   }
 
   void open(FormatSection s, std::string_view tag) {
-    if (!r_.sections.empty()) r_.text.append("\n\n");
-    r_.sections.push_back({s, r_.text.size(), 0});
-    r_.text.append(tag);
+    if (!r_.sections.empty()) out_.put("\n\n");
+    r_.sections.push_back({s, out_.offset(), {}});
+    out_.put(tag);
   }
 
   void close(std::string_view tag) {
-    r_.text.append(tag);
-    r_.sections.back().end = r_.text.size();
+    out_.put(tag);
+    r_.sections.back().end = out_.offset();
     end_piece(PieceKind::Frame);
+  }
+
+  void finish() {
+    r_.code_points = out_.offset().code_point;
+    r_.max_code_point = out_.offset().byte > 0 ? std::max<char32_t>(out_.max_code_point(), 0x7F) : 0;
+    out_.finish();
   }
 
  private:
   FormattedText& r_;
+  Out out_;
   bool record_;
 };
 
-void append_score(std::string& out, double score) {
+void append_score(Out& out, double score) {
   // Shortest form that reads back as the same double; digits, '.', 'e', '+', '-' only.
   char buf[32];
   const auto res = std::to_chars(buf, buf + sizeof(buf), score);
-  out.append(buf, static_cast<std::size_t>(res.ptr - buf));
+  out.put(std::string_view(buf, static_cast<std::size_t>(res.ptr - buf)));
 }
 
 std::size_t reserve_size(const FormatInput& in) {
@@ -309,8 +392,15 @@ std::size_t reserve_size(const FormatInput& in) {
     n += kMemoryWrapperBytes + in.nonce.size() + m.id.size() + m.text.size() + m.source.size();
   }
   // Room for some escaping growth (an entity is 4-6 bytes for 1); text that escapes more
-  // than this makes the string grow geometrically, which is still one pass.
+  // than this makes the buffer double, which is still one pass over the input.
   return n + n / 16;
+}
+
+template <Mode M>
+void append_escaped(std::string& s, std::string_view utf8, std::int64_t& replaced) {
+  Out out(s);
+  escape<M>(out, utf8, replaced);
+  out.finish();
 }
 
 }  // namespace
@@ -323,32 +413,32 @@ bool is_valid_nonce(std::string_view nonce) noexcept {
 }
 
 void append_escaped_text(std::string& out, std::string_view utf8, std::int64_t& replaced) {
-  escape<Mode::Text>(out, utf8, replaced);
+  append_escaped<Mode::Text>(out, utf8, replaced);
 }
 void append_escaped_attribute(std::string& out, std::string_view utf8, std::int64_t& replaced) {
-  escape<Mode::Attribute>(out, utf8, replaced);
+  append_escaped<Mode::Attribute>(out, utf8, replaced);
 }
 void append_escaped_json(std::string& out, std::string_view utf8, std::int64_t& replaced) {
-  escape<Mode::Json>(out, utf8, replaced);
+  append_escaped<Mode::Json>(out, utf8, replaced);
 }
 void append_sanitized(std::string& out, std::string_view utf8, std::int64_t& replaced) {
-  escape<Mode::Raw>(out, utf8, replaced);
+  append_escaped<Mode::Raw>(out, utf8, replaced);
 }
 
 FormattedText format_context(const FormatInput& in, const FormatOptions& options) {
   validate(in);
   FormattedText r;
-  std::string& out = r.text;
-  out.reserve(reserve_size(in));
+  r.text.reserve(reserve_size(in));
   r.sections.reserve(kFormatSections);
   if (options.record_pieces) r.pieces.reserve(2 * kFormatSections + in.history.size + in.memories.size);
   Writer w(r, options.record_pieces);
+  Out& out = w.out();
   std::int64_t& replaced = r.replaced_chars;
 
   if (!in.directive.empty()) {
     w.open(FormatSection::Directive, "<directive>");
     w.end_piece(PieceKind::Frame);
-    out.push_back('\n');
+    out.put('\n');
     escape<Mode::Raw>(out, in.directive, replaced);
     w.end_piece(PieceKind::Directive);
     w.close("\n</directive>");
@@ -359,11 +449,11 @@ FormattedText format_context(const FormatInput& in, const FormatOptions& options
     w.end_piece(PieceKind::Frame);
     for (std::size_t i = 0; i < in.history.size; ++i) {
       const Message& m = in.history[i];
-      out.append("\n<message role=\"");
+      out.put("\n<message role=\"");
       escape<Mode::Attribute>(out, m.role, replaced);
-      out.append("\">");
+      out.put("\">");
       escape<Mode::Text>(out, m.content, replaced);
-      out.append("</message>");
+      out.put("</message>");
       w.end_piece(PieceKind::Message);
     }
     w.close("\n</history>");
@@ -371,25 +461,25 @@ FormattedText format_context(const FormatInput& in, const FormatOptions& options
 
   if (in.memories.size > 0 || options.memories_frame) {
     w.open(FormatSection::Memories, "<memories>\n");
-    out.append(kSafetySentence);
+    out.put(kSafetySentence);
     w.end_piece(PieceKind::Frame);
     for (std::size_t i = 0; i < in.memories.size; ++i) {
       const Memory& m = in.memories[i];
-      out.append("\n<memory nonce=\"");
-      out.append(in.nonce);  // validated: hex digits only
-      out.append("\" id=\"");
+      out.put("\n<memory nonce=\"");
+      out.put(in.nonce);  // validated: hex digits only
+      out.put("\" id=\"");
       escape<Mode::Attribute>(out, m.id, replaced);
       if (m.has_score) {
-        out.append("\" score=\"");
+        out.put("\" score=\"");
         append_score(out, m.score);
       }
       if (m.has_source) {
-        out.append("\" source=\"");
+        out.put("\" source=\"");
         escape<Mode::Attribute>(out, m.source, replaced);
       }
-      out.append("\">");
+      out.put("\">");
       escape<Mode::Text>(out, m.text, replaced);
-      out.append("</memory>");
+      out.put("</memory>");
       w.end_piece(PieceKind::Memory);
     }
     w.close("\n</memories>");
@@ -398,11 +488,12 @@ FormattedText format_context(const FormatInput& in, const FormatOptions& options
   if (!in.tools_json.empty()) {
     w.open(FormatSection::Tools, "<tools>");
     w.end_piece(PieceKind::Frame);
-    out.push_back('\n');
+    out.put('\n');
     escape<Mode::Json>(out, in.tools_json, replaced);
     w.end_piece(PieceKind::Tools);
     w.close("\n</tools>");
   }
+  w.finish();
   return r;
 }
 

@@ -181,7 +181,7 @@ TEST(Format, SectionsInFixedOrderAndEmptyOnesOmitted) {
   EXPECT_EQ(r.sections[1].section, FormatSection::History);
   EXPECT_EQ(r.sections[2].section, FormatSection::Memories);
   EXPECT_EQ(r.sections[3].section, FormatSection::Tools);
-  for (std::size_t i = 1; i < r.sections.size(); ++i) EXPECT_LT(r.sections[i - 1].end, r.sections[i].begin);
+  for (std::size_t i = 1; i < r.sections.size(); ++i) EXPECT_LT(r.sections[i - 1].end.byte, r.sections[i].begin.byte);
   const std::string expected =
       "<directive>\nBe brief.\n</directive>\n\n"
       "<history>\n<message role=\"user\">hi &lt;there&gt;</message>\n</history>\n\n"
@@ -197,8 +197,8 @@ TEST(Format, SectionsInFixedOrderAndEmptyOnesOmitted) {
   only.nonce = kNonce;
   const auto m = ctxcore::format_context(only);
   ASSERT_EQ(m.sections.size(), 1U);
-  EXPECT_EQ(m.sections[0].begin, 0U);
-  EXPECT_EQ(m.sections[0].end, m.text.size());
+  EXPECT_EQ(m.sections[0].begin.byte, 0U);
+  EXPECT_EQ(m.sections[0].end.byte, m.text.size());
   EXPECT_EQ(m.text.rfind("<memories>", 0), 0U);
 
   FormatInput none;
@@ -220,11 +220,11 @@ TEST(Format, PiecesTileTheTextAndStartWithNewlines) {
   std::size_t begin = 0;
   for (const auto& p : r.pieces) {
     kinds.push_back(p.kind);
-    ASSERT_GT(p.end, begin);
+    ASSERT_GT(p.end.byte, begin);
     if (begin > 0) {
       EXPECT_EQ(r.text[begin], '\n');
     }
-    begin = p.end;
+    begin = p.end.byte;
   }
   EXPECT_EQ(begin, r.text.size());
   const std::vector<PieceKind> expected = {PieceKind::Frame,  PieceKind::Directive, PieceKind::Frame,
@@ -233,6 +233,36 @@ TEST(Format, PiecesTileTheTextAndStartWithNewlines) {
                                            PieceKind::Tools,  PieceKind::Frame};
   EXPECT_EQ(kinds, expected);
   EXPECT_NE(r.text.find("id=\"m2\" score=\"1e-07\" source=\"s\">y</memory>"), std::string::npos);
+}
+
+TEST(Format, CodePointOffsetsAndLargestCodePoint) {
+  const std::string cafe = "caf\xC3\xA9 \xE6\x9D\xB1";  // "café 東"
+  const std::vector<Memory> memories = {{"m1", cafe, "", 0, false, false},
+                                        {"m2", "bad \x80 byte", "", 0, false, false}};
+  FormatInput in;
+  in.directive = "d";
+  in.memories = {memories.data(), memories.size()};
+  in.nonce = kNonce;
+  const auto r = ctxcore::format_context(in, {false, true});
+  std::size_t cps = 0;
+  for (char c : r.text) cps += (static_cast<unsigned char>(c) & 0xC0U) != 0x80U ? 1U : 0U;
+  EXPECT_EQ(r.code_points, cps);
+  EXPECT_EQ(r.max_code_point, char32_t{0xFFFD});  // the replacement outranks U+6771
+  EXPECT_EQ(r.replaced_chars, 1);
+  ASSERT_EQ(r.sections.size(), 2U);
+  EXPECT_EQ(r.sections[1].end.code_point, cps);
+  EXPECT_EQ(r.sections[1].begin.code_point, r.sections[1].begin.byte);  // only ASCII before it
+  EXPECT_EQ(r.pieces.back().end.code_point, cps);
+
+  FormatInput ascii;
+  ascii.directive = "plain";
+  ascii.nonce = kNonce;
+  const auto a = ctxcore::format_context(ascii);
+  EXPECT_EQ(a.max_code_point, char32_t{0x7F});
+  EXPECT_EQ(a.code_points, a.text.size());
+  FormatInput none;
+  none.nonce = kNonce;
+  EXPECT_EQ(ctxcore::format_context(none).max_code_point, char32_t{0});
 }
 
 TEST(Format, MemoriesFrameWithoutMemories) {
@@ -314,7 +344,7 @@ TEST(Format, HeavyEscapingGrowsPastTheReservation) {
   in.nonce = kNonce;
   const auto r = ctxcore::format_context(in);
   EXPECT_GT(r.text.size(), 6U * 100000U * 2U + 5U * 100000U);
-  EXPECT_EQ(r.sections[0].end, r.text.size());
+  EXPECT_EQ(r.sections[0].end.byte, r.text.size());
 }
 
 }  // namespace

@@ -29,6 +29,8 @@ namespace ctxcore {
 
 // 128 random bits written as hex: the shortest nonce the serializer accepts.
 inline constexpr std::size_t kMinNonceHexDigits = 32;
+// The longest replacement of one input byte: "&quot;" or a JSON "\u0026".
+inline constexpr std::size_t kMaxGrowth = 6;
 
 // The sections, in the fixed order they appear in the output. Values are stable: the
 // Python layer mirrors them.
@@ -94,22 +96,31 @@ struct FormatOptions {
   bool record_pieces = false;
 };
 
+// Offsets into the text, in bytes and in code points (what a caller holding the text in
+// another encoding indexes by).
+struct Offset {
+  std::size_t byte = 0;
+  std::size_t code_point = 0;
+};
+
 struct SectionSpan {
   FormatSection section;
-  std::size_t begin;  // byte offsets into text; the section runs from its opening tag
-  std::size_t end;    // to the end of its closing tag
+  Offset begin;  // the section runs from its opening tag
+  Offset end;    // to the end of its closing tag
 };
 
 struct Piece {
   PieceKind kind;
-  std::size_t end;  // byte offset; a piece starts where the previous one ends
+  Offset end;  // a piece starts where the previous one ends
 };
 
 struct FormattedText {
-  std::string text;
+  std::string text;                   // valid UTF-8, XML 1.0 characters only
   std::vector<SectionSpan> sections;  // present sections, in order
   std::vector<Piece> pieces;          // empty unless FormatOptions::record_pieces
   std::int64_t replaced_chars = 0;    // code points (or ill-formed subparts) replaced by U+FFFD
+  std::size_t code_points = 0;        // length of text in code points
+  char32_t max_code_point = 0;        // largest code point in text, at least 0x7F (0 when empty)
 };
 
 // The text between <memories> and the first memory. Fixed, so its cost is fixed.
@@ -119,6 +130,7 @@ extern const std::string_view kSafetySentence;
 FormattedText format_context(const FormatInput& input, const FormatOptions& options = {});
 
 // The escapers, one pass each, appending to `out` and adding replacements to `replaced`.
+// Every input byte becomes at most kMaxGrowth output bytes.
 // Text: & < > and CR become references; tab and LF stay. Attribute value (for a
 // double-quoted attribute): additionally " ' tab LF become references, so that every
 // character survives attribute-value normalization. JSON: < > & become \u escapes (the
