@@ -253,6 +253,22 @@ def _memory(item: object, k: int) -> MemoryRecord:
         if kind not in _TOKEN_KINDS:
             raise fail(f"token_kind must be 'exact' or 'estimate' with token_count, got {kind!r:.60}")
     assert confidence is not None  # not optional
+    try:
+        return _record(item, similarity, confidence, importance, created_at, accessed_at, rank, tok)
+    except (TypeError, ValueError) as exc:  # MemoryRecord's own checks, should ours miss one
+        raise fail(str(exc)) from None
+
+
+def _record(
+    item: dict[str, Any],
+    similarity: float | None,
+    confidence: float,
+    importance: float | None,
+    created_at: float | None,
+    accessed_at: float | None,
+    rank: int,
+    tok: list[Any],
+) -> MemoryRecord:
     return MemoryRecord(
         id=item["id"],
         organization_id=item["organization_id"],
