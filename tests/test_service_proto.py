@@ -125,6 +125,8 @@ def test_bad_requests_name_the_field() -> None:
     assert _bad(options=pb.AssemblyOptions(max_memories=10**9)).startswith("options.max_memories:")
     assert _bad(options=pb.AssemblyOptions(relevance_floor=7.0)).startswith("options.relevance_floor:")
     assert _bad(options=pb.AssemblyOptions(weights={"similarity": -1})).startswith("options.weights")
+    assert _bad(options=pb.AssemblyOptions(weights={"charisma": 1})).startswith("options.weights")
+    assert _bad(options=pb.AssemblyOptions(relevance_floor=0.5)).startswith("options.relevance_floor:")
     assert _bad(options=pb.AssemblyOptions(pinned_memory_ids=[""])).startswith("options.pinned_memory_ids[0]:")
     assert _bad(options=pb.AssemblyOptions(history_policy=99)).startswith("options.history_policy:")  # type: ignore[arg-type]
 

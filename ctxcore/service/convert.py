@@ -20,9 +20,10 @@ import grpc
 
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
-from ..memory import Query, Scope
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope
 from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
+from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
 from ..v1 import context_assembly_pb2 as pb
 from .auth import ServiceError
@@ -94,17 +95,25 @@ E = TypeVar("E", bound=enum.Enum)
 def enum_to_proto(member: enum.Enum, proto_enum: Any, prefix: str) -> Any:
     """The wire number of a Python enum member: ``PREFIX_`` + its value in capitals;
     a member the wire does not know yet goes as UNSPECIFIED (0) rather than failing a call.
+    The result is typed Any because the generated stubs type each wire enum as its own
+    int subclass.
 
     >>> from ctxcore.result import BranchStatus
     >>> enum_to_proto(BranchStatus.TIMEOUT, pb.BranchStatus, "BRANCH_STATUS")
     2
-    The result is typed Any because the generated stubs type each wire enum as its own
-    int subclass.
     """
-    try:
-        return int(proto_enum.Value(f"{prefix}_{str(member.value).upper()}"))
-    except ValueError:
-        return 0
+    key = (prefix, member)
+    number = _ENUM_CACHE.get(key)
+    if number is None:
+        try:
+            number = int(proto_enum.Value(f"{prefix}_{str(member.value).upper()}"))
+        except ValueError:
+            number = 0
+        _ENUM_CACHE[key] = number
+    return number
+
+
+_ENUM_CACHE: dict[tuple[str, enum.Enum], int] = {}
 
 
 def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E]) -> E:
@@ -150,15 +159,22 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     kw: dict[str, Any] = {}
     if o.weights:
         for k, v in o.weights.items():
+            if k not in WEIGHT_COMPONENTS:
+                raise _bad(f"options.weights[{k!r}]", f"unknown component (known: {', '.join(WEIGHT_COMPONENTS)})")
             if not math.isfinite(v) or v < 0:
                 raise _bad(f"options.weights[{k!r}]", f"must be a finite number >= 0, got {v!r}")
         kw["weights"] = dict(o.weights)
-    for name in ("relevance_floor", "min_similarity"):
-        if o.HasField(name):
-            v = getattr(o, name)
-            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
-                raise _bad(f"options.{name}", f"must be in [0, 1], got {v!r}")
-            kw[name] = v
+    if o.HasField("relevance_floor"):
+        v = o.relevance_floor
+        if not (math.isfinite(v) and 0.0 <= v < FULLTEXT_RELEVANCE_SENTINEL):
+            raise _bad("options.relevance_floor", f"must be in [0, {FULLTEXT_RELEVANCE_SENTINEL}) (full-text hits "
+                       f"carry the fixed relevance {FULLTEXT_RELEVANCE_SENTINEL}), got {v!r}")
+        kw["relevance_floor"] = v
+    if o.HasField("min_similarity"):
+        v = o.min_similarity
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise _bad("options.min_similarity", f"must be in [0, 1], got {v!r}")
+        kw["min_similarity"] = v
     if o.HasField("max_memories"):
         if o.max_memories > MAX_MEMORIES_LIMIT:
             raise _bad("options.max_memories", f"must be <= {MAX_MEMORIES_LIMIT}, got {o.max_memories}")
