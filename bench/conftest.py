@@ -1,13 +1,21 @@
 """Shared helpers for the benchmark gates: medians and p99s of a reference timed in the
-same process, so that every gate is a ratio or a bound with headroom, not a bare time."""
+same process, so that every gate is a ratio or a bound with headroom, not a bare time;
+and a SQLite memory store holding 100k memories, built once per session."""
 
 from __future__ import annotations
 
+import json
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.resources import files
 
 import numpy as np
 import pytest
+
+from ctxcore.memory import Scope
+from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore
 
 
 def sample(fn: Callable[[], object], rounds: int, warmup: int = 3) -> np.ndarray:
@@ -26,3 +34,61 @@ def sample(fn: Callable[[], object], rounds: int, warmup: int = 3) -> np.ndarray
 def timed() -> Callable[..., np.ndarray]:
     """`sample` as a fixture (bench modules are not importable from one another)."""
     return sample
+
+
+# ---- a SQLite memory store holding 100k memories (built once per session) ----------------
+
+#: Memories in the store, and in its one large scope.
+STORE_MEMORIES = 100_000
+STORE_LARGE_SCOPE_MEMORIES = 10_000
+
+
+@dataclass(frozen=True)
+class Store100k:
+    """The session's 100k-memory store, a scope holding 10,000 of its memories (a
+    long-lived agent) and a typical scope (~900)."""
+
+    store: SqliteMemoryStore
+    large: Scope
+    typical: Scope
+    size: int
+
+
+def _store_corpus(large: Scope) -> Iterator[NewMemory]:
+    # The shipped multilingual demo texts, each with one word swapped for a word of another
+    # memory and a reference number, spread over 100 scopes (20 organizations x 5 agents).
+    lines = files("ctxcore").joinpath("data/demo_memories.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [d["text"] for d in map(json.loads, lines) if d.get("type", "memory") == "memory"]
+    rng = random.Random(2026)
+    for i in range(STORE_MEMORIES):
+        words = rng.choice(texts).split(" ")
+        if len(words) > 4:
+            words[rng.randrange(len(words))] = rng.choice(rng.choice(texts).split(" "))
+        text = " ".join(words) + f" (ref {rng.randrange(10**6):06d})"
+        if i < STORE_LARGE_SCOPE_MEMORIES:
+            scope = large
+        else:
+            k = rng.randrange(99) + 1
+            scope = Scope(f"org-{k // 5:02d}", f"agent-{k % 5}")
+        yield NewMemory(f"m{i:06d}", scope.organization_id, scope.agent_id, text, created_at=1.7e9 + i)
+
+
+@pytest.fixture(scope="session")
+def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store100k]:
+    """A `SqliteMemoryStore` with 100,000 memories (HashingEmbedder embeddings, exact
+    cl100k_base counts), its embedding matrices loaded (`warm`)."""
+    path = tmp_path_factory.mktemp("store") / "bench.db"
+    large = Scope("org-00", "agent-0")
+    t0 = time.perf_counter()
+    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as s:
+        batch: list[NewMemory] = []
+        for m in _store_corpus(large):
+            batch.append(m)
+            if len(batch) == 10_000:
+                s.add_many(batch)
+                batch = []
+        s.add_many(batch)
+    print(f"\nbuilt a store of {STORE_MEMORIES} memories in {time.perf_counter() - t0:.1f} s")
+    with SqliteMemoryStore(path) as s:
+        s.warm()
+        yield Store100k(s, large, Scope("org-07", "agent-3"), STORE_MEMORIES)

@@ -1,12 +1,11 @@
 """SQLite memory store at 100k memories: hot and cold query latency, and gates.
 
-Corpus: 100,000 memories in 100 scopes (20 organizations x 5 agents), built once per
-session from the shipped multilingual demo texts with word substitutions and reference
-numbers, HashingEmbedder embeddings (256 dimensions) and exact cl100k_base counts. One
-agent holds 10,000 memories (a long-lived agent); the other 99 share the rest (~909
-each). Queries cycle through multilingual questions and memory texts (the latter give
-vector hits above the 0.70 cutoff, so hydration is exercised), each embedded by the
-store's embedder inside the timed call.
+Corpus: the `store_100k` fixture (bench/conftest.py): 100,000 memories in 100 scopes,
+one agent holding 10,000 (a long-lived agent) and the other 99 sharing the rest (~909
+each), HashingEmbedder embeddings (256 dimensions), exact cl100k_base counts. Queries
+cycle through multilingual questions and memory texts (the latter give vector hits above
+the 0.70 cutoff, so hydration is exercised), each embedded by the store's embedder inside
+the timed call.
 
 Reference, timed in the same run: the cold query done without the cutoff-before-hydration
 design: read every row of the scope (text, signals and embedding), then compute cosines
@@ -18,23 +17,14 @@ branch's timeout), and the cold query >= 3x faster than the reference in the lar
 from __future__ import annotations
 
 import asyncio
-import json
-import random
-import time
-from collections.abc import Callable, Iterator
-from importlib.resources import files
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from ctxcore.memory import Query, Scope
-from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore
+from ctxcore.stores import SqliteMemoryStore
 
-N_MEMORIES = 100_000
-LARGE_SCOPE_MEMORIES = 10_000
-LARGE = Scope("org-00", "agent-0")
-TYPICAL = Scope("org-07", "agent-3")
 COLD_P99_GATE_S = 0.020
 HOT_P99_GATE_S = 0.015
 ROUNDS = 300
@@ -51,45 +41,6 @@ QUESTIONS = [
     "Postgres replication lag is high, what is the runbook?",
     "Which customer prefers email and should not be called?",
 ]
-
-
-def demo_texts() -> list[str]:
-    lines = files("ctxcore").joinpath("data/demo_memories.jsonl").read_text(encoding="utf-8").splitlines()
-    return [d["text"] for d in map(json.loads, lines) if d.get("type", "memory") == "memory"]
-
-
-def corpus(texts: list[str]) -> Iterator[NewMemory]:
-    rng = random.Random(2026)
-    for i in range(N_MEMORIES):
-        words = rng.choice(texts).split(" ")
-        if len(words) > 4:
-            words[rng.randrange(len(words))] = rng.choice(rng.choice(texts).split(" "))
-        text = " ".join(words) + f" (ref {rng.randrange(10**6):06d})"
-        if i < LARGE_SCOPE_MEMORIES:
-            scope = LARGE
-        else:
-            k = rng.randrange(99) + 1
-            scope = Scope(f"org-{k // 5:02d}", f"agent-{k % 5}")
-        yield NewMemory(f"m{i:06d}", scope.organization_id, scope.agent_id, text, created_at=1.7e9 + i)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteMemoryStore]:
-    path = tmp_path_factory.mktemp("store") / "bench.db"
-    texts = demo_texts()
-    t0 = time.perf_counter()
-    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as s:
-        batch: list[NewMemory] = []
-        for m in corpus(texts):
-            batch.append(m)
-            if len(batch) == 10_000:
-                s.add_many(batch)
-                batch = []
-        s.add_many(batch)
-    print(f"\nbuilt {N_MEMORIES} memories in {time.perf_counter() - t0:.1f} s")
-    with SqliteMemoryStore(path) as s:
-        s.warm()
-        yield s
 
 
 def queries(store: SqliteMemoryStore, scope: Scope) -> list[str]:
@@ -129,8 +80,10 @@ def hydrate_all_reference(store: SqliteMemoryStore, scope: Scope, text: str) -> 
     return sorted(hits, key=lambda h: -h[1])[:LIMIT]
 
 
-@pytest.mark.parametrize("scope", [LARGE, TYPICAL], ids=["large-scope-10k", "typical-scope"])
-def test_cold_and_hot_latency(benchmark, timed, store: SqliteMemoryStore, scope: Scope) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("which", ["large", "typical"], ids=["large-scope-10k", "typical-scope"])
+def test_cold_and_hot_latency(benchmark, timed, store_100k, which: str) -> None:  # type: ignore[no-untyped-def]
+    store: SqliteMemoryStore = store_100k.store
+    scope: Scope = getattr(store_100k, which)
     loop = asyncio.new_event_loop()
     try:
         texts = queries(store, scope)
@@ -153,7 +106,7 @@ def test_cold_and_hot_latency(benchmark, timed, store: SqliteMemoryStore, scope:
         hydrate_all_reference_p50_ms=round(ref_p50 * 1e3, 3), vector_hits=vector_hits,
     )
     print(
-        f"\n{scope.organization_id}/{scope.agent_id} ({N_MEMORIES} memories in the store): "
+        f"\n{scope.organization_id}/{scope.agent_id} ({store_100k.size} memories in the store): "
         f"cold p50 {cold_p50 * 1e3:.2f} ms p99 {cold_p99 * 1e3:.2f} ms; hot p50 {hot_p50 * 1e3:.2f} ms "
         f"p99 {hot_p99 * 1e3:.2f} ms; hydrate-all reference p50 {ref_p50 * 1e3:.2f} ms; "
         f"{vector_hits} vector hits over {len(texts)} queries"
@@ -162,5 +115,5 @@ def test_cold_and_hot_latency(benchmark, timed, store: SqliteMemoryStore, scope:
     assert vector_hits > 0  # the hydration path was exercised
     assert cold_p99 <= COLD_P99_GATE_S
     assert hot_p99 <= HOT_P99_GATE_S
-    if scope == LARGE:
+    if which == "large":
         assert ref_p50 >= 3 * cold_p50

@@ -377,6 +377,11 @@ def test_closed_store_refuses(tmp_path: Path) -> None:
         s.add(NewMemory("m", "o", "a", "t"))
     with pytest.raises(ValueError, match="database file"):
         SqliteMemoryStore(":memory:")
+    (tmp_path / "text.db").write_text("not a database at all, just some text " * 100)
+    with pytest.raises(MemoryStoreError, match="not a usable memory database"):
+        SqliteMemoryStore(tmp_path / "text.db")
+    with pytest.raises(MemoryStoreError, match="cannot open"):
+        SqliteMemoryStore(tmp_path / "no-such-dir" / "m.db")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -60,9 +60,15 @@ class HttpMemorySource:
 
     Use ``async with`` (or `aclose`) to release the pool.
 
-    >>> src = HttpMemorySource("http://127.0.0.1:9", timeout=0.5)
-    >>> src.base_url
-    'http://127.0.0.1:9'
+    >>> import asyncio, httpx
+    >>> def service(request: httpx.Request) -> httpx.Response:
+    ...     return httpx.Response(200, json={"memories": [{"id": "m1", "content": "likes tea",
+    ...         "similarity": 0.9, "confidence": 1.0, "rank": 0, "organization_id": "o", "agent_id": "a"}]})
+    >>> async def main() -> list[str]:
+    ...     async with HttpMemorySource("http://memory.test", transport=httpx.MockTransport(service)) as src:
+    ...         return [r.text for r in await src.cold(Scope("o", "a"), Query("tea"), 5, 0.7)]
+    >>> asyncio.run(main())
+    ['likes tea']
     """
 
     def __init__(

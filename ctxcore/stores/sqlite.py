@@ -323,6 +323,9 @@ class SqliteMemoryStore:
             self._writer.execute("PRAGMA journal_mode = WAL")
             self._writer.execute("PRAGMA synchronous = NORMAL")
             self._init_schema()
+        except sqlite3.Error as exc:
+            self._writer.close()
+            raise MemoryStoreError(f"{self._path} is not a usable memory database: {exc}") from exc
         except BaseException:
             self._writer.close()
             raise
@@ -672,13 +675,27 @@ class SqliteMemoryStore:
 
     async def directive(self, scope: Scope) -> str | None:
         """The organization's directive followed by the agent's (a blank line between),
-        or whichever exists, or None."""
+        or whichever exists, or None.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.set_directive("acme", "support", "Be brief.")
+        ...     asyncio.run(s.directive(Scope("acme", "support"))), asyncio.run(s.directive(Scope("acme", "sales")))
+        ('Be brief.', None)
+        """
         _check_scope(scope)
         return await self._run(self._directive_job, scope)
 
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`. Each carries
-        its cosine similarity to the query when both have an embedding, else None."""
+        its cosine similarity to the query when both have an embedding, else None.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory(f"m{k}", "o", "a", f"note {k}", created_at=k) for k in range(5)])
+        ...     [r.id for r in asyncio.run(s.hot(Scope("o", "a"), Query(""), 2))]
+        ['m4', 'm3']
+        """
         _check_scope(scope)
         _check_limit(limit)
         _check_query(query)
@@ -694,6 +711,15 @@ class SqliteMemoryStore:
 
         Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of all
         memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("v", "o", "a", "x", embedding=[1.0, 0.0]),
+        ...                     NewMemory("w", "o", "a", "y", embedding=[0.0, 1.0]),
+        ...                     NewMemory("t", "o", "a", "the kettle was refunded")])
+        ...     [(r.id, r.origin.value) for r in asyncio.run(
+        ...         s.cold(Scope("o", "a"), Query("kettle", (0.9, 0.1)), 5, 0.7))]
+        [('v', 'vector'), ('t', 'fulltext')]
 
         Raises:
             MemoryStoreError: the query embedding's dimension differs from the store's.
