@@ -28,7 +28,6 @@ namespace ctxcore_py {
 namespace {
 
 using ctxcore::FormatSection;
-using ctxcore::InvalidFormatInput;
 
 constexpr const char* kSectionNames[ctxcore::kFormatSections] = {"directive", "history", "memories", "tools"};
 
