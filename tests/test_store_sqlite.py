@@ -309,6 +309,38 @@ def test_embedder_is_recorded_and_checked(store: SqliteMemoryStore) -> None:
         assert recs[0].id == "acme-support-1" and recs[0].origin is MemoryOrigin.VECTOR
 
 
+class KeywordEmbedder:
+    """A stand-in for a user's model: one dimension per keyword."""
+
+    name = "keywords-v1"
+    KEYWORDS = ("refund", "email", "delivery")
+
+    def embed(self, text: str) -> np.ndarray:
+        return np.array([float(k in text.lower()) for k in self.KEYWORDS], dtype=np.float32)
+
+
+class BrokenEmbedder(KeywordEmbedder):
+    name = "broken"
+
+    def embed(self, text: str) -> np.ndarray:
+        return np.array([float("nan"), 1.0], dtype=np.float32)
+
+
+def test_any_embedder_can_be_plugged_in(tmp_path: Path) -> None:
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=KeywordEmbedder()) as s:
+        s.add_many([NewMemory("r", "o", "a", "Refund sent"), NewMemory("e", "o", "a", "Send an email"),
+                    NewMemory("n", "o", "a", "nothing to see")])  # no keyword: stored without embedding
+        recs = run(s.cold(Scope("o", "a"), Query("where is my refund?"), 5, 0.9))
+        assert [(r.id, r.origin, r.similarity) for r in recs] == [("r", MemoryOrigin.VECTOR, 1.0)]
+    with pytest.raises(MemoryStoreError, match="built with the embedder 'keywords-v1'"):
+        SqliteMemoryStore(tmp_path / "m.db", embedder=HashingEmbedder())
+    with pytest.raises(TypeError, match="embedder"):
+        SqliteMemoryStore(tmp_path / "x.db", embedder=object())  # type: ignore[arg-type]
+    with SqliteMemoryStore(tmp_path / "b.db", embedder=BrokenEmbedder()) as s:
+        with pytest.raises(MemoryStoreError, match="finite"):
+            s.add(NewMemory("m", "o", "a", "text"))
+
+
 def test_cold_sees_writes_from_this_and_other_connections(store: SqliteMemoryStore) -> None:
     q = Query("", tuple(HashingEmbedder(64).embed("quarterly invoice for the Northwind account").tolist()))
     assert run(store.cold(SCOPES[0], q, 10, 0.9)) == []

@@ -4,7 +4,8 @@
 stored embeddings with the ANN cutoff applied before hydration); `HttpMemorySource` is a
 client for a memory service speaking the JSON wire of ``docs/memory-service-wire.md``.
 Both implement `ctxcore.memory.MemoryStore`, so ``Sources.from_store(store)`` gives an
-assembly its three branches. `HashingEmbedder` provides offline lexical embeddings;
+assembly its three branches. `HashingEmbedder` provides offline lexical embeddings (any
+model wrapped as an `Embedder` can take its place);
 `load_demo` builds the demo database from the dataset shipped in the package.
 
 >>> import asyncio, tempfile, os
@@ -22,7 +23,7 @@ assembly its three branches. `HashingEmbedder` provides offline lexical embeddin
 
 from __future__ import annotations
 
-from .embedding import DEFAULT_EMBEDDING_DIM, HashingEmbedder
+from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
 from .http import HttpMemorySource
 from .ingest import DEMO_DATASET, IngestReport, ingest_jsonl, load_demo, read_jsonl
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_FTS_TERMS",
     "SCHEMA_VERSION",
     "Directive",
+    "Embedder",
     "HashingEmbedder",
     "HttpMemorySource",
     "IngestReport",

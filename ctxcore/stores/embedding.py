@@ -18,13 +18,14 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from ._text import cjk_spaced, normalize, raw_words
 
-__all__ = ["DEFAULT_EMBEDDING_DIM", "HashingEmbedder"]
+__all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder"]
 
 #: Default dimension. Signed hashing leaves unrelated texts a cosine of about
 #: ±1/sqrt(dim) from bucket collisions: ±0.06 at 256, far below any useful cutoff, at two
@@ -46,6 +47,26 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _SALT_WORD, _SALT_BIGRAM, _SALT_TRIGRAM = (np.uint64((k * 0x632BE59BD9B4E019) % 2**64) for k in (1, 2, 3))
 _SPACE = np.uint64(32)
 _NAME = re.compile(r"hashing-v1/dim=([0-9]{2,6})/seed=([0-9]{1,10})")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What a store needs to embed texts itself (any model can be wrapped in this): a
+    `name` for the embedding space, recorded in the database so that a store is never
+    opened with an incompatible model, and `embed`.
+
+    >>> isinstance(HashingEmbedder(), Embedder)
+    True
+    """
+
+    @property
+    def name(self) -> str:
+        """Names the embedding space: equal names give comparable embeddings."""
+        ...
+
+    def embed(self, text: str) -> npt.NDArray[np.float32]:
+        """The embedding of `text`: a 1-D array of finite numbers (any scale)."""
+        ...
 
 
 def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -38,7 +38,7 @@ import numpy.typing as npt
 from ..memory import MemoryOrigin, MemoryRecord, Query, Scope
 from ..tokens import count_tokens, estimate_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ._text import cjk_spaced, normalize, raw_words
-from .embedding import HashingEmbedder
+from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
 
@@ -288,7 +288,7 @@ class SqliteMemoryStore:
         self,
         path: str | os.PathLike[str],
         *,
-        embedder: HashingEmbedder | None = None,
+        embedder: Embedder | None = None,
         token_family: str = DEFAULT_TOKEN_FAMILY,
         readers: int = DEFAULT_READERS,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -304,7 +304,9 @@ class SqliteMemoryStore:
             raise ValueError(f"readers must be an int >= 1, got {readers!r}")
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
-        self._embedder = embedder
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
+        self._embedder: Embedder | None = embedder
         self._family = token_family
         self._exact = token_family in exact_families()
         self._cache_bytes = cache_bytes
@@ -330,7 +332,11 @@ class SqliteMemoryStore:
             self._writer.close()
             raise
         self._executor = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="ctxcore-sqlite")
-        self._open_readers(readers)
+        try:
+            self._open_readers(readers)
+        except BaseException:
+            self.close()
+            raise
 
     def _open_readers(self, readers: int) -> None:
         # Start every reader thread with its connection now, so that the first queries
@@ -409,7 +415,7 @@ class SqliteMemoryStore:
         return self._path
 
     @property
-    def embedder(self) -> HashingEmbedder | None:
+    def embedder(self) -> Embedder | None:
         """The embedder for memories and queries that come without an embedding."""
         return self._embedder
 
@@ -634,11 +640,20 @@ class SqliteMemoryStore:
             if m.embedding is not None:
                 out.append(np.asarray(m.embedding, dtype=np.float32))
             elif self._embedder is not None:
-                v = self._embedder.embed(m.text)
-                out.append(v if v.any() else None)  # a featureless text has no direction
+                out.append(self._embed(m.text))  # None for a featureless text: no direction
             else:
                 out.append(None)
         return out
+
+    def _embed(self, text: str) -> npt.NDArray[np.float32] | None:
+        assert self._embedder is not None
+        v = np.asarray(self._embedder.embed(text), dtype=np.float64)
+        if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
+            raise MemoryStoreError(
+                f"embedder {self._embedder.name!r} returned {v.shape} values, not a 1-D vector of finite numbers"
+            )
+        norm = float(np.sqrt(v @ v))
+        return None if norm == 0.0 else (v / norm).astype(np.float32)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -736,12 +751,11 @@ class SqliteMemoryStore:
     def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
         if query.embedding is not None:
             v = np.asarray(query.embedding, dtype=np.float64)
-        elif self._embedder is not None and query.text:
-            v = self._embedder.embed(query.text).astype(np.float64)
-        else:
-            return None
-        norm = float(np.sqrt(v @ v))
-        return None if norm == 0.0 else (v / norm).astype(np.float32)
+            norm = float(np.sqrt(v @ v))
+            return None if norm == 0.0 else (v / norm).astype(np.float32)
+        if self._embedder is not None and query.text:
+            return self._embed(query.text)
+        return None
 
     def _directive_job(self, conn: sqlite3.Connection, job: _Job, scope: Scope) -> str | None:
         rows = conn.execute(
