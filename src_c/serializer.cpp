@@ -2,9 +2,9 @@
 // (one table-driven pass per string) and format_context, which validates, reserves the
 // output once and writes the sections in their fixed order.
 //
-// The output layout, piece by piece (every piece after the first starts with "\n", so the
-// token estimator, whose events depend only on a code point and its predecessor, counts a
-// newline the same way at the start of a piece as inside the whole text):
+// The output layout, piece by piece. Every piece after the first starts with "\n", so
+// pieces split the text at line starts, and the character before each piece is known
+// (the Python layer prices every piece behind it, see formatter_overhead):
 //
 //   <directive>                     frame
 //   \n{directive}                   directive
