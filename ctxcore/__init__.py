@@ -23,6 +23,7 @@ except ImportError as _exc:  # pragma: no cover - only without a built extension
     )
     raise
 
+from .assembly import AssembledContext, AssemblyConfig, assemble
 from .budget import (
     CONSTRAINED_BELOW,
     RESPONSE_FRACTION,
@@ -36,6 +37,7 @@ from .catalog import Catalog, ModelCapability, TokenizerPolicy, default_catalog,
 from .errors import (
     CatalogError,
     ConfigError,
+    ContextOverflow,
     InvalidCandidate,
     InvalidFormatInput,
     TokenizerMismatch,
@@ -52,6 +54,7 @@ from .formatting import (
     format_context,
     formatter_overhead,
 )
+from .memory import MemoryOrigin, MemoryRecord, MemoryStore, Query, Scope, Sources
 from .packing import (
     DEFAULT_BUCKET_TOKENS,
     DEFAULT_CELL_CEILING,
@@ -64,6 +67,19 @@ from .packing import (
     pack,
     pack_arrays,
 )
+from .request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
+from .result import (
+    Branch,
+    BranchRecord,
+    BranchStatus,
+    HistoryDrop,
+    StageTimings,
+    TraceEntry,
+    TraceReason,
+    Wall,
+    WallSource,
+)
+from .retrieval import BranchTimeouts, Retrieved, compute_wall, retrieve
 from .scoring import (
     DEFAULT_MIN_SIMILARITY,
     DEFAULT_RELEVANCE_FLOOR,
@@ -94,6 +110,35 @@ except PackageNotFoundError:  # pragma: no cover - running from an unusual layou
     __version__ = _core.__version__
 
 __all__ = [
+    "AssembledContext",
+    "AssemblyConfig",
+    "AssemblyOptions",
+    "AssemblyRequest",
+    "Branch",
+    "BranchRecord",
+    "BranchStatus",
+    "BranchTimeouts",
+    "ContextOverflow",
+    "HistoryDrop",
+    "HistoryPolicy",
+    "MemoryOrigin",
+    "MemoryRecord",
+    "MemoryStore",
+    "Message",
+    "Query",
+    "Retrieved",
+    "Role",
+    "Scope",
+    "Sources",
+    "StageTimings",
+    "ToolCall",
+    "TraceEntry",
+    "TraceReason",
+    "Wall",
+    "WallSource",
+    "assemble",
+    "compute_wall",
+    "retrieve",
     "CONSTRAINED_BELOW",
     "DEFAULT_MIN_SIMILARITY",
     "DEFAULT_RELEVANCE_FLOOR",

@@ -144,6 +144,141 @@ def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# ---- assemble / demo --------------------------------------------------------------------
+
+#: The demo's default request: an organization, agent and question the shipped dataset has.
+DEMO_ORG = "acme-retail"
+DEMO_AGENT = "support"
+DEMO_QUERY = "A customer wants to return shoes bought three weeks ago and asks about the refund."
+
+
+def _read_messages(path: str | None) -> tuple[Any, ...]:
+    if path is None:
+        return ()
+    from .request import Message
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(doc, list):
+        raise CliError(f"{path}: expected a JSON array of messages")
+    out = []
+    for i, m in enumerate(doc):
+        try:
+            out.append(Message.from_mapping(m))
+        except (TypeError, ValueError) as exc:
+            raise CliError(f"{path}: message {i}: {exc}") from None
+    return tuple(out)
+
+
+def _print_assembly(ctx: Any, out: TextIO) -> None:
+    rec = ctx.record()
+    out.write(ctx.text + "\n")
+    out.write("\n" + "=" * 72 + "\n")
+    b = rec["budget"]
+    out.write(f"\nbudget ({b['model']}, {b['tokenizer_family']}, {b['estimate_kind']} counts)\n")
+    _table(
+        [["term", "tokens"]]
+        + [[k, str(b[k])] for k in ("context_window", "response_reserve", "safety_buffer", "directive_tokens",
+                                     "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens",
+                                     "usable")],
+        out,
+    )
+    out.write("\nbranches (wall {:.1f} ms, {})\n".format(rec["wall"]["limit_ms"], rec["wall"]["source"]))
+    _table(
+        [["branch", "status", "ms", "items", "out of scope", "error"]]
+        + [[x["branch"], x["status"], f"{x['latency_ms']:.2f}", str(x["items"]), str(x["dropped_out_of_scope"]),
+            x["error"] or ""] for x in rec["branches"]],
+        out,
+    )
+    if rec["trace"]:
+        out.write("\ntrace\n")
+        order = {"pinned": 0, "selected": 1}
+        rows = sorted(rec["trace"], key=lambda t: (order.get(t["reason"], 2), -t["score"]))
+        _table(
+            [["memory", "decision", "origin", "tokens", "score", "relevance"]]
+            + [[t["memory_id"], t["reason"], t["origin"], str(t["tokens"]), f"{t['score']:.3f}",
+                f"{t['relevance']:.3f}"] for t in rows],
+            out,
+        )
+    pack_rec = rec["pack"]
+    out.write(
+        "\nselected {} of {} memories ({} tokens of {} usable, path {}); degraded: {}{}; constrained: {}; "
+        "total {:.1f} ms\n".format(
+            len(rec["selected"]), len(rec["trace"]), pack_rec["tokens_used"] if pack_rec else 0, b["usable"],
+            pack_rec["path"] if pack_rec else "-", str(rec["degraded"]).lower(),
+            f" ({', '.join(rec['degradation_reasons'])})" if rec["degradation_reasons"] else "",
+            str(rec["constrained"]).lower(), rec["timings_ms"]["total"],
+        )
+    )
+
+
+def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
+    import asyncio
+
+    from .assembly import assemble
+    from .memory import Query, Sources
+    from .request import AssemblyOptions, AssemblyRequest
+
+    async def run(req: AssemblyRequest) -> Any:
+        # Open the store's connections and worker threads first, as a server does at
+        # start-up: the directive's 5 ms branch timeout is not meant to pay for them.
+        await asyncio.gather(
+            store.directive(req.scope), store.hot(req.scope, req.query, 1), store.cold(req.scope, req.query, 1, 1.0)
+        )
+        return await assemble(req, sources=Sources.from_store(store))
+
+    try:
+        req = AssemblyRequest(
+            args.org, args.agent, args.model, Query(args.query), messages=_read_messages(args.messages),
+            options=AssemblyOptions(max_memories=args.max_memories),
+        )
+        ctx = asyncio.run(run(req))
+    except LookupError as exc:
+        raise CliError(str(exc.args[0]) if exc.args else str(exc)) from None
+    if args.json:
+        doc = ctx.record()
+        doc["text"] = ctx.text
+        json.dump(doc, out, indent=2, ensure_ascii=False)
+        out.write("\n")
+    else:
+        _print_assembly(ctx, out)
+    return 0
+
+
+def _cmd_assemble(args: argparse.Namespace, out: TextIO) -> int:
+    from .stores import SqliteMemoryStore
+
+    if not Path(args.db).exists():
+        raise CliError(f"no database at {args.db} (create one with `ctxcore memories add FILE --db {args.db}`)")
+    with SqliteMemoryStore(args.db) as store:
+        return _run_assembly(args, store, out)
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    import tempfile
+
+    from .stores import load_demo
+
+    with tempfile.TemporaryDirectory(prefix="ctxcore-demo-") as tmp:
+        db = args.db or str(Path(tmp) / "demo.db")
+        with load_demo(db, overwrite=args.db is not None) as store:
+            return _run_assembly(args, store, out)
+
+
+def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    p.add_argument("--model", default="gpt-4o" if demo else None, required=not demo, help="model name or alias")
+    p.add_argument("--org", default=DEMO_ORG if demo else None, required=not demo, help="organization id")
+    p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
+    p.add_argument("--query", default=DEMO_QUERY if demo else None, required=not demo, help="what the request is about")
+    p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
+    p.add_argument("--max-memories", type=int, default=64, help="most memories per branch and in the context")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
+
+
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
 
@@ -186,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
     c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     c.set_defaults(func=_cmd_catalog)
+    a = sub.add_parser("assemble", help="assemble the context for one request from a SQLite memory store")
+    a.add_argument("--db", required=True, help="the SQLite memory store")
+    _add_request_args(a, demo=False)
+    a.set_defaults(func=_cmd_assemble)
+    d = sub.add_parser("demo", help="build the demo memory store and assemble one request from it")
+    d.add_argument("--db", help="where to build the demo database (default: a temporary file)")
+    _add_request_args(d, demo=True)
+    d.set_defaults(func=_cmd_demo)
     mem = sub.add_parser("memories", help="manage a SQLite memory store").add_subparsers(dest="action", required=True)
     ma = mem.add_parser("add", help="store memories and directives from a JSON Lines file (all or none)")
     ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "

@@ -9,11 +9,14 @@ so that every instance carries the offending candidate's `index` and `candidate_
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._core import InvalidCandidate, InvalidFormatInput
 
 __all__ = [
     "CatalogError",
     "ConfigError",
+    "ContextOverflow",
     "InvalidCandidate",
     "InvalidFormatInput",
     "TokenizerMismatch",
@@ -74,3 +77,15 @@ class ConfigError(ValueError):
     """A policy setting makes no sense (e.g. a negative fraction, a minimum above its maximum)."""
 
     __module__ = "ctxcore"
+
+
+class ContextOverflow(ValueError):
+    """Directive, messages and tools alone do not fit the model's window, and the history
+    policy does not allow trimming (or nothing is left to trim). `budget` is the ledger
+    with the numbers; its `shortfall` is how far over the window the request is."""
+
+    __module__ = "ctxcore"
+
+    def __init__(self, message: str, budget: Any = None) -> None:
+        super().__init__(message)
+        self.budget = budget

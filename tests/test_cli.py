@@ -61,3 +61,29 @@ def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) ->
 def test_missing_file(tmp_path: Path) -> None:
     out = run("pack", str(tmp_path / "nope.jsonl"), "--budget", "10")
     assert out.returncode == 2 and "cannot read" in out.stderr
+
+
+def test_demo_assembles_from_the_shipped_dataset(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    out = run("demo", "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["selected"] and doc["pack"]["tokens_used"] <= doc["budget"]["usable"]
+    assert [b["branch"] for b in doc["branches"]] == ["directive", "hot", "cold"]
+    assert len(doc["trace"]) >= len(doc["selected"])
+    assert doc["nonce"] in doc["text"] and "<memories>" in doc["text"]
+    # the same store, through `ctxcore assemble`, as text and tables
+    again = run("assemble", "--db", str(db), "--model", "gpt-4o", "--org", "acme-retail", "--agent", "support",
+                "--query", "refund for shoes")
+    assert again.returncode == 0, again.stderr
+    assert "budget (gpt-4o" in again.stdout and "branches" in again.stdout and "trace" in again.stdout
+
+
+def test_assemble_names_what_is_missing(tmp_path: Path) -> None:
+    out = run("assemble", "--db", str(tmp_path / "none.db"), "--model", "gpt-4o", "--org", "o", "--agent", "a",
+              "--query", "q")
+    assert out.returncode == 2 and "no database" in out.stderr
+    db = tmp_path / "demo.db"
+    assert run("demo", "--db", str(db), "--json").returncode == 0
+    out = run("assemble", "--db", str(db), "--model", "gpt-99", "--org", "o", "--agent", "a", "--query", "q")
+    assert out.returncode == 2 and "gpt-99" in out.stderr and "Traceback" not in out.stderr
