@@ -89,8 +89,9 @@ def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]
     print(f"targets: undercount <= {TARGET_UNDERCOUNT:.1%} ({'met' if ours['undercount'] <= TARGET_UNDERCOUNT else 'MISSED'}), "
           f"median over <= {TARGET_MEDIAN_OVER:.0%} ({'met' if ours['median_over'] <= TARGET_MEDIAN_OVER else 'MISSED'})")
     assert ours["undercount"] <= GATE_UNDERCOUNT
-    # Never wildly above: the estimate stays within the UTF-8 byte count plus one.
-    assert np.all(est <= np.array([len(t.encode("utf-8", "surrogatepass")) for t in texts]) * 2 + 1)
+    # Never wildly above: at most 3x the exact count plus a few tokens (the margin of a
+    # one-word text); measured: at most 2.25x on texts of 20 tokens or more.
+    assert np.all(est <= 3 * exact + 4)
     # Both heuristics undercount far more often: the estimator is doing real work.
     assert rows["chars/4"]["undercount"] > 10 * max(ours["undercount"], 0.001)
     assert rows["bytes/3"]["undercount"] > 10 * max(ours["undercount"], 0.001)
