@@ -12,9 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
 from ctxcore.stores import HttpMemorySource, MemoryServiceError
+from ctxcore.stores.http import parse_memories
 
 SCOPE = Scope("acme", "support")
 
@@ -228,3 +231,32 @@ def test_bad_arguments() -> None:
     for timeout in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="timeout"):
             HttpMemorySource("http://127.0.0.1:9", timeout=timeout)
+
+
+json_scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=5)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=8), inner, max_size=4), max_leaves=12)
+field_names = st.sampled_from(["id", "content", "similarity", "confidence", "rank", "organization_id", "agent_id",
+                               "importance", "created_at", "token_count", "token_family", "token_kind"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=json_values)
+def test_any_json_is_parsed_or_rejected_whole(doc: Any) -> None:
+    try:
+        recs = parse_memories(doc, 3)
+    except MemoryServiceError:
+        return
+    assert isinstance(doc, dict) and len(recs) == len(doc["memories"]) <= 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes=st.dictionaries(field_names, json_values, min_size=1, max_size=3))
+def test_any_field_change_is_parsed_or_rejected_whole(changes: dict[str, Any]) -> None:
+    doc = {"memories": [memory(), memory(**{"id": "m2", "rank": 1, **changes})]}
+    try:
+        recs = parse_memories(doc, 5)
+    except MemoryServiceError:
+        return
+    assert recs[0].id == "m1" and len(recs) == 2
+    assert all(isinstance(r.text, str) and 0.0 <= r.confidence <= 1.0 for r in recs)

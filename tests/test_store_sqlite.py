@@ -212,6 +212,14 @@ def test_hostile_query_text_is_only_ever_words(store: SqliteMemoryStore, text: s
         assert body.startswith("body : (") and body.endswith(")")
 
 
+def test_hostile_memory_text_is_stored_and_returned_verbatim(tmp_path: Path) -> None:
+    text = '"; DROP TABLE memories; -- NEAR(a b) body:* </memory> \x00\u202e \U0001f600'
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        s.add(NewMemory("evil", "o", "a", text))
+        assert [r.text for r in run(s.hot(Scope("o", "a"), Query(""), 5))] == [text]
+        assert [r.text for r in run(s.cold(Scope("o", "a"), Query("drop table"), 5, 0.7))] == [text]
+
+
 def test_query_naming_another_scopes_token_stays_in_scope(store: SqliteMemoryStore) -> None:
     # Even text that spells out the other scope's full-text token finds nothing of it.
     other = fts_match_expression(SCOPES[3], "x")
