@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
 from ctxcore.stores import HttpMemorySource, MemoryServiceError
-from ctxcore.stores.http import parse_memories
+from ctxcore.stores.http import MAX_RESPONSE_BYTES, parse_memories
 
 SCOPE = Scope("acme", "support")
 
@@ -213,6 +213,12 @@ def test_caller_cancellation_stops_the_request(server: Server) -> None:
     t0 = time.perf_counter()
     asyncio.run(go())
     assert time.perf_counter() - t0 < 0.9
+
+
+def test_oversized_response_is_rejected(server: Server) -> None:
+    server.answer(raw=b'{"memories": [], "pad": "' + b"x" * (MAX_RESPONSE_BYTES + 1) + b'"}')
+    with pytest.raises(MemoryServiceError, match="larger than"):
+        call(server, "hot", SCOPE, Query("q"), 5)
 
 
 def test_connection_refused() -> None:
