@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -293,6 +294,20 @@ def test_directive_validation(store: SqliteMemoryStore) -> None:
         store.set_directive("acme", "support", "   ")
     store.set_directive("acme", "support", None)
     assert run(store.directive(SCOPES[0])) == "acme policy"
+
+
+def test_directives_are_cached_briefly_and_fresh_after_a_local_write(store: SqliteMemoryStore) -> None:
+    scope = SCOPES[0]
+    assert run(store.directive(scope)) == "acme policy\n\nacme/support role"
+    store.set_directive("acme", None, "new acme policy")  # seen at once, cache or not
+    assert run(store.directive(scope)) == "new acme policy\n\nacme/support role"
+    with SqliteMemoryStore(store.path, directive_cache_seconds=0.05) as reader:
+        assert run(reader.directive(scope)) == "new acme policy\n\nacme/support role"
+        store.set_directive("acme", "support", "changed by another store")
+        time.sleep(0.06)
+        assert run(reader.directive(scope)) == "new acme policy\n\nchanged by another store"
+    with pytest.raises(ValueError, match="directive_cache_seconds"):
+        SqliteMemoryStore(store.path, directive_cache_seconds=-1)
 
 
 def test_bad_query_arguments_are_typed_errors(store: SqliteMemoryStore) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_READERS",
     "DEFAULT_TOKEN_FAMILY",
+    "DIRECTIVE_CACHE_SECONDS",
     "FTS_MAX_DOC_FRACTION",
     "FTS_PRUNE_MIN_DOCS",
     "FTS_QUERY_TERMS",
@@ -86,6 +87,13 @@ FTS_QUERY_TERMS = 8
 # and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
+#: Seconds a directive read from the database is served from memory. The directive branch
+#: has 5 ms (the design's default) and directives change rarely: a cached one costs no
+#: thread hop. Directives set through this store are seen at once; set by another
+#: process, within this time.
+DIRECTIVE_CACHE_SECONDS = 1.0
+# Directive cache entries kept before the cache is emptied.
+_DIRECTIVE_CACHE_SCOPES = 100_000
 # How long a writer waits for another writer's lock before giving up (ms).
 _BUSY_TIMEOUT_MS = 5000
 # Key of an organization-wide directive: Scope forbids empty agent ids, so no agent's own
@@ -271,6 +279,8 @@ class SqliteMemoryStore:
         readers: reader threads (one connection each) that async queries run on.
         cache_bytes: bound on the in-memory embedding matrices (least recently used
             scopes are dropped first).
+        directive_cache_seconds: how long a directive is served from memory (0: always
+            read); directives set through this store are seen at once regardless.
 
     The ingest methods (`add`, `add_many`, `set_directive`) block; from async code call
     them through ``asyncio.to_thread``. `close` (or ``with``) releases the threads and
@@ -292,6 +302,7 @@ class SqliteMemoryStore:
         token_family: str = DEFAULT_TOKEN_FAMILY,
         readers: int = DEFAULT_READERS,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        directive_cache_seconds: float = DIRECTIVE_CACHE_SECONDS,
     ) -> None:
         self._path = os.fspath(path)
         if self._path in ("", ":memory:") or self._path.startswith("file:"):
@@ -304,6 +315,15 @@ class SqliteMemoryStore:
             raise ValueError(f"readers must be an int >= 1, got {readers!r}")
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if (
+            isinstance(directive_cache_seconds, bool)
+            or not isinstance(directive_cache_seconds, (int, float))
+            or not 0 <= directive_cache_seconds < float("inf")
+        ):
+            raise ValueError(f"directive_cache_seconds must be a number >= 0, got {directive_cache_seconds!r}")
+        self._directive_ttl = float(directive_cache_seconds)
+        self._directives: dict[Scope, tuple[float, str | None]] = {}
+        self._directive_generation = 0
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._embedder: Embedder | None = embedder
@@ -628,6 +648,10 @@ class SqliteMemoryStore:
                     "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
                     (*key, text, time.time()),
                 )
+            # After the write: a read that began before it will not be cached (its
+            # generation is older), and every read from now on sees the new text.
+            self._directive_generation += 1
+            self._directives.clear()
 
     def _count(self, texts: list[str]) -> list[int]:
         if self._exact:
@@ -699,7 +723,17 @@ class SqliteMemoryStore:
         ('Be brief.', None)
         """
         _check_scope(scope)
-        return await self._run(self._directive_job, scope)
+        now = time.monotonic()
+        hit = self._directives.get(scope)
+        if hit is not None and now - hit[0] < self._directive_ttl:
+            return hit[1]
+        generation = self._directive_generation
+        value = await self._run(self._directive_job, scope)
+        if generation == self._directive_generation:  # no set_directive meanwhile
+            if len(self._directives) >= _DIRECTIVE_CACHE_SCOPES:
+                self._directives.clear()
+            self._directives[scope] = (now, value)
+        return value
 
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`. Each carries
