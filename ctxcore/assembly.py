@@ -452,7 +452,7 @@ async def assemble(
     # ---- scoring, the gate, de-duplication, the per-request cap
     trace = TraceTable()
     for m in retrieved.out_of_scope:
-        trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin.value)
+        trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     mems = retrieved.memories
     scoring_record: dict[str, Any] = {}
     cand: list[int] = []  # indices into mems that go on to pricing and packing
@@ -481,15 +481,15 @@ async def assemble(
                 best[m.id] = i
         for i, m in enumerate(mems):
             if best[m.id] != i:
-                trace.add(m.id, TraceReason.DUPLICATE, m.origin.value, 0, scores[i], relevance[i])
+                trace.add(m.id, TraceReason.DUPLICATE, m.origin, 0, scores[i], relevance[i])
             elif not kept[i]:
-                trace.add(m.id, TraceReason.BELOW_RELEVANCE_FLOOR, m.origin.value, 0, scores[i], relevance[i])
+                trace.add(m.id, TraceReason.BELOW_RELEVANCE_FLOOR, m.origin, 0, scores[i], relevance[i])
             else:
                 cand.append(i)
         if len(cand) > opts.max_memories:
             cand.sort(key=lambda i: (-scores[i], mems[i].id))
             for i in cand[opts.max_memories :]:
-                trace.add(mems[i].id, TraceReason.OVER_MAX_MEMORIES, mems[i].origin.value, 0, scores[i], relevance[i])
+                trace.add(mems[i].id, TraceReason.OVER_MAX_MEMORIES, mems[i].origin, 0, scores[i], relevance[i])
             del cand[opts.max_memories :]
     t_scored = time.perf_counter()
 
@@ -499,7 +499,7 @@ async def assemble(
     tools = [dict(t) for t in request.tools] or None
     # The score attribute is rounded so that the text carries no float noise.
     memory_items = [
-        {"id": mems[i].id, "text": mems[i].text, "score": round(scores[i], 4), "source": mems[i].origin.value}
+        {"id": mems[i].id, "text": mems[i].text, "score": round(scores[i], 4), "source": mems[i].origin}
         for i in cand
     ]
     dropped: list[HistoryDrop] = []
@@ -564,7 +564,7 @@ async def assemble(
         codes = pack_result.reasons.tolist()
         trace.memory_id.extend(mems[i].id for i in cand)
         trace.reason.extend(_PACK_REASONS[c] for c in codes)
-        trace.origin.extend(mems[i].origin.value for i in cand)
+        trace.origin.extend(mems[i].origin for i in cand)
         trace.tokens.extend(costs.tolist())
         trace.score.extend(scores[i] for i in cand)
         trace.relevance.extend(relevance[i] for i in cand)

@@ -224,8 +224,9 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
     from .request import AssemblyOptions, AssemblyRequest
 
     async def run(req: AssemblyRequest) -> Any:
-        # Open the store's connections and worker threads first, as a server does at
-        # start-up: the directive's 5 ms branch timeout is not meant to pay for them.
+        # Load the embeddings and open the store's connections and worker threads first,
+        # as a server does at start-up: a 5 ms branch timeout is not meant to pay for them.
+        store.warm([req.scope])
         await asyncio.gather(
             store.directive(req.scope), store.hot(req.scope, req.query, 1), store.cold(req.scope, req.query, 1, 1.0)
         )
