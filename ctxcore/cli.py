@@ -6,6 +6,8 @@ pack record, as a table or (``--json``) as one JSON document. ``ctxcore catalog 
 lists the capability catalog (or one model; ``--catalog FILE`` for a user's own).
 ``ctxcore memories add FILE.jsonl --db PATH`` stores memories and directives (one JSON
 object per line) in a SQLite memory store, all or none, naming the line of any bad entry.
+``ctxcore serve`` runs the gRPC ContextAssemblyService and ``ctxcore api-key PRINCIPAL``
+makes a key for it (`ctxcore.service.cli`).
 """
 
 from __future__ import annotations
@@ -341,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
     ma.add_argument("--json", action="store_true", help="print one JSON document")
     ma.set_defaults(func=_cmd_memories_add)
+    from .service.cli import add_subcommands as _add_service_subcommands
+
+    _add_service_subcommands(sub)
     return parser
 
 

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""A closed-loop grpc.aio load driver for `ctxcore serve`, loopback only.
+
+    python bench/load_driver.py build-db bench.db --memories 100000
+    ctxcore serve --db bench.db --allow-unauthenticated --bind 127.0.0.1:50051 &
+    python bench/load_driver.py run --target 127.0.0.1:50051 --concurrency 16 --requests 20000
+
+``run`` keeps exactly ``--concurrency`` AssembleContext calls in flight (each worker sends
+its next call when the last one answers) until ``--requests`` calls are done or
+``--max-seconds`` have passed, whichever is first, and prints one JSON document: calls,
+seconds, rps, p50/p90/p99/max latency in ms, errors by status code, degraded answers and
+which wall applied. Several targets (``--target A,B``) are balanced by the client's
+``round_robin`` policy, the stateless scale-out path. Targets must be loopback addresses:
+this driver never sends load anywhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ctxcore.client import ContextClient
+from ctxcore.memory import Query, Scope
+from ctxcore.request import AssemblyRequest
+from ctxcore.v1 import context_assembly_pb2 as pb
+
+#: The bounds every run obeys, whatever the flags say.
+MAX_REQUESTS = 1_000_000
+MAX_SECONDS = 600.0
+MAX_CONCURRENCY = 1024
+
+N_ORGS, N_AGENTS = 20, 5
+QUESTIONS = [
+    "A customer wants to return shoes bought three weeks ago and asks about the refund.",
+    "Wann darf der Fahrer nach 4,5 Stunden Lenkzeit weiterfahren?",
+    "Quelle est la politique d'annulation pour une réservation ?",
+    "炊飯器のエラーE3の対処方法を教えてください",
+    "退款多久可以到账？",
+    "¿Cuánto tarda la instalación de paneles solares?",
+    "Postgres replication lag is high, what is the runbook?",
+    "Which customer prefers email and should not be called?",
+]
+
+
+def scopes() -> list[Scope]:
+    """The 100 (organization, agent) pairs the bench database holds."""
+    return [Scope(f"org-{o:02d}", f"agent-{a}") for o in range(N_ORGS) for a in range(N_AGENTS)]
+
+
+def check_loopback(target: str) -> list[str]:
+    """The host:port pairs of a target list, each checked to be a loopback address.
+
+    >>> check_loopback("127.0.0.1:5001,127.0.0.1:5002")
+    ['127.0.0.1:5001', '127.0.0.1:5002']
+    """
+    hosts = target.removeprefix("ipv4:").removeprefix("ipv6:").split(",")
+    for hp in hosts:
+        host = hp.rpartition(":")[0].strip("[]")
+        ok = host == "localhost"
+        try:
+            ok = ok or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            pass
+        if not ok:
+            raise SystemExit(f"refusing to send load to {hp!r}: loopback addresses only (127.0.0.0/8, ::1)")
+    return hosts
+
+
+def channel_target(hosts: Sequence[str]) -> str:
+    """One gRPC target for one or several loopback replicas."""
+    return hosts[0] if len(hosts) == 1 else "ipv4:" + ",".join(hosts)
+
+
+# ---- the bench database ---------------------------------------------------------------
+
+
+def _corpus(n: int) -> Iterator[Any]:
+    from ctxcore.stores import NewMemory
+
+    lines = files("ctxcore").joinpath("data/demo_memories.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [d["text"] for d in map(json.loads, lines) if d.get("type", "memory") == "memory"]
+    rng = random.Random(2026)
+    all_scopes = scopes()
+    for i in range(n):
+        words = rng.choice(texts).split(" ")
+        if len(words) > 4:
+            words[rng.randrange(len(words))] = rng.choice(rng.choice(texts).split(" "))
+        s = all_scopes[rng.randrange(len(all_scopes))]
+        yield NewMemory(f"m{i:06d}", s.organization_id, s.agent_id,
+                        " ".join(words) + f" (ref {rng.randrange(10**6):06d})", created_at=1.7e9 + i)
+
+
+def build_db(path: Path, n: int) -> float:
+    """Create the bench database (n memories over 100 scopes, one directive each);
+    returns the seconds it took."""
+    from ctxcore.stores import HashingEmbedder, SqliteMemoryStore
+
+    t0 = time.perf_counter()
+    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as store:
+        batch = []
+        for m in _corpus(n):
+            batch.append(m)
+            if len(batch) == 10_000:
+                store.add_many(batch)
+                batch = []
+        store.add_many(batch)
+        for s in scopes():
+            store.set_directive(s.organization_id, s.agent_id,
+                                f"You are the assistant of {s.organization_id}/{s.agent_id}. Be brief and exact.")
+    return time.perf_counter() - t0
+
+
+# ---- the closed loop ------------------------------------------------------------------
+
+
+async def wait_serving(hosts: Sequence[str], timeout_s: float = 30.0) -> None:
+    """Wait until every replica's grpc.health.v1 status is SERVING (its store is open)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    for host in hosts:
+        async with grpc.aio.insecure_channel(host) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while True:
+                try:
+                    r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.aio.AioRpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{host} is not SERVING after {timeout_s:g} s")
+                await asyncio.sleep(0.05)
+
+
+async def run_load(
+    target: str,
+    *,
+    concurrency: int = 16,
+    requests: int = 10_000,
+    max_seconds: float = 60.0,
+    timeout_ms: float = 45.0,
+    model: str = "gpt-4o",
+    api_key: str | None = None,
+    token: str | None = None,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Closed-loop load: `concurrency` workers, each sending its next AssembleContext as
+    soon as the last one answered, until `requests` are done or `max_seconds` pass."""
+    hosts = check_loopback(target)
+    concurrency = max(1, min(concurrency, MAX_CONCURRENCY))
+    requests = max(1, min(requests, MAX_REQUESTS))
+    max_seconds = min(max_seconds, MAX_SECONDS)
+    rng = random.Random(seed)
+    all_scopes = scopes()
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    degraded = 0
+    walls: dict[str, int] = {}
+    sent = 0
+    await wait_serving(hosts)
+    async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
+        # Connect to the replicas before the clock starts.
+        for _ in hosts:
+            await c.model_capabilities("gpt-4o", timeout=5.0)
+        stop_at = time.monotonic() + max_seconds
+        t_start = time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal sent, degraded
+            while sent < requests and time.monotonic() < stop_at:
+                sent += 1
+                s = all_scopes[rng.randrange(len(all_scopes))]
+                req = AssemblyRequest(s.organization_id, s.agent_id, model, Query(rng.choice(QUESTIONS)))
+                t0 = time.perf_counter()
+                try:
+                    r = await c.assemble(req)
+                except grpc.aio.AioRpcError as exc:
+                    errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                    lat.append((time.perf_counter() - t0) * 1000)
+                    continue
+                lat.append((time.perf_counter() - t0) * 1000)
+                degraded += r.degraded
+                w = pb.WallSource.Name(r.wall.source).removeprefix("WALL_SOURCE_").lower()
+                walls[w] = walls.get(w, 0) + 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t_start
+    lat.sort()
+
+    def pct(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else float("nan")
+
+    return {
+        "targets": hosts,
+        "concurrency": concurrency,
+        "calls": len(lat),
+        "seconds": round(elapsed, 3),
+        "rps": round(len(lat) / elapsed, 1) if elapsed > 0 else 0.0,
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": round(lat[-1], 3) if lat else float("nan"),
+        "errors": errors,
+        "degraded": degraded,
+        "walls": walls,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Closed-loop load driver for ctxcore serve (loopback only).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build-db", help="create the bench SQLite database")
+    b.add_argument("path", type=Path)
+    b.add_argument("--memories", type=int, default=100_000)
+    r = sub.add_parser("run", help="run the closed loop and print a JSON report")
+    r.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
+    r.add_argument("--concurrency", type=int, default=16)
+    r.add_argument("--requests", type=int, default=10_000)
+    r.add_argument("--max-seconds", type=float, default=60.0)
+    r.add_argument("--timeout-ms", type=float, default=45.0)
+    r.add_argument("--model", default="gpt-4o")
+    r.add_argument("--api-key")
+    r.add_argument("--token")
+    args = ap.parse_args(argv)
+    if args.cmd == "build-db":
+        if args.path.exists():
+            raise SystemExit(f"{args.path} exists")
+        secs = build_db(args.path, args.memories)
+        print(json.dumps({"path": str(args.path), "memories": args.memories, "seconds": round(secs, 1)}))
+        return 0
+    report = asyncio.run(run_load(args.target, concurrency=args.concurrency, requests=args.requests,
+                                  max_seconds=args.max_seconds, timeout_ms=args.timeout_ms, model=args.model,
+                                  api_key=args.api_key, token=args.token))
+    print(json.dumps(report, indent=2))
+    return 0 if not report["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
