@@ -132,7 +132,7 @@ def test_serve_answers_reflects_and_counts(served: Served) -> None:
     assert re.search(r'ctxcore_pack_path_total\{path="(dp|trivial|greedy)"\}', text)
     assert served.stop() == 0
     events = [r["event"] for r in served.log]
-    assert events[:2] == ["starting", "serving"] and events[-2:] == ["draining", "stopped"]
+    assert events[:3] == ["starting", "store_open", "serving"] and events[-2:] == ["draining", "stopped"]
     calls = [r for r in served.log if r["event"] == "call"]
     assert len(calls) == 3 and all(c["code"] == "OK" and c["rpc"] == "AssembleContext" for c in calls)
     logged = json.dumps(served.log)

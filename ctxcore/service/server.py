@@ -115,8 +115,14 @@ async def _open_sqlite(cfg: ServiceConfig) -> Any:
         raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
     if not cfg.db.exists():
         raise ConfigError(f"store.db {cfg.db} does not exist (create it with `ctxcore memories add FILE --db PATH`)")
-    # Opening checks the schema and starts the reader threads: blocking work, off the loop.
-    return await asyncio.to_thread(SqliteMemoryStore, cfg.db)
+    # Opening checks the schema and starts the reader threads, and warming loads every
+    # scope's embedding matrix so that no caller's cold query pays for it: blocking work,
+    # off the loop, done before health says SERVING.
+    t0 = time.perf_counter()
+    store = await asyncio.to_thread(SqliteMemoryStore, cfg.db)
+    scopes = await asyncio.to_thread(store.warm)
+    log_event("store_open", db=str(cfg.db), scopes_loaded=scopes, ms=round((time.perf_counter() - t0) * 1000, 1))
+    return store
 
 
 def _default_assemble() -> tuple[AssembleFn, Any]:
