@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import secrets
 import signal
@@ -429,6 +430,12 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
     try:
         await service.start()
+        # Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
+        # long as the process. Freezing it keeps the cyclic collector from walking it on
+        # every full collection: those walks measured 20-50 ms here, longer than the
+        # 40 ms retrieval wall, and now cost well under a millisecond.
+        gc.collect()
+        gc.freeze()
         await service.wait_stopped()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
