@@ -123,17 +123,23 @@ def test_cancelled_calls_leave_no_task_behind() -> None:
         async with running(open_config(), sources=fake.sources()) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}") as client:
                 baseline_tasks = len(asyncio.all_tasks())
-                cancelled = 0
+                cancelled = 0  # by the client, while the call was in flight
+                ended = 0
 
                 async def one(i: int) -> None:
-                    nonlocal cancelled
+                    nonlocal cancelled, ended
                     try:
                         if i % 2:
                             await asyncio.wait_for(client.assemble(req, timeout=5.0), rng.uniform(0.0, 0.006))
                         else:
                             await client.assemble(req, timeout=rng.uniform(0.0075, 0.012))
-                    except (TimeoutError, grpc.aio.AioRpcError):
+                    except TimeoutError:
                         cancelled += 1
+                    except grpc.aio.AioRpcError as exc:
+                        # CANCELLED: the client's cancellation raced the call's own end
+                        assert exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED), exc
+                        cancelled += exc.code() == grpc.StatusCode.CANCELLED
+                    ended += 1
 
                 for k in range(4000 // 50):
                     await asyncio.gather(*(one(k * 50 + i) for i in range(50)))
@@ -143,13 +149,13 @@ def test_cancelled_calls_leave_no_task_behind() -> None:
                         break
                     await asyncio.sleep(0.02)
                 left = [repr(t.get_coro()) for t in asyncio.all_tasks()]
-                return {"cancelled": cancelled, "tasks_after": len(left), "left": left,
+                return {"cancelled": cancelled, "ended": ended, "tasks_after": len(left), "left": left,
                         "baseline": baseline_tasks, "sources_running": fake.running,
                         "in_flight": svc.metrics.in_flight._value.get()}
 
     r = asyncio.run(main())
     print(f"\ncancelled calls: {r}")
-    assert r["cancelled"] >= 3600
+    assert r["ended"] == 4000 and r["cancelled"] >= 1800, r
     assert r["tasks_after"] <= r["baseline"], r
     assert r["sources_running"] == 0, r
     assert r["in_flight"] == 0, r
@@ -196,7 +202,10 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
                         nonlocal done
                         try:
                             await asyncio.wait_for(client.assemble(req, timeout=5.0), rng.uniform(0.0, 0.008))
-                        except (TimeoutError, grpc.aio.AioRpcError):
+                        except TimeoutError:
+                            done += 1
+                        except grpc.aio.AioRpcError as exc:
+                            assert exc.code() == grpc.StatusCode.CANCELLED, exc
                             done += 1
 
                     for _ in range(n // 50):
@@ -214,7 +223,7 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
         growth = (rss2 - rss1) / 2**20
         print(f"\nserver RSS {rss1 / 2**20:.1f} -> {rss2 / 2**20:.1f} MiB over {done} cancelled calls; "
               f"in flight {in_flight}")
-        assert done >= 9500
+        assert done >= 9000  # (a call whose branches all answer within its 0-8 ms is not cancelled)
         assert in_flight == 0
         assert growth < 8, growth
     finally:
