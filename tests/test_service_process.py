@@ -288,7 +288,10 @@ def test_two_replicas_behind_round_robin(demo_db: Path) -> None:
 
 def test_start_up_errors_are_named(tmp_path: Path, served: Served) -> None:
     missing = tmp_path / "nope.db"
+    not_a_db = tmp_path / "text.db"
+    not_a_db.write_text("these are not the pages you are looking for\n" * 100)
     cases = [
+        (["--db", str(not_a_db), "--allow-unauthenticated"], "cannot open the memory store"),
         (["--db", str(missing), "--allow-unauthenticated"], "does not exist"),
         (["--db", str(missing), "--allow-unauthenticated", "--bind", f"127.0.0.1:{served.port}"], "does not exist"),
         (["--allow-unauthenticated"], "store.db (or --db) is required"),

@@ -110,7 +110,7 @@ def scoped_sources(sources: Sources, scope: Scope) -> Sources:
 
 
 async def _open_sqlite(cfg: ServiceConfig) -> Any:
-    from ..stores import SqliteMemoryStore
+    from ..stores import MemoryStoreError, SqliteMemoryStore
 
     if cfg.db is None:
         raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
@@ -120,7 +120,10 @@ async def _open_sqlite(cfg: ServiceConfig) -> Any:
     # scope's embedding matrix so that no caller's cold query pays for it: blocking work,
     # off the loop, done before health says SERVING.
     t0 = time.perf_counter()
-    store = await asyncio.to_thread(SqliteMemoryStore, cfg.db)
+    try:
+        store = await asyncio.to_thread(SqliteMemoryStore, cfg.db)
+    except (MemoryStoreError, ValueError) as exc:
+        raise ConfigError(f"cannot open the memory store {cfg.db}: {exc}") from None
     scopes = await asyncio.to_thread(store.warm)
     log_event("store_open", db=str(cfg.db), scopes_loaded=scopes, ms=round((time.perf_counter() - t0) * 1000, 1))
     return store
