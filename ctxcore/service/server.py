@@ -21,6 +21,7 @@ get ``shutdown_grace_s`` to finish. Reflection is registered on loopback binds o
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import gc
 import logging
@@ -44,6 +45,7 @@ from .config import ServiceConfig
 from .convert import assembled_to_proto, budget_to_proto, capabilities_to_proto, request_from_proto
 from .logs import error_frames, log_event
 from .metrics import ServiceMetrics
+from .tracing import CallTracer
 
 __all__ = ["SERVICE_NAME", "ContextService", "scoped_sources", "serve"]
 
@@ -61,6 +63,17 @@ AssembleFn = Callable[..., Awaitable[Any]]
 #: Opens the memory store when the server starts: returns a `ctxcore.memory.MemoryStore`
 #: (closed at shutdown when it has a ``close`` method).
 StoreOpener = Callable[[], Awaitable[Any]]
+
+
+@dataclasses.dataclass(slots=True)
+class _CallState:
+    """What a call's handler shares with the RPC body: its log fields and its span."""
+
+    fields: dict[str, Any]
+    span: Any
+
+
+_CALL: contextvars.ContextVar[_CallState] = contextvars.ContextVar("ctxcore_service_call")
 
 
 class _Undecodable:
@@ -146,6 +159,8 @@ class ContextService:
         assemble: the assembly function (default: `ctxcore.assemble`).
         store_opener: opens the store when `start` runs (default: the SQLite store at
             ``config.db``); health stays NOT_SERVING until it returns.
+        tracer_provider: an OpenTelemetry tracer provider for the call and stage spans
+            (default: the global one; nothing without the ``otel`` extra).
     """
 
     def __init__(
@@ -156,6 +171,7 @@ class ContextService:
         catalog: Catalog | None = None,
         assemble: AssembleFn | None = None,
         store_opener: StoreOpener | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         config.check_start()
         self.config = config
@@ -164,6 +180,7 @@ class ContextService:
             load_catalog(config.catalog) if config.catalog is not None else default_catalog()
         )
         self.metrics = ServiceMetrics()
+        self.tracing = CallTracer(tracer_provider)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         if sources is None and store_opener is None:
             if config.db is None:
@@ -306,6 +323,9 @@ class ContextService:
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
             fields: dict[str, Any] = {}
+            span = self.tracing.start(rpc, context.invocation_metadata())
+            # Each call runs in its own task, so the context variable is the call's own.
+            _CALL.set(_CallState(fields, span))
             metrics.in_flight.inc()
             try:
                 if not self._ready:
@@ -334,6 +354,7 @@ class ContextService:
                 elapsed = time.perf_counter() - t0
                 metrics.in_flight.dec()
                 metrics.observe_call(rpc, code, elapsed)
+                self.tracing.end(span, code.name, code.value[0], fields)
                 log_event("call", logging.WARNING if code in _SERVER_FAULTS else logging.INFO,
                           rpc=rpc, code=code.name, ms=round(elapsed * 1000, 3), **fields)
 
@@ -360,6 +381,10 @@ class ContextService:
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.AssembledContext:
         req = request_from_proto(request)
+        call = _CALL.get(None)
+        if call is not None:
+            call.fields["organization_id"] = req.organization_id
+            call.fields["agent_id"] = req.agent_id
         scope = principal.authorize(req.organization_id, req.agent_id)
         deadline = self._wall_deadline(context)
         assert self._sources is not None
@@ -367,6 +392,7 @@ class ContextService:
                                   "deadline": deadline}
         if self._assembly_config is not None:
             kwargs["config"] = self._assembly_config
+        started_ns = self.tracing.now_ns()
         try:
             ctx = await self._assemble(req, **kwargs)
         except UnknownModel as exc:
@@ -377,6 +403,9 @@ class ContextService:
         except ContextOverflow as exc:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {exc}") from None
         self.metrics.observe_assembly(ctx)
+        if call is not None:
+            call.fields["degraded"] = bool(ctx.degraded)
+            self.tracing.assembly(call.span, ctx, started_ns)
         return assembled_to_proto(ctx, principal.name)
 
     async def _compute_budget(
