@@ -172,10 +172,13 @@ def _metric(port: int, name: str) -> float:
 
 
 def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
-    """10,000 calls cancelled by the client against a server in its own process: the
-    server's resident memory after the first 2,000 and after all 10,000 differs by less
-    than 8 MiB, and nothing is left in flight. (Measured in a separate process: grpc's
-    Python client itself leaks a little per cancelled call, grpc/grpc#43360.)"""
+    """After 1,000 warm-up calls, 10,000 more calls cancelled by the client against a
+    server in its own process: the
+    server's resident memory, sampled after every 1,000, shows no growth (the median of
+    the last three samples is within 12 MiB of the median of the first three: a leak of
+    1.3 KB a call would exceed it; the allocator's own swings are a few MiB either way),
+    and nothing is left in flight. (Measured in a separate process: grpc's Python client
+    itself leaks a little per cancelled call, grpc/grpc#43360.)"""
     import json
     import signal
     import subprocess
@@ -191,7 +194,7 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
         req = AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("marker"))
         rng = random.Random(4)
 
-        async def main() -> tuple[int, int, int]:
+        async def main() -> tuple[int, list[int]]:
             async with ContextClient(f"127.0.0.1:{ports['port']}") as client:
                 done = 0
 
@@ -211,21 +214,22 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
                     for _ in range(n // 50):
                         await asyncio.gather(*(one() for _ in range(50)))
 
-                await batch(2000)
-                await asyncio.sleep(0.3)
-                rss1 = _rss_bytes(proc.pid)
-                await batch(8000)
-                await asyncio.sleep(0.3)
-                return done, rss1, _rss_bytes(proc.pid)
+                await batch(1000)  # warm-up: caches, arenas, the channel
+                samples = []
+                for _ in range(10):
+                    await batch(1000)
+                    await asyncio.sleep(0.1)
+                    samples.append(_rss_bytes(proc.pid))
+                return done, samples
 
-        done, rss1, rss2 = asyncio.run(main())
+        done, samples = asyncio.run(main())
         in_flight = _metric(ports["metrics_port"], "ctxcore_requests_in_flight")
-        growth = (rss2 - rss1) / 2**20
-        print(f"\nserver RSS {rss1 / 2**20:.1f} -> {rss2 / 2**20:.1f} MiB over {done} cancelled calls; "
-              f"in flight {in_flight}")
-        assert done >= 9000  # (a call whose branches all answer within its 0-8 ms is not cancelled)
+        mib = [round(s / 2**20, 1) for s in samples]
+        growth = sorted(mib[-3:])[1] - sorted(mib[:3])[1]
+        print(f"\nserver RSS (MiB) every 1,000 of {done} cancelled calls: {mib}; in flight {in_flight}")
+        assert done >= 9900  # (a call whose branches all answer within its 0-8 ms is not cancelled)
         assert in_flight == 0
-        assert growth < 8, growth
+        assert growth < 12, mib
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(10)
