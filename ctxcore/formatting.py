@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, SupportsInt
 
+import numpy as np
+
 from . import _core
 from .errors import InvalidFormatInput
-from .tokens import estimate_tokens_batch
+from .tokens import _estimator
 
 __all__ = [
     "MIN_NONCE_HEX_DIGITS",
@@ -364,12 +366,16 @@ def formatter_overhead(
         True,
     )
     kinds = [kind for kind, _ in pieces]
-    texts: list[str] = []
-    begin = 0
-    for _, end in pieces:
-        texts.append(text[begin:end])
-        begin = end
-    costs = _price(kinds, texts, family, count)
+    if count is None:
+        assert family is not None
+        costs = _price_estimated(text, kinds, [end for _, end in pieces], family)
+    else:
+        texts: list[str] = []
+        begin = 0
+        for _, end in pieces:
+            texts.append(text[begin:end])
+            begin = end
+        costs = _price(texts, count)
     totals = [0] * 5
     memory_costs: list[int] = []
     for kind, cost in zip(kinds, costs):
@@ -389,40 +395,36 @@ def formatter_overhead(
     )
 
 
-def _price(kinds: list[int], texts: list[str], family: str | None, count: Callable[[str], SupportsInt] | None) -> list[int]:
-    """The token cost of each piece.
+def _price_estimated(text: str, kinds: list[int], ends: list[int], family: str) -> list[int]:
+    """The estimator's cost of each piece, in one compiled pass over `text`.
 
-    A custom `count` is applied to each piece on its own. The estimator prices each code
-    point given the one before it, so each piece is priced behind the character that
-    precedes it in the output: the previous piece's last one, or for a memory either the
-    safety sentence's end or another memory's closing ``>``, whichever costs more, since
-    packing decides which memory follows which. The piece's share of the whole text's raw
-    cost is then at most the raw cost of that priced string (which only adds the
-    non-negative cost of its first character), and the estimate of a sum of raw costs is
-    at most the sum of their estimates, so the prices bound the whole text's estimate
-    whatever subset of the memories is formatted.
+    The estimator prices each code point given the one before it, so each piece is priced
+    behind the character that precedes it in the output: the previous piece's last one,
+    or for a memory either the safety sentence's end or another memory's closing ``>``,
+    whichever costs more, since packing decides which memory follows which. The piece's
+    share of the whole text's raw cost is then at most the raw cost of that priced string
+    (which only adds the non-negative cost of its first character), and the estimate of a
+    sum of raw costs is at most the sum of their estimates, so the prices bound the whole
+    text's estimate whatever subset of the memories is formatted.
     """
-    if count is not None:
-        out = []
-        for t in texts:
-            n = int(count(t))
-            if n < 0:
-                raise ValueError(f"count returned {n} (< 0) for a piece of {len(t)} characters")
-            out.append(n)
-        return out
-    assert family is not None
     first_memory = kinds.index(_PIECE_MEMORY)
-    memory_before = (texts[first_memory - 1][-1], texts[first_memory][-1])
-    priced: list[str] = []
-    spans: list[tuple[int, int]] = []
-    for i, piece in enumerate(texts):
-        start = len(priced)
-        if i == 0:
-            priced.append(piece)
-        elif kinds[i] == _PIECE_MEMORY:
-            priced.extend(c + piece for c in memory_before)
-        else:
-            priced.append(texts[i - 1][-1] + piece)
-        spans.append((start, len(priced)))
-    values = estimate_tokens_batch(priced, family).tolist()
-    return [max(values[a:b]) for a, b in spans]
+    # The characters a memory element can follow: the end of the piece before the first
+    # memory (the safety sentence's line), and a memory element's own last character.
+    after_frame = text[ends[first_memory - 1] - 1]
+    after_memory = text[ends[first_memory] - 1]
+    is_memory = np.fromiter((k == _PIECE_MEMORY for k in kinds), dtype=bool, count=len(kinds))
+    priced = _estimator(family).price_pieces(
+        text, np.array(ends, dtype=np.int64), is_memory, after_frame, after_memory
+    )
+    return list(priced.tolist())
+
+
+def _price(texts: list[str], count: Callable[[str], SupportsInt]) -> list[int]:
+    """A custom `count` applied to each piece on its own."""
+    out = []
+    for t in texts:
+        n = int(count(t))
+        if n < 0:
+            raise ValueError(f"count returned {n} (< 0) for a piece of {len(t)} characters")
+        out.append(n)
+    return out

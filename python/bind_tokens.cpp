@@ -19,6 +19,8 @@ namespace {
 
 using U16Array = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>;
 using U32Array = py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>;
+using I64Array = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
 
 // The code points of a str, as the core reads them. CPython stores every str as fixed-width
 // units of 1, 2 or 4 bytes; lone surrogates are just code points there.
@@ -32,6 +34,19 @@ ctxcore::CodePoints code_points(const py::handle& obj, std::size_t index) {
 #endif
   return {PyUnicode_DATA(obj.ptr()), static_cast<std::size_t>(PyUnicode_GET_LENGTH(obj.ptr())),
           static_cast<unsigned>(PyUnicode_KIND(obj.ptr()))};
+}
+
+char32_t single_code_point(const py::str& s, const char* name) {
+  const ctxcore::CodePoints t = code_points(s, 0);
+  if (t.size != 1) throw std::invalid_argument(std::string(name) + " must be one character");
+  switch (t.width) {
+    case 1:
+      return static_cast<const std::uint8_t*>(t.data)[0];
+    case 2:
+      return static_cast<const std::uint16_t*>(t.data)[0];
+    default:
+      return static_cast<const std::uint32_t*>(t.data)[0];
+  }
 }
 
 template <class T>
@@ -87,6 +102,30 @@ class Estimator {
       // the scan creates and frees no Python object.
       py::gil_scoped_release nogil;
       ctxcore::estimate_tokens_batch(ctxcore::View<ctxcore::CodePoints>{views.data(), views.size()}, params_, dst);
+    }
+    return out;
+  }
+
+  // Prices the formatter's pieces of `text` (see ctxcore::price_pieces).
+  py::array_t<std::int64_t> price_pieces(const py::str& text, const I64Array& ends, const BoolArray& any_prefix,
+                                         const py::str& prefix_a, const py::str& prefix_b) const {
+    const ctxcore::CodePoints t = code_points(text, 0);
+    if (ends.ndim() != 1 || any_prefix.ndim() != 1) throw std::invalid_argument("ends and any_prefix must be 1-D");
+    const char32_t a = single_code_point(prefix_a, "prefix_a");
+    const char32_t b = single_code_point(prefix_b, "prefix_b");
+    const auto n = static_cast<std::size_t>(ends.shape(0));
+    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(n));
+    std::int64_t* dst = out.mutable_data();
+    const ctxcore::View<std::int64_t> e{ends.data(), n};
+    // bool is one byte here; reading it through unsigned char is always allowed.
+    const ctxcore::View<std::uint8_t> f{reinterpret_cast<const std::uint8_t*>(any_prefix.data()),
+                                        static_cast<std::size_t>(any_prefix.shape(0))};
+    {
+      // Safe: `text` and the arrays are held by the caller's frame (str is immutable;
+      // the arrays were converted above and are ours), `out` is ours alone, and the scan
+      // creates and frees no Python object.
+      py::gil_scoped_release nogil;
+      ctxcore::price_pieces(t, e, f, a, b, params_, dst);
     }
     return out;
   }
@@ -151,6 +190,8 @@ void register_tokens(py::module_& m) {
            py::arg("scale"), py::arg("spread"))
       .def("estimate", &Estimator::estimate, py::arg("text"))
       .def("estimate_batch", &Estimator::estimate_batch, py::arg("texts"))
+      .def("price_pieces", &Estimator::price_pieces, py::arg("text"), py::arg("ends"), py::arg("any_prefix"),
+           py::arg("prefix_a"), py::arg("prefix_b"))
       .def_property_readonly("pair_bits", &Estimator::pair_bits)
       .def_property_readonly("scale", &Estimator::scale)
       .def_property_readonly("spread", &Estimator::spread);

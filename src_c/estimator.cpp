@@ -182,4 +182,64 @@ void estimate_tokens_batch(View<CodePoints> texts, const EstimatorParams& params
   for (std::size_t i = 0; i < texts.size; ++i) out[i] = estimate_tokens(texts[i], params);
 }
 
+namespace {
+
+template <class Unit>
+void price_units(const Unit* cps, View<std::int64_t> ends, View<std::uint8_t> any_prefix, char32_t prefix_a,
+                 char32_t prefix_b, const EstimatorParams& p, std::int64_t* out) noexcept {
+  std::size_t begin = 0;
+  for (std::size_t k = 0; k < ends.size; ++k) {
+    const auto end = static_cast<std::size_t>(ends[k]);
+    const Unit* piece = cps + begin;
+    const std::size_t len = end - begin;
+    // raw_cost starts from "no previous code point"; a prefix swaps the first pair's cost
+    // for the cost after the prefix, and adds the prefix's own.
+    const std::uint64_t body = raw_cost(piece, len, p);
+    const auto behind = [&](char32_t c) {
+      std::uint64_t raw = body + cost(0, c, p);
+      if (len > 0) {
+        const auto first = static_cast<char32_t>(piece[0]);
+        raw = raw + cost(c, first, p) - cost(0, first, p);
+      }
+      return finish_estimate(raw, true, p);
+    };
+    if (begin == 0) {
+      out[k] = finish_estimate(body, len > 0, p);
+    } else if (any_prefix[k]) {
+      out[k] = std::max(behind(prefix_a), behind(prefix_b));
+    } else {
+      out[k] = behind(static_cast<char32_t>(cps[begin - 1]));
+    }
+    begin = end;
+  }
+}
+
+}  // namespace
+
+void price_pieces(const CodePoints& text, View<std::int64_t> ends, View<std::uint8_t> any_prefix, char32_t prefix_a,
+                  char32_t prefix_b, const EstimatorParams& params, std::int64_t* out) {
+  if (any_prefix.size != ends.size)
+    throw std::invalid_argument("price_pieces: " + std::to_string(ends.size) + " piece ends but " +
+                                std::to_string(any_prefix.size) + " prefix flags");
+  std::int64_t prev = 0;
+  for (std::size_t k = 0; k < ends.size; ++k) {
+    if (ends[k] < prev || ends[k] > static_cast<std::int64_t>(text.size))
+      throw std::invalid_argument("price_pieces: piece end " + std::to_string(ends[k]) + " at index " +
+                                  std::to_string(k) + " is not within [" + std::to_string(prev) + ", " +
+                                  std::to_string(text.size) + "]");
+    prev = ends[k];
+  }
+  switch (text.width) {
+    case 1:
+      price_units(static_cast<const std::uint8_t*>(text.data), ends, any_prefix, prefix_a, prefix_b, params, out);
+      break;
+    case 2:
+      price_units(static_cast<const std::uint16_t*>(text.data), ends, any_prefix, prefix_a, prefix_b, params, out);
+      break;
+    default:
+      price_units(static_cast<const std::uint32_t*>(text.data), ends, any_prefix, prefix_a, prefix_b, params, out);
+      break;
+  }
+}
+
 }  // namespace ctxcore

@@ -112,4 +112,16 @@ std::int64_t estimate_tokens(const CodePoints& text, const EstimatorParams& para
 // The estimates for many texts in fixed-width units, written to out[0 .. texts.size).
 void estimate_tokens_batch(View<CodePoints> texts, const EstimatorParams& params, std::int64_t* out) noexcept;
 
+// Prices consecutive pieces of one text, for the formatter's overhead. Piece k is the code
+// points [ends[k-1], ends[k]) of `text` (ends[-1] = 0). Piece 0, and any piece at the very
+// start, is estimated as it is; every other piece as if preceded by one code point: the
+// one before it in `text`, or, where `any_prefix[k]` is set (a piece whose neighbour is
+// not known yet, like a memory before packing), whichever of `prefix_a` and `prefix_b`
+// gives the larger estimate. A preceding code point only adds raw cost, so these prices
+// bound the estimate of any text made of the pieces. Equal to estimating each prefixed
+// piece as its own string. Throws std::invalid_argument when `ends` is not
+// non-decreasing within the text or `any_prefix` has another length.
+void price_pieces(const CodePoints& text, View<std::int64_t> ends, View<std::uint8_t> any_prefix, char32_t prefix_a,
+                  char32_t prefix_b, const EstimatorParams& params, std::int64_t* out);
+
 }  // namespace ctxcore
