@@ -271,8 +271,10 @@ void escape(Out& out, std::string_view in, std::int64_t& replaced) {
         dst += sc.length;
         continuation += sc.length - 1;
         widest = std::max(widest, sc.code_point);
-      } else if (M == Mode::Json && sc.what != Utf8::IllFormed) {
-        // JSON can name surrogates and U+FFFE/U+FFFF exactly; XML cannot carry them raw.
+      } else if (M == Mode::Json && sc.what == Utf8::NonCharacter) {
+        // JSON names U+FFFE/U+FFFF exactly as escapes; XML cannot carry them raw. A lone
+        // surrogate is replaced instead: two adjacent ones written as escapes would be
+        // joined by any JSON parser into one astral character, changing the value.
         dst = write_json_u(dst, sc.code_point);
       } else {
         std::memcpy(dst, kReplacement.data(), kReplacement.size());

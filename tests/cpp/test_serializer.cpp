@@ -99,8 +99,12 @@ TEST(Escaper, JsonKeepsTheValueAndDropsMarkup) {
   std::int64_t r = -1;
   EXPECT_EQ(json_of(std::string("\"\x01\"", 3), &r), "\"\\u0001\"");
   EXPECT_EQ(r, 0);
-  EXPECT_EQ(json_of(utf8(0xD800) + utf8(0xFFFF), &r), "\\ud800\\uffff");
+  EXPECT_EQ(json_of(utf8(0xFFFE) + utf8(0xFFFF), &r), "\\ufffe\\uffff");
   EXPECT_EQ(r, 0);
+  // A lone surrogate is replaced: a high and a low one written as escapes would be read
+  // back by a JSON parser as one astral character.
+  EXPECT_EQ(json_of(utf8(0xD800) + utf8(0xDFFF), &r), kFffd + kFffd);
+  EXPECT_EQ(r, 2);
   EXPECT_EQ(json_of("\xFF", &r), kFffd);
   EXPECT_EQ(r, 1);
 }
