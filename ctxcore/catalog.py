@@ -64,7 +64,7 @@ class TokenizerPolicy:
         """The fraction for `kind`; `CatalogError` when this family has no policy for it.
 
         >>> default_catalog().policies["cl100k_base"].safety_fraction(TokenKind.EXACT)
-        0.01
+        0.005
         """
         try:
             return self.safety_fractions[kind]
