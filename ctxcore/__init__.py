@@ -40,6 +40,7 @@ from .errors import (
     ContextOverflow,
     InvalidCandidate,
     InvalidFormatInput,
+    InvalidTokenizerOutput,
     TokenizerMismatch,
     TokenizerUnavailable,
     UnknownModel,
@@ -99,10 +100,13 @@ from .tokens import (
     TokenCount,
     TokenKind,
     count_tokens,
+    count_tokens_batch,
     estimate_tokens,
     estimate_tokens_batch,
     estimator_families,
     exact_families,
+    register_tokenizer,
+    unregister_tokenizer,
 )
 
 try:
@@ -194,6 +198,10 @@ __all__ = [
     "estimate_tokens_batch",
     "estimator_families",
     "exact_families",
+    "count_tokens_batch",
+    "register_tokenizer",
+    "unregister_tokenizer",
+    "InvalidTokenizerOutput",
     "format_context",
     "formatter_overhead",
     "pack",
