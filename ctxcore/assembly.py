@@ -59,7 +59,7 @@ from .retrieval import (
     compute_wall,
     retrieve,
 )
-from .tokens import TokenCount, TokenKind, _estimator, estimate_tokens_batch, exact_families
+from .tokens import TokenCount, TokenKind, _estimator_for, estimate_tokens_batch, exact_families
 from .scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoreWeights, ScoringConfig, score_candidates
 
 __all__ = [
@@ -484,7 +484,7 @@ class _Ledger:
         if self.exact:
             return _exact(texts, self.family)
         ends = np.array([e for _, e in pieces], dtype=np.int64)
-        priced = _estimator(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
+        priced = _estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
         return list(priced.tolist())
 
     def price(self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None,
