@@ -482,6 +482,16 @@ class _Ledger:
         behind the character that precedes it (a message or the tools JSON always follows
         a ``>``, so either is the same wherever the piece stands)."""
         if self.exact:
+            from .stores.counting import boundary_allowance
+
+            if boundary_allowance(self.family) == 0:
+                # A message always follows a ``>`` (``<history>`` or the message before it),
+                # and for the built-in families that ``>`` and the message's newline are one
+                # chunk: a message costs what it adds behind the ``>``, as the whole text counts.
+                is_message = [k == _PIECE_MESSAGE for k, _ in pieces]
+                counted = _exact([">" + t if m else t for t, m in zip(texts, is_message)], self.family)
+                gt = _exact([">"], self.family)[0]
+                return [c - gt if m else c for c, m in zip(counted, is_message)]
             return _exact(texts, self.family)
         ends = np.array([e for _, e in pieces], dtype=np.int64)
         priced = _estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
