@@ -169,7 +169,9 @@ def test_small_sets_match_brute_force(cands: list[Candidate], budget: int) -> No
 def test_fallback_path_meets_the_same_properties(cands: list[Candidate], budget: int) -> None:
     res = ctxcore.pack(cands, budget, cell_ceiling=1)
     check_invariants(cands, budget, res)
-    assert res.path in (PackPath.TRIVIAL, PackPath.GREEDY)
+    # A one-cell table only holds a single item against a budget under half a bucket,
+    # which dominance can leave (two equal items, room for one).
+    assert res.path in (PackPath.TRIVIAL, PackPath.GREEDY) or res.dp_cells <= 1
     assert free_value(cands, res) >= 0.999 * optimum(cands, budget) - 1e-9
 
 
