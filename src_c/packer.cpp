@@ -144,12 +144,20 @@ void order_by_density(Pool& pool) {
   for (std::size_t k = 0; k < keys.size(); ++k) pool.by_density[k] = keys[k].pos;
 }
 
-void order_by_tokens(Pool& pool) {
-  pool.by_tokens.resize(pool.size());
-  std::iota(pool.by_tokens.begin(), pool.by_tokens.end(), std::size_t{0});
-  std::stable_sort(pool.by_tokens.begin(), pool.by_tokens.end(),
-                   [&](std::size_t a, std::size_t b) { return pool.t[a] < pool.t[b]; });
+// Pool positions by ascending tokens, rank order among equal tokens. Tokens < 2**41 and
+// positions < 2**22 pack into one integer key, so this is one plain integer sort.
+std::vector<std::size_t> positions_by_tokens(const Pool& pool) {
+  static_assert(kMaxCandidates <= (std::size_t{1} << 22) && kMaxTokens < (std::int64_t{1} << 41),
+                "(tokens, position) must pack into 63 bits");
+  std::vector<std::uint64_t> keys(pool.size());
+  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = (static_cast<std::uint64_t>(pool.t[p]) << 22) | p;
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) order[k] = static_cast<std::size_t>(keys[k] & ((1U << 22) - 1));
+  return order;
 }
+
+void order_by_tokens(Pool& pool) { pool.by_tokens = positions_by_tokens(pool); }
 
 // The pool items whose positions `keep` marks, in the same (rank) order, with `capacity`.
 Pool subset(const Pool& pool, const std::vector<char>& keep, std::int64_t capacity) {
@@ -211,9 +219,7 @@ std::vector<char> dominated_items(const Pool& pool) {
   std::vector<std::size_t> same_score_end(m);
   for (std::size_t p = m; p-- > 0;)
     same_score_end[p] = (p + 1 < m && pool.v[p + 1] == pool.v[p]) ? same_score_end[p + 1] : p;
-  std::vector<std::size_t> order(m);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return pool.t[a] < pool.t[b]; });
+  const std::vector<std::size_t> order = positions_by_tokens(pool);
   std::vector<std::int64_t> tree(m + 1, 0);  // token sums stay below 2**62 (kMaxTokens)
   for (std::size_t p : order) {
     std::int64_t dominators = 0;
