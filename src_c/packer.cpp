@@ -25,6 +25,9 @@ constexpr int kMaxSwaps = 16;
 // Cells of the exact DP around the density break that raises the bar bound fixing is
 // measured against: 2**14 cells are ~10 us and usually bring the bar to the optimum.
 constexpr std::int64_t kBarCells = std::int64_t{1} << 14;
+// Rounds of bound fixing: each costs O(m log m) and runs only after the bar rose; the
+// free set rarely shrinks further after the third.
+constexpr int kMaxFixRounds = 4;
 
 std::string shown_id(std::string_view id) {
   constexpr std::size_t kShown = 80;
@@ -300,8 +303,11 @@ std::int64_t to_buckets(std::int64_t tokens, std::int64_t bucket) {
 // at least `width - 1` less the weight of the items after i (below that no capacity is
 // ever reached back from the last row). On a set whose weight is a small multiple of the
 // capacity this skips most of the table. Choice bits are stored for that band only.
+//
+// `round_up` rounds weights up instead (and the caller rounds the capacity down): every
+// packing the table allows then fits exactly, at the price of a little unused room.
 std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::vector<double>& values,
-                            std::int64_t bucket, std::size_t width) {
+                            std::int64_t bucket, std::size_t width, bool round_up = false) {
   const std::size_t m = tokens.size();
   const std::size_t cap = width - 1;
   std::vector<std::size_t> weight(m);
@@ -309,7 +315,8 @@ std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::
   // and the suffix sums below stay far from overflow.
   for (std::size_t i = 0; i < m; ++i)
     weight[i] = static_cast<std::size_t>(
-        std::min<std::int64_t>(static_cast<std::int64_t>(width), std::max<std::int64_t>(1, to_buckets(tokens[i], bucket))));
+        std::min<std::int64_t>(static_cast<std::int64_t>(width),
+                               std::max<std::int64_t>(1, round_up ? (tokens[i] - 1) / bucket + 1 : to_buckets(tokens[i], bucket))));
   std::vector<std::size_t> after(m + 1, 0);  // weight of items i.. (saturating at width)
   for (std::size_t i = m; i-- > 0;) after[i] = std::min(width, after[i + 1] + weight[i]);
   std::vector<char> chosen(m, 0);
@@ -533,9 +540,8 @@ bool best_swap(const Pool& pool, std::vector<char>& chosen) {
   return true;
 }
 
-// Depth-first branch-and-bound over items in density order with the LP bound (Horowitz
-// and Sahni), seeded with the current selection as the incumbent and stopped after
-// `limit` nodes. It only ever replaces the incumbent with a strictly better feasible set;
+// Depth-first branch-and-bound over items in density order (Horowitz and Sahni), seeded
+// with the current selection as the incumbent and stopped after `limit` nodes. It only ever replaces the incumbent with a strictly better feasible set;
 // when it finishes inside the limit the result is a proven optimum. `floor` is a value some
 // packing outside this pool's scope already reaches (the caller keeps that packing): the
 // search then only looks for packings above it.
@@ -578,8 +584,15 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
     const auto it = std::upper_bound(pt.begin() + static_cast<std::ptrdiff_t>(k), pt.end(), pt[k] + cap);
     const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
     double bound = pv[j] - pv[k];
-    if (j < m) bound += dv[j] * (static_cast<double>(cap - (pt[j] - pt[k])) / static_cast<double>(dt[j]));
-    return bound;
+    if (j == m) return bound;
+    // Martello and Toth's bound, never above the LP's: the break item is either out (the
+    // room left filled at the next item's density) or in (the room it lacks taken back at
+    // the previous item's density). Much tighter than the LP when items are large.
+    const double room = static_cast<double>(cap - (pt[j] - pt[k]));
+    const double out = j + 1 < m ? room * (dv[j + 1] / static_cast<double>(dt[j + 1])) : 0.0;
+    const double in = j > k ? dv[j] - (static_cast<double>(dt[j]) - room) * (dv[j - 1] / static_cast<double>(dt[j - 1]))
+                            : -std::numeric_limits<double>::infinity();
+    return bound + std::max(out, in);
   };
 
   struct Frame {
@@ -664,8 +677,8 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
   refill(red, best);
   if (core_improve(red, best, std::min(kBarCells, options.core_cell_limit))) refill(red, best);
   double bar = chosen_value(red, best);
-  bool bucket_dp_done = false;
-  for (;;) {
+  bool bucket_dp_done = false, fine_dp_done = false;
+  for (int round = 1;; ++round) {
     const Fixing fx = fix_by_bounds(red, bar);
     if (fx.residual < 0) {
       res.proven_optimal = true;  // the items fixed in cannot all fit: nothing beats the bar
@@ -697,9 +710,11 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
     }
     const auto m = static_cast<std::int64_t>(sub.size());
     const std::int64_t room = sub.capacity;
-    if (room + 1 <= options.core_cell_limit / m) {
-      // Small enough for the DP on exact token counts: the free items' optimum (on the
-      // fallback path this is the exact core step covering every free item).
+    const bool exact_in_core = room + 1 <= options.core_cell_limit / m;
+    if (exact_in_core || (dp_path && room + 1 <= options.cell_ceiling / m)) {
+      // Small enough for the DP on exact token counts: the free items' optimum. On the DP
+      // path, 1-token buckets whenever that table fits under the ceiling; on the fallback
+      // path, the exact core step covering every free item.
       if (dp_path) res.dp_cells += (room + 1) * m;
       lift(dp_select(sub.t, sub.v, 1, static_cast<std::size_t>(room + 1)));
       res.proven_optimal = true;
@@ -731,8 +746,25 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
       chosen = greedy_select(sub);
       refill(sub, chosen);
     }
+    // Once: a DP over every free item in the core step's cell budget, with the finest
+    // buckets that allow (on the DP path, only when finer than the step-4 buckets). With
+    // few free items this is near exact where the exact window holds only a handful.
+    const std::int64_t per_item = options.core_cell_limit / m;
+    if (!fine_dp_done && per_item >= 2) {
+      fine_dp_done = true;
+      // Weights rounded up, capacity down: what it picks fits exactly, so no repair (which
+      // drops a whole item, a large loss when items are large) is needed.
+      const std::int64_t bucket = room / (per_item - 1) + 1;
+      if (!dp_path || bucket < options.bucket_tokens) {
+        std::vector<char> fine =
+            dp_select(sub.t, sub.v, bucket, static_cast<std::size_t>(room / bucket + 1), /*round_up=*/true);
+        refill(sub, fine);
+        if (chosen_value(sub, fine) > chosen_value(sub, chosen)) chosen.swap(fine);
+      }
+    }
     if (core_improve(sub, chosen, options.core_cell_limit)) refill(sub, chosen);
     for (int s = 0; s < kMaxSwaps && best_swap(sub, chosen); ++s) refill(sub, chosen);
+    if (lift(chosen) && round < kMaxFixRounds) continue;  // a higher bar: fix again
     const SearchOutcome search = branch_and_bound(sub, chosen, options.search_node_limit, bar - fixed_value);
     res.search_nodes = search.nodes;
     res.proven_optimal = search.complete;
