@@ -383,6 +383,62 @@ std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::
   return chosen;
 }
 
+// ---- step 4, sparse: the exact DP over Pareto states ---------------------------------
+// Nemhauser and Ullmann: after each item, keep only the (tokens, value) states no other
+// state beats on both, in ascending tokens with strictly rising value. With items that
+// are large against the capacity there are few such states (a packing holds a handful of
+// items), where a table on exact token counts has capacity + 1 cells a row. Exact; gives
+// up (returns false) once more than `state_limit` states would be stored.
+bool pareto_select(const Pool& pool, std::int64_t state_limit, std::vector<char>& chosen) {
+  struct State {
+    std::int64_t w;
+    double v;
+    std::uint32_t from;  // index in the previous item's list
+    bool took;
+  };
+  const std::size_t m = pool.size();
+  std::vector<std::vector<State>> lists(m + 1);
+  lists[0].push_back({0, 0.0, 0, false});
+  std::int64_t stored = 1;
+  for (std::size_t i = 0; i < m; ++i) {
+    const std::vector<State>& prev = lists[i];
+    std::vector<State>& next = lists[i + 1];
+    next.reserve(prev.size() * 2);
+    const std::int64_t ti = pool.t[i];
+    const double vi = pool.v[i];
+    std::size_t a = 0, b = 0;  // a: prev without item i; b: prev with item i
+    double last = -1.0;        // values are > 0 but the empty state's is 0
+    while (a < prev.size() || b < prev.size()) {
+      const bool b_ok = b < prev.size() && prev[b].w + ti <= pool.capacity;
+      if (!b_ok) b = prev.size();
+      State s;
+      if (b == prev.size() || (a < prev.size() && prev[a].w <= prev[b].w + ti)) {
+        if (a == prev.size()) break;
+        s = {prev[a].w, prev[a].v, static_cast<std::uint32_t>(a), false};
+        ++a;
+      } else {
+        s = {prev[b].w + ti, prev[b].v + vi, static_cast<std::uint32_t>(b), true};
+        ++b;
+      }
+      if (s.v > last) {
+        if (!next.empty() && next.back().w == s.w) next.back() = s;  // same tokens, more value
+        else next.push_back(s);
+        last = s.v;
+      }
+    }
+    stored += static_cast<std::int64_t>(next.size());
+    if (stored > state_limit || next.size() > std::numeric_limits<std::uint32_t>::max()) return false;
+  }
+  chosen.assign(m, 0);
+  std::size_t k = lists[m].size() - 1;  // the last state has the largest value
+  for (std::size_t i = m; i > 0; --i) {
+    const State& s = lists[i][k];
+    chosen[i - 1] = s.took ? 1 : 0;
+    k = s.from;
+  }
+  return true;
+}
+
 // ---- step 3b: the fallback above the cell ceiling -----------------------------------
 // Value-density greedy that keeps scanning past items that do not fit, compared with the
 // single most valuable item (the classic guard that makes density greedy a 1/2
@@ -711,7 +767,23 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
     const auto m = static_cast<std::int64_t>(sub.size());
     const std::int64_t room = sub.capacity;
     const bool exact_in_core = room + 1 <= options.core_cell_limit / m;
-    if (exact_in_core || (dp_path && room + 1 <= options.cell_ceiling / m)) {
+    const bool exact_in_ceiling = dp_path && room + 1 <= options.cell_ceiling / m;
+    if (!exact_in_core) {
+      // Few Pareto states (large items): the free items' exact optimum for much less work
+      // than the table. Tried within the step's cell budget, and given up early when the
+      // states would cost a good part of what the table does.
+      std::int64_t state_limit = dp_path ? std::max(options.core_cell_limit, options.cell_ceiling / 4)
+                                         : options.core_cell_limit;
+      if (room + 1 <= std::numeric_limits<std::int64_t>::max() / (4 * m))
+        state_limit = std::min(state_limit, (room + 1) * m / 4);
+      std::vector<char> exact;
+      if (pareto_select(sub, state_limit, exact)) {
+        lift(exact);
+        res.proven_optimal = true;
+        return;
+      }
+    }
+    if (exact_in_core || exact_in_ceiling) {
       // Small enough for the DP on exact token counts: the free items' optimum. On the DP
       // path, 1-token buckets whenever that table fits under the ceiling; on the fallback
       // path, the exact core step covering every free item.
