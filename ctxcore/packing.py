@@ -152,6 +152,11 @@ class PackResult:
             `decisions` gives the same as objects.
         dp_cells: size of the DP table used (0 when the DP did not run).
         search_nodes: branch-and-bound nodes explored.
+        dominated: candidates the dominance reduction left out before optimizing (never
+            needed: the lighter, better ones could not all fit beside them); their
+            decision is `Reason.BUDGET_EXHAUSTED`.
+        free_items: candidates still undecided after the exact reductions (dominance and
+            LP-bound fixing): the size of the problem the DP, or the fallback, solved.
     """
 
     ids: tuple[str, ...]
@@ -168,6 +173,8 @@ class PackResult:
     reasons: npt.NDArray[np.uint8] = field(repr=False)
     dp_cells: int = field(repr=False, default=0)
     search_nodes: int = field(repr=False, default=0)
+    dominated: int = field(repr=False, default=0)
+    free_items: int = field(repr=False, default=0)
     _candidate_ids: tuple[str, ...] = field(repr=False, default=())
     _tokens: npt.NDArray[np.int64] = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
     _scores: npt.NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
@@ -498,6 +505,8 @@ def pack_arrays(
         reasons=out.reasons,
         dp_cells=out.dp_cells,
         search_nodes=out.search_nodes,
+        dominated=out.dominated,
+        free_items=out.free_items,
         _candidate_ids=tuple(id_list),
         _tokens=_frozen(tok_arr),
         _scores=_frozen(score_arr),

@@ -124,7 +124,9 @@ void register_pack(py::module_& m) {
       .def_property_readonly("truncated", [](const PackOutput& o) { return o.r.truncated; })
       .def_property_readonly("proven_optimal", [](const PackOutput& o) { return o.r.proven_optimal; })
       .def_property_readonly("dp_cells", [](const PackOutput& o) { return o.r.dp_cells; })
-      .def_property_readonly("search_nodes", [](const PackOutput& o) { return o.r.search_nodes; });
+      .def_property_readonly("search_nodes", [](const PackOutput& o) { return o.r.search_nodes; })
+      .def_property_readonly("dominated", [](const PackOutput& o) { return o.r.dominated; })
+      .def_property_readonly("free_items", [](const PackOutput& o) { return o.r.free_items; });
 
   m.def("pack_arrays", &pack_arrays, py::arg("ids"), py::arg("tokens"), py::arg("scores"), py::arg("pinned"),
         py::arg("budget"), py::arg("bucket_tokens"), py::arg("cell_ceiling"), py::arg("search_node_limit"),

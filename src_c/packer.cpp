@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 namespace ctxcore {
@@ -21,6 +22,12 @@ constexpr std::int64_t kBudgetClamp = std::int64_t{1} << 62;
 // Bound on applied 1-for-1 swaps per call: each costs O(m log m), and after the core step
 // there are rarely more than a few left to find.
 constexpr int kMaxSwaps = 16;
+// Cells of the exact DP around the density break that raises the bar bound fixing is
+// measured against: 2**14 cells are ~10 us and usually bring the bar to the optimum.
+constexpr std::int64_t kBarCells = std::int64_t{1} << 14;
+// Rounds of bound fixing: each costs O(m log m) and runs only after the bar rose; the
+// free set rarely shrinks further after the third.
+constexpr int kMaxFixRounds = 4;
 
 std::string shown_id(std::string_view id) {
   constexpr std::size_t kShown = 80;
@@ -126,7 +133,7 @@ struct Pool {
   std::size_t size() const { return t.size(); }
 };
 
-void order_pool(Pool& pool) {
+void order_by_density(Pool& pool) {
   struct Key {
     double density;
     std::size_t pos;  // pool position = rank order, the tie-break
@@ -138,10 +145,34 @@ void order_pool(Pool& pool) {
   });
   pool.by_density.resize(keys.size());
   for (std::size_t k = 0; k < keys.size(); ++k) pool.by_density[k] = keys[k].pos;
-  pool.by_tokens.resize(pool.size());
-  std::iota(pool.by_tokens.begin(), pool.by_tokens.end(), std::size_t{0});
-  std::stable_sort(pool.by_tokens.begin(), pool.by_tokens.end(),
-                   [&](std::size_t a, std::size_t b) { return pool.t[a] < pool.t[b]; });
+}
+
+// Pool positions by ascending tokens, rank order among equal tokens. Tokens < 2**41 and
+// positions < 2**22 pack into one integer key, so this is one plain integer sort.
+std::vector<std::size_t> positions_by_tokens(const Pool& pool) {
+  static_assert(kMaxCandidates <= (std::size_t{1} << 22) && kMaxTokens < (std::int64_t{1} << 41),
+                "(tokens, position) must pack into 63 bits");
+  std::vector<std::uint64_t> keys(pool.size());
+  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = (static_cast<std::uint64_t>(pool.t[p]) << 22) | p;
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) order[k] = static_cast<std::size_t>(keys[k] & ((1U << 22) - 1));
+  return order;
+}
+
+void order_by_tokens(Pool& pool) { pool.by_tokens = positions_by_tokens(pool); }
+
+// The pool items whose positions `keep` marks, in the same (rank) order, with `capacity`.
+Pool subset(const Pool& pool, const std::vector<char>& keep, std::int64_t capacity) {
+  Pool out;
+  out.capacity = capacity;
+  for (std::size_t p = 0; p < pool.size(); ++p) {
+    if (!keep[p]) continue;
+    out.input.push_back(pool.input[p]);
+    out.t.push_back(pool.t[p]);
+    out.v.push_back(pool.v[p]);
+  }
+  return out;
 }
 
 std::int64_t chosen_tokens(const Pool& pool, const std::vector<char>& chosen) {
@@ -167,6 +198,97 @@ double lp_bound(const Pool& pool) {
   return bound;
 }
 
+// ---- step 3: exact reductions -------------------------------------------------------
+// Both keep at least one optimal packing, so the optimum, the LP bound's validity and
+// `proven_optimal` are unaffected; what they remove is decided here, once.
+
+// Dominance. Item d dominates item j when t_d <= t_j and v_d >= v_j, ties (equal tokens
+// and score) going to the earlier-ranked item, as the packer's score-then-id order does.
+// If the items dominating j cannot all be packed beside j (their tokens plus j's exceed
+// the capacity), j is never needed: any packing holding j leaves out some dominator d, and
+// swapping j for d loses no value and needs no more room. Every swap moves to an item
+// earlier in (tokens, rank) order, so swapping repeats only finitely often, and some
+// optimal packing holds no dominated item: all of them can be removed at once. (Counting
+// dominators is not enough: floor(capacity / t_j) of them fit beside j when they are
+// lighter; it is their tokens that must overflow.)
+//
+// One pass in (tokens, rank) order with a Fenwick tree of token sums over rank positions:
+// when j is reached, the tree holds exactly the items lighter than j or as light and
+// earlier-ranked, and those with a score >= j's are a prefix of the rank order.
+std::vector<char> dominated_items(const Pool& pool) {
+  const std::size_t m = pool.size();
+  std::vector<char> out(m, 0);
+  // Last rank position with the same score as p (the pool is in rank order: score desc).
+  std::vector<std::size_t> same_score_end(m);
+  for (std::size_t p = m; p-- > 0;)
+    same_score_end[p] = (p + 1 < m && pool.v[p + 1] == pool.v[p]) ? same_score_end[p + 1] : p;
+  const std::vector<std::size_t> order = positions_by_tokens(pool);
+  std::vector<std::int64_t> tree(m + 1, 0);  // token sums stay below 2**62 (kMaxTokens)
+  for (std::size_t p : order) {
+    std::int64_t dominators = 0;
+    for (std::size_t k = same_score_end[p] + 1; k > 0; k &= k - 1) dominators += tree[k];
+    if (dominators > pool.capacity - pool.t[p]) out[p] = 1;
+    for (std::size_t k = p + 1; k <= m; k += k & (~k + 1)) tree[k] += pool.t[p];
+  }
+  return out;
+}
+
+// Bound fixing (Dembo and Hammer's reduction with the exact LP bound). Given `lb`, the
+// value of a packing in hand: if the LP bound with item k forced in is below lb, no packing
+// holding k beats what is in hand, so k is fixed out; if the bound with k forced out is
+// below lb, k is fixed in. What remains free is the problem still to solve, with the
+// capacity the fixed-in items leave (negative when they cannot all fit, and then nothing
+// beats lb). Each bound is the LP over the density order without k, read off prefix sums
+// in O(log m): removing k changes nothing when the LP at that capacity does not reach k,
+// and otherwise equals the LP at a capacity larger by t_k, less v_k.
+enum class Fix : std::int8_t { Out = 0, In = 1, Free = 2 };
+
+struct Fixing {
+  std::vector<Fix> state;  // per pool position
+  std::int64_t residual = 0;
+};
+
+Fixing fix_by_bounds(const Pool& pool, double lb) {
+  const std::size_t m = pool.size();
+  std::vector<std::int64_t> pt(m + 1, 0);
+  std::vector<double> pv(m + 1, 0.0);
+  for (std::size_t k = 0; k < m; ++k) {
+    pt[k + 1] = pt[k] + pool.t[pool.by_density[k]];
+    pv[k + 1] = pv[k] + pool.v[pool.by_density[k]];
+  }
+  auto lp = [&](std::int64_t cap) {
+    const auto it = std::upper_bound(pt.begin(), pt.end(), cap);
+    const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
+    double bound = pv[j];
+    if (j < m) {
+      const std::size_t p = pool.by_density[j];
+      bound += pool.v[p] * (static_cast<double>(cap - pt[j]) / static_cast<double>(pool.t[p]));
+    }
+    return bound;
+  };
+  auto lp_without = [&](std::size_t k, std::int64_t cap) {
+    const std::size_t p = pool.by_density[k];
+    return pt[k] < cap ? lp(cap + pool.t[p]) - pool.v[p] : lp(cap);
+  };
+  // Fix only on a clear margin: the prefix sums carry rounding of about m ulps of the
+  // bound, and a packing better than lb by less than this is not worth a proof.
+  const double scale = std::max(std::abs(lb), lp(pool.capacity));
+  const double tol = (1e-12 + 4e-16 * static_cast<double>(m)) * scale;
+  Fixing fx;
+  fx.state.assign(m, Fix::Free);
+  fx.residual = pool.capacity;
+  for (std::size_t k = 0; k < m; ++k) {
+    const std::size_t p = pool.by_density[k];
+    if (pool.v[p] + lp_without(k, pool.capacity - pool.t[p]) < lb - tol) {
+      fx.state[p] = Fix::Out;
+    } else if (lp_without(k, pool.capacity) < lb - tol) {
+      fx.state[p] = Fix::In;
+      fx.residual -= pool.t[p];
+    }
+  }
+  return fx;
+}
+
 // ---- step 3a: DP over token buckets -------------------------------------------------
 // Weights and capacity are rounded to the nearest bucket (at least one bucket per item):
 // the DP then sees the problem with unbiased error, and step 4 repairs the exact sum.
@@ -176,54 +298,145 @@ std::int64_t to_buckets(std::int64_t tokens, std::int64_t bucket) {
   return q + (r >= bucket - r ? 1 : 0);
 }
 
+// Row i only computes the capacities that can matter: at most the weight of items 0..i
+// (above that every capacity has the same value, so the row is that value continued) and
+// at least `width - 1` less the weight of the items after i (below that no capacity is
+// ever reached back from the last row). On a set whose weight is a small multiple of the
+// capacity this skips most of the table. Choice bits are stored for that band only.
+//
+// `round_up` rounds weights up instead (and the caller rounds the capacity down): every
+// packing the table allows then fits exactly, at the price of a little unused room.
 std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::vector<double>& values,
-                            std::int64_t bucket, std::size_t width) {
+                            std::int64_t bucket, std::size_t width, bool round_up = false) {
   const std::size_t m = tokens.size();
-  const std::size_t row_bytes = (width + 7) / 8;
-  std::vector<std::uint8_t> choice(m * row_bytes, 0);  // bit-packed: item i took bucket w
-  std::vector<double> prev(width, 0.0), cur(width, 0.0);
-  std::vector<std::uint8_t> took(row_bytes * 8, 0);
+  const std::size_t cap = width - 1;
   std::vector<std::size_t> weight(m);
+  // Weights saturate at width: an item heavier than the capacity never fits either way,
+  // and the suffix sums below stay far from overflow.
+  for (std::size_t i = 0; i < m; ++i)
+    weight[i] = static_cast<std::size_t>(
+        std::min<std::int64_t>(static_cast<std::int64_t>(width),
+                               std::max<std::int64_t>(1, round_up ? (tokens[i] - 1) / bucket + 1 : to_buckets(tokens[i], bucket))));
+  std::vector<std::size_t> after(m + 1, 0);  // weight of items i.. (saturating at width)
+  for (std::size_t i = m; i-- > 0;) after[i] = std::min(width, after[i + 1] + weight[i]);
+  std::vector<char> chosen(m, 0);
+  if (after[0] <= cap) {  // in buckets everything fits: the DP would take it all
+    std::fill(chosen.begin(), chosen.end(), char{1});
+    return chosen;
+  }
+  std::vector<std::size_t> lo(m), hi(m), offset(m + 1, 0);
+  for (std::size_t i = 0, before = 0; i < m; ++i) {
+    before = std::min(width, before + weight[i]);
+    hi[i] = std::min(cap, before);
+    lo[i] = cap - std::min(cap, after[i + 1]);
+    offset[i + 1] = offset[i] + (hi[i] / 8 - lo[i] / 8 + 1);
+  }
+  std::unique_ptr<std::uint8_t[]> choice(new std::uint8_t[offset[m]]);  // bit-packed, band only
+  std::vector<double> prev(width, 0.0), cur(width, 0.0);
+  std::vector<std::uint8_t> took((cap / 8 + 1) * 8, 0);
+  std::size_t prev_hi = 0;  // prev holds capacities [.., prev_hi]; row -1 is all zeros
 
   for (std::size_t i = 0; i < m; ++i) {
-    const std::size_t wi = static_cast<std::size_t>(std::max<std::int64_t>(1, to_buckets(tokens[i], bucket)));
-    weight[i] = wi;
+    const std::size_t wi = weight[i];
     const double vi = values[i];
-    if (wi < width) {
-      std::copy(prev.begin(), prev.begin() + static_cast<std::ptrdiff_t>(wi), cur.begin());
-      std::fill(took.begin(), took.begin() + static_cast<std::ptrdiff_t>(wi), std::uint8_t{0});
-      // Separate input and output rows keep both loops free of carried dependencies, so
-      // the compiler vectorizes them (a max, then a compare narrowed to bytes).
-      const double* __restrict p = prev.data();
-      double* __restrict c = cur.data();
-      std::uint8_t* __restrict k = took.data();
-      for (std::size_t w = wi; w < width; ++w) c[w] = std::max(p[w], p[w - wi] + vi);
-      for (std::size_t w = wi; w < width; ++w) k[w] = static_cast<std::uint8_t>(c[w] > p[w]);
-    } else {
-      std::copy(prev.begin(), prev.end(), cur.begin());
-      std::fill(took.begin(), took.end(), std::uint8_t{0});
-    }
+    // Continue the previous row's last value up to this row's reach.
+    std::fill(prev.begin() + static_cast<std::ptrdiff_t>(prev_hi) + 1,
+              prev.begin() + static_cast<std::ptrdiff_t>(hi[i]) + 1, prev[prev_hi]);
+    const std::size_t first = std::max(lo[i], wi);  // first capacity the item fits in
+    const std::size_t copy_end = std::min(first, hi[i] + 1);
+    std::copy(prev.begin() + static_cast<std::ptrdiff_t>(lo[i]), prev.begin() + static_cast<std::ptrdiff_t>(copy_end),
+              cur.begin() + static_cast<std::ptrdiff_t>(lo[i]));
+    std::fill(took.begin() + static_cast<std::ptrdiff_t>(lo[i]), took.begin() + static_cast<std::ptrdiff_t>(copy_end),
+              std::uint8_t{0});
+    // Separate input and output rows keep both loops free of carried dependencies, so
+    // the compiler vectorizes them (a max, then a compare narrowed to bytes).
+    const double* __restrict p = prev.data();
+    double* __restrict c = cur.data();
+    std::uint8_t* __restrict k = took.data();
+    const std::size_t end = hi[i] + 1;
+    for (std::size_t w = first; w < end; ++w) c[w] = std::max(p[w], p[w - wi] + vi);
+    for (std::size_t w = first; w < end; ++w) k[w] = static_cast<std::uint8_t>(c[w] > p[w]);
     // Pack eight 0/1 bytes into one bit-row byte: the multiply gathers byte j's low bit
-    // into bit 56 + j, with no carries between the eight products.
-    std::uint8_t* row = choice.data() + i * row_bytes;
-    for (std::size_t byte = 0; byte < row_bytes; ++byte) {
+    // into bit 56 + j, with no carries between the eight products. Bits outside the band
+    // come from stale (initialized) bytes and are never read.
+    std::uint8_t* row = choice.get() + offset[i];
+    for (std::size_t byte = lo[i] / 8, out = 0; byte <= hi[i] / 8; ++byte, ++out) {
       std::uint64_t eight;
       std::memcpy(&eight, took.data() + byte * 8, 8);
-      row[byte] = static_cast<std::uint8_t>((eight * 0x0102040810204080ULL) >> 56);
+      row[out] = static_cast<std::uint8_t>((eight * 0x0102040810204080ULL) >> 56);
     }
     std::swap(prev, cur);
+    prev_hi = hi[i];
   }
 
-  std::vector<char> chosen(m, 0);
-  std::size_t w = width - 1;
+  std::size_t w = cap;
   for (std::size_t i = m; i-- > 0;) {
-    const std::uint8_t* row = choice.data() + i * row_bytes;
-    if ((static_cast<unsigned>(row[w / 8]) >> (w % 8)) & 1U) {
+    const std::uint8_t* row = choice.get() + offset[i];
+    const std::size_t bit = w - (lo[i] / 8) * 8;
+    if ((static_cast<unsigned>(row[bit / 8]) >> (bit % 8)) & 1U) {
       chosen[i] = 1;
       w -= weight[i];
     }
+    // Above the previous row's reach its value is constant: go down to where it was stored.
+    if (i > 0) w = std::min(w, hi[i - 1]);
   }
   return chosen;
+}
+
+// ---- step 4, sparse: the exact DP over Pareto states ---------------------------------
+// Nemhauser and Ullmann: after each item, keep only the (tokens, value) states no other
+// state beats on both, in ascending tokens with strictly rising value. With items that
+// are large against the capacity there are few such states (a packing holds a handful of
+// items), where a table on exact token counts has capacity + 1 cells a row. Exact; gives
+// up (returns false) once more than `state_limit` states would be stored.
+bool pareto_select(const Pool& pool, std::int64_t state_limit, std::vector<char>& chosen) {
+  struct State {
+    std::int64_t w;
+    double v;
+    std::uint32_t from;  // index in the previous item's list
+    bool took;
+  };
+  const std::size_t m = pool.size();
+  std::vector<std::vector<State>> lists(m + 1);
+  lists[0].push_back({0, 0.0, 0, false});
+  std::int64_t stored = 1;
+  for (std::size_t i = 0; i < m; ++i) {
+    const std::vector<State>& prev = lists[i];
+    std::vector<State>& next = lists[i + 1];
+    next.reserve(prev.size() * 2);
+    const std::int64_t ti = pool.t[i];
+    const double vi = pool.v[i];
+    std::size_t a = 0, b = 0;  // a: prev without item i; b: prev with item i
+    double last = -1.0;        // values are > 0 but the empty state's is 0
+    while (a < prev.size() || b < prev.size()) {
+      const bool b_ok = b < prev.size() && prev[b].w + ti <= pool.capacity;
+      if (!b_ok) b = prev.size();
+      State s;
+      if (b == prev.size() || (a < prev.size() && prev[a].w <= prev[b].w + ti)) {
+        if (a == prev.size()) break;
+        s = {prev[a].w, prev[a].v, static_cast<std::uint32_t>(a), false};
+        ++a;
+      } else {
+        s = {prev[b].w + ti, prev[b].v + vi, static_cast<std::uint32_t>(b), true};
+        ++b;
+      }
+      if (s.v > last) {
+        if (!next.empty() && next.back().w == s.w) next.back() = s;  // same tokens, more value
+        else next.push_back(s);
+        last = s.v;
+      }
+    }
+    stored += static_cast<std::int64_t>(next.size());
+    if (stored > state_limit || next.size() > std::numeric_limits<std::uint32_t>::max()) return false;
+  }
+  chosen.assign(m, 0);
+  std::size_t k = lists[m].size() - 1;  // the last state has the largest value
+  for (std::size_t i = m; i > 0; --i) {
+    const State& s = lists[i][k];
+    chosen[i - 1] = s.took ? 1 : 0;
+    k = s.from;
+  }
+  return true;
 }
 
 // ---- step 3b: the fallback above the cell ceiling -----------------------------------
@@ -383,16 +596,17 @@ bool best_swap(const Pool& pool, std::vector<char>& chosen) {
   return true;
 }
 
-// Depth-first branch-and-bound over items in density order with the LP bound (Horowitz
-// and Sahni), seeded with the current selection as the incumbent and stopped after
-// `limit` nodes. It only ever replaces the incumbent with a strictly better feasible set;
-// when it finishes inside the limit the result is a proven optimum.
+// Depth-first branch-and-bound over items in density order (Horowitz and Sahni), seeded
+// with the current selection as the incumbent and stopped after `limit` nodes. It only ever replaces the incumbent with a strictly better feasible set;
+// when it finishes inside the limit the result is a proven optimum. `floor` is a value some
+// packing outside this pool's scope already reaches (the caller keeps that packing): the
+// search then only looks for packings above it.
 struct SearchOutcome {
   bool complete = false;
   std::int64_t nodes = 0;
 };
 
-SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std::int64_t limit) {
+SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std::int64_t limit, double floor) {
   SearchOutcome out;
   const std::size_t m = pool.size();
   if (limit <= 0 || m == 0) {
@@ -418,6 +632,7 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
       best += dv[k];
     }
   }
+  best = std::max(best, floor);
   const double tol = 1e-12 * pv[m];
 
   auto lp = [&](std::size_t k, std::int64_t cap) {
@@ -425,8 +640,15 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
     const auto it = std::upper_bound(pt.begin() + static_cast<std::ptrdiff_t>(k), pt.end(), pt[k] + cap);
     const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
     double bound = pv[j] - pv[k];
-    if (j < m) bound += dv[j] * (static_cast<double>(cap - (pt[j] - pt[k])) / static_cast<double>(dt[j]));
-    return bound;
+    if (j == m) return bound;
+    // Martello and Toth's bound, never above the LP's: the break item is either out (the
+    // room left filled at the next item's density) or in (the room it lacks taken back at
+    // the previous item's density). Much tighter than the LP when items are large.
+    const double room = static_cast<double>(cap - (pt[j] - pt[k]));
+    const double out = j + 1 < m ? room * (dv[j + 1] / static_cast<double>(dt[j + 1])) : 0.0;
+    const double in = j > k ? dv[j] - (static_cast<double>(dt[j]) - room) * (dv[j - 1] / static_cast<double>(dt[j - 1]))
+                            : -std::numeric_limits<double>::infinity();
+    return bound + std::max(out, in);
   };
 
   struct Frame {
@@ -496,6 +718,134 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
   return out;
 }
 
+// Steps 4-6 on the pool that dominance leaves, whose tokens exceed its capacity (density
+// order set). Leaves the best packing found in `best` (pool positions) and fills the
+// record's path, dp_cells, search_nodes, free_items and proven_optimal.
+//
+// The bar is the value-density packing, improved by a small exact DP around its break
+// item; bound fixing against it leaves the free items. A DP over them (exact when its table
+// is small, and then the answer) raises the bar, and fixing again against the higher bar
+// usually leaves few enough for the exact DP; otherwise the exact core, swaps and the
+// bounded search finish the job on what is still free.
+void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char>& best, PackResult& res) {
+  const bool dp_path = res.path == PackPath::Dp;
+  best = greedy_select(red);
+  refill(red, best);
+  if (core_improve(red, best, std::min(kBarCells, options.core_cell_limit))) refill(red, best);
+  double bar = chosen_value(red, best);
+  bool bucket_dp_done = false, fine_dp_done = false;
+  for (int round = 1;; ++round) {
+    const Fixing fx = fix_by_bounds(red, bar);
+    if (fx.residual < 0) {
+      res.proven_optimal = true;  // the items fixed in cannot all fit: nothing beats the bar
+      return;
+    }
+    std::vector<char> fixed(red.size(), 0), free_mask(red.size(), 0);
+    for (std::size_t p = 0; p < red.size(); ++p) {
+      if (fx.state[p] == Fix::In) fixed[p] = 1;
+      else if (fx.state[p] == Fix::Free && red.t[p] <= fx.residual) free_mask[p] = 1;
+    }
+    Pool sub = subset(red, free_mask, fx.residual);
+    res.free_items = static_cast<std::int64_t>(sub.size());
+    const double fixed_value = chosen_value(red, fixed);
+    // The fixed-in items plus a packing of the free ones; kept when it beats the bar.
+    auto lift = [&](const std::vector<char>& sub_chosen) {
+      std::vector<char> cand = fixed;
+      for (std::size_t p = 0, q = 0; p < red.size(); ++p)
+        if (free_mask[p]) cand[p] = sub_chosen[q++];
+      const double value = chosen_value(red, cand);
+      if (!(value > bar)) return false;
+      best.swap(cand);
+      bar = value;
+      return true;
+    };
+    if (std::accumulate(sub.t.begin(), sub.t.end(), std::int64_t{0}) <= sub.capacity) {
+      lift(std::vector<char>(sub.size(), 1));  // every free item fits: that is the optimum
+      res.proven_optimal = true;
+      return;
+    }
+    const auto m = static_cast<std::int64_t>(sub.size());
+    const std::int64_t room = sub.capacity;
+    const bool exact_in_core = room + 1 <= options.core_cell_limit / m;
+    const bool exact_in_ceiling = dp_path && room + 1 <= options.cell_ceiling / m;
+    if (!exact_in_core) {
+      // Few Pareto states (large items): the free items' exact optimum for much less work
+      // than the table. Tried within the step's cell budget, and given up early when the
+      // states would cost a good part of what the table does.
+      std::int64_t state_limit = dp_path ? std::max(options.core_cell_limit, options.cell_ceiling / 4)
+                                         : options.core_cell_limit;
+      if (room + 1 <= std::numeric_limits<std::int64_t>::max() / (4 * m))
+        state_limit = std::min(state_limit, (room + 1) * m / 4);
+      std::vector<char> exact;
+      if (pareto_select(sub, state_limit, exact)) {
+        lift(exact);
+        res.proven_optimal = true;
+        return;
+      }
+    }
+    if (exact_in_core || exact_in_ceiling) {
+      // Small enough for the DP on exact token counts: the free items' optimum. On the DP
+      // path, 1-token buckets whenever that table fits under the ceiling; on the fallback
+      // path, the exact core step covering every free item.
+      if (dp_path) res.dp_cells += (room + 1) * m;
+      lift(dp_select(sub.t, sub.v, 1, static_cast<std::size_t>(room + 1)));
+      res.proven_optimal = true;
+      return;
+    }
+    order_by_density(sub);
+    if (dp_path && !bucket_dp_done) {
+      bucket_dp_done = true;
+      const std::int64_t width = to_buckets(room, options.bucket_tokens) + 1;
+      {
+        res.dp_cells += width * m;
+        std::vector<char> chosen = dp_select(sub.t, sub.v, options.bucket_tokens, static_cast<std::size_t>(width));
+        repair(sub, chosen);
+        refill(sub, chosen);
+        if (lift(chosen)) continue;  // a higher bar fixes more: reduce again
+      }
+    }
+    // Improve from the best packing when it is one of this sub-problem's (it holds every
+    // fixed-in item and no fixed-out one), else from the free items' density packing.
+    order_by_tokens(sub);
+    bool consistent = true;
+    for (std::size_t p = 0; p < red.size() && consistent; ++p)
+      consistent = free_mask[p] || best[p] == fixed[p];
+    std::vector<char> chosen;
+    if (consistent) {
+      for (std::size_t p = 0; p < red.size(); ++p)
+        if (free_mask[p]) chosen.push_back(best[p]);
+    } else {
+      chosen = greedy_select(sub);
+      refill(sub, chosen);
+    }
+    // Once: a DP over every free item in the core step's cell budget, with the finest
+    // buckets that allow (on the DP path, only when finer than the step-4 buckets). With
+    // few free items this is near exact where the exact window holds only a handful.
+    const std::int64_t per_item = options.core_cell_limit / m;
+    if (!fine_dp_done && per_item >= 2) {
+      fine_dp_done = true;
+      // Weights rounded up, capacity down: what it picks fits exactly, so no repair (which
+      // drops a whole item, a large loss when items are large) is needed.
+      const std::int64_t bucket = room / (per_item - 1) + 1;
+      if (!dp_path || bucket < options.bucket_tokens) {
+        std::vector<char> fine =
+            dp_select(sub.t, sub.v, bucket, static_cast<std::size_t>(room / bucket + 1), /*round_up=*/true);
+        refill(sub, fine);
+        if (chosen_value(sub, fine) > chosen_value(sub, chosen)) chosen.swap(fine);
+      }
+    }
+    if (core_improve(sub, chosen, options.core_cell_limit)) refill(sub, chosen);
+    for (int s = 0; s < kMaxSwaps && best_swap(sub, chosen); ++s) refill(sub, chosen);
+    if (lift(chosen) && round < kMaxFixRounds) continue;  // a higher bar: fix again
+    const SearchOutcome search = branch_and_bound(sub, chosen, options.search_node_limit, bar - fixed_value);
+    res.search_nodes = search.nodes;
+    res.proven_optimal = search.complete;
+    repair(sub, chosen);  // a no-op by construction; the budget guarantee does not rest on it
+    lift(chosen);
+    return;
+  }
+}
+
 }  // namespace
 
 // ---- the pipeline -------------------------------------------------------------------
@@ -546,53 +896,60 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
       }  // else: larger than all the room there is; stays BudgetExhausted
     }
     std::vector<char> chosen(pool.size(), 1);
+    double pool_bound = std::accumulate(pool.v.begin(), pool.v.end(), 0.0);  // when everything fits
     if (pool_tokens <= pool.capacity) {
       res.path = PackPath::Trivial;
       res.proven_optimal = true;
     } else {
-      order_pool(pool);
-      // Step 3: DP while the table stays under the ceiling, else the fallback.
-      const std::int64_t bucket = options.bucket_tokens;
-      const std::int64_t width = to_buckets(pool.capacity, bucket) + 1;
-      const std::int64_t per_item = options.cell_ceiling / static_cast<std::int64_t>(pool.size());
-      if (width <= per_item) {
-        res.path = PackPath::Dp;
-        res.dp_cells = width * static_cast<std::int64_t>(pool.size());
-        chosen = dp_select(pool.t, pool.v, bucket, static_cast<std::size_t>(width));
-        repair(pool, chosen);
-        refill(pool, chosen);
-        // The density start costs O(m) more; on sets of items smaller than a bucket it is
-        // often the better of the two, since each such item costs the DP a whole bucket.
-        std::vector<char> density = greedy_select(pool);
-        refill(pool, density);
-        if (chosen_value(pool, density) > chosen_value(pool, chosen)) chosen.swap(density);
+      // Step 3: exact reductions. Dominated items are left out for good: never needed.
+      const std::vector<char> dominated = dominated_items(pool);
+      std::vector<char> kept(pool.size());
+      for (std::size_t p = 0; p < pool.size(); ++p) kept[p] = static_cast<char>(!dominated[p]);
+      Pool red = subset(pool, kept, pool.capacity);
+      res.dominated = static_cast<std::int64_t>(pool.size() - red.size());
+      // Step 4's decision, on the reduced set: the DP while its table stays under the ceiling.
+      const std::int64_t width = to_buckets(red.capacity, options.bucket_tokens) + 1;
+      const bool dp = width <= options.cell_ceiling / static_cast<std::int64_t>(std::max<std::size_t>(1, red.size()));
+      res.path = dp ? PackPath::Dp : PackPath::Greedy;
+      std::vector<char> best(red.size(), 1);
+      if (std::accumulate(red.t.begin(), red.t.end(), std::int64_t{0}) <= red.capacity) {
+        res.proven_optimal = true;  // what dominance leaves fits whole: that is an optimum
+        pool_bound = std::accumulate(red.v.begin(), red.v.end(), 0.0);
       } else {
-        res.path = PackPath::Greedy;
-        chosen = greedy_select(pool);
-        refill(pool, chosen);
+        order_by_density(red);
+        pool_bound = lp_bound(red);
+        solve_reduced(red, options, best, res);
+        refill(red, best);  // a no-op on an optimum; keeps every packing maximal
       }
-      // Steps 4-5: exact core, swaps, bounded search; repair is exact at every step.
-      if (core_improve(pool, chosen, options.core_cell_limit)) refill(pool, chosen);
-      for (int s = 0; s < kMaxSwaps && best_swap(pool, chosen); ++s) refill(pool, chosen);
-      const SearchOutcome search = branch_and_bound(pool, chosen, options.search_node_limit);
-      res.search_nodes = search.nodes;
-      res.proven_optimal = search.complete;
-      repair(pool, chosen);  // a no-op by construction; the budget guarantee does not rest on it
+      // Back to pool positions; then, so that nothing left out still fits, dominated items
+      // into any room left (only possible when the packing was not proven optimal).
+      std::fill(chosen.begin(), chosen.end(), char{0});
+      std::int64_t used = 0;
+      for (std::size_t p = 0, q = 0; p < pool.size(); ++p) {
+        if (!kept[p]) continue;
+        chosen[p] = best[q++];
+        if (chosen[p]) used += pool.t[p];
+      }
+      for (std::size_t p = 0; p < pool.size(); ++p) {
+        if (!kept[p] && pool.t[p] <= pool.capacity - used) {
+          chosen[p] = 1;
+          used += pool.t[p];
+        }
+      }
     }
     for (std::size_t p = 0; p < pool.size(); ++p)
       res.reasons[pool.input[p]] = chosen[p] ? Reason::Selected : Reason::BudgetExhausted;
 
-    // Upper bound: what is already fixed plus the LP relaxation of the pool.
+    // Upper bound: what is already fixed plus the LP relaxation of the pool that dominance
+    // leaves (whose optimum is the pool's).
     double fixed = 0.0;
     for (std::size_t i : order)
       if (res.reasons[i] == Reason::Pinned || (res.reasons[i] == Reason::Selected && in.tokens[i] == 0))
         fixed += in.scores[i];
-    // When everything fits, the LP optimum is the whole pool.
-    res.upper_bound = fixed + (res.path == PackPath::Trivial ? std::accumulate(pool.v.begin(), pool.v.end(), 0.0)
-                                                              : lp_bound(pool));
+    res.upper_bound = fixed + pool_bound;
   }
 
-  // Step 6: emit pinned first, then the rest, each in rank order.
+  // Step 7: emit pinned first, then the rest, each in rank order.
   for (std::size_t i : order)
     if (res.reasons[i] == Reason::Pinned) res.indices.push_back(static_cast<std::int64_t>(i));
   for (std::size_t i : order)

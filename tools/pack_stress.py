@@ -1,64 +1,131 @@
 """Long-run check of the packer against an exact DP on exact token counts.
 
-Random instances of 20-400 candidates in five styles (uniform, memory-sized log-normal,
-small items, weakly and strongly correlated score/size), budgets up to 6,000 tokens; each
-packed on both paths (DP, and the fallback forced by a one-cell ceiling), with and without
-the branch-and-bound step. Prints the worst value/optimum ratio and how many results were
-proven optimal, per style and configuration.
+Random instances in seven families, each packed on both paths (DP, and the fallback forced
+by a one-cell ceiling), with and without the branch-and-bound step. Prints, per family,
+path and search setting: the worst value/optimum ratio, how many results were proven
+optimal (and that every proven one is the optimum), and what the exact reductions left.
 
-    python tools/pack_stress.py [SEED] [INSTANCES]
+Families: ``uniform`` (1-400 tokens), ``memory`` (log-normal memory-sized texts),
+``small`` (1-40), ``correlated`` and ``strong`` (score tracks size weakly / strongly),
+``large`` (1,000-9,000 tokens against 16,000 or 32,000: a few fit among thousands) and
+``skewed`` (10% large high-score items among many small ones).
+
+    python tools/pack_stress.py [--seed S] [--instances N] [--sizes 20-400,3000,10000]
+                                [--families large,memory] [--max-budget 32000]
+
+``--sizes`` takes counts and ranges; each instance draws one. The oracle is a numpy DP over
+every candidate (budget + 1 cells a row), so n = 10,000 at a 32,000 budget takes about a
+second per instance.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
+import time
+from collections import defaultdict
 
 import numpy as np
 
 import ctxcore
 
+FAMILIES = ("uniform", "correlated", "memory", "small", "strong", "large", "skewed")
 
-def exact(tokens: list[int], scores: list[float], capacity: int) -> float:
+
+def exact(tokens: np.ndarray, scores: np.ndarray, capacity: int) -> float:
+    """0/1 knapsack optimum on exact token counts (scores > 0, tokens >= 1)."""
     dp = np.zeros(capacity + 1)
-    for t, v in zip(tokens, scores):
+    for t, v in zip(tokens.tolist(), scores.tolist()):
         if t <= capacity:
             np.maximum(dp[t:], dp[:-t] + v, out=dp[t:])
     return float(dp[capacity])
 
 
-def main(seed: int, instances: int) -> None:
-    rng = random.Random(seed)
-    worst: dict[tuple[str, str, str], float] = {}
-    proven: dict[tuple[str, str, str], int] = {}
-    count: dict[tuple[str, str, str], int] = {}
-    for _ in range(instances):
-        n = rng.randint(20, 400)
-        style = rng.choice(["uniform", "correlated", "memory", "small", "strong"])
-        tokens, scores = [], []
-        for _ in range(n):
-            if style == "small":
-                t = rng.randint(1, 40)
-            elif style == "memory":
-                t = int(rng.lognormvariate(4.6, 0.7)) + 1
-            else:
-                t = rng.randint(1, 400)
-            tokens.append(t)
-            scores.append(t / 100 + 0.1 if style == "correlated" else t + 10.0 if style == "strong" else rng.random())
-        budget = rng.randint(1, min(6000, sum(tokens)))
+def draw(rng: random.Random, family: str, n: int, max_budget: int) -> tuple[np.ndarray, np.ndarray, int]:
+    nrng = np.random.default_rng(rng.getrandbits(64))
+    if family == "small":
+        tokens = nrng.integers(1, 41, n)
+    elif family == "memory":
+        tokens = (nrng.lognormal(4.6, 0.7, n) + 1).astype(np.int64)
+    elif family == "large":
+        tokens = nrng.integers(1000, 9001, n)
+    elif family == "skewed":
+        big = nrng.random(n) < 0.1
+        tokens = np.where(big, nrng.integers(1500, 3000, n), nrng.integers(20, 80, n))
+    else:
+        tokens = nrng.integers(1, 401, n)
+    if family == "correlated":
+        scores = tokens / 100 + 0.1
+    elif family == "strong":
+        scores = tokens + 10.0
+    elif family == "skewed":
+        scores = np.where(tokens >= 1500, 0.9 + 0.1 * nrng.random(n), 0.5 + 0.3 * nrng.random(n))
+    else:
+        scores = nrng.random(n)
+    if family in ("large", "skewed"):
+        budget = rng.choice([16_000, 32_000])
+    else:
+        budget = rng.randint(1, max(1, min(max_budget, int(tokens.sum()))))
+    return tokens.astype(np.int64), scores.astype(np.float64), budget
+
+
+def parse_sizes(spec: str) -> list[tuple[int, int]]:
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--instances", type=int, default=500)
+    ap.add_argument("--sizes", default="20-400", help="counts or ranges, comma-separated (default 20-400)")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--max-budget", type=int, default=6000, help="budget cap for the non-large families")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    sizes = parse_sizes(args.sizes)
+    families = args.families.split(",")
+    worst: dict[tuple[str, str, str], float] = defaultdict(lambda: 1.0)
+    proven: dict[tuple[str, str, str], int] = defaultdict(int)
+    count: dict[tuple[str, str, str], int] = defaultdict(int)
+    free: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    times: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    largest = 0
+    for _ in range(args.instances):
+        family = rng.choice(families)
+        lo, hi = rng.choice(sizes)
+        n = rng.randint(lo, hi)
+        largest = max(largest, n)
+        tokens, scores, budget = draw(rng, family, n, args.max_budget)
         ids = [f"m{i}" for i in range(n)]
         best = exact(tokens, scores, budget)
         for path, ceiling in (("dp", ctxcore.DEFAULT_CELL_CEILING), ("fallback", 1)):
             for search, nodes in (("search", ctxcore.DEFAULT_SEARCH_NODE_LIMIT), ("no-search", 0)):
+                t0 = time.perf_counter()
                 res = ctxcore.pack_arrays(ids, tokens, scores, budget, cell_ceiling=ceiling, search_node_limit=nodes)
+                elapsed = time.perf_counter() - t0
                 assert res.tokens_used <= budget
-                key = (style, path, search)
-                worst[key] = min(worst.get(key, 1.0), res.total_score / best if best > 0 else 1.0)
-                proven[key] = proven.get(key, 0) + res.proven_optimal
-                count[key] = count.get(key, 0) + 1
+                ratio = res.total_score / best if best > 0 else 1.0
+                if res.proven_optimal:
+                    # A proof must be right: the exact DP agrees.
+                    assert abs(res.total_score - best) <= 1e-9 * max(1.0, best), (family, n, budget, res.total_score, best)
+                key = (family, path, search)
+                worst[key] = min(worst[key], ratio)
+                proven[key] += res.proven_optimal
+                count[key] += 1
+                free[key].append(res.free_items)
+                times[key].append(elapsed)
+    print(f"seed {args.seed}, {args.instances} instances, n in {args.sizes} (largest {largest})")
     for key in sorted(worst):
-        print(f"{'/'.join(key):32s} worst {worst[key]:.5f}  proven optimal {proven[key]}/{count[key]}")
+        print(
+            f"{'/'.join(key):32s} worst {worst[key]:.5f}  proven optimal {proven[key]}/{count[key]}"
+            f"  free items median {int(np.median(free[key]))} max {max(free[key])}"
+            f"  pack median {np.median(times[key]) * 1e3:.2f} ms"
+        )
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 0, int(sys.argv[2]) if len(sys.argv) > 2 else 500)
+    main()

@@ -282,4 +282,156 @@ TEST(Packer, ResultDoesNotDependOnInputOrder) {
   }
 }
 
+// ---- exact reductions and the banded DP ------------------------------------------------
+
+// Counting dominators is not enough: two lighter, better items fit beside the heavier one
+// here, and the optimum takes all three.
+TEST(Packer, DominanceNeedsTheDominatorsTokensToOverflow) {
+  Items it;
+  it.add("heavy", 5, 1.0);
+  it.add("light-a", 1, 2.0);
+  it.add("light-b", 1, 2.0);
+  it.add("filler", 8, 0.5);
+  const auto r = ctxcore::pack(it.input(), 10, opts(1, 1 << 22, 0, 0));
+  expect_consistent(it, 10, r);
+  EXPECT_NEAR(r.total_score, 5.0, 1e-12);
+  EXPECT_EQ(r.reasons[0], Reason::Selected);
+  EXPECT_EQ(r.dominated, 1);  // the filler: the three better items cannot all fit beside it
+  EXPECT_EQ(r.reasons[3], Reason::BudgetExhausted);
+}
+
+// Equal items: room for 16 of 20; the 4 left out by dominance are the last in rank order
+// (score, then id), and each keeps its own decision.
+TEST(Packer, DominanceTiesGoToTheEarlierRankedItem) {
+  Items it;
+  for (int i = 19; i >= 0; --i) it.add("m" + std::to_string(100 + i), 1000, 1.0);
+  for (std::int64_t ceiling : {std::int64_t{1} << 22, std::int64_t{1}}) {
+    const auto r = ctxcore::pack(it.input(), 16000, opts(16, ceiling));
+    expect_consistent(it, 16000, r);
+    EXPECT_EQ(r.dominated, 4);
+    EXPECT_TRUE(r.proven_optimal);
+    EXPECT_EQ(r.excluded_for_budget, 4);
+    for (std::size_t k = 0; k < it.names.size(); ++k) {
+      const bool first_sixteen = it.names[k] < "m116";
+      EXPECT_EQ(r.reasons[k], first_sixteen ? Reason::Selected : Reason::BudgetExhausted) << it.names[k];
+    }
+  }
+}
+
+// Instances built to be mostly dominated (few distinct sizes and scores, many ties): every
+// option set against brute force; a proven optimum must be the optimum.
+TEST(Packer, ReductionsAgainstBruteForce) {
+  std::mt19937_64 rng(2024);
+  int dominated_seen = 0, fixed_seen = 0;
+  for (int round = 0; round < 2500; ++round) {
+    Items it;
+    const int n = 2 + static_cast<int>(rng() % 13);
+    for (int i = 0; i < n; ++i) {
+      it.add("d" + std::to_string(rng() % 1000) + "-" + std::to_string(i),
+             static_cast<std::int64_t>(1 + (rng() % 5) * (1 + rng() % 40)), static_cast<double>(1 + rng() % 6) / 4.0,
+             rng() % 16 == 0);
+    }
+    const std::int64_t budget = static_cast<std::int64_t>(rng() % 300);
+    // Pinned items are taken first by rule; the optimum is over the rest, in the room left.
+    Items rest;
+    std::int64_t room = budget;
+    std::vector<std::size_t> pinned_rank;
+    for (std::size_t i = 0; i < it.names.size(); ++i) {
+      if (it.pinned[i]) pinned_rank.push_back(i);
+      else if (it.scores[i] > 0) rest.add(it.names[i], it.tokens[i], it.scores[i]);
+    }
+    std::sort(pinned_rank.begin(), pinned_rank.end(), [&](std::size_t a, std::size_t b) {
+      return it.scores[a] != it.scores[b] ? it.scores[a] > it.scores[b] : it.names[a] < it.names[b];
+    });
+    double pinned_value = 0.0;
+    for (std::size_t i : pinned_rank) {
+      if (budget > 0 && it.tokens[i] <= room) {
+        room -= it.tokens[i];
+        pinned_value += it.scores[i];
+      }
+    }
+    const double opt = budget > 0 ? pinned_value + brute_force(rest, room) : 0.0;
+    for (const PackOptions& o : {opts(16, 1 << 22, 20000), opts(16, 1, 20000), opts(1, 1 << 22, 0, 0),
+                                 opts(7, 1 << 22, 0, 1 << 17), opts(16, 1, 0, 0)}) {
+      const auto r = ctxcore::pack(it.input(), budget, o);
+      expect_consistent(it, budget, r);
+      EXPECT_LE(r.total_score, opt + 1e-9);
+      EXPECT_GE(r.upper_bound, opt - 1e-9);
+      if (r.proven_optimal) {
+        EXPECT_NEAR(r.total_score, opt, 1e-9) << "round " << round;
+      }
+      if (o.search_node_limit > 0) {
+        EXPECT_TRUE(r.proven_optimal) << "round " << round;
+      }
+      // With 1-token buckets and no improvement steps, the DP alone must be exact.
+      if (o.bucket_tokens == 1 && r.path == PackPath::Dp) {
+        EXPECT_NEAR(r.total_score, opt, 1e-9) << "round " << round;
+      }
+      dominated_seen += r.dominated > 0;
+      fixed_seen += r.path != PackPath::Trivial && r.free_items < static_cast<std::int64_t>(rest.names.size());
+      for (std::size_t i = 0; i < it.names.size(); ++i) {
+        if (!it.pinned[i] && it.scores[i] > 0 && std::find(r.indices.begin(), r.indices.end(),
+                                                            static_cast<std::int64_t>(i)) == r.indices.end()) {
+          EXPECT_EQ(r.reasons[i], Reason::BudgetExhausted);
+        }
+      }
+    }
+  }
+  EXPECT_GT(dominated_seen, 500);
+  EXPECT_GT(fixed_seen, 500);
+}
+
+// The banded DP on its own (1-token buckets, no core step, no search) against an exact DP on
+// sets too large for brute force, with items of very different sizes so that the reachable
+// band grows and shrinks across rows.
+double exact_dp(const Items& it, std::int64_t budget) {
+  std::vector<double> dp(static_cast<std::size_t>(budget) + 1, 0.0);
+  for (std::size_t i = 0; i < it.tokens.size(); ++i) {
+    const auto t = static_cast<std::size_t>(it.tokens[i]);
+    if (it.scores[i] <= 0 || t == 0 || t >= dp.size()) continue;  // (these tests have no 0-token items)
+    for (std::size_t w = dp.size() - 1; w >= t; --w) dp[w] = std::max(dp[w], dp[w - t] + it.scores[i]);
+  }
+  return dp.back();
+}
+
+TEST(Packer, BandedDpIsExactWithOneTokenBuckets) {
+  std::mt19937_64 rng(77);
+  for (int round = 0; round < 60; ++round) {
+    Items it;
+    const int n = 20 + static_cast<int>(rng() % 120);
+    for (int i = 0; i < n; ++i) {
+      const bool big = rng() % 4 == 0;
+      it.add("b" + std::to_string(i), static_cast<std::int64_t>(big ? 200 + rng() % 900 : 1 + rng() % 60),
+             static_cast<double>(1 + rng() % 1000) / 1000.0);
+    }
+    const std::int64_t budget = static_cast<std::int64_t>(50 + rng() % 3000);
+    const auto r = ctxcore::pack(it.input(), budget, opts(1, std::int64_t{1} << 30, 0, 0));
+    expect_consistent(it, budget, r);
+    EXPECT_NEAR(r.total_score, exact_dp(it, budget), 1e-9) << "round " << round;
+  }
+}
+
+// Many large items against a small budget: the fallback used to stop at 0.979 of the optimum
+// here. After dominance only a few dozen remain and the result is proven optimal.
+TEST(Packer, ManyLargeItemsAreSolvedExactly) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 4; ++round) {
+    Items it;
+    for (int i = 0; i < 600; ++i)
+      it.add("L" + std::to_string(i), static_cast<std::int64_t>(1000 + rng() % 8001),
+             static_cast<double>(rng() % 100000) / 100000.0);
+    const std::int64_t budget = round % 2 == 0 ? 16000 : 32000;
+    const double opt = exact_dp(it, budget);
+    for (std::int64_t ceiling : {std::int64_t{1} << 20, std::int64_t{1}}) {
+      const auto r = ctxcore::pack(it.input(), budget, opts(16, ceiling));
+      expect_consistent(it, budget, r);
+      EXPECT_GT(r.dominated, 400);
+      EXPECT_GE(r.total_score, 0.999 * opt);
+      if (r.proven_optimal) {
+        EXPECT_NEAR(r.total_score, opt, 1e-9);
+      }
+    }
+  }
+}
+
 }  // namespace

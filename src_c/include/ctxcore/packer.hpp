@@ -6,13 +6,18 @@
 // The pipeline (one function per step in packer.cpp):
 //   1. validate, then rank by descending score, then id (deterministic ties);
 //   2. take pinned candidates first, in rank order, while they fit;
-//   3. DP over token buckets while the table stays under the cell ceiling,
-//      else a value-density fallback;
-//   4. repair so the exact token sum never exceeds the budget;
-//   5. refill the exact slack and improve: an exact DP on exact token counts over the
+//   3. exact reductions, which never change the optimum: dominance (drop an item when the
+//      items at least as light and at least as valuable could not all be packed beside
+//      it), then bound fixing (an item whose LP bound with it forced in, or out, cannot
+//      beat the value-density packing is fixed out, or in);
+//   4. on what is left free: DP over token buckets while the table stays under the cell
+//      ceiling (exact 1-token buckets when that table is small), else a value-density
+//      fallback;
+//   5. repair so the exact token sum never exceeds the budget;
+//   6. refill the exact slack and improve: an exact DP on exact token counts over the
 //      core of items around the density break, 1-for-1 swaps, then a bounded
 //      branch-and-bound that proves optimality when it finishes;
-//   6. emit in deterministic order (pinned, then the rest, each by rank).
+//   7. emit in deterministic order (pinned, then the rest, each by rank).
 #pragma once
 
 #include <cstddef>
@@ -91,6 +96,8 @@ struct PackResult {
   bool proven_optimal = false;  // the selection is an exact optimum for this input
   std::int64_t dp_cells = 0;    // DP table size actually used (0 when no DP ran)
   std::int64_t search_nodes = 0;
+  std::int64_t dominated = 0;   // pool items removed by dominance (left out, never needed)
+  std::int64_t free_items = 0;  // pool items left undecided by the exact reductions
 };
 
 // Throws InvalidCandidate for bad candidates and std::invalid_argument for bad options.
