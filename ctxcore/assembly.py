@@ -27,7 +27,8 @@ from .errors import ConfigError, ContextOverflow
 from .formatting import format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
-from .request import AssemblyRequest, HistoryPolicy, Message, Role
+from .payloads import default_directive_role, price_rendering, render_anthropic, render_openai
+from .request import AssemblyRequest, HistoryPolicy, Message, Rendering, Role
 from .result import (
     Branch,
     BranchRecord,
@@ -206,6 +207,13 @@ class AssembledContext:
         timings: milliseconds per stage.
         replaced_chars: characters XML 1.0 cannot carry, replaced by U+FFFD.
         scoring: which score formula ran, with which weights.
+        directive: the directive as retrieved (None when there was none).
+        messages: the history as kept, after any trimming (`history_dropped` says what went).
+        tools: the tool schemas as given.
+        rendering: the rendering the budget was priced for (`AssemblyOptions.rendering`).
+        framing_tokens: the provider's chat framing in the ledger (0 for ``text``).
+        stable_prefix_tokens: tokens of the part that stays the same between turns of a
+            conversation (tools, directive, history), which prompt caches can reuse.
     """
 
     text: str
@@ -225,6 +233,58 @@ class AssembledContext:
     timings: StageTimings
     replaced_chars: int
     scoring: Mapping[str, Any] = field(default_factory=dict)
+    directive: str | None = None
+    messages: tuple[Message, ...] = ()
+    tools: tuple[Mapping[str, Any], ...] = ()
+    rendering: Rendering = Rendering.TEXT
+    framing_tokens: int = 0
+    stable_prefix_tokens: int = 0
+
+    def to_openai(self, *, directive_role: str | None = None) -> dict[str, Any]:
+        """The context as a Chat Completions request body: ``{"messages", "tools"}``.
+
+        The directive is the system message (``developer`` for reasoning models, or as
+        `directive_role` says), the kept history follows as real messages with native
+        ``tool_calls`` / ``tool`` results, and the memories section (nonce-tagged,
+        escaped, with its safety sentence) is the last message. ``tools`` is present when
+        the request had tools. Unpack it into the SDK call:
+        ``client.chat.completions.create(model=..., **ctx.to_openai())``. The budget
+        holds for it when the request asked for ``rendering="openai"``.
+
+        >>> import asyncio, ctxcore
+        >>> req = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", "hi", messages=[{"role": "user", "content": "hi"}])
+        >>> asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources())).to_openai()
+        {'messages': [{'role': 'user', 'content': 'hi'}]}
+        """
+        return render_openai(
+            directive=self.directive,
+            messages=self.messages,
+            tools=self.tools,
+            memory_block=self.sections.get("memories"),
+            directive_role=directive_role or default_directive_role(self.model),
+        )
+
+    def to_anthropic(self, *, cache_breakpoint: bool = True) -> dict[str, Any]:
+        """The context as a Messages request body: ``{"system", "messages", "tools"}``.
+
+        ``tool_use`` / ``tool_result`` blocks, alternating roles, the memories section as
+        a text block after the latest user turn; ``system`` and ``tools`` are present
+        when non-empty. With `cache_breakpoint` the last block before the memories
+        carries ``cache_control``, so the stable prefix is cached from turn to turn.
+        ``client.messages.create(model=..., max_tokens=..., **ctx.to_anthropic())``.
+
+        >>> import asyncio, ctxcore
+        >>> req = ctxcore.AssemblyRequest("org", "agent", "claude-sonnet-4", "hi", messages=[{"role": "user", "content": "hi"}])
+        >>> asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources())).to_anthropic()["messages"]
+        [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi', 'cache_control': {'type': 'ephemeral'}}]}]
+        """
+        return render_anthropic(
+            directive=self.directive,
+            messages=self.messages,
+            tools=self.tools,
+            memory_block=self.sections.get("memories"),
+            cache_breakpoint=cache_breakpoint,
+        )
 
     @property
     def trace(self) -> tuple[TraceEntry, ...]:
@@ -299,6 +359,9 @@ class AssembledContext:
                 "total": self.timings.total_ms,
             },
             "replaced_chars": self.replaced_chars,
+            "rendering": self.rendering.value,
+            "framing_tokens": self.framing_tokens,
+            "stable_prefix_tokens": self.stable_prefix_tokens,
         }
 
 
@@ -511,6 +574,10 @@ async def assemble(
             history=[_message_item(m) for m in messages],
             tools=tools,
         )
+        overhead, priced = price_rendering(
+            overhead, opts.rendering, model=cap.name, family=cap.tokenizer_family,
+            exact=cap.estimate_kind is TokenKind.EXACT, directive=directive, messages=messages, tools=request.tools,
+        )
         budget = compute_budget(
             cap,
             directive_tokens=overhead.directive_tokens,
@@ -607,4 +674,10 @@ async def assemble(
         timings=timings,
         replaced_chars=formatted.replaced_chars,
         scoring=scoring_record,
+        directive=directive,
+        messages=tuple(messages),
+        tools=request.tools,
+        rendering=opts.rendering,
+        framing_tokens=priced.framing_tokens,
+        stable_prefix_tokens=priced.stable_prefix_tokens,
     )
