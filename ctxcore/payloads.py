@@ -73,6 +73,9 @@ __all__ = [
 OPENAI_TOKENS_PER_MESSAGE = 3
 #: Framing tokens of the reply ("every reply is primed with <|start|>assistant<|message|>").
 OPENAI_REPLY_PRIMING_TOKENS = 3
+#: Extra tokens of a message's ``name`` ("if there's a name, the role is omitted" in the
+#: old rule; 1 token in the current one).
+_OPENAI_TOKENS_PER_NAME = 1
 #: Per-function start tokens by model, from `num_tokens_for_tools`; other models pay the larger.
 OPENAI_FUNCTION_INIT_TOKENS: Mapping[str, int] = {"gpt-4o": 7, "gpt-4o-mini": 7, "gpt-4": 10, "gpt-3.5-turbo": 10}
 _OPENAI_FUNCTION_INIT_DEFAULT = max(OPENAI_FUNCTION_INIT_TOKENS.values())
@@ -394,6 +397,8 @@ def count_openai(payload: Mapping[str, Any], count: Callable[[str], int], *, mod
             if key == "role":
                 framing += count(value)
                 continue
+            if key == "name":
+                framing += _OPENAI_TOKENS_PER_NAME
             if key == "content" and isinstance(value, list):
                 n = sum(count(p.get("text", "")) if p.get("type") == "text" else count(_json(p)) for p in value)
                 framing += max(0, len(value) - 1)
