@@ -153,9 +153,15 @@ def _openai_message(m: Message) -> dict[str, Any]:
     return out
 
 
+def _copy(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a JSON object: the payload is the caller's to change."""
+    out: dict[str, Any] = json.loads(json.dumps(value))
+    return out
+
+
 def _openai_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     if spec.shape == "openai":
-        return json.loads(json.dumps(spec.source))  # a deep copy: the payload is the caller's
+        return _copy(spec.source)
     if spec.shape == "anthropic":
         extra = set(spec.source) - {"name", "description", "input_schema", "type"}
         if extra:
@@ -163,7 +169,7 @@ def _openai_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     fn: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:
         fn["description"] = spec.description
-    fn["parameters"] = json.loads(json.dumps(spec.parameters))
+    fn["parameters"] = _copy(spec.parameters)
     if spec.shape == "function" and "strict" in spec.source:
         fn["strict"] = spec.source["strict"]
     return {"type": "function", "function": fn}
@@ -171,14 +177,14 @@ def _openai_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
 
 def _anthropic_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     if spec.shape == "anthropic":
-        return json.loads(json.dumps(spec.source))
+        return _copy(spec.source)
     fn = spec.source["function"] if spec.shape == "openai" else spec.source
     if "strict" in fn:
         raise ValueError(f"tools[{i}] ({spec.name!r}): 'strict' cannot be carried by an Anthropic tool")
     out: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:
         out["description"] = spec.description
-    out["input_schema"] = json.loads(json.dumps(spec.parameters))
+    out["input_schema"] = _copy(spec.parameters)
     return out
 
 

@@ -352,7 +352,7 @@ def _anthropic_assistant(m: Mapping[str, Any]) -> Message:
             if not isinstance(inp, Mapping):
                 raise TypeError(f"content[{j}].input must be a JSON object, got {type(inp).__name__}")
             try:
-                calls.append(ToolCall(block.get("id"), block.get("name"), json.dumps(inp, ensure_ascii=False)))
+                calls.append(ToolCall(block.get("id", ""), block.get("name", ""), json.dumps(inp, ensure_ascii=False)))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"content[{j}]: {exc}") from None
         else:
@@ -540,7 +540,7 @@ def check_tool_pairs(messages: Sequence[Message]) -> None:
             if len(set(pending)) != len(pending):
                 raise ValueError(f"messages[{at}]: two tool calls share an id")
             while i < len(messages) and messages[i].role == Role.TOOL and messages[i].tool_call_id in pending:
-                pending.remove(messages[i].tool_call_id)
+                pending.remove(cast(str, messages[i].tool_call_id))
                 i += 1
             if pending:
                 raise ValueError(
