@@ -151,7 +151,7 @@ class Message:
     >>> Message("user", "hello").role
     <Role.USER: 'user'>
     >>> Message("user", parts=("a", "b")).content
-    'a\nb'
+    'a\\nb'
     """
 
     role: Role
