@@ -786,3 +786,35 @@ def test_cli_prints_the_payloads() -> None:
     check_anthropic(doc["payload"])
     assert doc["rendering"] == "anthropic" and doc["framing_tokens"] > 0
     assert doc["payload"]["messages"][-1]["content"][-1]["text"].startswith("<memories>")
+
+
+# ---- the README's examples ------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("name", ["openai_payload", "anthropic_payload"])
+def test_readme_examples_build_payloads_the_sdks_take(name: str) -> None:
+    import importlib.util
+
+    path = EXAMPLES / f"{name}.py"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert path.read_text(encoding="utf-8") in readme  # the README shows the file as it is
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    payload = module.main()
+    sent: list[dict[str, Any]] = []
+    if name == "openai_payload":
+        check_openai(payload)
+        assert memory_block_of(payload, "openai") is not None
+        module.OpenAI = lambda: _mock_client("openai", sent)  # the example's own send(), no network
+        assert module.send(payload) == "ok"
+        assert sent == [{"model": "gpt-4o", **payload}]
+    else:
+        check_anthropic(payload)
+        assert memory_block_of(payload, "anthropic") is not None
+        module.Anthropic = lambda: _mock_client("anthropic", sent)
+        assert module.send(payload) == "ok"
+        assert sent == [{"model": "claude-sonnet-4-20250514", "max_tokens": 1024, **payload}]
