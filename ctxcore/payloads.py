@@ -47,6 +47,7 @@ __all__ = [
     "count_anthropic",
     "count_openai",
     "default_directive_role",
+    "message_tokens",
     "price_rendering",
     "render_anthropic",
     "render_openai",
@@ -512,12 +513,13 @@ def price_rendering(
     """Reprice the fixed parts of an assembly for the rendering asked for.
 
     For ``text`` the formatter's prices stand. For a payload the directive, messages and
-    tools terms become the tokens of the payload without its memory block, counted by the
-    provider's rule (`count_openai` / `count_anthropic`) in the model's family, and the
-    formatter's fixed term becomes the memories section's own frame (tags and safety
-    sentence) plus all the framing, the memory message's included. The memories keep
-    their prices (the memory block is the same memories section), so whatever subset is
-    packed, the payload's count stays within the ledger.
+    tools terms become their tokens in the payload, counted by the provider's rule
+    (`count_openai` / `count_anthropic`) in the model's family (each message on its own,
+    `message_tokens`, so the terms add up over messages), and the formatter's fixed term
+    becomes the memories section's own frame (tags and safety sentence) plus all the
+    framing, the memory message's included. The memories keep their prices (the memory
+    block is the same memories section), so whatever subset is packed, the payload's
+    count stays within the ledger.
 
     >>> from ctxcore import formatter_overhead, Message
     >>> ov = formatter_overhead((), family="cl100k_base", history=[{"role": "user", "content": "hi"}])
@@ -529,26 +531,63 @@ def price_rendering(
     if rendering is Rendering.TEXT:
         return overhead, RenderingPrice(rendering, 0, overhead.directive_tokens + overhead.history_tokens)
     count = _counter(family, exact)
+    check_tool_pairs(messages)
+    history = framing = 0
+    for i, m in enumerate(messages):
+        content, frame_i = message_tokens(m, rendering, count, index=i)
+        history += content
+        framing += frame_i
     if rendering is Rendering.OPENAI:
-        payload = render_openai(directive=directive, messages=messages, tools=tools)
-        t = count_openai(payload, count, model=model)
-        memory_framing = OPENAI_TOKENS_PER_MESSAGE + count("user")
+        t = count_openai({"messages": [], "tools": render_openai(tools=tools).get("tools", [])}, count, model=model)
         reply = OPENAI_REPLY_PRIMING_TOKENS
+        memory_framing = OPENAI_TOKENS_PER_MESSAGE + count("user")
+        if directive:
+            # Either role the caller may pick for it: the dearer one.
+            framing += OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer"))
     else:
-        payload = render_anthropic(directive=directive, messages=messages, tools=tools, cache_breakpoint=False)
-        t = count_anthropic(payload, count, model=model)
-        memory_framing = count(ANTHROPIC_HUMAN_TURN)
+        t = count_anthropic({"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count,
+                            model=model)
         reply = count(ANTHROPIC_REPLY_PRIMING)
+        memory_framing = count(ANTHROPIC_HUMAN_TURN)
+    directive_tokens = count(directive) if directive else 0
+    framing += t.framing  # the tools' framing and the reply priming
     if exact:
         frame = formatter_overhead((), count=count, nonce=overhead.nonce).fixed_tokens
     else:
         frame = formatter_overhead((), family=family, nonce=overhead.nonce).fixed_tokens
-    framing = t.framing + memory_framing
     repriced = replace(
         overhead,
-        directive_tokens=t.system,
-        history_tokens=t.messages,
+        directive_tokens=directive_tokens,
+        history_tokens=history,
         tools_tokens=t.tools,
-        fixed_tokens=frame + framing,
+        fixed_tokens=frame + framing + memory_framing,
     )
-    return repriced, RenderingPrice(rendering, framing, t.total - reply)
+    stable = directive_tokens + history + t.tools + framing - reply
+    return repriced, RenderingPrice(rendering, framing + memory_framing, stable)
+
+
+def message_tokens(m: Message, rendering: Rendering, count: Callable[[str], int], *, index: int = 0) -> tuple[int, int]:
+    """One message's (content, framing) tokens in a payload rendering, by the provider's rule.
+
+    Additive over messages, so trimming can take a dropped group's cost off the ledger
+    without pricing the history again. For Anthropic each message is priced as a turn of
+    its own: merging consecutive messages into one turn only saves turn markers, so the
+    sum bounds the merged payload's count from above. System and developer messages cost
+    their text there (they go into ``system``).
+
+    >>> message_tokens(Message("user", "a b"), Rendering.OPENAI, lambda t: len(t.split()))
+    (2, 4)
+    """
+    if rendering is Rendering.OPENAI:
+        t = count_openai({"messages": [_openai_message(m)]}, count)
+        return t.system + t.messages, t.framing - OPENAI_REPLY_PRIMING_TOKENS
+    if rendering is not Rendering.ANTHROPIC:
+        raise ValueError(f"message_tokens prices the payload renderings, not {rendering.value!r}")
+    if m.role in (Role.SYSTEM, Role.DEVELOPER):
+        return sum(count(t) for t in (m.parts if m.parts is not None else (m.content,)) if t), 0
+    blocks = _anthropic_blocks(m, index)
+    if not blocks:
+        return 0, 0
+    role = "assistant" if m.role == Role.ASSISTANT else "user"
+    t = count_anthropic({"messages": [{"role": role, "content": blocks}]}, count)
+    return t.messages, t.framing - count(ANTHROPIC_REPLY_PRIMING)

@@ -506,11 +506,15 @@ def test_the_ledger_carries_the_framing_of_the_rendering_asked_for() -> None:
     # Without memories the payload's own count by the rule is what the ledger holds for it.
     fixed = count_openai(oa.to_openai(), est, model="gpt-4")
     b = oa.budget
-    assert (b.directive_tokens, b.messages_tokens, b.tool_schema_tokens) == (fixed.system, fixed.messages, fixed.tools)
-    assert oa.framing_tokens == fixed.framing + 3 + est("user")
+    assert b.directive_tokens == est("You are the support agent of Acme.")
+    assert b.directive_tokens + b.messages_tokens == fixed.system + fixed.messages
+    assert b.tool_schema_tokens == fixed.tools
+    # The directive's role is priced as the dearer of system / developer (the caller picks).
+    role_extra = max(est("system"), est("developer")) - est("system")
+    assert oa.framing_tokens == fixed.framing + role_extra + 3 + est("user")  # + the memory message's framing
     assert b.formatter_overhead_tokens > oa.framing_tokens
     assert an.framing_tokens >= 530 > oa.framing_tokens  # gpt-4 is not in the tool-prompt table: the largest
-    assert oa.stable_prefix_tokens == fixed.total - 3
+    assert oa.stable_prefix_tokens == fixed.total - 3 + role_extra
     assert oa.record()["rendering"] == "openai" and oa.record()["framing_tokens"] == oa.framing_tokens
 
 
@@ -706,7 +710,7 @@ def test_each_turn_starts_with_the_previous_turns_stable_prefix(rendering: str) 
             n = count_anthropic(prefix, est, model=model).total - est("\n\nAssistant:")
         else:
             n = count_openai({"messages": p["messages"][: stable - len(p["tools"])], "tools": p["tools"]}, est,
-                             model=model).total - 3
+                             model=model).total - 3 + max(est("system"), est("developer")) - est("system")
         assert ctx.stable_prefix_tokens == n
         if previous is not None:
             old_units, old_stable = previous
