@@ -261,6 +261,19 @@ def parse_messages(items: Iterable[Message | Mapping[str, Any]]) -> tuple[Messag
 # ---- provider shapes -----------------------------------------------------------------------
 
 _OPENAI_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
+
+
+def _extra(m: Mapping[str, Any], known: set[str] | frozenset[str]) -> list[str]:
+    """Keys outside `known` that carry something. A None or empty value (``refusal:
+    None``, ``annotations: []`` in a dumped SDK response) says nothing and is let go;
+    anything else is refused rather than dropped."""
+    return sorted(k for k in set(m) - known if m[k] not in (None, [], {}, ""))
+
+
+def _plain(value: Any) -> Any:
+    """An SDK response object (pydantic) as the mapping it dumps to; anything else as is."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
 _ANTHROPIC_ROLES = frozenset({"user", "assistant"})
 
 
@@ -276,9 +289,9 @@ def _text_parts(content: Sequence[Any], where: str = "content") -> tuple[str, ..
                 f"{where}[{j}] is a {kind!r} part: only text parts are accepted (an image's or file's price "
                 "cannot be known from the request, so it is refused rather than under-counted)"
             )
-        extra = set(part) - {"type", "text"}
+        extra = _extra(part, {"type", "text"})
         if extra:
-            raise ValueError(f"{where}[{j}]: unsupported keys {sorted(extra)} on a text part")
+            raise ValueError(f"{where}[{j}]: unsupported keys {extra} on a text part")
         text = part.get("text")
         if not isinstance(text, str):
             raise TypeError(f"{where}[{j}].text must be a str, got {type(text).__name__}")
@@ -306,8 +319,12 @@ def _is_blocks(content: object, kinds: frozenset[str]) -> bool:
 
 
 def _from_mapping(m: Mapping[str, Any]) -> tuple[Message, ...]:
+    m = _plain(m)
     if not isinstance(m, Mapping):
         raise TypeError(f"a message must be a mapping, got {type(m).__name__}")
+    if isinstance(m.get("content"), (list, tuple)):
+        # Response content blocks appended to a history as they came (SDK objects).
+        m = {**m, "content": [_plain(b) for b in m["content"]]}
     role = m.get("role")
     if role is None:
         raise ValueError(f"message is missing the field 'role': {dict(m)!r:.200}")
@@ -316,9 +333,9 @@ def _from_mapping(m: Mapping[str, Any]) -> tuple[Message, ...]:
         return (_anthropic_assistant(m),)
     if role == "user" and _is_blocks(content, frozenset({"tool_result"})):
         return _anthropic_tool_results(m)
-    extra = set(m) - _OPENAI_MESSAGE_KEYS
+    extra = _extra(m, _OPENAI_MESSAGE_KEYS)
     if extra:
-        raise ValueError(f"unsupported message fields {sorted(extra)}")
+        raise ValueError(f"unsupported message fields {extra}")
     text, parts = _content(m)
     calls = []
     raw_calls = m.get("tool_calls") or ()
@@ -338,16 +355,16 @@ def _from_mapping(m: Mapping[str, Any]) -> tuple[Message, ...]:
 
 def _anthropic_assistant(m: Mapping[str, Any]) -> Message:
     """An Anthropic assistant message with ``tool_use`` blocks: its text and its calls."""
-    extra = set(m) - {"role", "content"}
+    extra = _extra(m, {"role", "content"})
     if extra:
-        raise ValueError(f"unsupported message fields {sorted(extra)}")
+        raise ValueError(f"unsupported message fields {extra}")
     texts: list[Any] = []
     calls = []
     for j, block in enumerate(m["content"]):
         if isinstance(block, Mapping) and block.get("type") == "tool_use":
-            extra = set(block) - {"type", "id", "name", "input"}
+            extra = _extra(block, {"type", "id", "name", "input"})
             if extra:
-                raise ValueError(f"content[{j}]: unsupported keys {sorted(extra)} on a tool_use block")
+                raise ValueError(f"content[{j}]: unsupported keys {extra} on a tool_use block")
             inp = block.get("input", {})
             if not isinstance(inp, Mapping):
                 raise TypeError(f"content[{j}].input must be a JSON object, got {type(inp).__name__}")
@@ -366,17 +383,17 @@ def _anthropic_assistant(m: Mapping[str, Any]) -> Message:
 def _anthropic_tool_results(m: Mapping[str, Any]) -> tuple[Message, ...]:
     """An Anthropic user message with ``tool_result`` blocks: one tool message per
     result, then the user's text after them (the API wants the results first)."""
-    extra = set(m) - {"role", "content"}
+    extra = _extra(m, {"role", "content"})
     if extra:
-        raise ValueError(f"unsupported message fields {sorted(extra)}")
+        raise ValueError(f"unsupported message fields {extra}")
     out = []
     blocks = list(m["content"])
     j = 0
     while j < len(blocks) and isinstance(blocks[j], Mapping) and blocks[j].get("type") == "tool_result":
         block = blocks[j]
-        extra = set(block) - {"type", "tool_use_id", "content", "is_error"}
+        extra = _extra(block, {"type", "tool_use_id", "content", "is_error"})
         if extra:
-            raise ValueError(f"content[{j}]: unsupported keys {sorted(extra)} on a tool_result block")
+            raise ValueError(f"content[{j}]: unsupported keys {extra} on a tool_result block")
         inner = block.get("content", "")
         parts = None
         if isinstance(inner, (list, tuple)):

@@ -829,3 +829,26 @@ def test_readme_examples_build_payloads_the_sdks_take(name: str) -> None:
         module.Anthropic = lambda: _mock_client("anthropic", sent)
         assert module.send(payload) == "ok"
         assert sent == [{"model": "claude-sonnet-4-20250514", "max_tokens": 1024, **payload}]
+
+
+def test_sdk_response_objects_join_the_history_as_they_came() -> None:
+    from anthropic.types import Message as AnthropicReply
+    from openai.types.chat import ChatCompletion
+
+    completion = ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "gpt-4o", "choices": [{
+            "index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None, "refusal": None, "annotations": [], "tool_calls": [
+                    {"id": "call_9", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 9}'}}]}}]})
+    (m,) = parse_messages([completion.choices[0].message])
+    assert m == Message("assistant", "", (ToolCall("call_9", "lookup_order", '{"id": 9}'),))
+    assert parse_messages([completion.choices[0].message.model_dump()]) == (m,)  # None and [] fields say nothing
+    reply = AnthropicReply.model_validate({
+        "id": "msg", "type": "message", "role": "assistant", "model": "claude-opus-4-1", "stop_reason": "tool_use",
+        "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}, "content": [
+            {"type": "text", "text": "Let me check.", "citations": None},
+            {"type": "tool_use", "id": "toolu_9", "name": "lookup_order", "input": {"id": 9}}]})
+    (a,) = parse_messages([{"role": "assistant", "content": reply.content}])
+    assert a == Message("assistant", parts=("Let me check.",), tool_calls=(ToolCall("toolu_9", "lookup_order", '{"id": 9}'),))
+    with pytest.raises(ValueError, match=r"unsupported message fields \['name'\]"):
+        parse_messages([{"role": "user", "content": "x", "name": "alice"}])
