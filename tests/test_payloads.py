@@ -618,12 +618,30 @@ def check_pairs_in_payload(p: dict[str, Any], rendering: str) -> None:
 EXACT_MODELS = {"cl100k_base": "gpt-4", "o200k_base": "gpt-4o"}
 
 
-@pytest.mark.parametrize("family", [f for f in EXACT_MODELS if f in ctxcore.exact_families()])
+EXACT = [f for f in EXACT_MODELS if f in ctxcore.exact_families()]
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@pytest.mark.parametrize("family", EXACT)
 @pytest.mark.parametrize("rendering", ["openai", "anthropic"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=40, deadline=None, suppress_health_check=_HEALTH)
 @given(history=histories(), n_memories=st.integers(0, 120), data=st.data())
 def test_random_histories_round_trip_within_budget(family: str, rendering: str, history: list[Message],
                                                    n_memories: int, data: Any) -> None:
+    check_random_history(family, rendering, history, n_memories, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", EXACT)
+@pytest.mark.parametrize("rendering", ["openai", "anthropic"])
+@settings(max_examples=2000, deadline=None, suppress_health_check=_HEALTH)
+@given(history=histories(), n_memories=st.integers(0, 120), data=st.data())
+def test_random_histories_round_trip_within_budget_long(family: str, rendering: str, history: list[Message],
+                                                        n_memories: int, data: Any) -> None:
+    check_random_history(family, rendering, history, n_memories, data)
+
+
+def check_random_history(family: str, rendering: str, history: list[Message], n_memories: int, data: Any) -> None:
     model = EXACT_MODELS[family]
     mems = [MemoryRecord(f"m{i}", ORG, AGENT, data.draw(long_text(), label="memory") or "x", similarity=0.9)
             for i in range(n_memories)]
