@@ -36,7 +36,17 @@ from .errors import ConfigError, ContextOverflow
 from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
-from .request import AssemblyRequest, HistoryPolicy, Message, Role
+from .payloads import (
+    PayloadTerms,
+    default_directive_role,
+    directive_tokens as payload_directive_tokens,
+    message_tokens,
+    payload_counter,
+    payload_terms,
+    render_anthropic,
+    render_openai,
+)
+from .request import AssemblyRequest, HistoryPolicy, Message, Rendering, Role, check_tool_pairs
 from .result import (
     Branch,
     BranchRecord,
@@ -228,6 +238,13 @@ class AssembledContext:
         prompt_tokens: the priced size of `text`: directive, messages, tools, fixed text
             and the selected memories, in the ledger's family and kind. For an exact ledger
             it is an upper bound on the exact count of `text` (the tests measure how tight).
+        directive: the directive as retrieved (None when there was none).
+        messages: the history as kept, after any trimming (`history_dropped` says what went).
+        tools: the tool schemas as given.
+        rendering: the rendering the budget was priced for (`AssemblyOptions.rendering`).
+        framing_tokens: the provider's chat framing in the ledger (0 for ``text``).
+        stable_prefix_tokens: tokens of the part that stays the same between turns of a
+            conversation (tools, directive, history), which prompt caches can reuse.
     """
 
     text: str
@@ -248,6 +265,58 @@ class AssembledContext:
     replaced_chars: int
     scoring: Mapping[str, Any] = field(default_factory=dict)
     prompt_tokens: TokenCount | None = None
+    directive: str | None = None
+    messages: tuple[Message, ...] = ()
+    tools: tuple[Mapping[str, Any], ...] = ()
+    rendering: Rendering = Rendering.TEXT
+    framing_tokens: int = 0
+    stable_prefix_tokens: int = 0
+
+    def to_openai(self, *, directive_role: str | None = None) -> dict[str, Any]:
+        """The context as a Chat Completions request body: ``{"messages", "tools"}``.
+
+        The directive is the system message (``developer`` for reasoning models, or as
+        `directive_role` says), the kept history follows as real messages with native
+        ``tool_calls`` / ``tool`` results, and the memories section (nonce-tagged,
+        escaped, with its safety sentence) is the last message. ``tools`` is present when
+        the request had tools. Unpack it into the SDK call:
+        ``client.chat.completions.create(model=..., **ctx.to_openai())``. The budget
+        holds for it when the request asked for ``rendering="openai"``.
+
+        >>> import asyncio, ctxcore
+        >>> req = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", "hi", messages=[{"role": "user", "content": "hi"}])
+        >>> asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources())).to_openai()
+        {'messages': [{'role': 'user', 'content': 'hi'}]}
+        """
+        return render_openai(
+            directive=self.directive,
+            messages=self.messages,
+            tools=self.tools,
+            memory_block=self.sections.get("memories"),
+            directive_role=directive_role or default_directive_role(self.model),
+        )
+
+    def to_anthropic(self, *, cache_breakpoint: bool = True) -> dict[str, Any]:
+        """The context as a Messages request body: ``{"system", "messages", "tools"}``.
+
+        ``tool_use`` / ``tool_result`` blocks, alternating roles, the memories section as
+        a text block after the latest user turn; ``system`` and ``tools`` are present
+        when non-empty. With `cache_breakpoint` the last block before the memories
+        carries ``cache_control``, so the stable prefix is cached from turn to turn.
+        ``client.messages.create(model=..., max_tokens=..., **ctx.to_anthropic())``.
+
+        >>> import asyncio, ctxcore
+        >>> req = ctxcore.AssemblyRequest("org", "agent", "claude-sonnet-4", "hi", messages=[{"role": "user", "content": "hi"}])
+        >>> asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources())).to_anthropic()["messages"]
+        [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi', 'cache_control': {'type': 'ephemeral'}}]}]
+        """
+        return render_anthropic(
+            directive=self.directive,
+            messages=self.messages,
+            tools=self.tools,
+            memory_block=self.sections.get("memories"),
+            cache_breakpoint=cache_breakpoint,
+        )
 
     @property
     def trace(self) -> tuple[TraceEntry, ...]:
@@ -324,6 +393,9 @@ class AssembledContext:
             },
             "replaced_chars": self.replaced_chars,
             "prompt_tokens": None if self.prompt_tokens is None else self.prompt_tokens.value,
+            "rendering": self.rendering.value,
+            "framing_tokens": self.framing_tokens,
+            "stable_prefix_tokens": self.stable_prefix_tokens,
         }
 
 
@@ -537,6 +609,10 @@ class _Plan:
     tools_json: str | None
     tools_tokens: int
     t_priced: float
+    # A payload rendering's fixed terms and its counter (None for the text rendering).
+    payload: PayloadTerms | None = None
+    count: Callable[[str], int] | None = None
+    message_framing: npt.NDArray[np.int64] | None = None  # each message's framing in the payload
 
 
 def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> ModelCapability:
@@ -577,16 +653,34 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
         exact = uncached <= 0.5 * _time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
     ledger = _Ledger(family, exact)
     lcap = _ledger_capability(cat, cap, exact)
-    costs = ledger.costs(text, pieces, texts)
-    message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
-    tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
+    rendering = request.options.rendering
+    terms: PayloadTerms | None = None
+    count: Callable[[str], int] | None = None
+    message_framing: npt.NDArray[np.int64] | None = None
+    if rendering is Rendering.TEXT:
+        costs = ledger.costs(text, pieces, texts)
+        message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
+        tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
+    else:
+        # A payload: each message costs its content and its framing by the provider's rule
+        # (additive over messages, so trimming subtracts a group's cost); the tools, their
+        # framing, the reply priming and the memory message's framing are fixed terms.
+        check_tool_pairs(request.messages)
+        count = payload_counter(family, exact)
+        split = np.array(
+            [message_tokens(m, rendering, count, index=i) for i, m in enumerate(request.messages)], dtype=np.int64
+        ).reshape(-1, 2)
+        message_costs = split.sum(axis=1)
+        message_framing = split[:, 1]
+        terms = payload_terms(rendering, model=cap.name, tools=request.tools, count=count)
+        tools_tokens = terms.tools_tokens
     groups = _turn_groups(request.messages)
     last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
     droppable = [g for g in groups if not g[0] <= last_user < g[1]]
     if request.options.history_policy == HistoryPolicy.STRICT:
         droppable = []
     prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
-    fixed, _ = ledger.frame_and_directive(None, bool(history), tools_json is not None)
+    fixed = _fixed_tokens(ledger, terms, bool(history), tools_json is not None)
     budget = compute_budget(
         lcap,
         messages_tokens=int(message_costs.sum()),
@@ -600,7 +694,25 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
             raise ContextOverflow(_overflow_message(budget), budget)
         raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
     return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
-                 time.perf_counter())
+                 time.perf_counter(), terms, count, message_framing)
+
+
+def _fixed_tokens(ledger: _Ledger, terms: PayloadTerms | None, has_history: bool, has_tools: bool) -> int:
+    """The formatter's fixed text; for a payload, the memories section's own frame (it is a
+    message of its own) plus the payload's fixed framing."""
+    if terms is None:
+        return ledger.frame_and_directive(None, has_history, has_tools)[0]
+    return ledger.frame_and_directive(None, False, False)[0] + terms.framing
+
+
+def _directive_share(plan: _Plan, directive: str | None, rendering: Rendering) -> tuple[int, int]:
+    """(fixed, directive) tokens once the directive is known."""
+    if plan.payload is None or plan.count is None:
+        return plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
+    return (
+        _fixed_tokens(plan.ledger, plan.payload, False, False),
+        payload_directive_tokens(rendering, directive, plan.count),
+    )
 
 
 def _trim(plan: _Plan, messages: Sequence[Message], shortfall: int) -> tuple[list[int], list[HistoryDrop]]:
@@ -879,7 +991,7 @@ def _finish(
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    fixed, directive_tokens = ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
+    fixed, directive_tokens = _directive_share(plan, directive, opts.rendering)
     messages_tokens = int(plan.message_costs.sum())
     budget = compute_budget(
         cap,
@@ -979,6 +1091,19 @@ def _finish(
         budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
         + budget.formatter_overhead_tokens + memory_total
     )
+    kept_messages = request.messages if not dropped else tuple(request.messages[i] for i in kept_idx)
+    if plan.payload is None or plan.count is None or plan.message_framing is None:
+        framing = 0
+        # The text rendering: directive, then history, then the per-assembly parts.
+        stable = budget.directive_tokens + budget.messages_tokens
+    else:
+        directive_framing = budget.directive_tokens - (plan.count(directive) if directive else 0)
+        framing = int(plan.message_framing[kept_idx].sum()) + plan.payload.framing + directive_framing
+        # A payload: tools, directive and history come before the memory message.
+        stable = (
+            budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
+            + plan.payload.tools_framing
+        )
     return AssembledContext(
         text=formatted.text,
         sections=formatted.sections,
@@ -998,4 +1123,10 @@ def _finish(
         replaced_chars=formatted.replaced_chars,
         scoring=scoring_record,
         prompt_tokens=TokenCount(prompt, cap.tokenizer_family, cap.estimate_kind),
+        directive=directive,
+        messages=tuple(kept_messages),
+        tools=request.tools,
+        rendering=opts.rendering,
+        framing_tokens=framing,
+        stable_prefix_tokens=stable,
     )

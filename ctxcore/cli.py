@@ -157,7 +157,7 @@ DEMO_QUERY = "A customer wants to return shoes bought three weeks ago and asks a
 def _read_messages(path: str | None) -> tuple[Any, ...]:
     if path is None:
         return ()
-    from .request import Message
+    from .request import parse_messages
 
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -167,13 +167,10 @@ def _read_messages(path: str | None) -> tuple[Any, ...]:
         raise CliError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
     if not isinstance(doc, list):
         raise CliError(f"{path}: expected a JSON array of messages")
-    out = []
-    for i, m in enumerate(doc):
-        try:
-            out.append(Message.from_mapping(m))
-        except (TypeError, ValueError) as exc:
-            raise CliError(f"{path}: message {i}: {exc}") from None
-    return tuple(out)
+    try:
+        return parse_messages(doc)  # OpenAI and Anthropic shapes; names messages[i]
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"{path}: {exc}") from None
 
 
 def _print_assembly(ctx: Any, out: TextIO) -> None:
@@ -237,7 +234,7 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
     try:
         req = AssemblyRequest(
             args.org, args.agent, args.model, Query(args.query), messages=_read_messages(args.messages),
-            options=AssemblyOptions(max_memories=args.max_memories),
+            options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format),
         )
         ctx = asyncio.run(run(req))
     except LookupError as exc:
@@ -245,7 +242,12 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
     if args.json:
         doc = ctx.record()
         doc["text"] = ctx.text
+        if args.format != "text":
+            doc["payload"] = ctx.to_openai() if args.format == "openai" else ctx.to_anthropic()
         json.dump(doc, out, indent=2, ensure_ascii=False)
+        out.write("\n")
+    elif args.format != "text":
+        json.dump(ctx.to_openai() if args.format == "openai" else ctx.to_anthropic(), out, indent=2, ensure_ascii=False)
         out.write("\n")
     else:
         _print_assembly(ctx, out)
@@ -280,6 +282,9 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
     p.add_argument("--max-memories", type=int, default=64, help="most memories per branch and in the context")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
+    p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
+                   help="text (the context as one string), or the OpenAI / Anthropic request payload "
+                   "(priced for that rendering)")
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:

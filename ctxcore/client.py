@@ -12,6 +12,11 @@ Failures surface as `grpc.aio.AioRpcError` with the server's status code
 >>> ctx = await client.assemble(ctxcore.AssemblyRequest("org-1", "agent-7", "gpt-4o",
 ...                                                     ctxcore.Query("refund policy")))  # doctest: +SKIP
 >>> ctx.wall.source                                                  # doctest: +SKIP
+>>> payload = to_openai(ctx)  # the Chat Completions body, rebuilt from the wire  # doctest: +SKIP
+
+`to_openai` and `to_anthropic` rebuild the payload renderings from an answer's structured
+parts (directive, kept messages, tools, memories section), exactly as
+`ctxcore.AssembledContext.to_openai` / `to_anthropic` write them in the server.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ import grpc
 
 from .budget import Budget
 from .catalog import ModelCapability
-from .request import AssemblyRequest
+from .payloads import default_directive_role, render_anthropic, render_openai
+from .request import AssemblyRequest, Message
 from .service.auth import API_KEY_HEADER, AUTHORIZATION_HEADER
-from .service.convert import budget_from_proto, capability_from_proto, request_to_proto
+from .service.convert import budget_from_proto, capability_from_proto, message_from_proto, request_to_proto
 from .v1 import context_assembly_pb2 as pb
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ContextClient"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ContextClient", "answer_messages", "answer_tools", "to_anthropic", "to_openai"]
 
 #: Per-call deadline when none is given: the proxy's client timeout, 45 ms
 #: ("Client/outer retrieval timeout: IBEX_CONTEXT_TIMEOUT=45ms").
@@ -178,3 +184,52 @@ class ContextClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+# ---- payloads from an answer ---------------------------------------------------------------
+
+
+def answer_messages(answer: pb.AssembledContext) -> tuple[Message, ...]:
+    """The history the server kept (after any trimming), as `ctxcore.Message` objects."""
+    return tuple(message_from_proto(m) for m in answer.messages)
+
+
+def answer_tools(answer: pb.AssembledContext) -> tuple[dict[str, Any], ...]:
+    """The tool schemas the answer carries, as JSON objects."""
+    return tuple(json.loads(t) for t in answer.tools_json)
+
+
+def _memory_block(answer: pb.AssembledContext) -> str | None:
+    return next((s.text for s in answer.sections if s.name == "memories"), None)
+
+
+def to_openai(answer: pb.AssembledContext, *, directive_role: str | None = None) -> dict[str, Any]:
+    """The Chat Completions body ``{"messages", "tools"}`` of a served assembly.
+
+    >>> to_openai(pb.AssembledContext(model="gpt-4o", directive="Be brief.",
+    ...                               messages=[pb.Message(role="user", content="hi")]))["messages"]
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
+    """
+    return render_openai(
+        directive=answer.directive if answer.HasField("directive") else None,
+        messages=answer_messages(answer),
+        tools=answer_tools(answer),
+        memory_block=_memory_block(answer),
+        directive_role=directive_role or default_directive_role(answer.model),
+    )
+
+
+def to_anthropic(answer: pb.AssembledContext, *, cache_breakpoint: bool = True) -> dict[str, Any]:
+    """The Messages body ``{"system", "messages", "tools"}`` of a served assembly.
+
+    >>> to_anthropic(pb.AssembledContext(messages=[pb.Message(role="user", content="hi")]),
+    ...              cache_breakpoint=False)["messages"]
+    [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}]
+    """
+    return render_anthropic(
+        directive=answer.directive if answer.HasField("directive") else None,
+        messages=answer_messages(answer),
+        tools=answer_tools(answer),
+        memory_block=_memory_block(answer),
+        cache_breakpoint=cache_breakpoint,
+    )

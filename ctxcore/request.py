@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .memory import Query, Scope
 
@@ -23,7 +23,12 @@ __all__ = [
     "AssemblyRequest",
     "HistoryPolicy",
     "Message",
+    "Rendering",
     "ToolCall",
+    "ToolSpec",
+    "check_tool_pairs",
+    "parse_messages",
+    "tool_input",
 ]
 
 
@@ -34,10 +39,19 @@ class HistoryPolicy(enum.StrEnum):
     TRIM_OLDEST = "trim_oldest"  #: drop the oldest turns (atomic groups), never the latest user turn
 
 
+class Rendering(enum.StrEnum):
+    """The form the assembled context is handed over in; the budget is priced for it."""
+
+    TEXT = "text"  #: one string (`AssembledContext.text`), sections in XML-style tags
+    OPENAI = "openai"  #: Chat Completions ``{"messages", "tools"}`` (`AssembledContext.to_openai`)
+    ANTHROPIC = "anthropic"  #: Messages ``{"system", "messages", "tools"}`` (`AssembledContext.to_anthropic`)
+
+
 class Role(enum.StrEnum):
     """Message roles."""
 
     SYSTEM = "system"
+    DEVELOPER = "developer"  #: OpenAI's name for system instructions on reasoning models
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
@@ -64,20 +78,88 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool definition in the providers' common terms: name, description, JSON Schema.
+
+    `from_mapping` reads the OpenAI Chat Completions shape (``{"type": "function",
+    "function": {...}}``), the bare function shape (``{"name", "description",
+    "parameters"}``) and the Anthropic shape (``{"name", "description",
+    "input_schema"}``); `source` keeps the mapping as given, so a rendering for the same
+    provider hands it over unchanged and a rendering for the other provider refuses keys
+    it cannot carry instead of dropping them.
+
+    >>> ToolSpec.from_mapping({"name": "search", "input_schema": {"type": "object"}}).parameters
+    {'type': 'object'}
+    """
+
+    name: str
+    description: str | None
+    parameters: Mapping[str, Any]
+    shape: str  #: ``openai``, ``function`` or ``anthropic``: the shape it arrived in
+    source: Mapping[str, Any]
+
+    @classmethod
+    def from_mapping(cls, tool: Mapping[str, Any]) -> ToolSpec:
+        """Read one tool definition (see the class docstring for the shapes).
+
+        Raises:
+            ValueError: not one of the shapes, or a field of the wrong type.
+        """
+        if not isinstance(tool, Mapping):
+            raise TypeError(f"a tool must be a JSON object, got {type(tool).__name__}")
+        if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
+            fn, shape, schema_key = tool["function"], "openai", "parameters"
+            known = {"name", "description", "parameters", "strict"}
+        elif "input_schema" in tool:
+            fn, shape, schema_key = tool, "anthropic", "input_schema"
+            known = {"name", "description", "input_schema", "type", "cache_control"}
+            if tool.get("type", "custom") != "custom":
+                raise ValueError(f"an Anthropic {tool['type']!r} tool is not a function tool")
+        elif "name" in tool and "type" not in tool:
+            fn, shape, schema_key = tool, "function", "parameters"
+            known = {"name", "description", "parameters", "strict"}
+        else:
+            raise ValueError(
+                "not a function tool: expected {'type': 'function', 'function': {...}}, "
+                "{'name', 'description', 'parameters'} or {'name', 'description', 'input_schema'}"
+            )
+        name, description = fn.get("name"), fn.get("description")
+        if not isinstance(name, str) or not name:
+            raise ValueError("a tool needs a non-empty str name")
+        if description is not None and not isinstance(description, str):
+            raise ValueError(f"tool {name!r}: description must be a str")
+        params = fn.get(schema_key, {"type": "object", "properties": {}})
+        if not isinstance(params, Mapping):
+            raise ValueError(f"tool {name!r}: {schema_key} must be a JSON Schema object")
+        extra = set(fn) - known
+        if extra:
+            raise ValueError(f"tool {name!r}: unsupported keys {sorted(extra)}")
+        return cls(name, description, params, shape, tool)
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """One message of the recent conversation.
 
     An assistant message may carry `tool_calls`; a ``tool`` message answers one of them
     through `tool_call_id`. The pair is an atomic group when history is trimmed.
 
+    Content that arrived as a list of text parts (OpenAI content parts, Anthropic text
+    blocks) keeps the list in `parts`, so the payload renderings give it back exactly;
+    `content` is then the parts joined by a newline (what the text rendering writes).
+
     >>> Message("user", "hello").role
     <Role.USER: 'user'>
+    >>> Message("user", parts=("a", "b")).content
+    'a\\nb'
     """
 
     role: Role
-    content: str
+    content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    parts: tuple[str, ...] | None = None  #: the text parts, when content came as a list
+    is_error: bool = False  #: a tool result that reports a failure (Anthropic ``is_error``)
 
     def __post_init__(self) -> None:
         try:
@@ -86,6 +168,16 @@ class Message:
             raise ValueError(
                 f"message role must be one of {[r.value for r in Role]}, got {self.role!r}"
             ) from None
+        if self.parts is not None:
+            parts = tuple(self.parts)
+            for j, part in enumerate(parts):
+                if not isinstance(part, str):
+                    raise TypeError(f"content[{j}]: a text part must be a str, got {type(part).__name__}")
+            joined = "\n".join(parts)
+            if self.content and self.content != joined:
+                raise ValueError("content must be empty or the parts joined by a newline when parts are given")
+            object.__setattr__(self, "parts", parts)
+            object.__setattr__(self, "content", joined)
         if not isinstance(self.content, str):
             raise TypeError(f"message content must be str, got {type(self.content).__name__}")
         calls = tuple(self.tool_calls)
@@ -96,26 +188,232 @@ class Message:
             raise ValueError("only assistant messages carry tool_calls")
         if self.role == Role.TOOL and not self.tool_call_id:
             raise ValueError("a tool message must name the tool_call_id it answers")
+        if not isinstance(self.is_error, bool):
+            raise TypeError(f"is_error must be a bool, got {type(self.is_error).__name__}")
+        if self.is_error and self.role != Role.TOOL:
+            raise ValueError("only tool results carry is_error")
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> Message:
-        """A message from an OpenAI-style mapping (role, content, tool_calls, tool_call_id).
+        """A message from an OpenAI Chat Completions or Anthropic Messages mapping.
+
+        OpenAI: ``role`` (system, developer, user, assistant, tool), ``content`` (a str,
+        None, or a list of text parts), assistant ``tool_calls``, tool ``tool_call_id``.
+        Anthropic: ``role`` (user, assistant) and ``content`` (a str or a list of text,
+        ``tool_use`` and ``tool_result`` blocks). An Anthropic user message holding more
+        than one tool result is several ctxcore messages: use `parse_messages` for it.
+
+        Raises:
+            ValueError: a missing field, an unknown role or block, or a part that is not
+                text (images and other media are refused: their price is not knowable
+                from the request), named by its position (``content[1]``).
+            TypeError: `m` is not a mapping.
 
         >>> Message.from_mapping({"role": "assistant", "content": "", "tool_calls": [
         ...     {"id": "c1", "function": {"name": "f", "arguments": "{}"}}]}).tool_calls[0].name
         'f'
+        >>> Message.from_mapping({"role": "assistant", "content": [
+        ...     {"type": "tool_use", "id": "c1", "name": "f", "input": {"x": 1}}]}).tool_calls[0].arguments
+        '{"x": 1}'
         """
+        out = _from_mapping(m)
+        if len(out) != 1:
+            raise ValueError(
+                f"this message holds {len(out)} tool results, which are {len(out)} ctxcore messages: "
+                "pass it through parse_messages (AssemblyRequest does)"
+            )
+        return out[0]
+
+
+def parse_messages(items: Iterable[Message | Mapping[str, Any]]) -> tuple[Message, ...]:
+    """Messages from `Message` objects and OpenAI or Anthropic mappings, in order.
+
+    An Anthropic user message whose content holds ``tool_result`` blocks becomes one
+    ``tool`` message per result, then a user message for any text after them; the
+    payload renderings put them back together.
+
+    Raises:
+        ValueError, TypeError: naming the message (``messages[3]``) and the part.
+
+    >>> [m.role.value for m in parse_messages([
+    ...     {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}},
+    ...                                       {"type": "tool_use", "id": "b", "name": "f", "input": {}}]},
+    ...     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "1"},
+    ...                                  {"type": "tool_result", "tool_use_id": "b", "content": "2"}]}])]
+    ['assistant', 'tool', 'tool']
+    """
+    if isinstance(items, (str, bytes, Mapping)):
+        raise TypeError(f"messages must be a sequence of messages, got a single {type(items).__name__}")
+    out: list[Message] = []
+    for i, m in enumerate(items):
+        if isinstance(m, Message):
+            out.append(m)
+            continue
         try:
-            calls = []
-            for c in m.get("tool_calls") or ():
-                fn = c.get("function", c)
-                args = fn.get("arguments", "{}")
-                calls.append(ToolCall(c["id"], fn["name"], args if isinstance(args, str) else json.dumps(args)))
-            return cls(m["role"], m.get("content") or "", tuple(calls), m.get("tool_call_id"))
+            out.extend(_from_mapping(m))
+        except ValueError as exc:
+            raise ValueError(f"messages[{i}]: {exc}") from None
+        except TypeError as exc:
+            raise TypeError(f"messages[{i}]: {exc}") from None
+    return tuple(out)
+
+
+# ---- provider shapes -----------------------------------------------------------------------
+
+_OPENAI_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
+
+
+def _extra(m: Mapping[str, Any], known: set[str] | frozenset[str]) -> list[str]:
+    """Keys outside `known` that carry something. A None or empty value (``refusal:
+    None``, ``annotations: []`` in a dumped SDK response) says nothing and is let go;
+    anything else is refused rather than dropped."""
+    return sorted(k for k in set(m) - known if m[k] not in (None, [], {}, ""))
+
+
+def _plain(value: Any) -> Any:
+    """An SDK response object (pydantic) as the mapping it dumps to; anything else as is."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
+_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+
+
+def _text_parts(content: Sequence[Any], where: str = "content") -> tuple[str, ...]:
+    """The texts of a list of text parts; anything else is refused, naming the part."""
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise TypeError(f"{where}[{j}] must be a content part (mapping), got {type(part).__name__}")
+        kind = part.get("type")
+        if kind != "text":
+            raise ValueError(
+                f"{where}[{j}] is a {kind!r} part: only text parts are accepted (an image's or file's price "
+                "cannot be known from the request, so it is refused rather than under-counted)"
+            )
+        extra = _extra(part, {"type", "text"})
+        if extra:
+            raise ValueError(f"{where}[{j}]: unsupported keys {extra} on a text part")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise TypeError(f"{where}[{j}].text must be a str, got {type(text).__name__}")
+        texts.append(text)
+    return tuple(texts)
+
+
+def _content(m: Mapping[str, Any]) -> tuple[str, tuple[str, ...] | None]:
+    content = m.get("content")
+    if content is None:
+        return "", None
+    if isinstance(content, str):
+        return content, None
+    if isinstance(content, (list, tuple)):
+        if not content:
+            raise ValueError("content is an empty list")
+        return "", _text_parts(content)
+    raise TypeError(f"message content must be a str, None or a list of parts, got {type(content).__name__}")
+
+
+def _is_blocks(content: object, kinds: frozenset[str]) -> bool:
+    return isinstance(content, (list, tuple)) and any(
+        isinstance(b, Mapping) and b.get("type") in kinds for b in content
+    )
+
+
+def _from_mapping(m: Mapping[str, Any]) -> tuple[Message, ...]:
+    m = _plain(m)
+    if not isinstance(m, Mapping):
+        raise TypeError(f"a message must be a mapping, got {type(m).__name__}")
+    if isinstance(m.get("content"), (list, tuple)):
+        # Response content blocks appended to a history as they came (SDK objects).
+        m = {**m, "content": [_plain(b) for b in m["content"]]}
+    role = m.get("role")
+    if role is None:
+        raise ValueError(f"message is missing the field 'role': {dict(m)!r:.200}")
+    content = m.get("content")
+    if role == "assistant" and _is_blocks(content, frozenset({"tool_use"})):
+        return (_anthropic_assistant(m),)
+    if role == "user" and _is_blocks(content, frozenset({"tool_result"})):
+        return _anthropic_tool_results(m)
+    extra = _extra(m, _OPENAI_MESSAGE_KEYS)
+    if extra:
+        raise ValueError(f"unsupported message fields {extra}")
+    text, parts = _content(m)
+    calls = []
+    raw_calls = m.get("tool_calls") or ()
+    if not isinstance(raw_calls, (list, tuple)):
+        raise TypeError(f"tool_calls must be a list, got {type(raw_calls).__name__}")
+    for j, c in enumerate(raw_calls):
+        try:
+            fn = c.get("function", c)
+            args = fn.get("arguments", "{}")
+            calls.append(ToolCall(c["id"], fn["name"], args if isinstance(args, str) else json.dumps(args)))
         except KeyError as exc:
-            raise ValueError(f"message is missing the field {exc.args[0]!r}: {dict(m)!r:.200}") from None
+            raise ValueError(f"tool_calls[{j}] is missing the field {exc.args[0]!r}") from None
         except AttributeError:
-            raise TypeError(f"a message must be a mapping, got {type(m).__name__}") from None
+            raise TypeError(f"tool_calls[{j}] must be a mapping, got {type(c).__name__}") from None
+    return (Message(cast(Role, role), text, tuple(calls), m.get("tool_call_id"), parts),)
+
+
+def _anthropic_assistant(m: Mapping[str, Any]) -> Message:
+    """An Anthropic assistant message with ``tool_use`` blocks: its text and its calls."""
+    extra = _extra(m, {"role", "content"})
+    if extra:
+        raise ValueError(f"unsupported message fields {extra}")
+    texts: list[Any] = []
+    calls = []
+    for j, block in enumerate(m["content"]):
+        if isinstance(block, Mapping) and block.get("type") == "tool_use":
+            extra = _extra(block, {"type", "id", "name", "input"})
+            if extra:
+                raise ValueError(f"content[{j}]: unsupported keys {extra} on a tool_use block")
+            inp = block.get("input", {})
+            if not isinstance(inp, Mapping):
+                raise TypeError(f"content[{j}].input must be a JSON object, got {type(inp).__name__}")
+            try:
+                calls.append(ToolCall(block.get("id", ""), block.get("name", ""), json.dumps(inp, ensure_ascii=False)))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"content[{j}]: {exc}") from None
+        else:
+            if calls:
+                raise ValueError(f"content[{j}]: text after a tool_use block is not supported")
+            texts.append(block)
+    parts = _text_parts(texts) if texts else None
+    return Message(Role.ASSISTANT, "", tuple(calls), None, parts)
+
+
+def _anthropic_tool_results(m: Mapping[str, Any]) -> tuple[Message, ...]:
+    """An Anthropic user message with ``tool_result`` blocks: one tool message per
+    result, then the user's text after them (the API wants the results first)."""
+    extra = _extra(m, {"role", "content"})
+    if extra:
+        raise ValueError(f"unsupported message fields {extra}")
+    out = []
+    blocks = list(m["content"])
+    j = 0
+    while j < len(blocks) and isinstance(blocks[j], Mapping) and blocks[j].get("type") == "tool_result":
+        block = blocks[j]
+        extra = _extra(block, {"type", "tool_use_id", "content", "is_error"})
+        if extra:
+            raise ValueError(f"content[{j}]: unsupported keys {extra} on a tool_result block")
+        inner = block.get("content", "")
+        parts = None
+        if isinstance(inner, (list, tuple)):
+            parts = _text_parts(inner, f"content[{j}].content") if inner else ()
+            inner = ""
+        elif not isinstance(inner, str):
+            raise TypeError(f"content[{j}].content must be a str or a list of text blocks, got {type(inner).__name__}")
+        try:
+            out.append(Message(Role.TOOL, inner, (), block.get("tool_use_id"), parts, block.get("is_error", False)))
+        except ValueError as exc:
+            raise ValueError(f"content[{j}]: {exc}") from None
+        j += 1
+    rest = blocks[j:]
+    for k, block in enumerate(rest, start=j):
+        if isinstance(block, Mapping) and block.get("type") == "tool_result":
+            raise ValueError(f"content[{k}]: tool_result blocks must come first in a user message")
+    if rest:
+        texts = _text_parts(rest)
+        out.append(Message(Role.USER, "", (), None, tuple(texts)))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +432,8 @@ class AssemblyOptions:
         history_policy: what to do when the fixed parts alone overflow the window.
         context_enabled: False skips retrieval: directive-only/history-only context.
         skip_memory: True skips the memory branches but still fetches the directive.
+        rendering: the form the context is handed over in (``text``, ``openai``,
+            ``anthropic``); the budget counts that rendering's framing.
     """
 
     weights: Mapping[str, float] | None = None
@@ -144,9 +444,16 @@ class AssemblyOptions:
     history_policy: HistoryPolicy = HistoryPolicy.STRICT
     context_enabled: bool = True
     skip_memory: bool = False
+    rendering: Rendering = Rendering.TEXT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "history_policy", HistoryPolicy(self.history_policy))
+        try:
+            object.__setattr__(self, "rendering", Rendering(self.rendering))
+        except ValueError:
+            raise ValueError(
+                f"rendering must be one of {[r.value for r in Rendering]}, got {self.rendering!r}"
+            ) from None
         object.__setattr__(self, "pinned_memory_ids", frozenset(self.pinned_memory_ids))
         if isinstance(self.max_memories, bool) or not isinstance(self.max_memories, int) or self.max_memories < 0:
             raise ValueError(f"max_memories must be an int >= 0, got {self.max_memories!r}")
@@ -187,7 +494,7 @@ class AssemblyRequest:
             object.__setattr__(self, "query", Query(self.query))
         if not isinstance(self.query, Query):
             raise TypeError(f"query must be a Query or str, got {type(self.query).__name__}")
-        msgs = tuple(m if isinstance(m, Message) else Message.from_mapping(m) for m in self.messages)
+        msgs = parse_messages(self.messages)
         object.__setattr__(self, "messages", msgs)
         tools = tuple(self.tools)
         for i, t in enumerate(tools):
@@ -200,8 +507,75 @@ class AssemblyRequest:
         object.__setattr__(self, "tools", tools)
         if not isinstance(self.options, AssemblyOptions):
             raise TypeError("options must be an AssemblyOptions")
+        if self.options.rendering is not Rendering.TEXT:
+            # The payload renderings take tools and tool calls apart: refuse here, naming
+            # the item, what they could not carry.
+            check_tool_pairs(msgs)
+            for i, t in enumerate(tools):
+                try:
+                    ToolSpec.from_mapping(t)
+                except ValueError as exc:
+                    raise ValueError(f"tools[{i}]: {exc}") from None
+            if self.options.rendering is Rendering.ANTHROPIC:
+                for i, m in enumerate(msgs):
+                    for j, c in enumerate(m.tool_calls):
+                        tool_input(c, f"messages[{i}].tool_calls[{j}]")
 
     @property
     def scope(self) -> Scope:
         """The (organization, agent) every memory must match."""
         return Scope(self.organization_id, self.agent_id)
+
+
+def check_tool_pairs(messages: Sequence[Message]) -> None:
+    """Check that tool calls and results pair up as the chat APIs require.
+
+    Every ``tool`` message must directly follow (with its siblings) the assistant message
+    whose call it answers, and every call must be answered there: both APIs reject a
+    payload otherwise. `AssemblyRequest` checks this for the payload renderings.
+
+    Raises:
+        ValueError: naming the message (``messages[4]``) and the call id.
+
+    >>> check_tool_pairs([Message("tool", "42", tool_call_id="c9")])
+    Traceback (most recent call last):
+    ...
+    ValueError: messages[0]: the tool result for 'c9' does not follow the assistant message that made that call
+    """
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m.role == Role.TOOL:
+            raise ValueError(
+                f"messages[{i}]: the tool result for {m.tool_call_id!r} does not follow the assistant message "
+                "that made that call"
+            )
+        i += 1
+        if m.role == Role.ASSISTANT and m.tool_calls:
+            at = i - 1
+            pending = [c.id for c in m.tool_calls]
+            if len(set(pending)) != len(pending):
+                raise ValueError(f"messages[{at}]: two tool calls share an id")
+            while i < len(messages) and messages[i].role == Role.TOOL and messages[i].tool_call_id in pending:
+                pending.remove(cast(str, messages[i].tool_call_id))
+                i += 1
+            if pending:
+                raise ValueError(
+                    f"messages[{at}]: the tool call(s) {pending} of this assistant message are not answered by "
+                    "the tool results right after it"
+                )
+
+
+def tool_input(call: ToolCall, where: str = "tool call") -> dict[str, Any]:
+    """A tool call's arguments as the JSON object the Anthropic Messages API takes.
+
+    >>> tool_input(ToolCall("c1", "f", '{"q": 1}'))
+    {'q': 1}
+    """
+    try:
+        value = json.loads(call.arguments)
+    except (json.JSONDecodeError, RecursionError):
+        raise ValueError(f"{where}: arguments are not valid JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: arguments must be a JSON object, got {type(value).__name__}")
+    return value

@@ -21,7 +21,7 @@ import grpc
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope
-from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, ToolCall
+from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
@@ -38,6 +38,8 @@ __all__ = [
     "capabilities_to_proto",
     "capability_from_proto",
     "enum_to_proto",
+    "message_from_proto",
+    "message_to_proto",
     "request_from_proto",
     "request_to_proto",
 ]
@@ -150,9 +152,36 @@ def _message(i: int, m: pb.Message) -> Message:
         except (TypeError, ValueError) as exc:
             raise _bad(f"{where}.tool_calls[{j}]", str(exc)) from None
     try:
-        return Message(cast(Any, m.role), m.content, tuple(calls), m.tool_call_id or None)
+        return message_from_proto(m, tuple(calls))
     except (TypeError, ValueError) as exc:
         raise _bad(where, str(exc)) from None
+
+
+def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:
+    """A `Message` from its wire form (ValueError / TypeError when it is not a valid one).
+
+    >>> message_from_proto(message_to_proto(Message("user", parts=("a", "b")))).parts
+    ('a', 'b')
+    """
+    if calls is None:
+        calls = tuple(ToolCall(c.id, c.name, c.arguments or "{}") for c in m.tool_calls)
+    parts = tuple(m.parts) if m.has_parts or m.parts else None
+    return Message(
+        cast(Any, m.role), "" if parts is not None else m.content, calls, m.tool_call_id or None, parts, m.is_error
+    )
+
+
+def message_to_proto(m: Message) -> pb.Message:
+    """The wire form of a `Message`."""
+    return pb.Message(
+        role=m.role.value,
+        content=m.content,
+        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls],
+        tool_call_id=m.tool_call_id or "",
+        parts=list(m.parts or ()),
+        has_parts=m.parts is not None,
+        is_error=m.is_error,
+    )
 
 
 def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
@@ -190,6 +219,11 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     if o.HasField("context_enabled"):
         kw["context_enabled"] = o.context_enabled
     kw["skip_memory"] = o.skip_memory
+    if o.rendering != pb.RENDERING_UNSPECIFIED:
+        try:
+            kw["rendering"] = enum_from_proto(o.rendering, pb.Rendering, "RENDERING", Rendering)
+        except ValueError:
+            raise _bad("options.rendering", f"unknown value {o.rendering}") from None
     try:
         return AssemblyOptions(**kw)
     except (TypeError, ValueError) as exc:
@@ -250,6 +284,7 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
         history_policy=enum_to_proto(o.history_policy, pb.HistoryPolicy, "HISTORY_POLICY"),
         context_enabled=o.context_enabled,
         skip_memory=o.skip_memory,
+        rendering=enum_to_proto(o.rendering, pb.Rendering, "RENDERING"),
     )
     if o.relevance_floor is not None:
         opts.relevance_floor = o.relevance_floor
@@ -260,15 +295,7 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
         agent_id=req.agent_id,
         model=req.model,
         query=pb.Query(text=req.query.text, embedding=list(req.query.embedding or ())),
-        messages=[
-            pb.Message(
-                role=m.role.value,
-                content=m.content,
-                tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls],
-                tool_call_id=m.tool_call_id or "",
-            )
-            for m in req.messages
-        ],
+        messages=[message_to_proto(m) for m in req.messages],
         tools_json=[json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools],
         options=opts,
     )
@@ -451,4 +478,19 @@ def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledC
     )
     if ctx.pack is not None:
         out.pack.CopyFrom(_pack_to_proto(ctx.pack))
+    _payload_parts_to_proto(ctx, out)
     return out
+
+
+def _payload_parts_to_proto(ctx: AssembledLike, out: pb.AssembledContext) -> None:
+    """The parts the payload renderings are written from (older contexts lack them)."""
+    directive = getattr(ctx, "directive", None)
+    if directive is not None:
+        out.directive = directive
+    out.messages.extend(message_to_proto(m) for m in getattr(ctx, "messages", ()))
+    out.tools_json.extend(
+        json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in getattr(ctx, "tools", ())
+    )
+    out.rendering = enum_to_proto(getattr(ctx, "rendering", Rendering.TEXT), pb.Rendering, "RENDERING")
+    out.framing_tokens = getattr(ctx, "framing_tokens", 0)
+    out.stable_prefix_tokens = getattr(ctx, "stable_prefix_tokens", 0)

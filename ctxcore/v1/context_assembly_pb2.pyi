@@ -8,6 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Rendering(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RENDERING_UNSPECIFIED: _ClassVar[Rendering]
+    RENDERING_TEXT: _ClassVar[Rendering]
+    RENDERING_OPENAI: _ClassVar[Rendering]
+    RENDERING_ANTHROPIC: _ClassVar[Rendering]
+
 class HistoryPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     HISTORY_POLICY_UNSPECIFIED: _ClassVar[HistoryPolicy]
@@ -60,6 +67,10 @@ class WallSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WALL_SOURCE_CLIENT_TIMEOUT: _ClassVar[WallSource]
     WALL_SOURCE_SERVER_DEADLINE: _ClassVar[WallSource]
     WALL_SOURCE_CALLER_DEADLINE: _ClassVar[WallSource]
+RENDERING_UNSPECIFIED: Rendering
+RENDERING_TEXT: Rendering
+RENDERING_OPENAI: Rendering
+RENDERING_ANTHROPIC: Rendering
 HISTORY_POLICY_UNSPECIFIED: HistoryPolicy
 HISTORY_POLICY_STRICT: HistoryPolicy
 HISTORY_POLICY_TRIM_OLDEST: HistoryPolicy
@@ -104,16 +115,22 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("role", "content", "tool_calls", "tool_call_id")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "parts", "has_parts", "is_error")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    HAS_PARTS_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     tool_call_id: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
+    parts: _containers.RepeatedScalarFieldContainer[str]
+    has_parts: bool
+    is_error: bool
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., parts: _Optional[_Iterable[str]] = ..., has_parts: _Optional[bool] = ..., is_error: _Optional[bool] = ...) -> None: ...
 
 class Query(_message.Message):
     __slots__ = ("text", "embedding")
@@ -124,7 +141,7 @@ class Query(_message.Message):
     def __init__(self, text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AssemblyOptions(_message.Message):
-    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory")
+    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory", "rendering")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +157,7 @@ class AssemblyOptions(_message.Message):
     HISTORY_POLICY_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     SKIP_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RENDERING_FIELD_NUMBER: _ClassVar[int]
     weights: _containers.ScalarMap[str, float]
     relevance_floor: float
     min_similarity: float
@@ -148,7 +166,8 @@ class AssemblyOptions(_message.Message):
     history_policy: HistoryPolicy
     context_enabled: bool
     skip_memory: bool
-    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ...) -> None: ...
+    rendering: Rendering
+    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
     __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options")
@@ -377,7 +396,7 @@ class StageTimings(_message.Message):
     def __init__(self, budget_ms: _Optional[float] = ..., retrieval_ms: _Optional[float] = ..., scoring_ms: _Optional[float] = ..., packing_ms: _Optional[float] = ..., formatting_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class AssembledContext(_message.Message):
-    __slots__ = ("text", "sections", "nonce", "model", "scope", "budget", "pack", "trace", "branches", "wall", "degraded", "degradation_reasons", "constrained", "history_dropped", "timings", "replaced_chars", "principal")
+    __slots__ = ("text", "sections", "nonce", "model", "scope", "budget", "pack", "trace", "branches", "wall", "degraded", "degradation_reasons", "constrained", "history_dropped", "timings", "replaced_chars", "principal", "directive", "messages", "tools_json", "rendering", "framing_tokens", "stable_prefix_tokens")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +414,12 @@ class AssembledContext(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     REPLACED_CHARS_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RENDERING_FIELD_NUMBER: _ClassVar[int]
+    FRAMING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STABLE_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     text: str
     sections: _containers.RepeatedCompositeFieldContainer[Section]
     nonce: str
@@ -412,4 +437,10 @@ class AssembledContext(_message.Message):
     timings: StageTimings
     replaced_chars: int
     principal: str
-    def __init__(self, text: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., nonce: _Optional[str] = ..., model: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., pack: _Optional[_Union[PackRecord, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[TraceEntry, _Mapping]]] = ..., branches: _Optional[_Iterable[_Union[BranchRecord, _Mapping]]] = ..., wall: _Optional[_Union[Wall, _Mapping]] = ..., degraded: _Optional[bool] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., constrained: _Optional[bool] = ..., history_dropped: _Optional[_Iterable[_Union[HistoryDrop, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., replaced_chars: _Optional[int] = ..., principal: _Optional[str] = ...) -> None: ...
+    directive: str
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    tools_json: _containers.RepeatedScalarFieldContainer[str]
+    rendering: Rendering
+    framing_tokens: int
+    stable_prefix_tokens: int
+    def __init__(self, text: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., nonce: _Optional[str] = ..., model: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., pack: _Optional[_Union[PackRecord, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[TraceEntry, _Mapping]]] = ..., branches: _Optional[_Iterable[_Union[BranchRecord, _Mapping]]] = ..., wall: _Optional[_Union[Wall, _Mapping]] = ..., degraded: _Optional[bool] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., constrained: _Optional[bool] = ..., history_dropped: _Optional[_Iterable[_Union[HistoryDrop, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., replaced_chars: _Optional[int] = ..., principal: _Optional[str] = ..., directive: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., framing_tokens: _Optional[int] = ..., stable_prefix_tokens: _Optional[int] = ...) -> None: ...
