@@ -21,9 +21,11 @@ get ``shutdown_grace_s`` to finish. Reflection is registered on loopback binds o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
 import gc
+import inspect
 import logging
 import secrets
 import signal
@@ -37,12 +39,22 @@ from grpc_reflection.v1alpha import reflection
 
 from ..budget import compute_budget
 from ..catalog import Catalog, ModelCapability, default_catalog, load_catalog
-from ..errors import ConfigError, ContextOverflow, TokenizerMismatch, UnknownModel
+from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, TokenizerMismatch, UnknownModel
 from ..memory import MemoryRecord, Query, Scope, Sources
 from ..v1 import context_assembly_pb2 as pb
+from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission
 from .auth import Authenticator, Principal, ServiceError
 from .config import ServiceConfig
-from .convert import assembled_to_proto, budget_to_proto, capabilities_to_proto, request_from_proto
+from .convert import (
+    MAX_DETAILS_CHARS,
+    MAX_MODELS,
+    assembled_to_proto,
+    budget_to_proto,
+    capabilities_to_proto,
+    model_name,
+    request_from_proto,
+    unknown_model,
+)
 from .logs import error_frames, log_event
 from .metrics import ServiceMetrics
 from .tracing import CallTracer
@@ -53,6 +65,10 @@ SERVICE_NAME = "ctxcore.v1.ContextAssemblyService"
 #: Largest token count ComputeBudget accepts for one term: the packer's own bound on a
 #: token count (2**40, see ctxcore.pack); beyond it the number is not a count.
 MAX_TOKEN_TERM = 1 << 40
+
+#: Requests with more messages plus tool schemas than this are decoded and validated in
+#: the CPU executor rather than on the event loop (20,000 messages take tens of ms).
+OFFLOAD_ITEMS = 256
 
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
@@ -148,6 +164,16 @@ def _default_assemble() -> tuple[AssembleFn, Any]:
     return assembly.assemble, assembly
 
 
+def _takes_executor(fn: Callable[..., Any]) -> bool:
+    """Whether an assembly function takes the ``executor`` keyword (to run its CPU-heavy
+    stages off the event loop)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "executor" in params
+
+
 class ContextService:
     """One ContextAssemblyService server.
 
@@ -199,6 +225,14 @@ class ContextService:
             self._assembly_config = None
             self._packing_headroom_ms = 0.0
         self._assemble = assemble
+        self._pass_executor = _takes_executor(assemble)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.admission = Admission(
+            max_queue=config.max_queue,
+            min_retrieval_ms=config.min_retrieval_ms,
+            response_headroom_ms=config.deadline_headroom_ms,
+            floor_tail_ms=self._packing_headroom_ms,
+        )
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -215,6 +249,10 @@ class ContextService:
         """
         cfg = self.config
         self._stopping = asyncio.Event()
+        # Bounded: at most cpu_workers stages run at once, the rest wait their turn here
+        # (admission control keeps that queue short).
+        self._executor = concurrent.futures.ThreadPoolExecutor(cfg.cpu_workers, thread_name_prefix="ctxcore-cpu")
+        self.admission.start()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -278,6 +316,10 @@ class ContextService:
             await asyncio.sleep(self.config.drain_delay_s)
         server, self._server = self._server, None
         await server.stop(grace)
+        await self.admission.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
         self.metrics.close()
         if self._store is not None and hasattr(self._store, "close"):
             await asyncio.to_thread(self._store.close)
@@ -337,8 +379,11 @@ class ContextService:
                 return await fn(request, context, principal)
             except ServiceError as exc:
                 code = exc.code
-                fields["details"] = exc.details
-                await context.abort(exc.code, exc.details)
+                details = exc.details[:MAX_DETAILS_CHARS]
+                fields["details"] = details
+                if exc.trailing_metadata:
+                    context.set_trailing_metadata(exc.trailing_metadata)
+                await context.abort(exc.code, details)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -360,19 +405,45 @@ class ContextService:
 
         return handler
 
-    def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
+    def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[float | None, float]:
+        """Admission control (`ctxcore.service.admission`): refuse at arrival a call that
+        cannot finish inside its deadline or finds the queue full; else count it in and
+        return its remaining time in ms (None without a deadline) and the tail kept
+        for it after retrieval."""
+        remaining = context.time_remaining()
+        remaining_ms = None if remaining is None else remaining * 1000.0
+        d = self.admission.decide(remaining_ms)
+        m = self.metrics
+        m.tail_estimate.set(d.tail_ms / 1000.0)
+        m.loop_lag.set(self.admission.lag_ms / 1000.0)
+        if not d.admitted:
+            m.refused.labels(d.reason).inc()
+            call = _CALL.get(None)
+            if call is not None:
+                call.fields["admission"] = d.reason
+            if d.reason == "refused-queue":
+                raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, d.details,
+                                   ((ADMISSION_KEY, d.reason), (RETRY_PUSHBACK_KEY, str(d.retry_after_ms))))
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, d.details, ((ADMISSION_KEY, d.reason),))
+        m.admitted.set(self.admission.admitted)
+        return remaining_ms, d.tail_ms
+
+    def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float) -> float | None:
+        """The deadline handed to the assembly: the caller's, less the response headroom
+        and whatever of the estimated tail the assembly's own packing headroom does not
+        cover, so that retrieval stops in time for the rest to finish. Checked again here:
+        validation may have used up what admission saw."""
         remaining = context.time_remaining()
         if remaining is None:
             return None
         cfg = self.config
-        left_ms = remaining * 1000.0 - cfg.deadline_headroom_ms
+        extra = max(0.0, tail_ms - self._packing_headroom_ms)
+        left_ms = remaining * 1000.0 - cfg.deadline_headroom_ms - extra
         if left_ms - self._packing_headroom_ms < cfg.min_retrieval_ms:
-            need = cfg.deadline_headroom_ms + self._packing_headroom_ms + cfg.min_retrieval_ms
             raise ServiceError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{remaining * 1000.0:.2f} ms left at arrival; an assembly needs at least {need:.2f} ms "
-                f"({cfg.deadline_headroom_ms:g} ms response headroom + {self._packing_headroom_ms:g} ms packing "
-                f"headroom + {cfg.min_retrieval_ms:g} ms retrieval)",
+                f"{remaining * 1000.0:.2f} ms left after validation; an assembly needs at least "
+                f"{cfg.deadline_headroom_ms + self._packing_headroom_ms + extra + cfg.min_retrieval_ms:.2f} ms",
             )
         # The assembly subtracts its packing headroom from this deadline itself.
         return time.monotonic() + left_ms / 1000.0
@@ -380,39 +451,63 @@ class ContextService:
     async def _assemble_context(
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.AssembledContext:
-        req = request_from_proto(request)
-        call = _CALL.get(None)
-        if call is not None:
-            call.fields["organization_id"] = req.organization_id
-            call.fields["agent_id"] = req.agent_id
-        scope = principal.authorize(req.organization_id, req.agent_id)
-        deadline = self._wall_deadline(context)
-        assert self._sources is not None
-        kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
-                                  "deadline": deadline}
-        if self._assembly_config is not None:
-            kwargs["config"] = self._assembly_config
-        started_ns = self.tracing.now_ns()
+        t0 = time.perf_counter()
+        ahead = self.admission.admitted
+        _, tail_ms = self._admit(context)
+        retrieval_ms: float | None = None
         try:
-            ctx = await self._assemble(req, **kwargs)
-        except UnknownModel as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"model: {exc}") from None
-        except (TokenizerMismatch, ConfigError) as exc:
-            # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {exc}") from None
-        except ContextOverflow as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {exc}") from None
-        self.metrics.observe_assembly(ctx)
-        if call is not None:
-            call.fields["degraded"] = bool(ctx.degraded)
-            self.tracing.assembly(call.span, ctx, started_ns)
-        return assembled_to_proto(ctx, principal.name)
+            if len(request.messages) + len(request.tools_json) > OFFLOAD_ITEMS:
+                # Linear, but long enough to hold up every other call if run on the loop.
+                req = await asyncio.get_running_loop().run_in_executor(self._executor, request_from_proto, request)
+            else:
+                req = request_from_proto(request)
+            call = _CALL.get(None)
+            if call is not None:
+                call.fields["organization_id"] = req.organization_id
+                call.fields["agent_id"] = req.agent_id
+            scope = principal.authorize(req.organization_id, req.agent_id)
+            deadline = self._wall_deadline(context, tail_ms)
+            assert self._sources is not None
+            kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
+                                      "deadline": deadline}
+            if self._assembly_config is not None:
+                kwargs["config"] = self._assembly_config
+            if self._pass_executor:
+                kwargs["executor"] = self._executor
+            started_ns = self.tracing.now_ns()
+            try:
+                ctx = await self._assemble(req, **kwargs)
+            except UnknownModel as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, unknown_model("model", exc)) from None
+            except (TokenizerMismatch, ConfigError) as exc:
+                # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {str(exc)[:300]}") from None
+            except ContextOverflow as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {str(exc)[:500]}") from None
+            except InvalidFormatInput as exc:
+                section = getattr(exc, "section", "")
+                if section not in ("history", "tools"):
+                    raise  # the store's data, not the caller's: a server fault
+                field = "messages" if section == "history" else "tools_json"
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {str(exc)[:300]}") from None
+            except TimeoutError:
+                # A stage found the deadline passed (the assembly checks it between stages).
+                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   "the deadline passed during the assembly") from None
+            retrieval_ms = float(ctx.timings.retrieval_ms)
+            self.metrics.observe_assembly(ctx)
+            if call is not None:
+                call.fields["degraded"] = bool(ctx.degraded)
+                self.tracing.assembly(call.span, ctx, started_ns)
+            return assembled_to_proto(ctx, principal.name)
+        finally:
+            self.admission.release(ahead, (time.perf_counter() - t0) * 1000.0, retrieval_ms)
+            self.metrics.admitted.set(self.admission.admitted)
 
     async def _compute_budget(
         self, request: pb.ComputeBudgetRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.Budget:
-        if not request.model:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "model: must not be empty")
+        model = model_name("model", request.model)
         terms: dict[str, int] = {}
         for name in ("directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens"):
             v = getattr(request, name)
@@ -421,7 +516,7 @@ class ContextService:
             terms[name] = v
         try:
             b = compute_budget(
-                request.model,
+                model,
                 directive_tokens=terms["directive_tokens"],
                 messages_tokens=terms["messages_tokens"],
                 tool_schema_tokens=terms["tool_schema_tokens"],
@@ -429,19 +524,23 @@ class ContextService:
                 catalog=self.catalog,
             )
         except UnknownModel as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"model: {exc}") from None
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, unknown_model("model", exc)) from None
         return budget_to_proto(b)
 
     async def _capabilities(
         self, request: pb.GetModelCapabilitiesRequest, context: grpc.aio.ServicerContext[Any, Any],
         principal: Principal,
     ) -> pb.GetModelCapabilitiesResponse:
+        if len(request.models) > MAX_MODELS:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"models: {len(request.models)} is over the per-request limit max_models = {MAX_MODELS}")
         models: list[ModelCapability] = []
         for i, name in enumerate(request.models):
+            where = f"models[{i}]"
             try:
-                models.append(self.catalog.get_model(name))
+                models.append(self.catalog.get_model(model_name(where, name)))
             except UnknownModel as exc:
-                raise ServiceError(grpc.StatusCode.NOT_FOUND, f"models[{i}]: {exc}") from None
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, unknown_model(where, exc)) from None
         if not request.models:
             models = [self.catalog[n] for n in self.catalog]
         return capabilities_to_proto(self.catalog, models)
