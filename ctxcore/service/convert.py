@@ -180,9 +180,11 @@ def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     "'mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm'... (100000 characters)"
     """
     if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit - 1]!r}... ({len(value)} characters)"
+        text = repr(value[:limit - 1])
+        cut = f"{text[:4 * limit]}..." if len(text) > 4 * limit else text  # escapes lengthen a repr
+        return f"{cut}... ({len(value)} characters)"
     text = repr(value)
-    return text if len(text) <= limit + 2 else f"{text[:limit]}..."
+    return text if len(text) <= 4 * limit else f"{text[:4 * limit]}..."
 
 
 def _bad(field: str, why: str) -> ServiceError:
