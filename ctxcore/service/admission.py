@@ -15,14 +15,17 @@ else is done for it:
   admitted. That *tail* is modelled from recent calls as ``a + b x ahead``, where
   ``ahead`` is the number of admitted calls at arrival, fitted by exponentially weighted
   least squares (the newest calls count most), plus a margin of three times the recent
-  mean absolute error, plus the event loop's current lag (how late a periodic timer
-  fires: the wait every callback of this call will see). A call whose deadline leaves less
-  than ``min_retrieval_ms`` + that estimate + the response headroom is refused with
-  DEADLINE_EXCEEDED at once; an admitted call's retrieval wall leaves the estimated tail
-  free, so the answer is back inside the deadline.
+  mean absolute error. A call whose deadline leaves less than ``min_retrieval_ms`` + that
+  estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
+  call's retrieval wall leaves the estimated tail free, so the answer is back inside the
+  deadline;
+- **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` late
+  (a probe timer measures it), the CPU is saturated and every call admitted now delays the
+  arrival of the next ones; new calls get RESOURCE_EXHAUSTED with a retry hint until the
+  admitted ones have drained the backlog.
 
-Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``
-or ``refused-queue``), so a client can tell a refusal at arrival from a call that ran out
+Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``,
+``refused-queue`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
 of time, and the metrics count them by reason.
 """
 
@@ -52,6 +55,10 @@ RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 #: queue bound only bites when the deadline estimate has nothing to go on (calls without
 #: a deadline); calls with one are refused by the estimate long before.
 DEFAULT_MAX_QUEUE = 64
+#: Event-loop lag beyond which new calls are refused while others are admitted: a loop
+#: this late delays every step of every call by as much, and the arrivals queued behind
+#: it wait longer than a 45 ms deadline can spare.
+DEFAULT_MAX_LAG_MS = 4.0
 #: Half-life of a finished call's weight in the tail model, in seconds: at a few hundred
 #: calls a second the model follows the last ~100 calls, and after a quiet second what it
 #: learned under load has faded into the prior.
@@ -62,9 +69,9 @@ _HALF_LIFE_S = 0.25
 _PRIOR_WEIGHT = 1.0
 #: Pulls the slope toward 0 while few calls have been seen at different queue lengths.
 _RIDGE = 4.0
-#: The margin over the fitted tail, in mean absolute errors (about p99 for errors with
-#: exponential tails).
-_MARGIN_MAES = 3.0
+#: The margin over the fitted tail, in mean absolute errors: for errors with an
+#: exponential tail, mean x ln(100) = 4.6 x mean is their p99.
+_MARGIN_MAES = 4.6
 #: How often the loop-lag probe wakes, in seconds.
 _LAG_PERIOD_S = 0.005
 
@@ -75,10 +82,10 @@ class Decision:
 
     Attributes:
         admitted: whether the call may run.
-        reason: ``"ok"``, ``"refused-deadline"`` or ``"refused-queue"``.
-        tail_ms: the estimated time the call needs after retrieval (loop lag included).
+        reason: ``"ok"``, ``"refused-deadline"``, ``"refused-queue"`` or ``"refused-load"``.
+        tail_ms: the estimated time the call needs after retrieval.
         details: the status details for a refusal (empty when admitted).
-        retry_after_ms: for a queue refusal, the suggested wait before retrying.
+        retry_after_ms: for a queue or load refusal, the suggested wait before retrying.
     """
 
     admitted: bool
@@ -173,11 +180,13 @@ class Admission:
     """
 
     def __init__(self, *, max_queue: int = DEFAULT_MAX_QUEUE, min_retrieval_ms: float = 1.0,
-                 response_headroom_ms: float = 1.0, floor_tail_ms: float = 0.0) -> None:
+                 response_headroom_ms: float = 1.0, floor_tail_ms: float = 0.0,
+                 max_lag_ms: float = DEFAULT_MAX_LAG_MS) -> None:
         self.max_queue = max_queue
         self.min_retrieval_ms = min_retrieval_ms
         self.response_headroom_ms = response_headroom_ms
         self.floor_tail_ms = floor_tail_ms
+        self.max_lag_ms = max_lag_ms
         self.model = TailModel(prior_ms=floor_tail_ms)
         self.admitted = 0
         self.lag_ms = 0.0
@@ -213,7 +222,8 @@ class Admission:
     # ---- decisions -------------------------------------------------------------------
 
     def tail_estimate(self) -> float:
-        """The tail a call arriving now should be given, in ms (loop lag included)."""
+        """The tail a call arriving now should be given, in ms: the model's, plus the
+        loop's current lag (every step of the call waits that long for the loop)."""
         m = self.model
         return max(self.floor_tail_ms, m.predict(self.admitted) + m.margin()) + self.lag_ms
 
@@ -228,6 +238,13 @@ class Admission:
             return Decision(False, "refused-queue", tail,
                             f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
                             f"{self.max_queue}); retry in {wait} ms", wait)
+        if self.admitted and self.lag_ms > self.max_lag_ms:
+            # The loop runs every callback this late: the CPU is saturated, and each call
+            # admitted now slows the arrival of the next. Let the admitted ones finish.
+            wait = max(1, math.ceil(self.lag_ms))
+            return Decision(False, "refused-load", tail,
+                            f"the server is saturated (event loop {self.lag_ms:.1f} ms late, {self.admitted} "
+                            f"assemblies admitted); retry in {wait} ms", wait)
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             if remaining_ms < need:

@@ -64,6 +64,9 @@ class ServiceMetrics:
             registry=r,
         )
         self.admitted = Gauge("ctxcore_admission_admitted", "Assemblies admitted and not yet finished.", registry=r)
+        self.admitted_calls = Counter("ctxcore_admission_admitted_calls",
+                                      "Assemblies admitted (with a deadline), by whether they ended inside it.",
+                                      ["in_time"], registry=r)
         self.tail_estimate = Gauge(
             "ctxcore_admission_tail_estimate_seconds",
             "The service-time estimate after retrieval that the last admission decision used.", registry=r,

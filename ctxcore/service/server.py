@@ -416,12 +416,14 @@ class ContextService:
         m = self.metrics
         m.tail_estimate.set(d.tail_ms / 1000.0)
         m.loop_lag.set(self.admission.lag_ms / 1000.0)
+        call = _CALL.get(None)
+        if call is not None:
+            call.fields["admission"] = d.reason
+            call.fields["remaining_ms"] = None if remaining_ms is None else round(remaining_ms, 2)
+            call.fields["tail_ms"] = round(d.tail_ms, 2)
         if not d.admitted:
             m.refused.labels(d.reason).inc()
-            call = _CALL.get(None)
-            if call is not None:
-                call.fields["admission"] = d.reason
-            if d.reason == "refused-queue":
+            if d.reason in ("refused-queue", "refused-load"):
                 raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, d.details,
                                    ((ADMISSION_KEY, d.reason), (RETRY_PUSHBACK_KEY, str(d.retry_after_ms))))
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, d.details, ((ADMISSION_KEY, d.reason),))
@@ -451,9 +453,12 @@ class ContextService:
     async def _assemble_context(
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.AssembledContext:
-        t0 = time.perf_counter()
         ahead = self.admission.admitted
-        _, tail_ms = self._admit(context)
+        remaining_ms, tail_ms = self._admit(context)
+        t_admit = time.perf_counter()
+        # What the tail model learns from: the time from the end of retrieval (or from
+        # its wall, when retrieval overran it) to the answer.
+        t_asm = 0.0
         retrieval_ms: float | None = None
         try:
             if len(request.messages) + len(request.tools_json) > OFFLOAD_ITEMS:
@@ -475,6 +480,7 @@ class ContextService:
             if self._pass_executor:
                 kwargs["executor"] = self._executor
             started_ns = self.tracing.now_ns()
+            t_asm = time.perf_counter()
             try:
                 ctx = await self._assemble(req, **kwargs)
             except UnknownModel as exc:
@@ -494,15 +500,19 @@ class ContextService:
                 # A stage found the deadline passed (the assembly checks it between stages).
                 raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                    "the deadline passed during the assembly") from None
-            retrieval_ms = float(ctx.timings.retrieval_ms)
+            retrieval_ms = min(float(ctx.timings.retrieval_ms), float(ctx.wall.limit_ms))
             self.metrics.observe_assembly(ctx)
             if call is not None:
                 call.fields["degraded"] = bool(ctx.degraded)
                 self.tracing.assembly(call.span, ctx, started_ns)
             return assembled_to_proto(ctx, principal.name)
         finally:
-            self.admission.release(ahead, (time.perf_counter() - t0) * 1000.0, retrieval_ms)
+            t_end = time.perf_counter()
+            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0, retrieval_ms)
             self.metrics.admitted.set(self.admission.admitted)
+            if remaining_ms is not None:
+                in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
+                self.metrics.admitted_calls.labels("yes" if in_time else "no").inc()
 
     async def _compute_budget(
         self, request: pb.ComputeBudgetRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
