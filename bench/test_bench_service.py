@@ -66,21 +66,16 @@ class Server:
             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.port = 0
-        # --log-level warning hides the start-up events: ask the OS which ports it bound
-        # (the gRPC port is the first; a metrics port, when asked for, the other).
+        self.metrics_port = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
+        # --log-level warning hides the start-up events: ask the OS which port it bound.
         deadline = time.monotonic() + 30
-        want = 2 if "--metrics-port" in args else 1
-        ports: list[int] = []
-        while time.monotonic() < deadline and len(ports) < want:
-            ports = _listening_ports(self.proc.pid)
+        while time.monotonic() < deadline and not self.port:
+            self.port = next((p for p in _listening_ports(self.proc.pid) if p != self.metrics_port), 0)
             time.sleep(0.05)
-        assert len(ports) >= want, "ctxcore serve did not bind"
-        self.metrics_port = 0
-        if want == 2:
-            # The metrics endpoint answers HTTP; the other port is gRPC.
-            self.metrics_port = next(p for p in ports if _is_http(p))
-            ports.remove(self.metrics_port)
-        self.port = ports[0]
+        if not self.port:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("ctxcore serve did not bind")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -106,15 +101,12 @@ def _listening_ports(pid: int) -> list[int]:
     return sorted(set(out))
 
 
-def _is_http(port: int) -> bool:
-    import urllib.error
-    import urllib.request
+def _free_port() -> int:
+    import socket
 
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):
-            return True
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -206,7 +198,7 @@ def _big_request() -> bytes:
     s = driver.scopes()[0]
     # 20,000 short turns, about 2.2 MB: far past gpt-4's 8k window, trimmed oldest first.
     msgs = [pb.Message(role=("user", "assistant")[i % 2],
-                       content=f"Turn {i}: the order {i:05d} was shipped on time and the customer is happy.")
+                       content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.")
             for i in range(BIG_TURNS)]
     return pb.AssembleContextRequest(
         organization_id=s.organization_id, agent_id=s.agent_id, model="gpt-4", query=pb.Query(text="refund"),
@@ -351,7 +343,7 @@ def test_overload_is_refused_at_arrival(db: Path, servers: list[Server]) -> None
     """Open-loop Poisson arrivals at twice the sustainable rate with the 45 ms client
     timeout: most failures must be refusals at arrival, and the calls the server admits
     must end inside their deadline."""
-    servers.append(Server(db, "--metrics-port", "0"))
+    servers.append(Server(db, "--metrics-port", str(_free_port())))
     target = f"127.0.0.1:{servers[0].port}"
     asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=300, timeout_ms=GENEROUS_TIMEOUT_MS))
     r = asyncio.run(driver.run_overload(target, factor=OVERLOAD_FACTOR, seconds=OVERLOAD_SECONDS,

@@ -245,3 +245,61 @@ def test_ingest_is_all_or_nothing_with_directives(tmp_path: Path) -> None:
         assert (report.memories, report.directives) == (0, 1)
         assert asyncio.run(store.directive(Scope("o", "a"))) == "Be brief."
 
+
+
+# ---- the largest valid request ----------------------------------------------------------
+
+
+def test_the_largest_request_is_trimmed_while_health_answers() -> None:
+    """20,000 turns (about 2.2 MB) with TRIM_OLDEST on gpt-4's 8k window: trimmed and
+    answered inside its deadline, while health checks keep answering SERVING; with a 45 ms
+    deadline it comes back inside that deadline, answered or refused with a typed status.
+    (bench/test_bench_service.py gates the health and small-call p99 under it.)"""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    msgs = [pb.Message(role=("user", "assistant")[i % 2],
+                       content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.")
+            for i in range(20_000)]
+    big = _req(model="gpt-4", query=pb.Query(text="marker"), messages=msgs,
+               options=pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_TRIM_OLDEST))
+    assert 2_000_000 < big.ByteSize() < 4 << 20
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
+            opts = [("grpc.max_send_message_length", 8 << 20)]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}", options=opts) as ch:
+                call = ch.unary_unary(SERVICE + "AssembleContext", request_serializer=pb.AssembleContextRequest.
+                                      SerializeToString, response_deserializer=pb.AssembledContext.FromString)
+                health = health_pb2_grpc.HealthStub(ch)
+                statuses: list[int] = []
+                done = asyncio.Event()
+
+                async def watch() -> None:
+                    while not done.is_set():
+                        r = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10.0)
+                        statuses.append(r.status)
+                        await asyncio.sleep(0.005)
+
+                watcher = asyncio.ensure_future(watch())
+                answer = await call(big, timeout=30.0)
+                t0 = asyncio.get_running_loop().time()
+                try:
+                    await call(big, timeout=0.045)
+                    out["short"] = "OK"
+                except grpc.aio.AioRpcError as exc:
+                    out["short"] = exc.code().name
+                out["short_ms"] = (asyncio.get_running_loop().time() - t0) * 1000
+                done.set()
+                await watcher
+                out["dropped"] = sum(d.count for d in answer.history_dropped)
+                out["constrained_budget"] = answer.budget.messages_tokens
+                out["health"] = statuses
+        return out
+
+    out = asyncio.run(main())
+    print(f"\n20,000 turns: {out['dropped']} dropped, {out['constrained_budget']} message tokens kept; "
+          f"45 ms call: {out['short']} after {out['short_ms']:.1f} ms; {len(out['health'])} health checks meanwhile")
+    assert 19_000 < out["dropped"] < 20_000
+    assert out["short"] in ("OK", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+    assert len(out["health"]) >= 2 and set(out["health"]) == {health_pb2.HealthCheckResponse.SERVING}

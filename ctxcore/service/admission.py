@@ -19,10 +19,10 @@ else is done for it:
   estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
-- **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` late
-  (a probe timer measures it), the CPU is saturated and every call admitted now delays the
-  arrival of the next ones; new calls get RESOURCE_EXHAUSTED with a retry hint until the
-  admitted ones have drained the backlog.
+- **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
+  tenth of the call's remaining time) late, as a probe timer measures, the CPU is saturated
+  and every call admitted now delays the arrival of the next ones; new calls get
+  DEADLINE_EXCEEDED (with a retry hint) until the admitted ones have drained the backlog.
 
 Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``,
 ``refused-queue`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
@@ -59,6 +59,9 @@ DEFAULT_MAX_QUEUE = 64
 #: this late delays every step of every call by as much, and the arrivals queued behind
 #: it wait longer than a 45 ms deadline can spare.
 DEFAULT_MAX_LAG_MS = 4.0
+#: ... or beyond this share of the call's remaining time, whichever is larger: a call with
+#: seconds to spare is not refused for a few milliseconds of lag.
+LAG_SHARE_OF_DEADLINE = 0.1
 #: Half-life of a finished call's weight in the tail model, in seconds: at a few hundred
 #: calls a second the model follows the last ~100 calls, and after a quiet second what it
 #: learned under load has faded into the prior.
@@ -238,13 +241,14 @@ class Admission:
             return Decision(False, "refused-queue", tail,
                             f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
                             f"{self.max_queue}); retry in {wait} ms", wait)
-        if self.admitted and self.lag_ms > self.max_lag_ms:
+        if (self.admitted and remaining_ms is not None
+                and self.lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)):
             # The loop runs every callback this late: the CPU is saturated, and each call
             # admitted now slows the arrival of the next. Let the admitted ones finish.
             wait = max(1, math.ceil(self.lag_ms))
             return Decision(False, "refused-load", tail,
-                            f"the server is saturated (event loop {self.lag_ms:.1f} ms late, {self.admitted} "
-                            f"assemblies admitted); retry in {wait} ms", wait)
+                            f"the server is saturated (event loop {self.lag_ms:.1f} ms late with {self.admitted} "
+                            f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms", wait)
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             if remaining_ms < need:

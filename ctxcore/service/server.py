@@ -164,6 +164,15 @@ def _default_assemble() -> tuple[AssembleFn, Any]:
     return assembly.assemble, assembly
 
 
+def _warm_tokenizers() -> tuple[str, ...]:
+    from ..tokens import count_tokens, exact_families
+
+    families = exact_families()
+    for family in families:
+        count_tokens("warm", family)
+    return families
+
+
 def _takes_executor(fn: Callable[..., Any]) -> bool:
     """Whether an assembly function takes the ``executor`` keyword (to run its CPU-heavy
     stages off the event loop)."""
@@ -298,11 +307,33 @@ class ContextService:
             opener = self._store_opener or (lambda: _open_sqlite(cfg))
             self._store = await opener()
             self._sources = Sources.from_store(self._store)
+        # Load the exact tokenizers' vocabularies (about a second each) and run the
+        # pipeline once per tokenizer family, so that no caller's call pays for the first
+        # use of anything, and admission control does not learn from such a call.
+        t0 = time.perf_counter()
+        families = await asyncio.to_thread(_warm_tokenizers)
+        await self._warm_pipeline()
+        warm_ms = round((time.perf_counter() - t0) * 1000, 1)
         self._ready = True
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log_event("serving", port=self.port)
+        log_event("serving", port=self.port, tokenizers=list(families), tokenizers_ms=warm_ms)
         return self.port
+
+    async def _warm_pipeline(self) -> None:
+        if self._assembly_config is None:
+            return  # an assembly function of the caller's: nothing of ours to warm
+        from ..request import AssemblyRequest
+
+        models: dict[str, str] = {}
+        for name in self.catalog:
+            models.setdefault(self.catalog[name].tokenizer_family, name)
+        for model in models.values():
+            req = AssemblyRequest("ctxcore-warm-up", "ctxcore-warm-up", model, Query("warm up"))
+            kwargs: dict[str, Any] = {"sources": Sources(), "catalog": self.catalog, "config": self._assembly_config}
+            if self._pass_executor:
+                kwargs["executor"] = self._executor
+            await self._assemble(req, **kwargs)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING at once, refuse new calls after ``drain_delay_s``, give the
@@ -423,10 +454,11 @@ class ContextService:
             call.fields["tail_ms"] = round(d.tail_ms, 2)
         if not d.admitted:
             m.refused.labels(d.reason).inc()
-            if d.reason in ("refused-queue", "refused-load"):
-                raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, d.details,
-                                   ((ADMISSION_KEY, d.reason), (RETRY_PUSHBACK_KEY, str(d.retry_after_ms))))
-            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, d.details, ((ADMISSION_KEY, d.reason),))
+            marks: tuple[tuple[str, str], ...] = ((ADMISSION_KEY, d.reason),)
+            if d.retry_after_ms:
+                marks += ((RETRY_PUSHBACK_KEY, str(d.retry_after_ms)),)
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if d.reason == "refused-queue" else grpc.StatusCode.DEADLINE_EXCEEDED
+            raise ServiceError(code, d.details, marks)
         m.admitted.set(self.admission.admitted)
         return remaining_ms, d.tail_ms
 
@@ -456,6 +488,9 @@ class ContextService:
         ahead = self.admission.admitted
         remaining_ms, tail_ms = self._admit(context)
         t_admit = time.perf_counter()
+        # The tail model describes ordinary calls; a long history or many tools cost more
+        # after retrieval in proportion, and would make ordinary calls look slow.
+        typical = len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
         # What the tail model learns from: the time from the end of retrieval (or from
         # its wall, when retrieval overran it) to the answer.
         t_asm = 0.0
@@ -508,7 +543,8 @@ class ContextService:
             return assembled_to_proto(ctx, principal.name)
         finally:
             t_end = time.perf_counter()
-            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0, retrieval_ms)
+            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0,
+                                   retrieval_ms if typical else None)
             self.metrics.admitted.set(self.admission.admitted)
             if remaining_ms is not None:
                 in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
