@@ -20,7 +20,7 @@ else is done for it:
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
-  tenth of the call's remaining time) late, as a probe timer measures, the CPU is saturated
+  tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
   and every call admitted now delays the arrival of the next ones; new calls get
   DEADLINE_EXCEEDED (with a retry hint) until the admitted ones have drained the backlog.
 
@@ -193,6 +193,8 @@ class Admission:
         self.model = TailModel(prior_ms=floor_tail_ms)
         self.admitted = 0
         self.lag_ms = 0.0
+        self.sustained_lag_ms = 0.0
+        self._last_late = 0.0
         self._sojourn_ms = 0.0
         self._probe: asyncio.Task[None] | None = None
 
@@ -221,6 +223,10 @@ class Admission:
             # backlog is gone.
             lag = late if late > lag else 0.5 * lag + 0.5 * late
             self.lag_ms = lag
+            # Saturation is lateness tick after tick; one long stall (the process was not
+            # scheduled for a while) followed by a prompt tick is not.
+            self.sustained_lag_ms = min(late, self._last_late)
+            self._last_late = late
 
     # ---- decisions -------------------------------------------------------------------
 
@@ -242,12 +248,12 @@ class Admission:
                             f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
                             f"{self.max_queue}); retry in {wait} ms", wait)
         if (self.admitted and remaining_ms is not None
-                and self.lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)):
+                and self.sustained_lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)):
             # The loop runs every callback this late: the CPU is saturated, and each call
             # admitted now slows the arrival of the next. Let the admitted ones finish.
-            wait = max(1, math.ceil(self.lag_ms))
+            wait = max(1, math.ceil(self.sustained_lag_ms))
             return Decision(False, "refused-load", tail,
-                            f"the server is saturated (event loop {self.lag_ms:.1f} ms late with {self.admitted} "
+                            f"the server is saturated (event loop {self.sustained_lag_ms:.1f} ms late with {self.admitted} "
                             f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms", wait)
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms

@@ -41,6 +41,7 @@ from ..budget import compute_budget
 from ..catalog import Catalog, ModelCapability, default_catalog, load_catalog
 from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, TokenizerMismatch, UnknownModel
 from ..memory import MemoryRecord, Query, Scope, Sources
+from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission
 from .auth import Authenticator, Principal, ServiceError
@@ -323,8 +324,6 @@ class ContextService:
     async def _warm_pipeline(self) -> None:
         if self._assembly_config is None:
             return  # an assembly function of the caller's: nothing of ours to warm
-        from ..request import AssemblyRequest
-
         models: dict[str, str] = {}
         for name in self.catalog:
             models.setdefault(self.catalog[name].tokenizer_family, name)
@@ -462,6 +461,13 @@ class ContextService:
         m.admitted.set(self.admission.admitted)
         return remaining_ms, d.tail_ms
 
+    @staticmethod
+    def _authorize(principal: Principal, req: AssemblyRequest, call: _CallState | None) -> Scope:
+        if call is not None:
+            call.fields["organization_id"] = req.organization_id
+            call.fields["agent_id"] = req.agent_id
+        return principal.authorize(req.organization_id, req.agent_id)
+
     def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float) -> float | None:
         """The deadline handed to the assembly: the caller's, less the response headroom
         and whatever of the estimated tail the assembly's own packing headroom does not
@@ -485,27 +491,29 @@ class ContextService:
     async def _assemble_context(
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.AssembledContext:
+        # An ordinary request is validated and authorized before admission (a few
+        # microseconds), so that bad input and foreign scopes get their own status under
+        # any load; a large one only once admitted, and off the loop.
+        typical = len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
+        call = _CALL.get(None)
+        req: AssemblyRequest | None = None
+        scope: Scope | None = None
+        if typical:
+            req = request_from_proto(request)
+            scope = self._authorize(principal, req, call)
         ahead = self.admission.admitted
         remaining_ms, tail_ms = self._admit(context)
         t_admit = time.perf_counter()
-        # The tail model describes ordinary calls; a long history or many tools cost more
-        # after retrieval in proportion, and would make ordinary calls look slow.
-        typical = len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
-        # What the tail model learns from: the time from the end of retrieval (or from
-        # its wall, when retrieval overran it) to the answer.
+        # What the tail model learns from (ordinary calls only: a long history costs more
+        # after retrieval in proportion, and would make ordinary calls look slow): the time
+        # from the end of retrieval, or from its wall when retrieval overran it, to the answer.
         t_asm = 0.0
         retrieval_ms: float | None = None
         try:
-            if len(request.messages) + len(request.tools_json) > OFFLOAD_ITEMS:
+            if req is None or scope is None:
                 # Linear, but long enough to hold up every other call if run on the loop.
                 req = await asyncio.get_running_loop().run_in_executor(self._executor, request_from_proto, request)
-            else:
-                req = request_from_proto(request)
-            call = _CALL.get(None)
-            if call is not None:
-                call.fields["organization_id"] = req.organization_id
-                call.fields["agent_id"] = req.agent_id
-            scope = principal.authorize(req.organization_id, req.agent_id)
+                scope = self._authorize(principal, req, call)
             deadline = self._wall_deadline(context, tail_ms)
             assert self._sources is not None
             kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
