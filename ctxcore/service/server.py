@@ -29,6 +29,7 @@ import inspect
 import logging
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -70,6 +71,12 @@ MAX_TOKEN_TERM = 1 << 40
 #: Requests with more messages plus tool schemas than this are decoded and validated in
 #: the CPU executor rather than on the event loop (20,000 messages take tens of ms).
 OFFLOAD_ITEMS = 256
+
+#: The interpreter's thread switch interval while serving (Python's default is 5 ms). The
+#: CPU-heavy stages run on executor threads and hold the GIL in their Python parts; the
+#: event loop, which answers health checks and refuses calls at arrival, waits up to one
+#: interval for the GIL at every callback, so a shorter one keeps the loop prompt.
+SWITCH_INTERVAL_S = 0.0005
 
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
@@ -540,7 +547,7 @@ class ContextService:
                 field = "messages" if section == "history" else "tools_json"
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {str(exc)[:300]}") from None
             except TimeoutError:
-                # A stage found the deadline passed (the assembly checks it between stages).
+                # A stage that gave up on the caller's deadline.
                 raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                    "the deadline passed during the assembly") from None
             retrieval_ms = min(float(ctx.timings.retrieval_ms), float(ctx.wall.limit_ms))
@@ -613,6 +620,8 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         await service.start()
         # Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
@@ -623,6 +632,7 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
         gc.freeze()
         await service.wait_stopped()
     finally:
+        sys.setswitchinterval(switch_interval)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if not stop_task:
