@@ -71,6 +71,9 @@ MAX_TOKEN_TERM = 1 << 40
 #: Requests with more messages plus tool schemas than this are decoded and validated in
 #: the CPU executor rather than on the event loop (20,000 messages take tens of ms).
 OFFLOAD_ITEMS = 256
+#: AssembleContext requests larger than this are decoded on the executor too (decoding
+#: 20,000 messages takes tens of milliseconds).
+OFFLOAD_BYTES = 256 * 1024
 
 #: The interpreter's thread switch interval while serving (Python's default is 5 ms). The
 #: CPU-heavy stages run on executor threads and hold the GIL in their Python parts; the
@@ -109,7 +112,17 @@ class _Undecodable:
         self.type_name = type_name
 
 
-def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+class _Deferred:
+    """A large request's bytes, decoded later on the CPU executor rather than on the loop."""
+
+    __slots__ = ("data", "parse")
+
+    def __init__(self, data: bytes, parse: Callable[[bytes], Any]) -> None:
+        self.data = data
+        self.parse = parse
+
+
+def _deserializer(cls: Any, defer: bool = False) -> Callable[[bytes], Any]:
     name = cls.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
@@ -118,7 +131,10 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
         except Exception:  # DecodeError, or RecursionError on absurd nesting
             return _Undecodable(name)
 
-    return parse
+    def parse_or_defer(data: bytes) -> Any:
+        return _Deferred(data, parse) if len(data) > OFFLOAD_BYTES else parse(data)
+
+    return parse_or_defer if defer else parse
 
 
 def scoped_sources(sources: Sources, scope: Scope) -> Sources:
@@ -378,7 +394,7 @@ class ContextService:
                   req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap(rpc, fn),
-                request_deserializer=_deserializer(req_cls),
+                request_deserializer=_deserializer(req_cls, defer=rpc == "AssembleContext"),
                 response_serializer=resp_cls.SerializeToString,
             )
 
@@ -411,6 +427,9 @@ class ContextService:
                     raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the service is not serving (starting or draining)")
                 principal = self.auth.authenticate(context.invocation_metadata(), context.auth_context())
                 fields["principal"] = principal.name
+                if isinstance(request, _Deferred):
+                    request = await asyncio.get_running_loop().run_in_executor(self._executor, request.parse,
+                                                                               request.data)
                 if isinstance(request, _Undecodable):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {request.type_name}")
                 return await fn(request, context, principal)
@@ -555,7 +574,11 @@ class ContextService:
             if call is not None:
                 call.fields["degraded"] = bool(ctx.degraded)
                 self.tracing.assembly(call.span, ctx, started_ns)
-            return assembled_to_proto(ctx, principal.name)
+            if typical and len(ctx.history_dropped) <= OFFLOAD_ITEMS:
+                return assembled_to_proto(ctx, principal.name)
+            # A trimmed long history answers with one record per dropped group.
+            return await asyncio.get_running_loop().run_in_executor(self._executor, assembled_to_proto, ctx,
+                                                                    principal.name)
         finally:
             t_end = time.perf_counter()
             self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0,
