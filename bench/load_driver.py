@@ -12,6 +12,17 @@ seconds, rps, p50/p90/p99/max latency in ms, errors by status code, degraded ans
 which wall applied. Several targets (``--target A,B``) are balanced by the client's
 ``round_robin`` policy, the stateless scale-out path. Targets must be loopback addresses:
 this driver never sends load anywhere else.
+
+``open`` is the open loop that overload needs: calls arrive as a Poisson process at
+``--rate`` per second for ``--seconds``, whether or not earlier ones have answered (a
+closed loop slows down with the server and can never offer more than it answers). It
+reports the offered and answered rates, how many calls the server refused at arrival
+(its admission control marks them with ``ctxcore-admission`` in the trailing metadata),
+their share of all failed calls, and the latency and deadline misses of the calls it
+accepted. ``overload`` first measures the sustainable rate (a closed loop with a generous
+deadline), then runs ``open`` at ``--factor`` times it::
+
+    python bench/load_driver.py overload --target 127.0.0.1:50051 --factor 2 --seconds 10
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Any
 import grpc
 
 from ctxcore.client import ContextClient
+from ctxcore.service.convert import request_to_proto
 from ctxcore.memory import Query, Scope
 from ctxcore.request import AssemblyRequest
 from ctxcore.v1 import context_assembly_pb2 as pb
@@ -218,6 +230,144 @@ async def run_load(
     }
 
 
+#: The trailing-metadata key of a refusal at arrival (ctxcore.service.admission.ADMISSION_KEY).
+ADMISSION_KEY = "ctxcore-admission"
+#: Calls of the open loop outstanding at once, at most: beyond it arrivals are counted as
+#: not sent rather than piling up in the driver.
+MAX_OUTSTANDING = 4096
+
+
+def _pct(xs: Sequence[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(p * len(s)))], 3)
+
+
+async def run_open_loop(
+    target: str,
+    *,
+    rate: float,
+    seconds: float = 10.0,
+    timeout_ms: float = 45.0,
+    model: str = "gpt-4o",
+    api_key: str | None = None,
+    token: str | None = None,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Open-loop load: Poisson arrivals at `rate` calls/s for `seconds`, each an
+    AssembleContext with a `timeout_ms` deadline, sent whether or not earlier calls have
+    answered.
+
+    Returns a report: ``offered_rps`` (calls sent per second), ``answered_rps`` (OK per
+    second), ``refused_at_arrival`` (failed calls marked by the server's admission
+    control), ``refused_share_of_failures``, ``accepted`` (calls not refused at arrival)
+    with their ``accepted_p50_ms`` / ``accepted_p99_ms`` and ``accepted_met_deadline``
+    (the share of them answered OK inside the deadline), and ``codes``.
+    """
+    hosts = check_loopback(target)
+    rate = max(0.1, float(rate))
+    seconds = min(float(seconds), MAX_SECONDS)
+    rng = random.Random(seed)
+    # Requests are serialized up front and answers are not decoded, so that the driver
+    # (which shares the machine with the server) spends as little as it can per call.
+    payloads = [request_to_proto(AssemblyRequest(s.organization_id, s.agent_id, model, Query(q))).SerializeToString()
+                for s in scopes() for q in QUESTIONS]
+    metadata: list[tuple[str, str]] = []
+    if api_key is not None:
+        metadata.append(("x-api-key", api_key))
+    if token is not None:
+        metadata.append(("authorization", f"Bearer {token}"))
+    codes: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    accepted_lat: list[float] = []
+    lag: list[float] = []
+    lost = 0
+    tasks: set[asyncio.Task[None]] = set()
+    await wait_serving(hosts)
+    async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
+        for _ in hosts:
+            await c.model_capabilities("gpt-4o", timeout=5.0)
+        call = c._channel.unary_unary("/ctxcore.v1.ContextAssemblyService/AssembleContext")
+
+        async def one(payload: bytes) -> None:
+            t0 = time.perf_counter()
+            try:
+                await call(payload, timeout=timeout_ms / 1000, metadata=metadata)
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+                marks = {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}
+                if ADMISSION_KEY in marks:
+                    refused[marks[ADMISSION_KEY]] = refused.get(marks[ADMISSION_KEY], 0) + 1
+                    codes[code] = codes.get(code, 0) + 1
+                    return
+            codes[code] = codes.get(code, 0) + 1
+            accepted_lat.append((time.perf_counter() - t0) * 1000)
+
+        sent = 0
+        t_start = time.perf_counter()
+        next_at = t_start
+        end = t_start + seconds
+        while True:
+            next_at += rng.expovariate(rate)
+            if next_at >= end:
+                break
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # How late the driver sends: its own lateness, apart from the server's.
+            lag.append(max(0.0, (time.perf_counter() - next_at) * 1000))
+            if len(tasks) >= MAX_OUTSTANDING:
+                lost += 1
+                continue
+            t = asyncio.create_task(one(payloads[rng.randrange(len(payloads))]))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+            sent += 1
+        if tasks:
+            await asyncio.wait(set(tasks))
+        elapsed = max(seconds, time.perf_counter() - t_start)
+    failed = sum(v for k, v in codes.items() if k != "OK")
+    n_refused = sum(refused.values())
+    return {
+        "targets": hosts,
+        "timeout_ms": timeout_ms,
+        "rate": rate,
+        "seconds": round(elapsed, 3),
+        "sent": sent,
+        "not_sent": lost,
+        "offered_rps": round(sent / seconds, 1),
+        "answered_rps": round(codes.get("OK", 0) / seconds, 1),
+        "ok": codes.get("OK", 0),
+        "failed": failed,
+        "refused_at_arrival": n_refused,
+        "refused_by_reason": refused,
+        "refused_share_of_failures": round(n_refused / failed, 4) if failed else 1.0,
+        "accepted": len(accepted_lat),
+        # A call answered OK met its deadline: the client's gRPC runtime enforces it.
+        "accepted_met_deadline": round(codes.get("OK", 0) / len(accepted_lat), 4) if accepted_lat else 1.0,
+        "accepted_p50_ms": _pct(accepted_lat, 0.50),
+        "accepted_p99_ms": _pct(accepted_lat, 0.99),
+        "driver_lag_p99_ms": _pct(lag, 0.99),
+        "codes": codes,
+    }
+
+
+async def run_overload(target: str, *, factor: float = 2.0, seconds: float = 10.0, timeout_ms: float = 45.0,
+                       calibrate_requests: int = 1500, concurrency: int = 16, **kw: Any) -> dict[str, Any]:
+    """The sustainable rate (closed loop, `concurrency` in flight, 2 s deadlines: what the
+    server completes per second when nothing expires), then `run_open_loop` at `factor`
+    times it."""
+    closed = await run_load(target, concurrency=concurrency, requests=calibrate_requests, max_seconds=60.0,
+                            timeout_ms=2000.0, **kw)
+    sustainable = float(closed["rps"])
+    report = await run_open_loop(target, rate=factor * sustainable, seconds=seconds, timeout_ms=timeout_ms, **kw)
+    report["sustainable_rps"] = sustainable
+    report["factor"] = factor
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Closed-loop load driver for ctxcore serve (loopback only).")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -233,7 +383,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--model", default="gpt-4o")
     r.add_argument("--api-key")
     r.add_argument("--token")
+    for name, helptext in (("open", "open-loop Poisson arrivals at --rate calls/s"),
+                           ("overload", "measure the sustainable rate, then run open at --factor times it")):
+        o = sub.add_parser(name, help=helptext)
+        o.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
+        o.add_argument("--seconds", type=float, default=10.0)
+        o.add_argument("--timeout-ms", type=float, default=45.0)
+        o.add_argument("--model", default="gpt-4o")
+        o.add_argument("--api-key")
+        o.add_argument("--token")
+        if name == "open":
+            o.add_argument("--rate", type=float, required=True, help="calls per second offered")
+        else:
+            o.add_argument("--factor", type=float, default=2.0, help="offered rate over the sustainable rate")
     args = ap.parse_args(argv)
+    if args.cmd in ("open", "overload"):
+        common = dict(seconds=args.seconds, timeout_ms=args.timeout_ms, model=args.model, api_key=args.api_key,
+                      token=args.token)
+        if args.cmd == "open":
+            out = asyncio.run(run_open_loop(args.target, rate=args.rate, **common))  # type: ignore[arg-type]
+        else:
+            out = asyncio.run(run_overload(args.target, factor=args.factor, **common))  # type: ignore[arg-type]
+        print(json.dumps(out, indent=2))
+        return 0
     if args.cmd == "build-db":
         if args.path.exists():
             raise SystemExit(f"{args.path} exists")

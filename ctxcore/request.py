@@ -501,8 +501,8 @@ class AssemblyRequest:
             if not isinstance(t, Mapping):
                 raise TypeError(f"tools[{i}] must be a JSON object (mapping), got {type(t).__name__}")
             try:
-                json.dumps(t)
-            except (TypeError, ValueError) as exc:
+                json.dumps(t, allow_nan=False)  # strict, as the formatter writes it
+            except (TypeError, ValueError, RecursionError) as exc:
                 raise ValueError(f"tools[{i}] is not JSON-serializable: {exc}") from None
         object.__setattr__(self, "tools", tools)
         if not isinstance(self.options, AssemblyOptions):

@@ -196,6 +196,26 @@ def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return a
 
 
+def _normalized(weights: Mapping[str, float]) -> dict[str, float]:
+    """The positive weights scaled to sum to 1, or {} when none is positive.
+
+    Each weight is first divided by the largest, so the sum that follows is at most the
+    number of components: finite weights near the float maximum (1e308 each) would
+    otherwise overflow it.
+
+    >>> _normalized({"similarity": 1e308, "confidence": 1e308})
+    {'similarity': 0.5, 'confidence': 0.5}
+    >>> _normalized({"similarity": 0.0})
+    {}
+    """
+    top = max(weights.values(), default=0.0)
+    if not top > 0:
+        return {}
+    scaled = {k: w / top for k, w in weights.items() if w > 0}
+    total = math.fsum(scaled.values())
+    return {k: w / total for k, w in scaled.items()}
+
+
 def interim_score(similarity: Any, confidence: Any) -> FloatArray:
     """The interim score, 0.85 x similarity + 0.15 x confidence, element-wise.
 
@@ -296,10 +316,10 @@ def score_candidates(
         given = weights.given()
         present = {k: w for k, w in given.items() if k in components}
         ignored = tuple(k for k in given if k not in components)
-        total = math.fsum(present.values())
-        if present and total > 0:
+        used_weights = _normalized(present)
+        if used_weights:
             formula = ScoreFormula.WEIGHTED
-            used = {k: w / total for k, w in present.items() if w > 0}
+            used = used_weights
     scores = np.zeros(n, dtype=np.float64)
     for name, w in used.items():
         scores += w * components[name]

@@ -144,8 +144,9 @@ class FakeSources:
 
 
 def open_config(**kw: Any) -> ServiceConfig:
-    """Unauthenticated loopback mode on a free port."""
+    """Unauthenticated loopback mode on a free port (no drain delay unless asked for)."""
     kw.setdefault("bind", "127.0.0.1:0")
+    kw.setdefault("drain_delay_s", 0.0)
     return ServiceConfig(auth=AuthConfig(allow_unauthenticated=True), **kw)
 
 
@@ -280,6 +281,60 @@ class SlowSources(FakeSources):
 
     async def cold(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Any:
         return await self._slow(2, 60, lambda: super(SlowSources, self).cold(scope, query, limit, min_similarity))
+
+
+class ServeProcess:
+    """`ctxcore serve` as a child process on a free loopback port, its JSON log in a file
+    (a pipe would fill up and stall the server under thousands of calls)."""
+
+    def __init__(self, log_dir: Path, *args: str, timeout_s: float = 60.0) -> None:
+        import json
+        import os
+        import subprocess
+        import sys
+
+        self.log_path = log_dir / f"serve-{secrets.token_hex(4)}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ctxcore.cli", "serve", "--bind", "127.0.0.1:0", "--drain-delay-s", "0", *args],
+            stderr=self._log, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.port = 0
+        self.metrics_port: int | None = None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._log.close()
+                raise AssertionError(f"ctxcore serve exited with {self.proc.returncode}: {self.log_path.read_text()}")
+            for line in self.log_path.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["event"] == "starting":
+                    self.port, self.metrics_port = rec["port"], rec.get("metrics_port")
+                if rec["event"] == "serving":
+                    return
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+        raise AssertionError("ctxcore serve did not start")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def events(self) -> list[dict[str, Any]]:
+        import json
+
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> int:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(30)
+        self._log.close()
+        return rc
 
 
 def _serve_fake(tenants: int, fault_rate: float) -> None:

@@ -52,10 +52,13 @@ _HASH_PREFIX = "sha256:"
 class ServiceError(Exception):
     """A call ends with this gRPC status and these details (never memory text)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        #: sent with the status (e.g. admission control's refusal reason and retry hint)
+        self.trailing_metadata = trailing_metadata
 
 
 class AuthMethod(enum.StrEnum):

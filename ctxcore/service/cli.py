@@ -70,6 +70,8 @@ def add_subcommands(sub: Any) -> None:
                    help="less than this left for retrieval: DEADLINE_EXCEEDED at once")
     t.add_argument("--shutdown-grace-s", type=float, metavar="S", help="time in-flight calls get after SIGTERM")
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
+    t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
+    t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=_cmd_serve)
 
@@ -87,7 +89,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     cfg = load_service_config(args.config) if args.config else ServiceConfig()
     top: dict[str, Any] = {}
     for name in ("bind", "metrics_port", "metrics_bind", "deadline_headroom_ms", "min_retrieval_ms",
-                 "shutdown_grace_s", "drain_delay_s"):
+                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers"):
         v = getattr(args, name)
         if v is not None:
             top[name] = v

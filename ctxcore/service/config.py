@@ -10,7 +10,9 @@ binds, with a message that names the key. The shape (every key optional)::
     deadline_headroom_ms = 1.0      # kept back from the caller's deadline for the response
     min_retrieval_ms = 1.0          # less than this left -> DEADLINE_EXCEEDED at once
     shutdown_grace_s = 10.0         # in-flight calls get this long after SIGTERM
-    drain_delay_s = 0.0             # NOT_SERVING this long before new calls are refused
+    drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused
+    max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
+    cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
     reflection = "auto"             # auto (loopback binds only) | false
     catalog = "models.toml"         # a capability catalog instead of the shipped one
 
@@ -61,8 +63,11 @@ from ..errors import ConfigError
 
 __all__ = [
     "DEFAULT_BIND",
+    "DEFAULT_CPU_WORKERS",
     "DEFAULT_DEADLINE_HEADROOM_MS",
+    "DEFAULT_DRAIN_DELAY_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_QUEUE",
     "DEFAULT_MIN_RETRIEVAL_MS",
     "ASSEMBLY_KEYS",
     "AuthConfig",
@@ -91,6 +96,18 @@ DEFAULT_DEADLINE_HEADROOM_MS = 1.0
 #: once with DEADLINE_EXCEEDED: there is no time to retrieve anything useful.
 DEFAULT_MIN_RETRIEVAL_MS = 1.0
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
+#: How long health says NOT_SERVING before new calls are refused: a load balancer that
+#: health-checks every second (a common Envoy interval; a Kubernetes readiness probe at
+#: periodSeconds 1) sees it at least once in that time and moves calls elsewhere before
+#: this server refuses them. Slower checkers need a longer delay.
+DEFAULT_DRAIN_DELAY_S = 2.0
+#: Assemblies admitted at a time (ctxcore.service.admission.DEFAULT_MAX_QUEUE).
+DEFAULT_MAX_QUEUE = 64
+#: Threads that run the assembly's CPU-heavy stages off the event loop. The compiled core
+#: releases the GIL, so two threads keep two cores busy; more only queue behind the GIL.
+DEFAULT_CPU_WORKERS = 2
+#: Most threads `cpu_workers` may ask for.
+MAX_CPU_WORKERS = 64
 
 #: The [assembly] keys: the fields of ctxcore.AssemblyConfig.
 ASSEMBLY_KEYS = frozenset(
@@ -202,17 +219,21 @@ class ServiceConfig:
     deadline_headroom_ms: float = DEFAULT_DEADLINE_HEADROOM_MS
     min_retrieval_ms: float = DEFAULT_MIN_RETRIEVAL_MS
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
-    drain_delay_s: float = 0.0
+    drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
+    max_queue: int = DEFAULT_MAX_QUEUE
+    cpu_workers: int = DEFAULT_CPU_WORKERS
     reflection: bool | None = None
     assembly: Mapping[str, float] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
 
     def __post_init__(self) -> None:
         _host_port(self.bind)
-        for name in ("max_message_bytes", "max_concurrent_rpcs"):
+        for name in ("max_message_bytes", "max_concurrent_rpcs", "max_queue", "cpu_workers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
+        if self.cpu_workers > MAX_CPU_WORKERS:
+            raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
         if self.metrics_port is not None and (
             isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
             or not 0 <= self.metrics_port <= 65535
@@ -309,7 +330,7 @@ def is_loopback_bind(bind: str) -> bool:
 _SECTIONS: dict[str, set[str]] = {
     "server": {
         "bind", "max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog",
+        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog", "max_queue", "cpu_workers",
     },
     "store": {"db"},
     "assembly": set(ASSEMBLY_KEYS),
@@ -434,7 +455,7 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
             if k in srv:
                 kw[k] = _str(f"server.{k}", srv[k])
         for k in ("max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-                  "shutdown_grace_s", "drain_delay_s"):
+                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers"):
             if k in srv:
                 kw[k] = srv[k]
         if "reflection" in srv:

@@ -21,7 +21,8 @@ import grpc
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope
-from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, ToolCall
+from ..errors import UnknownModel
+from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
@@ -29,8 +30,13 @@ from ..v1 import context_assembly_pb2 as pb
 from .auth import ServiceError
 
 __all__ = [
+    "LIMITS",
+    "MAX_DETAILS_CHARS",
     "MAX_ID_CHARS",
     "MAX_MEMORIES_LIMIT",
+    "MAX_MESSAGES",
+    "MAX_MODELS",
+    "MAX_TOOLS",
     "AssembledLike",
     "assembled_to_proto",
     "budget_from_proto",
@@ -40,6 +46,8 @@ __all__ = [
     "enum_to_proto",
     "message_from_proto",
     "message_to_proto",
+    "model_name",
+    "quote",
     "request_from_proto",
     "request_to_proto",
 ]
@@ -52,6 +60,41 @@ MAX_ID_CHARS = 256
 MAX_MEMORIES_LIMIT = 4096
 #: Longest embedding accepted (the largest common embedding models have 3,072 dims).
 MAX_EMBEDDING_DIMS = 8192
+#: Most messages in one request. Every stage is linear in the history, and 20,000 short
+#: turns (about 2.2 MB) is far past any context window: trimming one that long is the
+#: largest job a single call may bring.
+MAX_MESSAGES = 20_000
+#: Most tool calls on one assistant message.
+MAX_TOOL_CALLS = 128
+#: Most tool schemas in one request (the providers' own limit is 128 tools per call).
+MAX_TOOLS = 128
+#: Deepest nesting of objects and arrays in a tool schema or tool-call arguments; real
+#: schemas nest a handful of levels, and deeper ones only cost recursion.
+MAX_JSON_DEPTH = 64
+#: Longest query text: it is embedded and searched, not put in the context.
+MAX_QUERY_CHARS = 65_536
+#: Most model names one GetModelCapabilities call may ask about.
+MAX_MODELS = 256
+#: Characters of a caller's value quoted in an error's details, at most: enough to find
+#: it, never enough to echo a large input back through the status (gRPC caps trailing
+#: metadata at 16 KiB by default).
+QUOTE_CHARS = 48
+#: Longest details string of any status the service sends.
+MAX_DETAILS_CHARS = 1024
+
+#: The documented per-request bounds, by the name errors use for them.
+LIMITS: Mapping[str, int] = {
+    "max_id_chars": MAX_ID_CHARS,
+    "max_messages": MAX_MESSAGES,
+    "max_tool_calls": MAX_TOOL_CALLS,
+    "max_tools": MAX_TOOLS,
+    "max_json_depth": MAX_JSON_DEPTH,
+    "max_query_chars": MAX_QUERY_CHARS,
+    "max_embedding_dims": MAX_EMBEDDING_DIMS,
+    "max_memories": MAX_MEMORIES_LIMIT,
+    "max_pinned_memory_ids": MAX_MEMORIES_LIMIT,
+    "max_models": MAX_MODELS,
+}
 
 
 class AssembledLike(Protocol):
@@ -129,32 +172,161 @@ def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E])
 # ---- inbound ------------------------------------------------------------------------
 
 
+def quote(value: object, limit: int = QUOTE_CHARS) -> str:
+    """A caller's value as error details may show it: its repr, cut to `limit`
+    characters with the full length said, so that no status echoes a large input.
+
+    >>> quote("gpt-4o")
+    "'gpt-4o'"
+    >>> quote("m" * 100000)
+    "'mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm'... (100000 characters)"
+    """
+    if isinstance(value, str) and len(value) > limit:
+        text = repr(value[:limit - 1])
+        cut = f"{text[:4 * limit]}..." if len(text) > 4 * limit else text  # escapes lengthen a repr
+        return f"{cut}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= 4 * limit else f"{text[:4 * limit]}..."
+
+
 def _bad(field: str, why: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}"[:MAX_DETAILS_CHARS])
+
+
+def _too_many(field: str, n: int, limit_name: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{field}: {n} is over the per-request limit {limit_name} = {LIMITS[limit_name]}",
+    )
 
 
 def _id(field: str, value: str) -> str:
     if not value:
         raise _bad(field, "must not be empty")
     if len(value) > MAX_ID_CHARS:
-        raise _bad(field, f"longer than {MAX_ID_CHARS} characters")
+        raise _bad(field, f"{len(value)} characters, longer than max_id_chars = {MAX_ID_CHARS}")
     if value != value.strip() or any(ord(c) < 32 for c in value):
         raise _bad(field, "must not contain surrounding whitespace or control characters")
     return value
 
 
+def _short_key(field: str, value: str) -> str:
+    if len(value) > MAX_ID_CHARS:
+        raise _bad(field, f"{len(value)} characters, longer than max_id_chars = {MAX_ID_CHARS}")
+    return value
+
+
+def model_name(field: str, value: str) -> str:
+    """A model name from the wire, checked like an id (non-empty, at most `MAX_ID_CHARS`,
+    no control characters) before any catalog lookup sees it.
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT naming `field` and the limit.
+
+    >>> model_name("model", "gpt-4o")
+    'gpt-4o'
+    >>> model_name("model", "m" * 300)
+    Traceback (most recent call last):
+    ...
+    ctxcore.service.auth.ServiceError: model: 300 characters, longer than max_id_chars = 256
+    """
+    return _id(field, value)
+
+
+def unknown_model(field: str, exc: UnknownModel) -> str:
+    """Details for an unknown model: a short quote of the name and the closest names.
+
+    >>> from ctxcore import default_catalog
+    >>> try:
+    ...     default_catalog().get_model("gpt-4oo")
+    ... except UnknownModel as exc:
+    ...     print(unknown_model("model", exc))
+    model: unknown model 'gpt-4oo'; did you mean 'gpt-4o', 'gpt-4', 'gpt-4.1', 'gpt-5', 'gpt-4o-mini'?
+    """
+    hint = f"; did you mean {', '.join(quote(s) for s in exc.suggestions)}?" if exc.suggestions else ""
+    return f"{field}: unknown model {quote(exc.model)}{hint}"[:MAX_DETAILS_CHARS]
+
+
+def _json_depth_ok(obj: Any) -> bool:
+    """Whether `obj` nests objects and arrays at most `MAX_JSON_DEPTH` deep."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            children: Any = o.values()
+        elif isinstance(o, list):
+            children = o
+        else:
+            continue
+        if d > MAX_JSON_DEPTH:
+            return False
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (JSON numbers are finite)")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {quote(text, 16)} is out of range (JSON numbers here must be finite doubles)")
+    return v
+
+
+def parse_json(field: str, text: str) -> Any:
+    """Strict JSON from the wire: no NaN or Infinity (the formatter writes strict JSON,
+    so what it could not write back is refused here), no number that overflows a double,
+    nesting at most `MAX_JSON_DEPTH` deep.
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT (RESOURCE_EXHAUSTED for nesting) naming `field`.
+
+    >>> parse_json("tools_json[0]", '{"name": "t", "x": 1.5}')
+    {'name': 't', 'x': 1.5}
+    >>> parse_json("tools_json[0]", '{"name": "t", "x": NaN}')
+    Traceback (most recent call last):
+    ...
+    ctxcore.service.auth.ServiceError: tools_json[0]: is not valid JSON: NaN is not JSON (JSON numbers are finite)
+    """
+    try:
+        obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except json.JSONDecodeError:
+        raise _bad(field, "is not valid JSON") from None
+    except RecursionError:
+        raise _too_many(field + " nesting", MAX_JSON_DEPTH + 1, "max_json_depth") from None
+    except ValueError as exc:  # NaN, Infinity, 1e999, an integer past Python's digit limit
+        raise _bad(field, f"is not valid JSON: {str(exc)[:200]}") from None
+    if not _json_depth_ok(obj):
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{field}: nests deeper than the per-request limit max_json_depth = {MAX_JSON_DEPTH}")
+    return obj
+
+
+_ROLES = frozenset(r.value for r in Role)
+
+
 def _message(i: int, m: pb.Message) -> Message:
     where = f"messages[{i}]"
+    if m.role not in _ROLES:
+        raise _bad(where, f"message role must be one of {sorted(_ROLES)}, got {quote(m.role)}")
+    if len(m.tool_calls) > MAX_TOOL_CALLS:
+        raise _too_many(f"{where}.tool_calls", len(m.tool_calls), "max_tool_calls")
     calls = []
     for j, c in enumerate(m.tool_calls):
+        at = f"{where}.tool_calls[{j}]"
+        # The arguments stay text: a model may have written invalid JSON, and the
+        # history says what it wrote.
         try:
-            calls.append(ToolCall(c.id, c.name, c.arguments or "{}"))
+            calls.append(ToolCall(_short_key(f"{at}.id", c.id), _short_key(f"{at}.name", c.name), c.arguments or "{}"))
         except (TypeError, ValueError) as exc:
-            raise _bad(f"{where}.tool_calls[{j}]", str(exc)) from None
+            raise _bad(at, str(exc)[:200]) from None
+    _short_key(f"{where}.tool_call_id", m.tool_call_id)
     try:
         return message_from_proto(m, tuple(calls))
     except (TypeError, ValueError) as exc:
-        raise _bad(where, str(exc)) from None
+        raise _bad(where, str(exc)[:200]) from None
 
 
 def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:
@@ -189,7 +361,7 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     if o.weights:
         for k, v in o.weights.items():
             if k not in WEIGHT_COMPONENTS:
-                raise _bad(f"options.weights[{k!r}]", f"unknown component (known: {', '.join(WEIGHT_COMPONENTS)})")
+                raise _bad(f"options.weights[{quote(k)}]", f"unknown component (known: {', '.join(WEIGHT_COMPONENTS)})")
             if not math.isfinite(v) or v < 0:
                 raise _bad(f"options.weights[{k!r}]", f"must be a finite number >= 0, got {v!r}")
         kw["weights"] = dict(o.weights)
@@ -206,8 +378,10 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
         kw["min_similarity"] = v
     if o.HasField("max_memories"):
         if o.max_memories > MAX_MEMORIES_LIMIT:
-            raise _bad("options.max_memories", f"must be <= {MAX_MEMORIES_LIMIT}, got {o.max_memories}")
+            raise _bad("options.max_memories", f"must be <= max_memories = {MAX_MEMORIES_LIMIT}, got {o.max_memories}")
         kw["max_memories"] = o.max_memories
+    if len(o.pinned_memory_ids) > MAX_MEMORIES_LIMIT:
+        raise _too_many("options.pinned_memory_ids", len(o.pinned_memory_ids), "max_pinned_memory_ids")
     for i, mid in enumerate(o.pinned_memory_ids):
         _id(f"options.pinned_memory_ids[{i}]", mid)
     kw["pinned_memory_ids"] = frozenset(o.pinned_memory_ids)
@@ -227,7 +401,7 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     try:
         return AssemblyOptions(**kw)
     except (TypeError, ValueError) as exc:
-        raise _bad("options", str(exc)) from None
+        raise _bad("options", str(exc)[:200]) from None
 
 
 def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
@@ -246,20 +420,24 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
     """
     org = _id("organization_id", msg.organization_id)
     agent = _id("agent_id", msg.agent_id)
-    model = _id("model", msg.model)
+    model = model_name("model", msg.model)
+    # Counts first: each is one length lookup, and refusing here spares the loops below.
+    if len(msg.messages) > MAX_MESSAGES:
+        raise _too_many("messages", len(msg.messages), "max_messages")
+    if len(msg.tools_json) > MAX_TOOLS:
+        raise _too_many("tools_json", len(msg.tools_json), "max_tools")
+    if len(msg.query.text) > MAX_QUERY_CHARS:
+        raise _too_many("query.text length", len(msg.query.text), "max_query_chars")
+    if len(msg.query.embedding) > MAX_EMBEDDING_DIMS:
+        raise _too_many("query.embedding dimensions", len(msg.query.embedding), "max_embedding_dims")
     emb = tuple(msg.query.embedding)
-    if len(emb) > MAX_EMBEDDING_DIMS:
-        raise _bad("query.embedding", f"more than {MAX_EMBEDDING_DIMS} dimensions")
     if emb and not all(math.isfinite(x) for x in emb):
         raise _bad("query.embedding", "must hold finite numbers only")
     query = Query(msg.query.text, emb or None)
     messages = tuple(_message(i, m) for i, m in enumerate(msg.messages))
     tools: list[Mapping[str, Any]] = []
     for i, t in enumerate(msg.tools_json):
-        try:
-            obj = json.loads(t)
-        except (json.JSONDecodeError, RecursionError):
-            raise _bad(f"tools_json[{i}]", "is not valid JSON") from None
+        obj = parse_json(f"tools_json[{i}]", t)
         if not isinstance(obj, dict):
             raise _bad(f"tools_json[{i}]", f"must be a JSON object, got {type(obj).__name__}")
         tools.append(obj)
@@ -267,7 +445,7 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
     try:
         return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options)
     except (TypeError, ValueError) as exc:
-        raise _bad("request", str(exc)) from None
+        raise _bad("request", str(exc)[:200]) from None
 
 
 def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:

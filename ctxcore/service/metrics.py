@@ -59,6 +59,20 @@ class ServiceMetrics:
         self.out_of_scope = Counter(
             "ctxcore_memories_out_of_scope", "Memories dropped because their scope did not match.", registry=r
         )
+        self.refused = Counter(
+            "ctxcore_admission_refused", "Calls refused at arrival by admission control, by reason.", ["reason"],
+            registry=r,
+        )
+        self.admitted = Gauge("ctxcore_admission_admitted", "Assemblies admitted and not yet finished.", registry=r)
+        self.admitted_calls = Counter("ctxcore_admission_admitted_calls",
+                                      "Assemblies admitted (with a deadline), by whether they ended inside it.",
+                                      ["in_time"], registry=r)
+        self.tail_estimate = Gauge(
+            "ctxcore_admission_tail_estimate_seconds",
+            "The service-time estimate after retrieval that the last admission decision used.", registry=r,
+        )
+        self.loop_lag = Gauge("ctxcore_event_loop_lag_seconds", "How late the event loop's periodic probe fired.",
+                              registry=r)
         self._http: Any = None
 
     def observe_call(self, rpc: str, code: grpc.StatusCode, seconds: float) -> None:

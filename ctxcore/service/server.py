@@ -21,12 +21,15 @@ get ``shutdown_grace_s`` to finish. Reflection is registered on loopback binds o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
 import gc
+import inspect
 import logging
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -37,12 +40,23 @@ from grpc_reflection.v1alpha import reflection
 
 from ..budget import compute_budget
 from ..catalog import Catalog, ModelCapability, default_catalog, load_catalog
-from ..errors import ConfigError, ContextOverflow, TokenizerMismatch, UnknownModel
+from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, TokenizerMismatch, UnknownModel
 from ..memory import MemoryRecord, Query, Scope, Sources
+from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
+from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission
 from .auth import Authenticator, Principal, ServiceError
 from .config import ServiceConfig
-from .convert import assembled_to_proto, budget_to_proto, capabilities_to_proto, request_from_proto
+from .convert import (
+    MAX_DETAILS_CHARS,
+    MAX_MODELS,
+    assembled_to_proto,
+    budget_to_proto,
+    capabilities_to_proto,
+    model_name,
+    request_from_proto,
+    unknown_model,
+)
 from .logs import error_frames, log_event
 from .metrics import ServiceMetrics
 from .tracing import CallTracer
@@ -53,6 +67,19 @@ SERVICE_NAME = "ctxcore.v1.ContextAssemblyService"
 #: Largest token count ComputeBudget accepts for one term: the packer's own bound on a
 #: token count (2**40, see ctxcore.pack); beyond it the number is not a count.
 MAX_TOKEN_TERM = 1 << 40
+
+#: Requests with more messages plus tool schemas than this are decoded and validated in
+#: the CPU executor rather than on the event loop (20,000 messages take tens of ms).
+OFFLOAD_ITEMS = 256
+#: AssembleContext requests larger than this are decoded on the executor too (decoding
+#: 20,000 messages takes tens of milliseconds).
+OFFLOAD_BYTES = 256 * 1024
+
+#: The interpreter's thread switch interval while serving (Python's default is 5 ms). The
+#: CPU-heavy stages run on executor threads and hold the GIL in their Python parts; the
+#: event loop, which answers health checks and refuses calls at arrival, waits up to one
+#: interval for the GIL at every callback, so a shorter one keeps the loop prompt.
+SWITCH_INTERVAL_S = 0.0005
 
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
@@ -85,7 +112,17 @@ class _Undecodable:
         self.type_name = type_name
 
 
-def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+class _Deferred:
+    """A large request's bytes, decoded later on the CPU executor rather than on the loop."""
+
+    __slots__ = ("data", "parse")
+
+    def __init__(self, data: bytes, parse: Callable[[bytes], Any]) -> None:
+        self.data = data
+        self.parse = parse
+
+
+def _deserializer(cls: Any, defer: bool = False) -> Callable[[bytes], Any]:
     name = cls.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
@@ -94,7 +131,10 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
         except Exception:  # DecodeError, or RecursionError on absurd nesting
             return _Undecodable(name)
 
-    return parse
+    def parse_or_defer(data: bytes) -> Any:
+        return _Deferred(data, parse) if len(data) > OFFLOAD_BYTES else parse(data)
+
+    return parse_or_defer if defer else parse
 
 
 def scoped_sources(sources: Sources, scope: Scope) -> Sources:
@@ -148,6 +188,25 @@ def _default_assemble() -> tuple[AssembleFn, Any]:
     return assembly.assemble, assembly
 
 
+def _warm_tokenizers() -> tuple[str, ...]:
+    from ..tokens import count_tokens, exact_families
+
+    families = exact_families()
+    for family in families:
+        count_tokens("warm", family)
+    return families
+
+
+def _takes_executor(fn: Callable[..., Any]) -> bool:
+    """Whether an assembly function takes the ``executor`` keyword (to run its CPU-heavy
+    stages off the event loop)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "executor" in params
+
+
 class ContextService:
     """One ContextAssemblyService server.
 
@@ -199,6 +258,14 @@ class ContextService:
             self._assembly_config = None
             self._packing_headroom_ms = 0.0
         self._assemble = assemble
+        self._pass_executor = _takes_executor(assemble)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.admission = Admission(
+            max_queue=config.max_queue,
+            min_retrieval_ms=config.min_retrieval_ms,
+            response_headroom_ms=config.deadline_headroom_ms,
+            floor_tail_ms=self._packing_headroom_ms,
+        )
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -215,6 +282,10 @@ class ContextService:
         """
         cfg = self.config
         self._stopping = asyncio.Event()
+        # Bounded: at most cpu_workers stages run at once, the rest wait their turn here
+        # (admission control keeps that queue short).
+        self._executor = concurrent.futures.ThreadPoolExecutor(cfg.cpu_workers, thread_name_prefix="ctxcore-cpu")
+        self.admission.start()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -260,11 +331,31 @@ class ContextService:
             opener = self._store_opener or (lambda: _open_sqlite(cfg))
             self._store = await opener()
             self._sources = Sources.from_store(self._store)
+        # Load the exact tokenizers' vocabularies (about a second each) and run the
+        # pipeline once per tokenizer family, so that no caller's call pays for the first
+        # use of anything, and admission control does not learn from such a call.
+        t0 = time.perf_counter()
+        families = await asyncio.to_thread(_warm_tokenizers)
+        await self._warm_pipeline()
+        warm_ms = round((time.perf_counter() - t0) * 1000, 1)
         self._ready = True
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log_event("serving", port=self.port)
+        log_event("serving", port=self.port, tokenizers=list(families), tokenizers_ms=warm_ms)
         return self.port
+
+    async def _warm_pipeline(self) -> None:
+        if self._assembly_config is None:
+            return  # an assembly function of the caller's: nothing of ours to warm
+        models: dict[str, str] = {}
+        for name in self.catalog:
+            models.setdefault(self.catalog[name].tokenizer_family, name)
+        for model in models.values():
+            req = AssemblyRequest("ctxcore-warm-up", "ctxcore-warm-up", model, Query("warm up"))
+            kwargs: dict[str, Any] = {"sources": Sources(), "catalog": self.catalog, "config": self._assembly_config}
+            if self._pass_executor:
+                kwargs["executor"] = self._executor
+            await self._assemble(req, **kwargs)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING at once, refuse new calls after ``drain_delay_s``, give the
@@ -278,6 +369,10 @@ class ContextService:
             await asyncio.sleep(self.config.drain_delay_s)
         server, self._server = self._server, None
         await server.stop(grace)
+        await self.admission.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
         self.metrics.close()
         if self._store is not None and hasattr(self._store, "close"):
             await asyncio.to_thread(self._store.close)
@@ -299,7 +394,7 @@ class ContextService:
                   req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap(rpc, fn),
-                request_deserializer=_deserializer(req_cls),
+                request_deserializer=_deserializer(req_cls, defer=rpc == "AssembleContext"),
                 response_serializer=resp_cls.SerializeToString,
             )
 
@@ -332,13 +427,19 @@ class ContextService:
                     raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the service is not serving (starting or draining)")
                 principal = self.auth.authenticate(context.invocation_metadata(), context.auth_context())
                 fields["principal"] = principal.name
+                if isinstance(request, _Deferred):
+                    request = await asyncio.get_running_loop().run_in_executor(self._executor, request.parse,
+                                                                               request.data)
                 if isinstance(request, _Undecodable):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {request.type_name}")
                 return await fn(request, context, principal)
             except ServiceError as exc:
                 code = exc.code
-                fields["details"] = exc.details
-                await context.abort(exc.code, exc.details)
+                details = exc.details[:MAX_DETAILS_CHARS]
+                fields["details"] = details
+                if exc.trailing_metadata:
+                    context.set_trailing_metadata(exc.trailing_metadata)
+                await context.abort(exc.code, details)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -360,19 +461,55 @@ class ContextService:
 
         return handler
 
-    def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
+    def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[float | None, float]:
+        """Admission control (`ctxcore.service.admission`): refuse at arrival a call that
+        cannot finish inside its deadline or finds the queue full; else count it in and
+        return its remaining time in ms (None without a deadline) and the tail kept
+        for it after retrieval."""
+        remaining = context.time_remaining()
+        remaining_ms = None if remaining is None else remaining * 1000.0
+        d = self.admission.decide(remaining_ms)
+        m = self.metrics
+        m.tail_estimate.set(d.tail_ms / 1000.0)
+        m.loop_lag.set(self.admission.lag_ms / 1000.0)
+        call = _CALL.get(None)
+        if call is not None:
+            call.fields["admission"] = d.reason
+            call.fields["remaining_ms"] = None if remaining_ms is None else round(remaining_ms, 2)
+            call.fields["tail_ms"] = round(d.tail_ms, 2)
+        if not d.admitted:
+            m.refused.labels(d.reason).inc()
+            marks: tuple[tuple[str, str], ...] = ((ADMISSION_KEY, d.reason),)
+            if d.retry_after_ms:
+                marks += ((RETRY_PUSHBACK_KEY, str(d.retry_after_ms)),)
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if d.reason == "refused-queue" else grpc.StatusCode.DEADLINE_EXCEEDED
+            raise ServiceError(code, d.details, marks)
+        m.admitted.set(self.admission.admitted)
+        return remaining_ms, d.tail_ms
+
+    @staticmethod
+    def _authorize(principal: Principal, req: AssemblyRequest, call: _CallState | None) -> Scope:
+        if call is not None:
+            call.fields["organization_id"] = req.organization_id
+            call.fields["agent_id"] = req.agent_id
+        return principal.authorize(req.organization_id, req.agent_id)
+
+    def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float) -> float | None:
+        """The deadline handed to the assembly: the caller's, less the response headroom
+        and whatever of the estimated tail the assembly's own packing headroom does not
+        cover, so that retrieval stops in time for the rest to finish. Checked again here:
+        validation may have used up what admission saw."""
         remaining = context.time_remaining()
         if remaining is None:
             return None
         cfg = self.config
-        left_ms = remaining * 1000.0 - cfg.deadline_headroom_ms
+        extra = max(0.0, tail_ms - self._packing_headroom_ms)
+        left_ms = remaining * 1000.0 - cfg.deadline_headroom_ms - extra
         if left_ms - self._packing_headroom_ms < cfg.min_retrieval_ms:
-            need = cfg.deadline_headroom_ms + self._packing_headroom_ms + cfg.min_retrieval_ms
             raise ServiceError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{remaining * 1000.0:.2f} ms left at arrival; an assembly needs at least {need:.2f} ms "
-                f"({cfg.deadline_headroom_ms:g} ms response headroom + {self._packing_headroom_ms:g} ms packing "
-                f"headroom + {cfg.min_retrieval_ms:g} ms retrieval)",
+                f"{remaining * 1000.0:.2f} ms left after validation; an assembly needs at least "
+                f"{cfg.deadline_headroom_ms + self._packing_headroom_ms + extra + cfg.min_retrieval_ms:.2f} ms",
             )
         # The assembly subtracts its packing headroom from this deadline itself.
         return time.monotonic() + left_ms / 1000.0
@@ -380,39 +517,81 @@ class ContextService:
     async def _assemble_context(
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.AssembledContext:
-        req = request_from_proto(request)
+        # An ordinary request is validated and authorized before admission (a few
+        # microseconds), so that bad input and foreign scopes get their own status under
+        # any load; a large one only once admitted, and off the loop.
+        typical = len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
         call = _CALL.get(None)
-        if call is not None:
-            call.fields["organization_id"] = req.organization_id
-            call.fields["agent_id"] = req.agent_id
-        scope = principal.authorize(req.organization_id, req.agent_id)
-        deadline = self._wall_deadline(context)
-        assert self._sources is not None
-        kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
-                                  "deadline": deadline}
-        if self._assembly_config is not None:
-            kwargs["config"] = self._assembly_config
-        started_ns = self.tracing.now_ns()
+        req: AssemblyRequest | None = None
+        scope: Scope | None = None
+        if typical:
+            req = request_from_proto(request)
+            scope = self._authorize(principal, req, call)
+        ahead = self.admission.admitted
+        remaining_ms, tail_ms = self._admit(context)
+        t_admit = time.perf_counter()
+        # What the tail model learns from (ordinary calls only: a long history costs more
+        # after retrieval in proportion, and would make ordinary calls look slow): the time
+        # from the end of retrieval, or from its wall when retrieval overran it, to the answer.
+        t_asm = 0.0
+        retrieval_ms: float | None = None
         try:
-            ctx = await self._assemble(req, **kwargs)
-        except UnknownModel as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"model: {exc}") from None
-        except (TokenizerMismatch, ConfigError) as exc:
-            # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {exc}") from None
-        except ContextOverflow as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {exc}") from None
-        self.metrics.observe_assembly(ctx)
-        if call is not None:
-            call.fields["degraded"] = bool(ctx.degraded)
-            self.tracing.assembly(call.span, ctx, started_ns)
-        return assembled_to_proto(ctx, principal.name)
+            if req is None or scope is None:
+                # Linear, but long enough to hold up every other call if run on the loop.
+                req = await asyncio.get_running_loop().run_in_executor(self._executor, request_from_proto, request)
+                scope = self._authorize(principal, req, call)
+            deadline = self._wall_deadline(context, tail_ms)
+            assert self._sources is not None
+            kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
+                                      "deadline": deadline}
+            if self._assembly_config is not None:
+                kwargs["config"] = self._assembly_config
+            if self._pass_executor:
+                kwargs["executor"] = self._executor
+            started_ns = self.tracing.now_ns()
+            t_asm = time.perf_counter()
+            try:
+                ctx = await self._assemble(req, **kwargs)
+            except UnknownModel as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, unknown_model("model", exc)) from None
+            except (TokenizerMismatch, ConfigError) as exc:
+                # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {str(exc)[:300]}") from None
+            except ContextOverflow as exc:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {str(exc)[:500]}") from None
+            except InvalidFormatInput as exc:
+                section = getattr(exc, "section", "")
+                if section not in ("history", "tools"):
+                    raise  # the store's data, not the caller's: a server fault
+                field = "messages" if section == "history" else "tools_json"
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {str(exc)[:300]}") from None
+            except TimeoutError:
+                # A stage that gave up on the caller's deadline.
+                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   "the deadline passed during the assembly") from None
+            retrieval_ms = min(float(ctx.timings.retrieval_ms), float(ctx.wall.limit_ms))
+            self.metrics.observe_assembly(ctx)
+            if call is not None:
+                call.fields["degraded"] = bool(ctx.degraded)
+                self.tracing.assembly(call.span, ctx, started_ns)
+            if typical and len(ctx.history_dropped) <= OFFLOAD_ITEMS:
+                return assembled_to_proto(ctx, principal.name)
+            # A trimmed long history answers with one record per dropped group.
+            return await asyncio.get_running_loop().run_in_executor(self._executor, assembled_to_proto, ctx,
+                                                                    principal.name)
+        finally:
+            t_end = time.perf_counter()
+            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0,
+                                   retrieval_ms if typical else None)
+            self.metrics.admitted.set(self.admission.admitted)
+            if remaining_ms is not None:
+                in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
+                self.metrics.admitted_calls.labels("yes" if in_time else "no").inc()
 
     async def _compute_budget(
         self, request: pb.ComputeBudgetRequest, context: grpc.aio.ServicerContext[Any, Any], principal: Principal
     ) -> pb.Budget:
-        if not request.model:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "model: must not be empty")
+        model = model_name("model", request.model)
         terms: dict[str, int] = {}
         for name in ("directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens"):
             v = getattr(request, name)
@@ -421,7 +600,7 @@ class ContextService:
             terms[name] = v
         try:
             b = compute_budget(
-                request.model,
+                model,
                 directive_tokens=terms["directive_tokens"],
                 messages_tokens=terms["messages_tokens"],
                 tool_schema_tokens=terms["tool_schema_tokens"],
@@ -429,19 +608,23 @@ class ContextService:
                 catalog=self.catalog,
             )
         except UnknownModel as exc:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"model: {exc}") from None
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, unknown_model("model", exc)) from None
         return budget_to_proto(b)
 
     async def _capabilities(
         self, request: pb.GetModelCapabilitiesRequest, context: grpc.aio.ServicerContext[Any, Any],
         principal: Principal,
     ) -> pb.GetModelCapabilitiesResponse:
+        if len(request.models) > MAX_MODELS:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"models: {len(request.models)} is over the per-request limit max_models = {MAX_MODELS}")
         models: list[ModelCapability] = []
         for i, name in enumerate(request.models):
+            where = f"models[{i}]"
             try:
-                models.append(self.catalog.get_model(name))
+                models.append(self.catalog.get_model(model_name(where, name)))
             except UnknownModel as exc:
-                raise ServiceError(grpc.StatusCode.NOT_FOUND, f"models[{i}]: {exc}") from None
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, unknown_model(where, exc)) from None
         if not request.models:
             models = [self.catalog[n] for n in self.catalog]
         return capabilities_to_proto(self.catalog, models)
@@ -460,6 +643,8 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         await service.start()
         # Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
@@ -470,6 +655,7 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
         gc.freeze()
         await service.wait_stopped()
     finally:
+        sys.setswitchinterval(switch_interval)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if not stop_task:

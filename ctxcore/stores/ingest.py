@@ -83,8 +83,8 @@ def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tu
 
 
 def ingest_jsonl(store: SqliteMemoryStore, path: str | os.PathLike[str], text: str | None = None) -> IngestReport:
-    """Store every memory and directive of a JSON Lines file: all, or (on error) none of
-    the memories.
+    """Store every memory and directive of a JSON Lines file in one transaction: all of
+    them, or (on error) none.
 
     Raises:
         InvalidMemory: naming ``PATH:LINE`` of the first bad record, including ids used
@@ -101,13 +101,11 @@ def ingest_jsonl(store: SqliteMemoryStore, path: str | os.PathLike[str], text: s
     memories = [(line, r) for line, r in records if isinstance(r, NewMemory)]
     directives = [r for _, r in records if isinstance(r, Directive)]
     try:
-        store.add_many([m for _, m in memories])
+        store.add_many([m for _, m in memories], directives=directives)
     except InvalidMemory as exc:
         if 0 <= exc.index < len(memories):
             raise InvalidMemory(f"{name}:{memories[exc.index][0]}: {exc}", exc.index, exc.memory_id) from None
         raise
-    for d in directives:
-        store.set_directive(d.organization_id, d.agent_id, d.text)
     return IngestReport(name, len(memories), len(directives))
 
 

@@ -539,8 +539,10 @@ class SqliteMemoryStore:
         """
         return self.add_many([memory])[0]
 
-    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]]) -> list[str]:
-        """Store several memories in one transaction: all of them, or none.
+    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]], *,
+                 directives: Sequence[Directive] = ()) -> list[str]:
+        """Store several memories in one transaction: all of them, or none. `directives`
+        (set as `set_directive` sets them) join the same transaction.
 
         Each memory's token count is taken at insert in the store's tokenizer family and
         tagged exact or estimate; memories without an embedding get one from the store's
@@ -573,7 +575,9 @@ class SqliteMemoryStore:
                 raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
             seen[mem.id] = i
             batch.append(mem)
-        if not batch:
+        if not all(isinstance(d, Directive) for d in directives):
+            raise TypeError("directives must be Directive records")
+        if not batch and not directives:
             return []
         texts = [m.text for m in batch]
         counts = self._count(texts)
@@ -629,11 +633,17 @@ class SqliteMemoryStore:
                     "embedded = embedded + excluded.embedded",
                     [(o, a, n, e) for (o, a), (n, e) in bumps.items()],
                 )
+                for d in directives:
+                    self._write_directive(d.organization_id, d.agent_id, d.text)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            finally:
+                if directives:  # written or rolled back: either way no cached read stays valid
+                    self._directive_generation += 1
+                    self._directives.clear()
         return [m.id for m in batch]
 
     def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
@@ -654,20 +664,24 @@ class SqliteMemoryStore:
             Directive(organization_id, agent_id, "-")  # validates the ids
         else:
             Directive(organization_id, agent_id, text)
-        key = (organization_id, _ORG_WIDE if agent_id is None else agent_id)
         with self._write_lock:
-            if text is None:
-                self._writer.execute("DELETE FROM directives WHERE organization_id = ? AND agent_id = ?", key)
-            else:
-                self._writer.execute(
-                    "INSERT INTO directives VALUES (?, ?, ?, ?) ON CONFLICT (organization_id, agent_id) "
-                    "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
-                    (*key, text, time.time()),
-                )
+            self._write_directive(organization_id, agent_id, text)
             # After the write: a read that began before it will not be cached (its
             # generation is older), and every read from now on sees the new text.
             self._directive_generation += 1
             self._directives.clear()
+
+    def _write_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
+        """Write one directive on the writer connection (the write lock held)."""
+        key = (organization_id, _ORG_WIDE if agent_id is None else agent_id)
+        if text is None:
+            self._writer.execute("DELETE FROM directives WHERE organization_id = ? AND agent_id = ?", key)
+        else:
+            self._writer.execute(
+                "INSERT INTO directives VALUES (?, ?, ?, ?) ON CONFLICT (organization_id, agent_id) "
+                "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
+                (*key, text, time.time()),
+            )
 
     def recount(self, families: Sequence[str] | None = None, *, batch: int = 2000) -> int:
         """Count every memory that lacks an exact count for one of `families` (default:

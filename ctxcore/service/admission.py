@@ -1,0 +1,275 @@
+"""Admission control: refuse at arrival the calls that cannot finish inside their deadline.
+
+A call that the server accepts and then answers late has cost the server its work and
+the caller its deadline; refused at arrival, it costs neither, and the caller can go to
+another replica at once. `Admission` decides, for each AssembleContext, before anything
+else is done for it:
+
+- **bounded queue**: at most ``max_queue`` assemblies are admitted at a time; beyond it
+  the call gets RESOURCE_EXHAUSTED with a retry hint (``grpc-retry-pushback-ms`` in the
+  trailing metadata, gRPC's own pushback key) of the time the admitted calls are expected
+  to take to drain;
+- **service-time estimate**: an admitted assembly's retrieval is cut to the caller's
+  deadline, so what can make it late is the part after retrieval (scoring, pricing,
+  packing, formatting, the response) and the wait for the CPU behind the calls already
+  admitted. That *tail* is modelled from recent calls as ``a + b x ahead``, where
+  ``ahead`` is the number of admitted calls at arrival, fitted by exponentially weighted
+  least squares (the newest calls count most), plus a margin of three times the recent
+  mean absolute error. A call whose deadline leaves less than ``min_retrieval_ms`` + that
+  estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
+  call's retrieval wall leaves the estimated tail free, so the answer is back inside the
+  deadline;
+- **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
+  tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
+  and every call admitted now delays the arrival of the next ones; new calls get
+  DEADLINE_EXCEEDED (with a retry hint) until the admitted ones have drained the backlog.
+
+Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``,
+``refused-queue`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
+of time, and the metrics count them by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "ADMISSION_KEY",
+    "DEFAULT_MAX_QUEUE",
+    "RETRY_PUSHBACK_KEY",
+    "Admission",
+    "Decision",
+    "TailModel",
+]
+
+#: Trailing-metadata key that marks a refusal at arrival, with its reason as the value.
+ADMISSION_KEY = "ctxcore-admission"
+#: gRPC's retry pushback key: milliseconds to wait before trying again.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+#: Assemblies admitted at a time, at most. With ~5 ms of CPU per assembly on two cores,
+#: 64 admitted calls are ~160 ms of work: three times the 45 ms client timeout, so the
+#: queue bound only bites when the deadline estimate has nothing to go on (calls without
+#: a deadline); calls with one are refused by the estimate long before.
+DEFAULT_MAX_QUEUE = 64
+#: Event-loop lag beyond which new calls are refused while others are admitted: a loop
+#: this late delays every step of every call by as much, and the arrivals queued behind
+#: it wait longer than a 45 ms deadline can spare.
+DEFAULT_MAX_LAG_MS = 4.0
+#: ... or beyond this share of the call's remaining time, whichever is larger: a call with
+#: seconds to spare is not refused for a few milliseconds of lag.
+LAG_SHARE_OF_DEADLINE = 0.1
+#: Half-life of a finished call's weight in the tail model, in seconds: at a few hundred
+#: calls a second the model follows the last ~100 calls, and after a quiet second what it
+#: learned under load has faded into the prior.
+_HALF_LIFE_S = 0.25
+#: Weight of the prior (no calls ahead, a tail of the assembly's packing headroom): it
+#: holds the model where the design puts it until calls say otherwise, and pulls it back
+#: when refusals leave it without fresh calls.
+_PRIOR_WEIGHT = 1.0
+#: Pulls the slope toward 0 while few calls have been seen at different queue lengths.
+_RIDGE = 4.0
+#: The margin over the fitted tail, in mean absolute errors: for errors with an
+#: exponential tail, mean x ln(100) = 4.6 x mean is their p99.
+_MARGIN_MAES = 4.6
+#: How often the loop-lag probe wakes, in seconds.
+_LAG_PERIOD_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict for one call.
+
+    Attributes:
+        admitted: whether the call may run.
+        reason: ``"ok"``, ``"refused-deadline"``, ``"refused-queue"`` or ``"refused-load"``.
+        tail_ms: the estimated time the call needs after retrieval.
+        details: the status details for a refusal (empty when admitted).
+        retry_after_ms: for a queue or load refusal, the suggested wait before retrying.
+    """
+
+    admitted: bool
+    reason: str
+    tail_ms: float
+    details: str = ""
+    retry_after_ms: int = 0
+
+
+class TailModel:
+    """Exponentially time-weighted least squares of a call's tail against the calls ahead.
+
+    Args:
+        prior_ms: the tail assumed before any call is seen (and again once they fade).
+
+    >>> m = TailModel(prior_ms=5.0)
+    >>> for i, ahead in enumerate((0, 4, 8) * 40):
+    ...     m.observe(ahead, 2.0 + 0.5 * ahead, now=i * 0.001)
+    >>> round(m.predict(6, now=0.12), 1), m.margin(now=0.12) < 1.0
+    (5.0, True)
+    >>> round(m.predict(6, now=10.0), 1)  # ten quiet seconds later: back to the prior
+    5.0
+    """
+
+    __slots__ = ("prior_ms", "_sw", "_sx", "_sy", "_sxx", "_sxy", "_se", "_t", "n")
+
+    def __init__(self, prior_ms: float = 0.0) -> None:
+        self.prior_ms = prior_ms
+        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._se = 0.0
+        self._t = 0.0
+        self.n = 0
+
+    def _age(self, now: float) -> None:
+        if now > self._t:
+            f = 0.5 ** ((now - self._t) / _HALF_LIFE_S)
+            self._sw *= f
+            self._sx *= f
+            self._sy *= f
+            self._sxx *= f
+            self._sxy *= f
+            self._se *= f
+            self._t = now
+
+    def coefficients(self, now: float | None = None) -> tuple[float, float]:
+        """``(a, b)`` of ``tail = a + b x ahead``; neither is ever negative."""
+        self._age(time.monotonic() if now is None else now)
+        sw = self._sw + _PRIOR_WEIGHT
+        mx, my = self._sx / sw, (self._sy + _PRIOR_WEIGHT * self.prior_ms) / sw
+        var = self._sxx - sw * mx * mx
+        cov = self._sxy - self._sx * my
+        b = max(0.0, cov / (max(0.0, var) + _RIDGE))
+        return max(0.0, my - b * mx), b
+
+    def predict(self, ahead: int, now: float | None = None) -> float:
+        """The fitted tail in ms for a call with `ahead` admitted calls before it."""
+        a, b = self.coefficients(now)
+        return a + b * ahead
+
+    def margin(self, now: float | None = None) -> float:
+        """The margin kept over the fit, in ms."""
+        self._age(time.monotonic() if now is None else now)
+        return _MARGIN_MAES * self._se / (self._sw + _PRIOR_WEIGHT)
+
+    def observe(self, ahead: int, tail_ms: float, now: float | None = None) -> None:
+        """Add one finished call: `ahead` calls were admitted when it arrived, and it
+        took `tail_ms` after its retrieval."""
+        if not math.isfinite(tail_ms) or tail_ms < 0:
+            return
+        t = time.monotonic() if now is None else now
+        self._se += abs(tail_ms - self.predict(ahead, t))
+        self._sw += 1.0
+        self._sx += ahead
+        self._sy += tail_ms
+        self._sxx += ahead * ahead
+        self._sxy += ahead * tail_ms
+        self.n += 1
+
+
+class Admission:
+    """The admission state of one server.
+
+    Args:
+        max_queue: assemblies admitted at a time, at most.
+        min_retrieval_ms: the least retrieval time worth running a call for.
+        response_headroom_ms: time kept for the response after the assembly.
+        floor_tail_ms: the least tail assumed (the assembly's own packing headroom).
+
+    >>> adm = Admission(max_queue=2, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    >>> adm.decide(45.0).admitted, adm.decide(3.0).reason
+    (True, 'refused-deadline')
+    """
+
+    def __init__(self, *, max_queue: int = DEFAULT_MAX_QUEUE, min_retrieval_ms: float = 1.0,
+                 response_headroom_ms: float = 1.0, floor_tail_ms: float = 0.0,
+                 max_lag_ms: float = DEFAULT_MAX_LAG_MS) -> None:
+        self.max_queue = max_queue
+        self.min_retrieval_ms = min_retrieval_ms
+        self.response_headroom_ms = response_headroom_ms
+        self.floor_tail_ms = floor_tail_ms
+        self.max_lag_ms = max_lag_ms
+        self.model = TailModel(prior_ms=floor_tail_ms)
+        self.admitted = 0
+        self.lag_ms = 0.0
+        self.sustained_lag_ms = 0.0
+        self._last_late = 0.0
+        self._sojourn_ms = 0.0
+        self._probe: asyncio.Task[None] | None = None
+
+    # ---- the loop-lag probe ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start measuring the event loop's lag (call from the loop)."""
+        if self._probe is None:
+            self._probe = asyncio.get_running_loop().create_task(self._measure_lag(), name="ctxcore-loop-lag")
+
+    async def stop(self) -> None:
+        """Stop the probe."""
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+            self._probe = None
+
+    async def _measure_lag(self) -> None:
+        lag = 0.0
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(_LAG_PERIOD_S)
+            late = max(0.0, (time.perf_counter() - t0 - _LAG_PERIOD_S) * 1000.0)
+            # Rise at once, fall over a few periods: a single quiet tick does not say the
+            # backlog is gone.
+            lag = late if late > lag else 0.5 * lag + 0.5 * late
+            self.lag_ms = lag
+            # Saturation is lateness tick after tick; one long stall (the process was not
+            # scheduled for a while) followed by a prompt tick is not.
+            self.sustained_lag_ms = min(late, self._last_late)
+            self._last_late = late
+
+    # ---- decisions -------------------------------------------------------------------
+
+    def tail_estimate(self) -> float:
+        """The tail a call arriving now should be given, in ms: the model's, plus the
+        loop's current lag (every step of the call waits that long for the loop)."""
+        m = self.model
+        return max(self.floor_tail_ms, m.predict(self.admitted) + m.margin()) + self.lag_ms
+
+    def decide(self, remaining_ms: float | None) -> Decision:
+        """Whether a call with `remaining_ms` to its deadline (None: no deadline) may run.
+
+        An admitted call must be `release`d when it ends.
+        """
+        tail = self.tail_estimate()
+        if self.admitted >= self.max_queue:
+            wait = max(1, math.ceil(self._sojourn_ms or tail))
+            return Decision(False, "refused-queue", tail,
+                            f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
+                            f"{self.max_queue}); retry in {wait} ms", wait)
+        if (self.admitted and remaining_ms is not None
+                and self.sustained_lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)):
+            # The loop runs every callback this late: the CPU is saturated, and each call
+            # admitted now slows the arrival of the next. Let the admitted ones finish.
+            wait = max(1, math.ceil(self.sustained_lag_ms))
+            return Decision(False, "refused-load", tail,
+                            f"the server is saturated (event loop {self.sustained_lag_ms:.1f} ms late with {self.admitted} "
+                            f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms", wait)
+        if remaining_ms is not None:
+            need = self.min_retrieval_ms + tail + self.response_headroom_ms
+            if remaining_ms < need:
+                return Decision(False, "refused-deadline", tail,
+                                f"{remaining_ms:.2f} ms left at arrival; an assembly needs about {need:.2f} ms "
+                                f"now ({self.min_retrieval_ms:g} ms retrieval + {tail:.2f} ms estimated for "
+                                f"scoring, packing, formatting and {self.admitted} calls ahead + "
+                                f"{self.response_headroom_ms:g} ms response headroom)")
+        self.admitted += 1
+        return Decision(True, "ok", tail)
+
+    def release(self, ahead: int, sojourn_ms: float, retrieval_ms: float | None) -> None:
+        """A call admitted with `ahead` calls before it ended after `sojourn_ms`, of which
+        `retrieval_ms` went to retrieval (None when it never got that far)."""
+        self.admitted = max(0, self.admitted - 1)
+        self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
+        if retrieval_ms is not None:
+            self.model.observe(ahead, max(0.0, sojourn_ms - retrieval_ms))

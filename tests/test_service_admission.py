@@ -1,0 +1,159 @@
+"""Admission control against a real server on a loopback port: the bounded queue refuses
+with RESOURCE_EXHAUSTED and a retry hint, the service-time estimate learned from recent
+calls refuses at arrival (DEADLINE_EXCEEDED, before any work) the calls whose deadline it
+cannot meet and cuts the retrieval wall of the ones it admits so that the rest still
+fits; every refusal is marked in the trailing metadata and counted.
+
+The overload figures (2x the sustainable rate: offered vs answered, the share of failures
+refused at arrival, p99 of accepted calls) come from bench/test_bench_service.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from service_support import FakeSources, make_tenants, open_config, running  # noqa: E402
+
+from ctxcore.client import ContextClient  # noqa: E402
+from ctxcore.memory import Query  # noqa: E402
+from ctxcore.request import AssemblyRequest  # noqa: E402
+from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel  # noqa: E402
+
+TENANTS = make_tenants(2)
+T = TENANTS[0]
+REQ = AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"))
+
+
+def _marks(exc: grpc.aio.AioRpcError) -> dict[str, str]:
+    return {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}
+
+
+def test_the_queue_is_bounded_and_refusals_carry_a_retry_hint() -> None:
+    gate = asyncio.Event()
+    entered = 0
+
+    async def held(request: Any, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        nonlocal entered
+        entered += 1
+        await gate.wait()
+        return await assemble(request, **kw)
+
+    async def main() -> None:
+        async with running(open_config(max_queue=2), sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
+                first = [asyncio.ensure_future(client.assemble(REQ)) for _ in range(2)]
+                while entered < 2:
+                    await asyncio.sleep(0.01)
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await client.assemble(REQ)
+                assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                marks = _marks(ei.value)
+                assert marks[ADMISSION_KEY] == "refused-queue"
+                assert int(marks[RETRY_PUSHBACK_KEY]) >= 1
+                assert "max_queue = 2" in (ei.value.details() or "")
+                assert entered == 2  # the refused call did no work
+                gate.set()
+                for f in first:
+                    assert (await f).scope.organization_id == T.scope.organization_id
+                assert (await client.assemble(REQ)).scope.organization_id == T.scope.organization_id
+                assert svc.admission.admitted == 0
+                refused = svc.metrics.registry.get_sample_value("ctxcore_admission_refused_total", {"reason": "refused-queue"})
+                assert refused == 1
+
+    asyncio.run(main())
+
+
+def test_calls_that_cannot_finish_in_time_are_refused_at_arrival() -> None:
+    """The tail after retrieval is 40 ms of blocking work here. A fresh server admits a
+    30 ms call (it knows nothing better than the packing headroom); once recent calls
+    have shown the tail, the same call is refused at arrival without touching the store,
+    and a 3 s call is admitted with its retrieval wall cut to leave the tail room."""
+    tail_s = 0.040
+    runs = 0
+    fake = FakeSources(TENANTS)
+
+    async def slow_tail(request: Any, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        nonlocal runs
+        runs += 1
+        ctx = await assemble(request, **kw)
+        time.sleep(tail_s)  # CPU-bound work after retrieval, on the loop
+        return ctx
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        # Roomy service walls, so that the caller's deadline is what sets the wall.
+        roomy = {"client_timeout_ms": 60_000, "server_deadline_ms": 60_000}
+        async with running(open_config(assembly=roomy), sources=fake.sources(), assemble=slow_tail) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}") as client:
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await client.assemble(REQ, timeout=0.030)  # admitted, and then late
+                assert ADMISSION_KEY not in _marks(ei.value)
+                out["fresh"] = ei.value.code()
+                for _ in range(12):
+                    await client.assemble(REQ, timeout=5.0)
+                out["estimate_ms"] = svc.admission.tail_estimate()
+                before, asked = runs, len(fake.asked)
+                t0 = time.perf_counter()
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await client.assemble(REQ, timeout=0.030)
+                out["refused_after_ms"] = (time.perf_counter() - t0) * 1000
+                out["refused"] = (ei.value.code(), _marks(ei.value).get(ADMISSION_KEY), ei.value.details())
+                out["work_done"] = (runs - before, len(fake.asked) - asked)
+                r = await client.assemble(REQ, timeout=3.0)
+                out["admitted_wall_ms"] = r.wall.limit_ms
+                out["metric"] = svc.metrics.registry.get_sample_value("ctxcore_admission_refused_total",
+                                                                    {"reason": "refused-deadline"})
+        return out
+
+    out = asyncio.run(main())
+    print(f"\ntail estimate after 12 calls with a {tail_s * 1000:g} ms tail: {out['estimate_ms']:.1f} ms; "
+          f"refusal answered in {out['refused_after_ms']:.1f} ms; admitted 3 s call's wall "
+          f"{out['admitted_wall_ms']:.1f} ms")
+    assert out["fresh"] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert out["estimate_ms"] >= tail_s * 1000
+    code, mark, details = out["refused"]
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and mark == "refused-deadline"
+    assert "left at arrival" in details and "estimated" in details
+    assert out["work_done"] == (0, 0)
+    assert out["admitted_wall_ms"] <= 3000 - tail_s * 1000
+    assert out["metric"] == 1
+
+
+def test_the_tail_model_follows_the_queue_and_forgets() -> None:
+    m = TailModel(prior_ms=5.0)
+    assert m.predict(10, now=0.0) == pytest.approx(5.0)
+    for i in range(200):  # calls with more calls ahead of them take longer
+        ahead = i % 10
+        m.observe(ahead, 3.0 + 2.0 * ahead, now=i * 0.002)
+    a, b = m.coefficients(now=0.4)
+    assert b == pytest.approx(2.0, rel=0.1) and a == pytest.approx(3.0, abs=1.0)
+    assert m.predict(9, now=0.4) > m.predict(0, now=0.4) + 15
+    # After quiet seconds what was learned under load fades back to the prior, so a
+    # server that refused everything for a while admits again.
+    assert m.predict(9, now=10.0) == pytest.approx(5.0, abs=0.1)
+
+
+def test_admission_decisions() -> None:
+    adm = Admission(max_queue=3, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    assert adm.decide(None).admitted and adm.decide(45.0).admitted
+    d = adm.decide(6.0)  # 1 + 5 + 1 = 7 ms needed
+    assert (d.admitted, d.reason) == (False, "refused-deadline")
+    assert adm.decide(45.0).admitted
+    d = adm.decide(45.0)
+    assert (d.admitted, d.reason, d.retry_after_ms >= 1) == (False, "refused-queue", True)
+    for _ in range(3):
+        adm.release(0, 20.0, 10.0)
+    assert adm.admitted == 0
