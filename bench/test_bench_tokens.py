@@ -99,9 +99,16 @@ def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]
     print(f"targets: undercount <= {TARGET_UNDERCOUNT:.1%} ({'met' if ours['undercount'] <= TARGET_UNDERCOUNT else 'MISSED'}), "
           f"median over <= {TARGET_MEDIAN_OVER:.0%} ({'met' if ours['median_over'] <= TARGET_MEDIAN_OVER else 'MISSED'})")
     assert ours["undercount"] <= GATE_UNDERCOUNT
-    # Never wildly above: at most 3x the exact count plus a few tokens (the margin of a
-    # one-word text); measured: at most 2.25x on texts of 20 tokens or more.
-    assert np.all(est <= 3 * exact + 4)
+    # Never wildly above: at most 2.5x the exact count on texts of 20 tokens or more
+    # (measured: 2.35x cl100k_base, 2.16x o200k_base), and on short texts at most 3x plus
+    # the margin of a few tokens. The widest short case is o200k_base's: its vocabulary
+    # holds long runs of spaces as single tokens, so 24 spaces of indentation and a ")"
+    # are 2 tokens, estimated as 11 (every space priced as the average space).
+    big = exact >= 20
+    ratio = est / exact
+    print(f"largest estimate / exact: {ratio[big].max():.2f}x (>= 20 tokens), {ratio.max():.2f}x (all)")
+    assert np.all(est[big] <= 2.5 * exact[big])
+    assert np.all(est <= 3 * exact + 10)
     # Both heuristics undercount far more often: the estimator is doing real work.
     assert rows["chars/4"]["undercount"] > 10 * max(ours["undercount"], 0.001)
     assert rows["bytes/3"]["undercount"] > 10 * max(ours["undercount"], 0.001)
@@ -135,8 +142,9 @@ def test_estimator_speed_vs_tiktoken(benchmark, timed, held_out: dict[str, Any])
 
 
 def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark, timed, held_out: dict[str, Any]) -> None:
-    # Exact counts for a whole batch in one call (tiktoken's encode_ordinary_batch on
-    # threads) against the same tiktoken encoding called once per text, in the same run.
+    # Exact counts for a whole batch in one call against the same tiktoken encoding called
+    # once per text and against tiktoken's own encode_ordinary_batch (a thread pool), in
+    # the same run.
     texts, family = held_out["texts"], held_out["family"]
     from ctxcore.tokens import _encoding
 
@@ -145,12 +153,15 @@ def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark, timed, held_out
     assert np.array_equal(benchmark(ctxcore.count_tokens_batch, texts, family), want)
     batch = float(np.median(timed(lambda: ctxcore.count_tokens_batch(texts, family), rounds=5, warmup=1)))
     ref = float(np.median(timed(lambda: [len(enc.encode_ordinary(t)) for t in texts], rounds=5, warmup=1)))
+    pool = float(np.median(timed(lambda: enc.encode_ordinary_batch(texts), rounds=5, warmup=1)))
     per_text = batch / len(texts)
-    benchmark.extra_info.update(ratio_vs_one_at_a_time=round(ref / batch, 2), us_per_text=round(per_text * 1e6, 1))
+    benchmark.extra_info.update(ratio_vs_one_at_a_time=round(ref / batch, 2), us_per_text=round(per_text * 1e6, 1),
+                                ratio_vs_encode_ordinary_batch=round(pool / batch, 2))
     print(
         f"\n{family}: count_tokens_batch {batch * 1e3:.1f} ms for {len(texts)} texts "
-        f"({per_text * 1e6:.0f} us/text), tiktoken one at a time {ref * 1e3:.1f} ms: {ref / batch:.2f}x"
+        f"({per_text * 1e6:.0f} us/text); tiktoken one at a time {ref * 1e3:.1f} ms ({ref / batch:.2f}x), "
+        f"tiktoken encode_ordinary_batch {pool * 1e3:.1f} ms ({pool / batch:.2f}x)"
     )
-    # Threads help only with cores to spare; on a busy 2-core machine the batch must at
-    # least not cost much more than the serial loop it replaces.
+    # The checks and the array cost little beside the encoding itself (gate with headroom
+    # for a busy machine).
     assert batch <= 1.5 * ref
