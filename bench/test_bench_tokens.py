@@ -2,8 +2,11 @@
 
 On the held-out part of the calibration corpus (``tools/calibrate_estimator.py`` builds it
 from this machine's text and splits it by document; the estimator's tables never saw it),
-the estimator is compared with exact cl100k_base counts, beside the two common heuristics
-(chars/4, bytes/3) as references, and timed against tiktoken's ``encode`` in the same run.
+the estimator of each family with an exact tokenizer (cl100k_base, o200k_base, each
+fitted on its own counts) is compared with that family's exact counts, beside the two
+common heuristics (chars/4, bytes/3) as references, and timed against tiktoken's
+``encode`` in the same run. `count_tokens_batch` is timed against counting one text at a
+time with tiktoken.
 Gates (from the estimator's issue): undercount rate <= 2% of texts, and >= 20x faster than
 tiktoken (ratio of medians). Targets, printed and recorded in extra_info: <= 0.5%
 undercounts, median overestimate <= 20%, >= 100x.
@@ -23,7 +26,7 @@ import pytest
 
 import ctxcore
 
-FAMILY = "cl100k_base"
+FAMILIES = ("cl100k_base", "o200k_base")
 #: Gates and targets from the estimator's issue.
 GATE_UNDERCOUNT = 0.02
 TARGET_UNDERCOUNT = 0.005
@@ -43,14 +46,21 @@ def _calibration_module() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def held_out() -> dict[str, Any]:
+def held_out_corpus() -> list[Any]:
     cal = _calibration_module()
-    corpus = [s for s in cal.build_corpus() if cal.held_out(s)]
+    return [s for s in cal.build_corpus() if cal.held_out(s)]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def held_out(request: pytest.FixtureRequest, held_out_corpus: list[Any]) -> dict[str, Any]:
+    family = request.param
+    corpus = held_out_corpus
     texts = [s.text for s in corpus]
-    exact = np.array([ctxcore.count_tokens(t, FAMILY).value for t in texts], dtype=np.float64)
+    exact = ctxcore.count_tokens_batch(texts, family).astype(np.float64)
     keep = exact > 0
     texts = [t for t, k in zip(texts, keep) if k]
-    return {"texts": texts, "exact": exact[keep], "kinds": [s.kind for s, k in zip(corpus, keep) if k]}
+    return {"family": family, "texts": texts, "exact": exact[keep],
+            "kinds": [s.kind for s, k in zip(corpus, keep) if k]}
 
 
 def _stats(est: np.ndarray, exact: np.ndarray) -> dict[str, float]:
@@ -71,11 +81,11 @@ def _bytes3(texts: list[str]) -> np.ndarray:
 
 
 def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]) -> None:
-    texts, exact = held_out["texts"], held_out["exact"]
-    est = benchmark(ctxcore.estimate_tokens_batch, texts, FAMILY).astype(np.float64)
+    texts, exact, family = held_out["texts"], held_out["exact"], held_out["family"]
+    est = benchmark(ctxcore.estimate_tokens_batch, texts, family).astype(np.float64)
     rows = {"ctxcore estimator": _stats(est, exact), "chars/4": _stats(_chars4(texts), exact),
             "bytes/3": _stats(_bytes3(texts), exact)}
-    print(f"\nheld-out texts: {len(texts)}, exact tokens: {int(exact.sum())}")
+    print(f"\n{family}: held-out texts: {len(texts)}, exact tokens: {int(exact.sum())}")
     print(f"{'method':<18} {'undercount':>10} {'median over':>12} {'p95 over':>9}")
     for name, r in rows.items():
         print(f"{name:<18} {r['undercount']:>10.2%} {r['median_over']:>+12.1%} {r['p95_over']:>+9.1%}")
@@ -89,22 +99,29 @@ def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]
     print(f"targets: undercount <= {TARGET_UNDERCOUNT:.1%} ({'met' if ours['undercount'] <= TARGET_UNDERCOUNT else 'MISSED'}), "
           f"median over <= {TARGET_MEDIAN_OVER:.0%} ({'met' if ours['median_over'] <= TARGET_MEDIAN_OVER else 'MISSED'})")
     assert ours["undercount"] <= GATE_UNDERCOUNT
-    # Never wildly above: at most 3x the exact count plus a few tokens (the margin of a
-    # one-word text); measured: at most 2.25x on texts of 20 tokens or more.
-    assert np.all(est <= 3 * exact + 4)
+    # Never wildly above: at most 2.5x the exact count on texts of 20 tokens or more
+    # (measured: 2.35x cl100k_base, 2.16x o200k_base), and on short texts at most 3x plus
+    # the margin of a few tokens. The widest short case is o200k_base's: its vocabulary
+    # holds long runs of spaces as single tokens, so 24 spaces of indentation and a ")"
+    # are 2 tokens, estimated as 11 (every space priced as the average space).
+    big = exact >= 20
+    ratio = est / exact
+    print(f"largest estimate / exact: {ratio[big].max():.2f}x (>= 20 tokens), {ratio.max():.2f}x (all)")
+    assert np.all(est[big] <= 2.5 * exact[big])
+    assert np.all(est <= 3 * exact + 10)
     # Both heuristics undercount far more often: the estimator is doing real work.
     assert rows["chars/4"]["undercount"] > 10 * max(ours["undercount"], 0.001)
     assert rows["bytes/3"]["undercount"] > 10 * max(ours["undercount"], 0.001)
 
 
 def test_estimator_speed_vs_tiktoken(benchmark, timed, held_out: dict[str, Any]) -> None:
-    texts = held_out["texts"]
+    texts, family = held_out["texts"], held_out["family"]
     from ctxcore.tokens import _encoding
 
-    enc = _encoding(FAMILY)
-    benchmark(ctxcore.estimate_tokens_batch, texts, FAMILY)
-    batch = float(np.median(timed(lambda: ctxcore.estimate_tokens_batch(texts, FAMILY), rounds=30)))
-    single = float(np.median(timed(lambda: [ctxcore.estimate_tokens(t, FAMILY) for t in texts], rounds=10)))
+    enc = _encoding(family)
+    benchmark(ctxcore.estimate_tokens_batch, texts, family)
+    batch = float(np.median(timed(lambda: ctxcore.estimate_tokens_batch(texts, family), rounds=30)))
+    single = float(np.median(timed(lambda: [ctxcore.estimate_tokens(t, family) for t in texts], rounds=10)))
     ref = float(np.median(timed(lambda: [len(enc.encode(t, disallowed_special=())) for t in texts],
                                 rounds=5, warmup=1)))
     chars4 = float(np.median(timed(lambda: _chars4(texts), rounds=10)))
@@ -115,10 +132,36 @@ def test_estimator_speed_vs_tiktoken(benchmark, timed, held_out: dict[str, Any])
         speedup_batch_vs_tiktoken=round(speedup, 1), speedup_per_call_vs_tiktoken=round(speedup_single, 1)
     )
     print(
-        f"\n{len(texts)} texts, {mb:.2f} MB: tiktoken encode {ref * 1e3:.1f} ms; "
+        f"\n{family}: {len(texts)} texts, {mb:.2f} MB: tiktoken encode {ref * 1e3:.1f} ms; "
         f"estimate_tokens_batch {batch * 1e3:.2f} ms ({speedup:.0f}x); "
         f"estimate_tokens per text {single * 1e3:.1f} ms ({speedup_single:.0f}x); "
         f"chars/4 {chars4 * 1e3:.2f} ms; bytes/3 {bytes3 * 1e3:.2f} ms; "
         f"target {TARGET_SPEEDUP:.0f}x ({'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})"
     )
     assert speedup >= GATE_SPEEDUP
+
+
+def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark, timed, held_out: dict[str, Any]) -> None:
+    # Exact counts for a whole batch in one call against the same tiktoken encoding called
+    # once per text and against tiktoken's own encode_ordinary_batch (a thread pool), in
+    # the same run.
+    texts, family = held_out["texts"], held_out["family"]
+    from ctxcore.tokens import _encoding
+
+    enc = _encoding(family)
+    want = np.array([len(enc.encode_ordinary(t)) for t in texts])
+    assert np.array_equal(benchmark(ctxcore.count_tokens_batch, texts, family), want)
+    batch = float(np.median(timed(lambda: ctxcore.count_tokens_batch(texts, family), rounds=5, warmup=1)))
+    ref = float(np.median(timed(lambda: [len(enc.encode_ordinary(t)) for t in texts], rounds=5, warmup=1)))
+    pool = float(np.median(timed(lambda: enc.encode_ordinary_batch(texts), rounds=5, warmup=1)))
+    per_text = batch / len(texts)
+    benchmark.extra_info.update(ratio_vs_one_at_a_time=round(ref / batch, 2), us_per_text=round(per_text * 1e6, 1),
+                                ratio_vs_encode_ordinary_batch=round(pool / batch, 2))
+    print(
+        f"\n{family}: count_tokens_batch {batch * 1e3:.1f} ms for {len(texts)} texts "
+        f"({per_text * 1e6:.0f} us/text); tiktoken one at a time {ref * 1e3:.1f} ms ({ref / batch:.2f}x), "
+        f"tiktoken encode_ordinary_batch {pool * 1e3:.1f} ms ({pool / batch:.2f}x)"
+    )
+    # The checks and the array cost little beside the encoding itself (gate with headroom
+    # for a busy machine).
+    assert batch <= 1.5 * ref

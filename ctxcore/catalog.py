@@ -3,7 +3,10 @@
 The first input of the budget stage. A catalog maps model names and aliases to a
 `ModelCapability` (context window, output limit, tokenizer family, the kind of count its
 budget is built from) and holds the tokenizer policies (the safety fraction of the window
-held back, per family and kind of count). One catalog ships with the package
+held back, per family and kind of count: one catalog-wide ``exact_safety_fraction`` for
+exact counts, a per-family ``estimate`` fraction). A model may name a family added with
+`ctxcore.register_tokenizer`; without a policy table of its own, that family takes the
+table of the calibrated family it falls back to. One catalog ships with the package
 (``ctxcore/data/catalog.toml``); `load_catalog` reads a user's own file of the same shape,
 validating every entry and naming the bad one. Looking up a model that is not there raises
 `UnknownModel` with the closest names.
@@ -337,9 +340,11 @@ def load_catalog(path: str | Path) -> Catalog:
     """Load a capability catalog from a TOML file.
 
     Args:
-        path: a file of the same shape as the shipped ``ctxcore/data/catalog.toml``:
-            ``[tokenizer_policy.FAMILY]`` tables with ``exact`` / ``estimate`` safety
-            fractions, and ``[models."NAME"]`` tables.
+        path: a file of the same shape as the shipped ``ctxcore/data/catalog.toml``: an
+            optional top-level ``exact_safety_fraction``, ``[tokenizer_policy.FAMILY]``
+            tables with ``estimate`` (and optionally ``exact``) safety fractions, and
+            ``[models."NAME"]`` tables. Register your own tokenizers before loading a
+            catalog whose models use them.
 
     Raises:
         CatalogError: the file cannot be read, is not TOML, or has an invalid entry.

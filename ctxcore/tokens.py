@@ -25,7 +25,6 @@ import hashlib
 import importlib.resources
 import io
 import operator
-import os
 import threading
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -297,12 +296,6 @@ _OFFLINE_ENCODINGS: dict[str, _OfflineEncoding] = {
 
 _encodings: dict[str, Any] = {}
 _encodings_lock = threading.Lock()
-
-#: At most this many threads count one batch with a built-in tokenizer (tiktoken
-#: releases the GIL while it encodes); batches below `_BATCH_SERIAL_CHARS` characters
-#: are counted on the calling thread, where a thread pool costs more than it saves.
-_BATCH_THREADS = max(1, min(8, os.cpu_count() or 1))
-_BATCH_SERIAL_CHARS = 16_384
 
 
 def _verified_file(family: str) -> bytes:
@@ -595,9 +588,9 @@ def count_tokens(text: str, family: str) -> TokenCount:
 def count_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int64]:
     """`count_tokens` for many texts in one call, as an int64 array (read-only).
 
-    Built-in families encode the batch with tiktoken's ``encode_ordinary_batch`` (on
-    several threads, the GIL released, for batches large enough to gain from it); a
-    registered family calls its ``batch`` callable once, or its ``count`` per text.
+    Built-in families encode each text with tiktoken (the input is checked once, the
+    counts land in one array); a registered family calls its ``batch`` callable once, or
+    its ``count`` per text.
 
     Args:
         texts: a list or tuple (or other iterable) of str.
@@ -628,12 +621,10 @@ def count_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int6
                 (_checked_count(entry.count(t), fam, i) for i, t in enumerate(items)), dtype=np.int64, count=len(items)
             )
     else:
-        enc = _encoding(fam)
-        if _BATCH_THREADS > 1 and len(items) > 1 and sum(map(len, items)) >= _BATCH_SERIAL_CHARS:
-            encoded = enc.encode_ordinary_batch(items, num_threads=_BATCH_THREADS)
-            out = np.fromiter(map(len, encoded), dtype=np.int64, count=len(items))
-        else:
-            encode = enc.encode_ordinary
-            out = np.fromiter((len(encode(t)) for t in items), dtype=np.int64, count=len(items))
+        # One encode per text on this thread: tiktoken's encode_ordinary_batch hands the
+        # texts to a thread pool, which measured twice as slow as this loop on 2 cores
+        # (bench/test_bench_tokens.py times the two side by side).
+        encode = _encoding(fam).encode_ordinary
+        out = np.fromiter((len(encode(t)) for t in items), dtype=np.int64, count=len(items))
     out.setflags(write=False)
     return out

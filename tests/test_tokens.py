@@ -181,7 +181,23 @@ def test_scaled_families_estimate_at_least_their_basis() -> None:
     base = ctxcore.estimate_tokens(text, FAMILY).value
     assert {"o200k_base", "claude", "gemini", "llama3"} <= set(ctxcore.estimator_families())
     assert ctxcore.estimate_tokens(text, "claude").value > base
-    assert ctxcore.estimate_tokens(text, "o200k_base").value == base
+    assert ctxcore.estimate_tokens(text, "llama3").value == base
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_o200k_estimate_is_its_own_fit_conservative_and_not_wild(text: str) -> None:
+    exact = ctxcore.count_tokens(text, "o200k_base").value
+    est = ctxcore.estimate_tokens(text, "o200k_base").value
+    assert exact <= est <= 3 * exact + 2, (text, est, exact)
+
+
+def test_o200k_estimate_is_fitted_on_o200k_not_scaled_from_cl100k() -> None:
+    # o200k_base needs far fewer tokens than cl100k_base on CJK, Indic and Cyrillic text;
+    # its own fit follows, where a scaled cl100k fit would overestimate it by half.
+    text = " ".join(SAMPLES[3:11]) * 10
+    o200k, cl100k = (ctxcore.estimate_tokens(text, f).value for f in ("o200k_base", FAMILY))
+    assert o200k < 0.85 * cl100k
+    assert ctxcore.count_tokens(text, "o200k_base").value <= o200k <= 1.5 * ctxcore.count_tokens(text, "o200k_base").value
 
 
 def test_threads_give_the_serial_answer() -> None:
