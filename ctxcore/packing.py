@@ -38,16 +38,18 @@ __all__ = [
 
 #: DP granularity. From the packer design: "Discretize the budget into 16-token buckets".
 DEFAULT_BUCKET_TOKENS = 16
-#: Largest DP table (candidates x buckets) before the fallback runs. The DP costs ~1 ns a
-#: cell here, so 2**20 cells (a 128 KiB bit-packed choice table) keep it near a
-#: millisecond; larger problems go to the density fallback, which the exact core step and
-#: the search bring to the same quality (bench/test_bench_pack.py measures both).
+#: Largest DP table (candidates x buckets) before the fallback runs, counted on what the
+#: dominance reduction leaves. The DP costs ~1 ns a cell here, so 2**20 cells (a 128 KiB
+#: bit-packed choice table) keep it near a millisecond; larger problems go to the density
+#: fallback, which the exact reductions, the exact core step and the search bring to the
+#: same quality (bench/test_bench_pack.py and tools/pack_stress.py measure both).
 DEFAULT_CELL_CEILING = 1 << 20
 #: Node budget of the branch-and-bound improvement step. Enough to finish (and so prove
 #: optimality) on every instance of up to ~14 candidates and on most realistic sets of a
 #: few hundred; bounded so that adversarial sets cost at most a few hundred microseconds.
 DEFAULT_SEARCH_NODE_LIMIT = 20_000
-#: Cells of the exact (1-token) DP over the core of items around the density break item.
+#: Cells of the exact (1-token) DP over the core of items around the density break item,
+#: and of the exact DP over all the items the reductions leave free when that fits.
 #: 2**17 cells cost ~0.1 ms and cover a window of dozens of memory-sized items.
 CORE_CELL_LIMIT = 1 << 17
 
@@ -56,8 +58,8 @@ class PackPath(enum.StrEnum):
     """Which branch of the packer decided the selection."""
 
     TRIVIAL = "trivial"  #: no decision needed: no candidates, budget <= 0, or all fit
-    DP = "dp"  #: bucketed dynamic program under the cell ceiling
-    GREEDY = "greedy"  #: value-density fallback above the cell ceiling
+    DP = "dp"  #: dynamic program: the reduced set's table fits under the cell ceiling
+    GREEDY = "greedy"  #: value-density fallback: the reduced set's table is above the ceiling
 
 
 class Reason(enum.StrEnum):
@@ -145,8 +147,11 @@ class PackResult:
         excluded_for_budget: candidates left out for lack of room (pinned ones included).
         truncated: False for an empty candidate set; True for a non-positive budget with
             candidates present; otherwise ``excluded_for_budget > 0``.
-        proven_optimal: the selection is an exact optimum (trivial case, or the bounded
-            branch-and-bound finished).
+        proven_optimal: the selection is an exact optimum: the trivial case, or the exact
+            reductions settled every candidate, or an exact DP (on exact token counts, as
+            a table or over Pareto states) solved what they left free, or the bounded
+            branch-and-bound finished. Up to float rounding of the score sums (relative
+            1e-12).
         budget: the budget packed against.
         reasons: one `Reason` code per input candidate (uint8, input order, read-only);
             `decisions` gives the same as objects.

@@ -28,6 +28,9 @@ constexpr std::int64_t kBarCells = std::int64_t{1} << 14;
 // Rounds of bound fixing: each costs O(m log m) and runs only after the bar rose; the
 // free set rarely shrinks further after the third.
 constexpr int kMaxFixRounds = 4;
+// The sparse exact DP is tried only when at most this many free items fit together: its
+// state lists stay short then, and on sets of many small items they would not.
+constexpr std::int64_t kParetoMaxFit = 64;
 
 std::string shown_id(std::string_view id) {
   constexpr std::size_t kShown = 80;
@@ -768,10 +771,11 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
     const std::int64_t room = sub.capacity;
     const bool exact_in_core = room + 1 <= options.core_cell_limit / m;
     const bool exact_in_ceiling = dp_path && room + 1 <= options.cell_ceiling / m;
-    if (!exact_in_core) {
-      // Few Pareto states (large items): the free items' exact optimum for much less work
-      // than the table. Tried within the step's cell budget, and given up early when the
-      // states would cost a good part of what the table does.
+    const std::int64_t lightest = *std::min_element(sub.t.begin(), sub.t.end());
+    if (!exact_in_core && lightest > room / kParetoMaxFit) {
+      // Few Pareto states (large items: at most kParetoMaxFit of them fit): the free items'
+      // exact optimum for much less work than the table. Tried within the step's cell
+      // budget, and given up early when the states would cost a good part of the table.
       std::int64_t state_limit = dp_path ? std::max(options.core_cell_limit, options.cell_ceiling / 4)
                                          : options.core_cell_limit;
       if (room + 1 <= std::numeric_limits<std::int64_t>::max() / (4 * m))

@@ -10,9 +10,10 @@
 //      items at least as light and at least as valuable could not all be packed beside
 //      it), then bound fixing (an item whose LP bound with it forced in, or out, cannot
 //      beat the value-density packing is fixed out, or in);
-//   4. on what is left free: DP over token buckets while the table stays under the cell
-//      ceiling (exact 1-token buckets when that table is small), else a value-density
-//      fallback;
+//   4. on what is left free: the exact optimum when it is cheap (a DP on exact token
+//      counts, as a table or over Pareto states when few items fit together); else DP
+//      over token buckets while the reduced set's table stays under the cell ceiling,
+//      else a value-density fallback;
 //   5. repair so the exact token sum never exceeds the budget;
 //   6. refill the exact slack and improve: an exact DP on exact token counts over the
 //      core of items around the density break, 1-for-1 swaps, then a bounded
