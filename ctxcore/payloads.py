@@ -43,6 +43,7 @@ __all__ = [
     "OPENAI_REPLY_PRIMING_TOKENS",
     "OPENAI_TOKENS_PER_MESSAGE",
     "PayloadTokens",
+    "RenderingCosts",
     "RenderingPrice",
     "count_anthropic",
     "count_openai",
@@ -51,6 +52,7 @@ __all__ = [
     "price_rendering",
     "render_anthropic",
     "render_openai",
+    "rendering_costs",
 ]
 
 # ---- the providers' counting rules ----------------------------------------------------------
@@ -499,6 +501,110 @@ def _counter(family: str, exact: bool) -> Callable[[str], int]:
     return est.estimate
 
 
+@dataclass(frozen=True, slots=True)
+class RenderingCosts:
+    """The fixed parts of a payload rendering, priced so that they add up over messages
+    (a ledger that trims history by prefix sums takes a dropped group's cost off as is).
+
+    Attributes:
+        rendering: the payload rendering priced.
+        directive_tokens: the directive's text.
+        directive_framing: the directive message's framing (OpenAI; 0 for Anthropic).
+        message_tokens: each history message's cost, its framing included (`message_tokens`).
+        message_framing: the framing part of each message's cost.
+        tools_tokens: the tool definitions.
+        tools_framing: the tools' fixed framing (OpenAI's function framing; Anthropic's
+            tool-use system prompt).
+        memory_frame: the memories section's own text (tags, safety sentence).
+        memory_framing: the framing of the message that carries the memories.
+        reply_tokens: the reply priming.
+    """
+
+    rendering: Rendering
+    directive_tokens: int
+    directive_framing: int
+    message_tokens: tuple[int, ...]
+    message_framing: tuple[int, ...]
+    tools_tokens: int
+    tools_framing: int
+    memory_frame: int
+    memory_framing: int
+    reply_tokens: int
+
+    @property
+    def fixed_tokens(self) -> int:
+        """What belongs to no message: the ledger's formatter-overhead term."""
+        return self.memory_frame + self.directive_framing + self.tools_framing + self.memory_framing + self.reply_tokens
+
+    def framing_tokens(self, kept: Sequence[int] | None = None) -> int:
+        """All the chat framing, for the kept messages (all by default)."""
+        msgs = self.message_framing if kept is None else [self.message_framing[i] for i in kept]
+        return sum(msgs) + self.directive_framing + self.tools_framing + self.memory_framing + self.reply_tokens
+
+    def stable_prefix_tokens(self, kept: Sequence[int] | None = None) -> int:
+        """Tools, directive and the kept messages (all by default), framing included."""
+        msgs = self.message_tokens if kept is None else [self.message_tokens[i] for i in kept]
+        return self.directive_tokens + self.directive_framing + self.tools_tokens + self.tools_framing + sum(msgs)
+
+
+def rendering_costs(
+    rendering: Rendering,
+    *,
+    model: str,
+    family: str,
+    exact: bool,
+    directive: str | None,
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]],
+    count: Callable[[str], int] | None = None,
+) -> RenderingCosts:
+    """Price the fixed parts of a payload rendering by the provider's rule, in the
+    model's family (exact counts when `exact`, else the estimator; or `count`).
+
+    >>> c = rendering_costs(Rendering.OPENAI, model="gpt-4", family="cl100k_base", exact=True,
+    ...                     directive="Be brief.", messages=[Message("user", "hi")], tools=())
+    >>> c.message_tokens, c.directive_tokens, c.reply_tokens
+    ((5,), 3, 3)
+    """
+    if rendering is Rendering.TEXT:
+        raise ValueError("rendering_costs prices the payload renderings; the text rendering is the formatter's")
+    check_tool_pairs(messages)
+    if count is None:
+        count = _counter(family, exact)
+        # The estimator prices the frame's pieces behind what precedes them (the formatter's
+        # own pricing), which keeps the memory block's estimate within frame + memories.
+        memory_frame = formatter_overhead((), family=family).fixed_tokens if not exact else None
+    else:
+        memory_frame = None
+    if memory_frame is None:
+        memory_frame = formatter_overhead((), count=count).fixed_tokens
+    priced = [message_tokens(m, rendering, count, index=i) for i, m in enumerate(messages)]
+    if rendering is Rendering.OPENAI:
+        t = count_openai({"messages": [], "tools": render_openai(tools=tools).get("tools", [])}, count, model=model)
+        reply = OPENAI_REPLY_PRIMING_TOKENS
+        memory_framing = OPENAI_TOKENS_PER_MESSAGE + count("user")
+        # Either role the caller may pick for the directive: the dearer one.
+        directive_framing = OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer")) if directive else 0
+    else:
+        t = count_anthropic({"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count,
+                            model=model)
+        reply = count(ANTHROPIC_REPLY_PRIMING)
+        memory_framing = count(ANTHROPIC_HUMAN_TURN)
+        directive_framing = 0
+    return RenderingCosts(
+        rendering=rendering,
+        directive_tokens=count(directive) if directive else 0,
+        directive_framing=directive_framing,
+        message_tokens=tuple(c + f for c, f in priced),
+        message_framing=tuple(f for _, f in priced),
+        tools_tokens=t.tools,
+        tools_framing=t.framing - reply,
+        memory_frame=memory_frame,
+        memory_framing=memory_framing,
+        reply_tokens=reply,
+    )
+
+
 def price_rendering(
     overhead: FormatterOverhead,
     rendering: Rendering,
@@ -512,14 +618,15 @@ def price_rendering(
 ) -> tuple[FormatterOverhead, RenderingPrice]:
     """Reprice the fixed parts of an assembly for the rendering asked for.
 
-    For ``text`` the formatter's prices stand. For a payload the directive, messages and
-    tools terms become their tokens in the payload, counted by the provider's rule
-    (`count_openai` / `count_anthropic`) in the model's family (each message on its own,
-    `message_tokens`, so the terms add up over messages), and the formatter's fixed term
-    becomes the memories section's own frame (tags and safety sentence) plus all the
-    framing, the memory message's included. The memories keep their prices (the memory
-    block is the same memories section), so whatever subset is packed, the payload's
-    count stays within the ledger.
+    For ``text`` the formatter's prices stand. For a payload (`rendering_costs`) the
+    directive and tools terms become their tokens in the payload by the provider's rule,
+    the messages term each message's tokens with its own framing (so the term adds up
+    over messages and trimming takes a group's cost off as is), and the formatter's fixed
+    term the memories section's own frame (tags and safety sentence) plus the framing
+    that belongs to no message (the directive's, the tools', the memory message's, the
+    reply priming). The memories keep their prices (the memory block is the same
+    memories section), so whatever subset is packed, the payload's count stays within
+    the ledger.
 
     >>> from ctxcore import formatter_overhead, Message
     >>> ov = formatter_overhead((), family="cl100k_base", history=[{"role": "user", "content": "hi"}])
@@ -530,40 +637,16 @@ def price_rendering(
     """
     if rendering is Rendering.TEXT:
         return overhead, RenderingPrice(rendering, 0, overhead.directive_tokens + overhead.history_tokens)
-    count = _counter(family, exact)
-    check_tool_pairs(messages)
-    history = framing = 0
-    for i, m in enumerate(messages):
-        content, frame_i = message_tokens(m, rendering, count, index=i)
-        history += content
-        framing += frame_i
-    if rendering is Rendering.OPENAI:
-        t = count_openai({"messages": [], "tools": render_openai(tools=tools).get("tools", [])}, count, model=model)
-        reply = OPENAI_REPLY_PRIMING_TOKENS
-        memory_framing = OPENAI_TOKENS_PER_MESSAGE + count("user")
-        if directive:
-            # Either role the caller may pick for it: the dearer one.
-            framing += OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer"))
-    else:
-        t = count_anthropic({"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count,
-                            model=model)
-        reply = count(ANTHROPIC_REPLY_PRIMING)
-        memory_framing = count(ANTHROPIC_HUMAN_TURN)
-    directive_tokens = count(directive) if directive else 0
-    framing += t.framing  # the tools' framing and the reply priming
-    if exact:
-        frame = formatter_overhead((), count=count, nonce=overhead.nonce).fixed_tokens
-    else:
-        frame = formatter_overhead((), family=family, nonce=overhead.nonce).fixed_tokens
+    c = rendering_costs(rendering, model=model, family=family, exact=exact, directive=directive,
+                        messages=messages, tools=tools)
     repriced = replace(
         overhead,
-        directive_tokens=directive_tokens,
-        history_tokens=history,
-        tools_tokens=t.tools,
-        fixed_tokens=frame + framing + memory_framing,
+        directive_tokens=c.directive_tokens,
+        history_tokens=sum(c.message_tokens),
+        tools_tokens=c.tools_tokens,
+        fixed_tokens=c.fixed_tokens,
     )
-    stable = directive_tokens + history + t.tools + framing - reply
-    return repriced, RenderingPrice(rendering, framing + memory_framing, stable)
+    return repriced, RenderingPrice(rendering, c.framing_tokens(), c.stable_prefix_tokens())
 
 
 def message_tokens(m: Message, rendering: Rendering, count: Callable[[str], int], *, index: int = 0) -> tuple[int, int]:
