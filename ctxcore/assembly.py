@@ -36,17 +36,8 @@ from .errors import ConfigError, ContextOverflow
 from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
-from .payloads import (
-    PayloadTerms,
-    default_directive_role,
-    directive_tokens as payload_directive_tokens,
-    message_tokens,
-    payload_counter,
-    payload_terms,
-    render_anthropic,
-    render_openai,
-)
-from .request import AssemblyRequest, HistoryPolicy, Message, Rendering, Role, check_tool_pairs
+from .payloads import RenderingCosts, default_directive_role, render_anthropic, render_openai, rendering_costs
+from .request import AssemblyRequest, HistoryPolicy, Message, Rendering, Role
 from .result import (
     Branch,
     BranchRecord,
@@ -609,10 +600,8 @@ class _Plan:
     tools_json: str | None
     tools_tokens: int
     t_priced: float
-    # A payload rendering's fixed terms and its counter (None for the text rendering).
-    payload: PayloadTerms | None = None
-    count: Callable[[str], int] | None = None
-    message_framing: npt.NDArray[np.int64] | None = None  # each message's framing in the payload
+    # A payload rendering's prices, without the directive (None for the text rendering).
+    payload: RenderingCosts | None = None
 
 
 def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> ModelCapability:
@@ -654,33 +643,28 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
     ledger = _Ledger(family, exact)
     lcap = _ledger_capability(cat, cap, exact)
     rendering = request.options.rendering
-    terms: PayloadTerms | None = None
-    count: Callable[[str], int] | None = None
-    message_framing: npt.NDArray[np.int64] | None = None
+    payload: RenderingCosts | None = None
     if rendering is Rendering.TEXT:
         costs = ledger.costs(text, pieces, texts)
         message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
         tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
     else:
         # A payload: each message costs its content and its framing by the provider's rule
-        # (additive over messages, so trimming subtracts a group's cost); the tools, their
-        # framing, the reply priming and the memory message's framing are fixed terms.
-        check_tool_pairs(request.messages)
-        count = payload_counter(family, exact)
-        split = np.array(
-            [message_tokens(m, rendering, count, index=i) for i, m in enumerate(request.messages)], dtype=np.int64
-        ).reshape(-1, 2)
-        message_costs = split.sum(axis=1)
-        message_framing = split[:, 1]
-        terms = payload_terms(rendering, model=cap.name, tools=request.tools, count=count)
-        tools_tokens = terms.tools_tokens
+        # (additive over messages, so trimming takes a group's framing off with it).
+        payload = rendering_costs(rendering, model=cap.name, family=family, exact=exact, directive=None,
+                                  messages=request.messages, tools=request.tools)
+        message_costs = np.array(payload.message_tokens, dtype=np.int64)
+        tools_tokens = payload.tools_tokens
     groups = _turn_groups(request.messages)
     last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
     droppable = [g for g in groups if not g[0] <= last_user < g[1]]
     if request.options.history_policy == HistoryPolicy.STRICT:
         droppable = []
     prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
-    fixed = _fixed_tokens(ledger, terms, bool(history), tools_json is not None)
+    if payload is None:
+        fixed = ledger.frame_and_directive(None, bool(history), tools_json is not None)[0]
+    else:
+        fixed = payload.fixed_tokens
     budget = compute_budget(
         lcap,
         messages_tokens=int(message_costs.sum()),
@@ -694,25 +678,18 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
             raise ContextOverflow(_overflow_message(budget), budget)
         raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
     return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
-                 time.perf_counter(), terms, count, message_framing)
+                 time.perf_counter(), payload)
 
 
-def _fixed_tokens(ledger: _Ledger, terms: PayloadTerms | None, has_history: bool, has_tools: bool) -> int:
-    """The formatter's fixed text; for a payload, the memories section's own frame (it is a
-    message of its own) plus the payload's fixed framing."""
-    if terms is None:
-        return ledger.frame_and_directive(None, has_history, has_tools)[0]
-    return ledger.frame_and_directive(None, False, False)[0] + terms.framing
-
-
-def _directive_share(plan: _Plan, directive: str | None, rendering: Rendering) -> tuple[int, int]:
-    """(fixed, directive) tokens once the directive is known."""
-    if plan.payload is None or plan.count is None:
-        return plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
-    return (
-        _fixed_tokens(plan.ledger, plan.payload, False, False),
-        payload_directive_tokens(rendering, directive, plan.count),
-    )
+def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[int, int, int]:
+    """(fixed, directive, directive framing) tokens once the directive is known."""
+    if plan.payload is None:
+        fixed, dcost = plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
+        return fixed, dcost, 0
+    # The directive alone: no messages or tools to price again.
+    d = rendering_costs(plan.payload.rendering, model=model, family=plan.ledger.family, exact=plan.ledger.exact,
+                        directive=directive, messages=(), tools=())
+    return plan.payload.fixed_tokens + d.directive_framing, d.directive_tokens, d.directive_framing
 
 
 def _trim(plan: _Plan, messages: Sequence[Message], shortfall: int) -> tuple[list[int], list[HistoryDrop]]:
@@ -991,7 +968,7 @@ def _finish(
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    fixed, directive_tokens = _directive_share(plan, directive, opts.rendering)
+    fixed, directive_tokens, directive_framing = _directive_share(plan, directive, cap.name)
     messages_tokens = int(plan.message_costs.sum())
     budget = compute_budget(
         cap,
@@ -1092,18 +1069,14 @@ def _finish(
         + budget.formatter_overhead_tokens + memory_total
     )
     kept_messages = request.messages if not dropped else tuple(request.messages[i] for i in kept_idx)
-    if plan.payload is None or plan.count is None or plan.message_framing is None:
+    if plan.payload is None:
         framing = 0
         # The text rendering: directive, then history, then the per-assembly parts.
         stable = budget.directive_tokens + budget.messages_tokens
     else:
-        directive_framing = budget.directive_tokens - (plan.count(directive) if directive else 0)
-        framing = int(plan.message_framing[kept_idx].sum()) + plan.payload.framing + directive_framing
+        framing = plan.payload.framing_tokens(kept_idx) + directive_framing
         # A payload: tools, directive and history come before the memory message.
-        stable = (
-            budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
-            + plan.payload.tools_framing
-        )
+        stable = plan.payload.stable_prefix_tokens(kept_idx) + directive_tokens + directive_framing
     return AssembledContext(
         text=formatted.text,
         sections=formatted.sections,

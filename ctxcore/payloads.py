@@ -42,19 +42,17 @@ __all__ = [
     "ANTHROPIC_TOOL_SYSTEM_PROMPT_TOKENS",
     "OPENAI_REPLY_PRIMING_TOKENS",
     "OPENAI_TOKENS_PER_MESSAGE",
-    "PayloadTerms",
     "PayloadTokens",
+    "RenderingCosts",
     "RenderingPrice",
     "count_anthropic",
     "count_openai",
     "default_directive_role",
-    "directive_tokens",
     "message_tokens",
-    "payload_counter",
-    "payload_terms",
     "price_rendering",
     "render_anthropic",
     "render_openai",
+    "rendering_costs",
 ]
 
 # ---- the providers' counting rules ----------------------------------------------------------
@@ -496,12 +494,7 @@ class RenderingPrice:
     stable_prefix_tokens: int
 
 
-def payload_counter(family: str, exact: bool) -> Callable[[str], int]:
-    """Tokens of one text in `family`: exact when `exact`, else the conservative estimate.
-
-    >>> payload_counter("cl100k_base", True)("hello world")
-    2
-    """
+def _counter(family: str, exact: bool) -> Callable[[str], int]:
     if exact:
         return lambda text: count_tokens(text, family).value
     est = _estimator(family)
@@ -509,64 +502,107 @@ def payload_counter(family: str, exact: bool) -> Callable[[str], int]:
 
 
 @dataclass(frozen=True, slots=True)
-class PayloadTerms:
-    """The fixed terms of a payload rendering, without its messages and directive.
+class RenderingCosts:
+    """The fixed parts of a payload rendering, priced so that they add up over messages
+    (a ledger that trims history by prefix sums takes a dropped group's cost off as is).
 
     Attributes:
-        tools_tokens: the tool definitions, by the provider's rule.
-        tools_framing: the tools' fixed framing (for Anthropic the tool-use system prompt).
-        reply_priming: the tokens that prime the reply.
-        memory_framing: the framing of the message that carries the memories section.
+        rendering: the payload rendering priced.
+        directive_tokens: the directive's text.
+        directive_framing: the directive message's framing (OpenAI; 0 for Anthropic).
+        message_tokens: each history message's cost, its framing included (`message_tokens`).
+        message_framing: the framing part of each message's cost.
+        tools_tokens: the tool definitions.
+        tools_framing: the tools' fixed framing (OpenAI's function framing; Anthropic's
+            tool-use system prompt).
+        memory_frame: the memories section's own text (tags, safety sentence).
+        memory_framing: the framing of the message that carries the memories.
+        reply_tokens: the reply priming.
     """
 
+    rendering: Rendering
+    directive_tokens: int
+    directive_framing: int
+    message_tokens: tuple[int, ...]
+    message_framing: tuple[int, ...]
     tools_tokens: int
     tools_framing: int
-    reply_priming: int
+    memory_frame: int
     memory_framing: int
+    reply_tokens: int
 
     @property
-    def framing(self) -> int:
-        """All the framing these terms add to the ledger."""
-        return self.tools_framing + self.reply_priming + self.memory_framing
+    def fixed_tokens(self) -> int:
+        """What belongs to no message: the ledger's formatter-overhead term."""
+        return self.memory_frame + self.directive_framing + self.tools_framing + self.memory_framing + self.reply_tokens
+
+    def framing_tokens(self, kept: Sequence[int] | None = None) -> int:
+        """All the chat framing, for the kept messages (all by default)."""
+        msgs = self.message_framing if kept is None else [self.message_framing[i] for i in kept]
+        return sum(msgs) + self.directive_framing + self.tools_framing + self.memory_framing + self.reply_tokens
+
+    def stable_prefix_tokens(self, kept: Sequence[int] | None = None) -> int:
+        """Tools, directive and the kept messages (all by default), framing included."""
+        msgs = self.message_tokens if kept is None else [self.message_tokens[i] for i in kept]
+        return self.directive_tokens + self.directive_framing + self.tools_tokens + self.tools_framing + sum(msgs)
 
 
-def payload_terms(
-    rendering: Rendering, *, model: str, tools: Sequence[Mapping[str, Any]], count: Callable[[str], int]
-) -> PayloadTerms:
-    """The tools, their framing, the reply priming and the memory message's framing of a
-    payload rendering, by the provider's rule (`count_openai` / `count_anthropic`).
+def rendering_costs(
+    rendering: Rendering,
+    *,
+    model: str,
+    family: str,
+    exact: bool,
+    directive: str | None,
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]],
+    count: Callable[[str], int] | None = None,
+) -> RenderingCosts:
+    """Price the fixed parts of a payload rendering by the provider's rule, in the
+    model's family (exact counts when `exact`, else the estimator; or `count`).
 
-    >>> t = payload_terms(Rendering.OPENAI, model="gpt-4", tools=(), count=lambda s: len(s.split()))
-    >>> (t.tools_tokens, t.reply_priming, t.memory_framing)
-    (0, 3, 4)
+    >>> c = rendering_costs(Rendering.OPENAI, model="gpt-4", family="cl100k_base", exact=True,
+    ...                     directive="Be brief.", messages=[Message("user", "hi")], tools=())
+    >>> c.message_tokens, c.directive_tokens, c.reply_tokens
+    ((5,), 3, 3)
     """
+    if rendering is Rendering.TEXT:
+        raise ValueError("rendering_costs prices the payload renderings; the text rendering is the formatter's")
+    check_tool_pairs(messages)
+    if count is None:
+        count = _counter(family, exact)
+        # The estimator prices the frame's pieces behind what precedes them (the formatter's
+        # own pricing), which keeps the memory block's estimate within frame + memories.
+        memory_frame = formatter_overhead((), family=family).fixed_tokens if not exact else None
+    else:
+        memory_frame = None
+    if memory_frame is None:
+        memory_frame = formatter_overhead((), count=count).fixed_tokens
+    priced = [message_tokens(m, rendering, count, index=i) for i, m in enumerate(messages)]
     if rendering is Rendering.OPENAI:
         t = count_openai({"messages": [], "tools": render_openai(tools=tools).get("tools", [])}, count, model=model)
         reply = OPENAI_REPLY_PRIMING_TOKENS
         memory_framing = OPENAI_TOKENS_PER_MESSAGE + count("user")
-    elif rendering is Rendering.ANTHROPIC:
+        # Either role the caller may pick for the directive: the dearer one.
+        directive_framing = OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer")) if directive else 0
+    else:
         t = count_anthropic({"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count,
                             model=model)
         reply = count(ANTHROPIC_REPLY_PRIMING)
         memory_framing = count(ANTHROPIC_HUMAN_TURN)
-    else:
-        raise ValueError(f"payload_terms prices the payload renderings, not {rendering.value!r}")
-    return PayloadTerms(t.tools, t.framing - reply, reply, memory_framing)
-
-
-def directive_tokens(rendering: Rendering, directive: str | None, count: Callable[[str], int]) -> int:
-    """The directive's tokens in a payload rendering, its framing included: an OpenAI
-    system or developer message (either role the caller may pick: the dearer one), or
-    Anthropic's ``system`` text.
-
-    >>> directive_tokens(Rendering.OPENAI, "Be brief.", lambda s: len(s.split()))
-    6
-    """
-    if not directive:
-        return 0
-    if rendering is Rendering.OPENAI:
-        return count(directive) + OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer"))
-    return count(directive)
+        directive_framing = 0
+    return RenderingCosts(
+        rendering=rendering,
+        directive_tokens=count(directive) if directive else 0,
+        directive_framing=directive_framing,
+        message_tokens=tuple(c + f for c, f in priced),
+        message_framing=tuple(f for _, f in priced),
+        tools_tokens=t.tools,
+        tools_framing=t.framing - reply,
+        memory_frame=memory_frame,
+        memory_framing=memory_framing,
+        reply_tokens=reply,
+    )
 
 
 def price_rendering(
@@ -582,14 +618,15 @@ def price_rendering(
 ) -> tuple[FormatterOverhead, RenderingPrice]:
     """Reprice the fixed parts of an assembly for the rendering asked for.
 
-    For ``text`` the formatter's prices stand. For a payload the directive, messages and
-    tools terms become their tokens in the payload, counted by the provider's rule
-    (`count_openai` / `count_anthropic`) in the model's family (each message on its own,
-    `message_tokens`, so the terms add up over messages), and the formatter's fixed term
-    becomes the memories section's own frame (tags and safety sentence) plus all the
-    framing, the memory message's included. The memories keep their prices (the memory
-    block is the same memories section), so whatever subset is packed, the payload's
-    count stays within the ledger.
+    For ``text`` the formatter's prices stand. For a payload (`rendering_costs`) the
+    directive and tools terms become their tokens in the payload by the provider's rule,
+    the messages term each message's tokens with its own framing (so the term adds up
+    over messages and trimming takes a group's cost off as is), and the formatter's fixed
+    term the memories section's own frame (tags and safety sentence) plus the framing
+    that belongs to no message (the directive's, the tools', the memory message's, the
+    reply priming). The memories keep their prices (the memory block is the same
+    memories section), so whatever subset is packed, the payload's count stays within
+    the ledger.
 
     >>> from ctxcore import formatter_overhead, Message
     >>> ov = formatter_overhead((), family="cl100k_base", history=[{"role": "user", "content": "hi"}])
@@ -600,28 +637,16 @@ def price_rendering(
     """
     if rendering is Rendering.TEXT:
         return overhead, RenderingPrice(rendering, 0, overhead.directive_tokens + overhead.history_tokens)
-    count = payload_counter(family, exact)
-    check_tool_pairs(messages)
-    history = framing = 0
-    for i, m in enumerate(messages):
-        content, frame_i = message_tokens(m, rendering, count, index=i)
-        history += content
-        framing += frame_i
-    terms = payload_terms(rendering, model=model, tools=tools, count=count)
-    dtokens = directive_tokens(rendering, directive, count)
-    if exact:
-        frame = formatter_overhead((), count=count, nonce=overhead.nonce).fixed_tokens
-    else:
-        frame = formatter_overhead((), family=family, nonce=overhead.nonce).fixed_tokens
+    c = rendering_costs(rendering, model=model, family=family, exact=exact, directive=directive,
+                        messages=messages, tools=tools)
     repriced = replace(
         overhead,
-        directive_tokens=dtokens,
-        history_tokens=history,
-        tools_tokens=terms.tools_tokens,
-        fixed_tokens=frame + framing + terms.framing,
+        directive_tokens=c.directive_tokens,
+        history_tokens=sum(c.message_tokens),
+        tools_tokens=c.tools_tokens,
+        fixed_tokens=c.fixed_tokens,
     )
-    stable = dtokens + history + framing + terms.tools_tokens + terms.tools_framing
-    return repriced, RenderingPrice(rendering, framing + terms.framing, stable)
+    return repriced, RenderingPrice(rendering, c.framing_tokens(), c.stable_prefix_tokens())
 
 
 def message_tokens(m: Message, rendering: Rendering, count: Callable[[str], int], *, index: int = 0) -> tuple[int, int]:
