@@ -242,6 +242,13 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
         ctx = asyncio.run(run(req))
     except LookupError as exc:
         raise CliError(str(exc.args[0]) if exc.args else str(exc)) from None
+    if getattr(args, "plot", None):
+        from .benchmarking.plots import PlotError, plot_budget
+
+        try:
+            plot_budget(ctx, args.plot)
+        except PlotError as exc:
+            raise CliError(str(exc)) from None
     if args.json:
         doc = ctx.record()
         doc["text"] = ctx.text
@@ -280,6 +287,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
     p.add_argument("--max-memories", type=int, default=64, help="most memories per branch and in the context")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
+    p.add_argument("--plot", metavar="FILE", help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
@@ -343,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
     ma.add_argument("--json", action="store_true", help="print one JSON document")
     ma.set_defaults(func=_cmd_memories_add)
+    from .benchmarking.command import add_subcommand as _add_bench_subcommand
+    from .benchmarking.command import run as _run_bench
+
+    _add_bench_subcommand(sub).set_defaults(func=_run_bench)
     from .service.cli import add_subcommands as _add_service_subcommands
 
     _add_service_subcommands(sub)
