@@ -95,6 +95,7 @@ class LatencyGate:
         """Gate ``ctxcore.pack(candidates, budget, **options)``; the reference is the
         exact numpy DP on the same costs and scores. `packer` replaces ``ctxcore.pack``
         (same signature), e.g. your wrapper around it."""
+        __tracebackhide__ = True
         from ..packing import pack
 
         bounds, opts = self._split(options)
@@ -109,6 +110,7 @@ class LatencyGate:
                     **options: Any) -> Gated:
         """Gate ``ctxcore.pack_arrays(ids, tokens, scores, budget, **options)`` beside
         the exact numpy DP. `packer` replaces ``ctxcore.pack_arrays``."""
+        __tracebackhide__ = True
         from ..packing import pack_arrays
 
         bounds, opts = self._split(options)
@@ -122,6 +124,7 @@ class LatencyGate:
                        **options: Any) -> Gated:
         """Gate ``ctxcore.format_context(**options)`` (``directive``, ``history``,
         ``memories``, ``tools``, ...) beside markupsafe escaping the memory bodies alone."""
+        __tracebackhide__ = True
         from ..formatting import format_context
 
         bounds, opts = self._split(options)
@@ -136,6 +139,7 @@ class LatencyGate:
         private event loop (use in-process sources: a network store's latency is not
         ctxcore's). The reference is ``ctxcore.pack_arrays`` alone on the same candidate
         costs, so the ratio is what the rest of the pipeline costs on top of packing."""
+        __tracebackhide__ = True
         from ..assembly import assemble
         from ..packing import pack_arrays
 
@@ -170,6 +174,7 @@ class LatencyGate:
                  **options: Any) -> Gated:
         """Gate any call: ``fn(*args, **options)`` (bounds taken out of `options`),
         beside `reference` if given."""
+        __tracebackhide__ = True
         bounds, opts = self._split(options)
         return self._gate(stage, fn, args, opts, reference, reference_name or "reference", bounds)
 
@@ -198,6 +203,7 @@ class LatencyGate:
 
     def _gate(self, stage: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
               reference: ReferenceArg, reference_name: str, given: Mapping[str, Any]) -> Gated:
+        __tracebackhide__ = True
         if self._used:
             raise GateUsageError("one ctxcore_gate per test: pytest-benchmark times one subject per test "
                                  "(parametrize the test for more)")
