@@ -45,8 +45,12 @@ def _figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
 
 
 def _save(fig: Any, path: str | Path, fmt: str) -> Path:
+    import matplotlib
+
     out = Path(path)
-    fig.savefig(out, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
+    # SVG text stays text (searchable, small) rather than glyph outlines.
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(out, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
     return out
 
 
