@@ -56,7 +56,7 @@ class UsageError(ValueError):
 
 def add_subcommand(sub: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``ctxcore`` command's subparsers."""
-    b = sub.add_parser("bench", help="latency gates: time pack, format and assemble on shipped or your own data",
+    b: argparse.ArgumentParser = sub.add_parser("bench", help="latency gates: time pack, format and assemble on shipped or your own data",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     b.add_argument("--stage", choices=(*STAGES, "all"), default="all", help="which stage to time (default all)")
     b.add_argument("--candidates", metavar="FILE.jsonl",

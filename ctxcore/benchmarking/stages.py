@@ -93,7 +93,7 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
     from ..assembly import assemble
     from ..memory import Query, Sources
     from ..packing import pack_arrays
-    from ..request import AssemblyOptions, AssemblyRequest, Message
+    from ..request import AssemblyOptions, AssemblyRequest, Message, Role
 
     if store is not None:
         sources = Sources.from_store(store)
@@ -118,7 +118,7 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
         sources = Sources(directive, hot, cold)
         max_memories = max(1, len(mems))
         info = {"name": cs.name, "candidates": len(cs), "model": model}
-    req = AssemblyRequest(organization_id, agent_id, model, Query(query), messages=(Message("user", query),),
+    req = AssemblyRequest(organization_id, agent_id, model, Query(query), messages=(Message(Role.USER, query),),
                           options=AssemblyOptions(max_memories=max_memories))
     loop = asyncio.new_event_loop()
     try:

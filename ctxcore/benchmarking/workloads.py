@@ -218,9 +218,9 @@ def read_candidates(path: str | Path) -> CandidateSet:
     packing needs ``tokens`` or ``text`` and ``score`` or ``similarity``; formatting and
     assembly need ``text``. Blank lines are skipped. Errors name the file and line.
 
-    >>> import tempfile, os
-    >>> p = os.path.join(tempfile.mkdtemp(), "c.jsonl")
-    >>> _ = open(p, "w").write('{"id": "a", "tokens": 120, "score": 0.9}\\n{"id": "b", "tokens": 90}\\n')
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp(), "c.jsonl")
+    >>> _ = p.write_text('{"id": "a", "tokens": 120, "score": 0.9}\\n{"id": "b", "tokens": 90}\\n')
     >>> read_candidates(p)
     Traceback (most recent call last):
     ...
