@@ -7,7 +7,9 @@ lists the capability catalog (or one model; ``--catalog FILE`` for a user's own)
 ``ctxcore memories add FILE.jsonl --db PATH`` stores memories and directives (one JSON
 object per line) in a SQLite memory store, all or none, naming the line of any bad entry.
 ``ctxcore serve`` runs the gRPC ContextAssemblyService and ``ctxcore api-key PRINCIPAL``
-makes a key for it (`ctxcore.service.cli`).
+makes a key for it (`ctxcore.service.cli`). ``ctxcore bench`` runs the latency gates on the
+shipped workloads or the user's candidates (`ctxcore.benchmarking.command`), and
+``--plot FILE`` on ``assemble``/``demo`` draws the assembly's budget as a stacked bar.
 """
 
 from __future__ import annotations
