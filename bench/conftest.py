@@ -1,6 +1,7 @@
-"""Shared helpers for the benchmark gates: medians and p99s of a reference timed in the
-same process, so that every gate is a ratio or a bound with headroom, not a bare time;
-and a SQLite memory store holding 100k memories, built once per session."""
+"""Shared helpers for the benchmark gates: the latency gates themselves come from ctxcore's
+pytest plugin (the ``ctxcore_gate`` fixture, loaded through its entry point: the gates
+users run are the ones CI runs); `timed` samples wall times with the same machinery; and
+a SQLite memory store holding 100k memories, built once per session."""
 
 from __future__ import annotations
 
@@ -14,25 +15,15 @@ from importlib.resources import files
 import numpy as np
 import pytest
 
+from ctxcore.benchmarking import sample
 from ctxcore.memory import Scope
 from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore
 
 
-def sample(fn: Callable[[], object], rounds: int, warmup: int = 3) -> np.ndarray:
-    """Wall times (seconds) of `rounds` calls of `fn`, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    out = np.empty(rounds)
-    for k in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        out[k] = time.perf_counter() - t0
-    return out
-
-
 @pytest.fixture
 def timed() -> Callable[..., np.ndarray]:
-    """`sample` as a fixture (bench modules are not importable from one another)."""
+    """`ctxcore.benchmarking.sample` (wall times of `rounds` calls after `warmup` untimed
+    ones) as a fixture; gates on a stage use the plugin's ``ctxcore_gate`` fixture."""
     return sample
 
 

@@ -7,7 +7,9 @@ lists the capability catalog (or one model; ``--catalog FILE`` for a user's own)
 ``ctxcore memories add FILE.jsonl --db PATH`` stores memories and directives (one JSON
 object per line) in a SQLite memory store, all or none, naming the line of any bad entry.
 ``ctxcore serve`` runs the gRPC ContextAssemblyService and ``ctxcore api-key PRINCIPAL``
-makes a key for it (`ctxcore.service.cli`).
+makes a key for it (`ctxcore.service.cli`). ``ctxcore bench`` runs the latency gates on the
+shipped workloads or the user's candidates (`ctxcore.benchmarking.command`), and
+``--plot FILE`` on ``assemble``/``demo`` draws the assembly's budget as a stacked bar.
 """
 
 from __future__ import annotations
@@ -239,6 +241,13 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
         ctx = asyncio.run(run(req))
     except LookupError as exc:
         raise CliError(str(exc.args[0]) if exc.args else str(exc)) from None
+    if getattr(args, "plot", None):
+        from .benchmarking.plots import PlotError, plot_budget
+
+        try:
+            plot_budget(ctx, args.plot)
+        except PlotError as exc:
+            raise CliError(str(exc)) from None
     if args.json:
         doc = ctx.record()
         doc["text"] = ctx.text
@@ -285,6 +294,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
                    help="text (the context as one string), or the OpenAI / Anthropic request payload "
                    "(priced for that rendering)")
+    p.add_argument("--plot", metavar="FILE", help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
@@ -372,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     mr.add_argument("--family", action="append", help="an exact tokenizer family (repeatable; default: all installed)")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
     mr.set_defaults(func=_cmd_memories_recount)
+    from .benchmarking.command import add_subcommand as _add_bench_subcommand
+    from .benchmarking.command import run as _run_bench
+
+    _add_bench_subcommand(sub).set_defaults(func=_run_bench)
     from .service.cli import add_subcommands as _add_service_subcommands
 
     _add_service_subcommands(sub)

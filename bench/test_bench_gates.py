@@ -1,0 +1,57 @@
+"""The latency gates users run in their CI, run here on the shipped workloads.
+
+Every test is what a user writes (README, "Latency gates in your CI"): the plugin's
+``ctxcore_gate`` fixture on a stage, with the bounds `ctxcore.benchmarking.DEFAULT_GATES`
+holds (the same ``ctxcore bench`` applies). So a change to the gates, the workloads or
+the plugin is a change to this repository's CI first.
+
+Gates: the 1,000-candidate memory-sized pack within p99 10 ms and at most half the exact
+numpy DP's time; every other shipped packing family at most half the numpy DP's time
+(measured 0.02-0.27 on the shared 2-core machine under load); the formatter not slower
+than markupsafe escaping the bodies alone (measured 0.23-0.48); the assembly of 1,000
+in-process candidates within p99 10 ms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ctxcore
+from ctxcore.benchmarking import DEFAULT_GATES, load_workload, workload_names
+
+
+def test_pack_gate_on_memory_sized_candidates(ctxcore_gate) -> None:  # type: ignore[no-untyped-def]
+    work = load_workload("pack-memory")
+    ids, tokens, scores = work.pack_columns("o200k_base")
+    gated = ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, **DEFAULT_GATES["pack"])
+    assert gated.value.tokens_used <= work.budget
+
+
+@pytest.mark.parametrize("name", [n for n in workload_names("pack") if n != "pack-memory"])
+def test_pack_ratio_gate_per_family(ctxcore_gate, name: str) -> None:  # type: ignore[no-untyped-def]
+    work = load_workload(name)
+    ids, tokens, scores = work.pack_columns("o200k_base")
+    ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, max_ratio=DEFAULT_GATES["pack"]["max_ratio"],
+                             rounds=100)
+
+
+@pytest.mark.parametrize("name", workload_names("format"))
+def test_format_gate(ctxcore_gate, name: str) -> None:  # type: ignore[no-untyped-def]
+    memories = load_workload(name).memories()
+    gated = ctxcore_gate.format_context(memories=memories, rounds=41, **DEFAULT_GATES["format"])
+    assert gated.value.text.count("<memory ") == len(memories)
+
+
+def test_assemble_gate_with_in_process_sources(ctxcore_gate) -> None:  # type: ignore[no-untyped-def]
+    records = load_workload("assemble-support").records("org", "agent")
+
+    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+        return records[:500]
+
+    async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
+        return records[500:]
+
+    request = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", ctxcore.Query("can I get a refund?"),
+                                      options=ctxcore.AssemblyOptions(max_memories=1000))
+    gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **DEFAULT_GATES["assemble"])
+    assert len(gated.value.selected_ids) > 100

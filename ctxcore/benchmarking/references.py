@@ -1,0 +1,84 @@
+"""References a gate's ratio bound is measured against, in the same process.
+
+Each is the usual way to do the job without ctxcore, so the ratio says what ctxcore buys
+on this machine today: an exact 0/1 knapsack DP in numpy (row-vectorized, the usual
+pure-Python answer) for packing; markupsafe's ``escape`` (C speedups) over the memory
+bodies alone for formatting (escaping is most of what a formatter does); the packer alone
+on the same candidate costs for assembly (what the rest of the pipeline costs on top).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .gates import GateUsageError
+
+__all__ = ["NUMPY_DP", "MARKUPSAFE", "PACK_ONLY", "numpy_dp", "markupsafe_escape", "texts_of"]
+
+#: Reference names, as reports and extra_info give them.
+NUMPY_DP = "numpy DP"
+MARKUPSAFE = "markupsafe.escape"
+PACK_ONLY = "pack_arrays alone"
+
+
+def numpy_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int) -> float:
+    """The exact optimum of the 0/1 knapsack, by a row-vectorized DP over the budget.
+
+    >>> numpy_dp([120, 90, 60], [0.9, 0.4, 0.45], 180)
+    1.35
+    """
+    t = np.asarray(tokens, dtype=np.int64)
+    s = np.asarray(scores, dtype=np.float64)
+    if budget < 0:
+        return 0.0
+    dp = np.zeros(int(budget) + 1)
+    for ti, si in zip(t.tolist(), s.tolist()):
+        if ti == 0:
+            dp += max(si, 0.0)
+        elif ti <= budget:
+            np.maximum(dp[ti:], dp[:-ti] + si, out=dp[ti:])
+    return float(dp[budget])
+
+
+def markupsafe_escape(texts: Sequence[str]) -> Callable[[], object]:
+    """A call that escapes every text with markupsafe (needs ``ctxcore[bench]``).
+
+    >>> markupsafe_escape(["a < b"])()
+    [Markup('a &lt; b')]
+    """
+    try:
+        import markupsafe
+    except ImportError:
+        raise GateUsageError(
+            "the formatter's reference is markupsafe.escape, and markupsafe is not installed "
+            "(pip install 'ctxcore[bench]', or pass reference=None)"
+        ) from None
+    escape = markupsafe.escape
+    bodies = list(texts)
+    return lambda: [escape(b) for b in bodies]
+
+
+def texts_of(memories: Iterable[Mapping[str, Any] | Any]) -> list[str]:
+    """The ``text`` of each memory (mappings or objects), as `format_context` reads them."""
+    out = []
+    for m in memories:
+        t = m.get("text") if isinstance(m, Mapping) else getattr(m, "text", None)
+        out.append(t if isinstance(t, str) else "")
+    return out
+
+
+def columns_of(candidates: Iterable[Mapping[str, Any] | Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Token costs and scores of `ctxcore.pack`'s candidates (mappings or objects)."""
+    toks, scores = [], []
+    for c in candidates:
+        if isinstance(c, Mapping):
+            toks.append(int(c["tokens"]))
+            scores.append(float(c["score"]))
+        else:
+            toks.append(int(c.tokens))
+            scores.append(float(c.score))
+    return np.array(toks, dtype=np.int64), np.array(scores, dtype=np.float64)
