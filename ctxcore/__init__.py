@@ -105,7 +105,7 @@ from .tokens import (
 )
 
 try:
-    __version__ = version("ctxcore")
+    __version__ = version("ctxcore-llm")
 except PackageNotFoundError:  # pragma: no cover - running from an unusual layout
     __version__ = _core.__version__
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._core import InvalidCandidate, InvalidFormatInput
+from ._extras import MissingExtra
 
 __all__ = [
     "CatalogError",
@@ -19,6 +20,7 @@ __all__ = [
     "ContextOverflow",
     "InvalidCandidate",
     "InvalidFormatInput",
+    "MissingExtra",
     "TokenizerMismatch",
     "TokenizerUnavailable",
     "UnknownModel",
