@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .memory import Query, Scope
 
@@ -78,6 +78,17 @@ class Message:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+
+    if TYPE_CHECKING:
+        # What callers may pass (the generated __init__ converts): a role's name, any
+        # sequence of tool calls.
+        def __init__(
+            self,
+            role: Role | str,
+            content: str,
+            tool_calls: Sequence[ToolCall] = (),
+            tool_call_id: str | None = None,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         try:
@@ -178,6 +189,21 @@ class AssemblyRequest:
     messages: tuple[Message, ...] = ()
     tools: tuple[Mapping[str, Any], ...] = ()
     options: AssemblyOptions = field(default_factory=AssemblyOptions)
+
+    if TYPE_CHECKING:
+        # What callers may pass (the generated __init__ converts): any sequence (a list,
+        # say) of messages or OpenAI-style message mappings and of tool schemas; the query
+        # as a str.
+        def __init__(
+            self,
+            organization_id: str,
+            agent_id: str,
+            model: str,
+            query: Query | str,
+            messages: Sequence[Message | Mapping[str, Any]] = (),
+            tools: Sequence[Mapping[str, Any]] = (),
+            options: AssemblyOptions = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         Scope(self.organization_id, self.agent_id)  # validates both ids

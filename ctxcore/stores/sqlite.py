@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,9 @@ from ._text import cjk_spaced, normalize, raw_words
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
+
+#: What `SqliteMemoryStore.add_many` does with an id that is already stored.
+OnConflict = Literal["error", "skip", "replace"]
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -524,17 +527,33 @@ class SqliteMemoryStore:
         """
         return self.add_many([memory])[0]
 
-    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]]) -> list[str]:
+    def add_many(
+        self,
+        memories: Iterable[NewMemory | Mapping[str, Any]],
+        *,
+        on_conflict: OnConflict = "error",
+        progress: Callable[[int], object] | None = None,
+    ) -> list[str]:
         """Store several memories in one transaction: all of them, or none.
 
         Each memory's token count is taken at insert in the store's tokenizer family and
         tagged exact or estimate; memories without an embedding get one from the store's
         embedder, if it has one.
 
+        Args:
+            memories: the memories (`NewMemory` or mappings of its fields).
+            on_conflict: an id that is already stored: ``"error"`` fails the batch,
+                ``"skip"`` keeps the stored memory, ``"replace"`` replaces it.
+            progress: called with the number of memories just prepared (counted and
+                embedded, the slow part), a chunk at a time.
+
+        Returns:
+            The ids stored, in input order (without the skipped ones).
+
         Raises:
             InvalidMemory: naming the first bad memory (its `index` in `memories` and id):
-                invalid fields, an id used twice or already stored, or an embedding whose
-                dimension differs from the store's.
+                invalid fields, an id used twice or already stored (``on_conflict="error"``),
+                or an embedding whose dimension differs from the store's.
 
         >>> import tempfile, os
         >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
@@ -558,11 +577,18 @@ class SqliteMemoryStore:
                 raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
             seen[mem.id] = i
             batch.append(mem)
+        if on_conflict not in ("error", "skip", "replace"):
+            raise ValueError(f"on_conflict must be 'error', 'skip' or 'replace', got {on_conflict!r}")
         if not batch:
             return []
-        texts = [m.text for m in batch]
-        counts = self._count(texts)
-        vectors = self._vectors(batch)
+        counts: list[int] = []
+        vectors: list[npt.NDArray[np.float32] | None] = []
+        for lo in range(0, len(batch), _PROGRESS_CHUNK):
+            part = batch[lo : lo + _PROGRESS_CHUNK]
+            counts += self._count([m.text for m in part])
+            vectors += self._vectors(part)
+            if progress is not None:
+                progress(len(part))
         now = time.time()
         with self._write_lock:
             conn = self._writer
@@ -572,10 +598,15 @@ class SqliteMemoryStore:
                     "SELECT id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
                     (json.dumps(list(seen)),),
                 ).fetchall()
-                if taken:
+                if taken and on_conflict == "error":
                     first = min(seen[r[0]] for r in taken)
                     mid = batch[first].id
                     raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is already stored", first, mid)
+                if taken and on_conflict == "skip":
+                    keep = [i for i, m in enumerate(batch) if m.id not in {r[0] for r in taken}]
+                    batch, counts, vectors = [batch[i] for i in keep], [counts[i] for i in keep], [vectors[i] for i in keep]
+                elif taken:
+                    _delete_memories(conn, [r[0] for r in taken])
                 dim = _stored_dim(conn)
                 for i, v in enumerate(vectors):
                     if v is None:
@@ -1077,3 +1108,24 @@ def _at_index(message: str, index: int) -> str:
     if sep and head.startswith("memory") and "(index" not in head:
         return f"{head} (index {index}): {tail}"
     return f"memory (index {index}): {message}"
+
+
+#: Memories prepared (counted, embedded) between two progress reports of `add_many`.
+_PROGRESS_CHUNK = 512
+
+
+def _delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+    """Delete stored memories (inside the caller's transaction), their full-text rows and
+    their share of the scope counters; the scope version moves so caches reload."""
+    rows = conn.execute(
+        "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(ids)),),
+    ).fetchall()
+    conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany(
+        "UPDATE scopes SET version = version + 1, memories = memories - 1, embedded = embedded - ? "
+        "WHERE organization_id = ? AND agent_id = ?",
+        [(int(r[3]), r[1], r[2]) for r in rows],
+    )
