@@ -363,7 +363,8 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     try:
         embedder = HashingEmbedder() if args.embedder == "hashing" else None
         with SqliteMemoryStore(db, embedder=embedder, token_family=args.token_family) as store:
-            with _progress(args, "memories") as bar:
+            lines = sum(1 for line in text.splitlines() if line.strip())  # memories, and a few directives
+            with _progress(args, "memories", lines) as bar:
                 report = ingest_jsonl(store, name, text, on_conflict=args.on_conflict, progress=bar.update)
     except BaseException as exc:
         if created:
