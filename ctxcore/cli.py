@@ -507,9 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, exc.exit_status)
     except MissingExtra as exc:
         return _fail(exc, EXIT_ERROR)
-    except (ConfigError, ValueError, LookupError) as exc:
+    except (ConfigError, ValueError) as exc:
         # Data the command read is invalid (their messages name the field or line).
-        return _fail(exc.args[0] if isinstance(exc, LookupError) and exc.args else exc, EXIT_ERROR)
+        return _fail(exc, EXIT_ERROR)
     except sqlite3.Error as exc:
         return _fail(f"database error: {exc}", EXIT_ERROR)
     except OSError as exc:
