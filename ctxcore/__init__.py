@@ -41,6 +41,7 @@ from .errors import (
     InvalidCandidate,
     InvalidFormatInput,
     InvalidTokenizerOutput,
+    MissingExtra,
     TokenizerMismatch,
     TokenizerUnavailable,
     UnknownModel,
@@ -110,7 +111,7 @@ from .tokens import (
 )
 
 try:
-    __version__ = version("ctxcore")
+    __version__ = version("ctxcore-llm")
 except PackageNotFoundError:  # pragma: no cover - running from an unusual layout
     __version__ = _core.__version__
 
@@ -182,6 +183,7 @@ __all__ = [
     "InvalidCandidate",
     "InvalidFormatInput",
     "MIN_NONCE_HEX_DIGITS",
+    "MissingExtra",
     "NONCE_BYTES",
     "PackPath",
     "PackResult",

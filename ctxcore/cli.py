@@ -10,38 +10,104 @@ object per line) in a SQLite memory store, all or none, naming the line of any b
 makes a key for it (`ctxcore.service.cli`). ``ctxcore bench`` runs the latency gates on the
 shipped workloads or the user's candidates (`ctxcore.benchmarking.command`), and
 ``--plot FILE`` on ``assemble``/``demo`` draws the assembly's budget as a stacked bar.
+
+Every user error is one line on stderr, ``ctxcore: error: ...``, and a non-zero exit:
+``EXIT_USAGE`` (2) for a bad command line (argparse's own errors, negative budgets),
+``EXIT_ERROR`` (1) for bad data or a failure at run time (an unreadable or invalid file, a
+database that is not a memory store, a missing extra). Ctrl-C exits quietly with
+``EXIT_INTERRUPTED`` (130). ``-`` reads a file argument from standard input. A command is
+one ``_add_<name>(sub)`` function that registers its subparser and its handler
+(``handler(args, out) -> exit status``) with ``set_defaults(func=...)``, plus one line in
+`build_parser`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from . import __version__
 from .errors import InvalidCandidate
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
 
 
+#: Exit status of a bad data file or a failure at run time.
+EXIT_ERROR = 1
+#: Exit status of a bad command line (argparse's own convention).
+EXIT_USAGE = 2
+#: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+
+#: The file argument that means standard input.
+STDIN = "-"
+
+
 class CliError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
+    """A user-facing data or run-time error: one line, no traceback, exit status 1."""
+
+    exit_status = EXIT_ERROR
 
 
-def read_candidates_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read candidates from a JSON Lines file, naming the line of any bad entry.
+class UsageError(CliError):
+    """A bad command line that argparse's types cannot catch: exit status 2."""
 
-    Blank lines are skipped; every other line must be a JSON object.
+    exit_status = EXIT_USAGE
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (budgets, token counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def source_name(path: str) -> str:
+    """How a file argument is named in messages (``<stdin>`` for ``-``)."""
+    return "<stdin>" if path == STDIN else path
+
+
+def read_text_arg(path: str) -> str:
+    """The UTF-8 text of a file argument, or of standard input for ``-``.
+
+    Raises:
+        CliError: the file cannot be read or is not UTF-8 (one line naming it).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        if path == STDIN:
+            return sys.stdin.buffer.read().decode("utf-8")
+        return Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise CliError(f"{source_name(path)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def read_candidates_jsonl(path: Path | str) -> list[dict[str, Any]]:
+    """Read candidates from a JSON Lines file (``-``: standard input), naming the line of
+    any bad entry.
+
+    Blank lines are skipped; every other line must be a JSON object.
+    """
+    text = read_text_arg(str(path))
+    path = source_name(str(path))
     out: list[dict[str, Any]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -94,11 +160,12 @@ def _print_pack(res: PackResult, out: TextIO) -> None:
 
 
 def _cmd_pack(args: argparse.Namespace, out: TextIO) -> int:
-    rows = read_candidates_jsonl(Path(args.file))
+    rows = read_candidates_jsonl(args.file)
+    name = source_name(args.file)
     try:
         res = pack(rows, args.budget, bucket_tokens=args.bucket_tokens, cell_ceiling=args.cell_ceiling)
     except InvalidCandidate as exc:
-        where = f"{args.file}:{rows[exc.index]['_line']}: " if 0 <= exc.index < len(rows) else f"{args.file}: "
+        where = f"{name}:{rows[exc.index]['_line']}: " if 0 <= exc.index < len(rows) else f"{name}: "
         raise CliError(where + str(exc)) from None
     if args.json:
         doc = {
@@ -264,11 +331,15 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
 
 
 def _cmd_assemble(args: argparse.Namespace, out: TextIO) -> int:
-    from .stores import SqliteMemoryStore
+    from .stores import MemoryStoreError, SqliteMemoryStore
 
     if not Path(args.db).exists():
         raise CliError(f"no database at {args.db} (create one with `ctxcore memories add FILE --db {args.db}`)")
-    with SqliteMemoryStore(args.db) as store:
+    try:
+        store = SqliteMemoryStore(args.db)
+    except MemoryStoreError as exc:
+        raise CliError(str(exc)) from None
+    with store:
         return _run_assembly(args, store, out)
 
 
@@ -289,7 +360,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
     p.add_argument("--query", default=DEMO_QUERY if demo else None, required=not demo, help="what the request is about")
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
-    p.add_argument("--max-memories", type=int, default=64, help="most memories per branch and in the context")
+    p.add_argument("--max-memories", type=_positive_int, default=64, help="most memories per branch and in the context")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
     p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
                    help="text (the context as one string), or the OpenAI / Anthropic request payload "
@@ -300,26 +371,104 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
 
-    try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{args.file}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_text_arg(args.file)
+    name = source_name(args.file)
+    db = Path(args.db)
+    created = not db.exists()
     try:
         embedder = HashingEmbedder() if args.embedder == "hashing" else None
-        with SqliteMemoryStore(args.db, embedder=embedder, token_family=args.token_family) as store:
-            report = ingest_jsonl(store, args.file, text)
-    except (InvalidMemory, MemoryStoreError) as exc:
-        raise CliError(str(exc)) from None
+        with SqliteMemoryStore(db, embedder=embedder, token_family=args.token_family) as store:
+            lines = sum(1 for line in text.splitlines() if line.strip())  # memories, and a few directives
+            with _progress(args, "memories", lines) as bar:
+                report = ingest_jsonl(store, name, text, on_conflict=args.on_conflict, progress=bar.update)
+    except BaseException as exc:
+        if created:
+            # All or none: a failed ingest into a new database leaves no file behind.
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+        if isinstance(exc, (InvalidMemory, MemoryStoreError)):
+            raise CliError(str(exc)) from None
+        raise
     if args.json:
         json.dump({"db": args.db, "source": report.source, "memories": report.memories,
-                   "directives": report.directives}, out)
+                   "directives": report.directives, "skipped": report.skipped}, out)
         out.write("\n")
     else:
-        out.write(f"stored {report.memories} memories and {report.directives} directives from {args.file} "
-                  f"in {args.db}\n")
+        extra = f" ({report.skipped} already stored, skipped)" if report.skipped else ""
+        out.write(f"stored {report.memories} memories and {report.directives} directives from {name} "
+                  f"in {args.db}{extra}\n")
     return 0
+
+
+class _Progress(Protocol):
+    def update(self, n: float | None = 1) -> bool | None: ...
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, unit: str, total: int | None = None) -> Iterator[_Progress]:
+    """A progress bar on stderr for long work: only on a terminal, never with ``--quiet``."""
+    from tqdm import tqdm
+
+    quiet = getattr(args, "quiet", False) or not sys.stderr.isatty()
+    with tqdm(total=total, unit=f" {unit}", disable=quiet, file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        yield bar
+
+
+def _add_pack(sub: Any) -> None:
+    p = sub.add_parser("pack", help="pack candidates from a JSON Lines file into a token budget")
+    p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line ('-': stdin)")
+    p.add_argument("--budget", type=_non_negative_int, required=True, help="the hard token budget")
+    p.add_argument("--bucket-tokens", type=_positive_int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
+    p.add_argument("--cell-ceiling", type=_non_negative_int, default=DEFAULT_CELL_CEILING,
+                   help="largest DP table (cells)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.set_defaults(func=_cmd_pack)
+
+
+def _add_catalog(sub: Any) -> None:
+    c = sub.add_parser("catalog", help="list the capability catalog (models, windows, tokenizers)")
+    c.add_argument("model", nargs="?", help="show one model (name or alias) instead of all")
+    c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
+    c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    c.set_defaults(func=_cmd_catalog)
+
+
+def _add_assemble(sub: Any) -> None:
+    a = sub.add_parser("assemble", help="assemble the context for one request from a SQLite memory store")
+    a.add_argument("--db", required=True, help="the SQLite memory store")
+    _add_request_args(a, demo=False)
+    a.set_defaults(func=_cmd_assemble)
+
+
+def _add_demo(sub: Any) -> None:
+    d = sub.add_parser("demo", help="build the demo memory store and assemble one request from it")
+    d.add_argument("--db", help="where to build the demo database (default: a temporary file)")
+    _add_request_args(d, demo=True)
+    d.set_defaults(func=_cmd_demo)
+
+
+def _add_memories(sub: Any) -> None:
+    """``ctxcore memories ACTION``: one ``_add_memories_<action>(mem)`` per action."""
+    mem = sub.add_parser("memories", help="manage a SQLite memory store").add_subparsers(dest="action", required=True)
+    _add_memories_add(mem)
+    _add_memories_recount(mem)
+
+
+def _add_memories_add(mem: Any) -> None:
+    ma = mem.add_parser("add", help="store memories and directives from a JSON Lines file (all or none)")
+    ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
+                    'and directives {"type": "directive", organization_id, agent_id?, text} (\'-\': stdin)')
+    ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
+    ma.add_argument("--embedder", choices=("hashing", "none"), default="hashing",
+                    help="embed memories that carry no embedding with the offline hashing embedder (default) "
+                    "or not at all; use none when the file carries your own model's embeddings")
+    ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
+    ma.add_argument("--on-conflict", choices=("error", "skip", "replace"), default="error",
+                    help="a memory whose id is already stored: fail the whole file (default), keep the stored "
+                    "one, or replace it")
+    ma.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    ma.add_argument("--json", action="store_true", help="print one JSON document")
+    ma.set_defaults(func=_cmd_memories_add)
 
 
 def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
@@ -341,73 +490,81 @@ def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for ``ctxcore``."""
-    parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
-    parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("pack", help="pack candidates from a JSON Lines file into a token budget")
-    p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line")
-    p.add_argument("--budget", type=int, required=True, help="the hard token budget")
-    p.add_argument("--bucket-tokens", type=int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
-    p.add_argument("--cell-ceiling", type=int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    p.set_defaults(func=_cmd_pack)
-    c = sub.add_parser("catalog", help="list the capability catalog (models, windows, tokenizers)")
-    c.add_argument("model", nargs="?", help="show one model (name or alias) instead of all")
-    c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
-    c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    c.set_defaults(func=_cmd_catalog)
-    a = sub.add_parser("assemble", help="assemble the context for one request from a SQLite memory store")
-    a.add_argument("--db", required=True, help="the SQLite memory store")
-    _add_request_args(a, demo=False)
-    a.set_defaults(func=_cmd_assemble)
-    d = sub.add_parser("demo", help="build the demo memory store and assemble one request from it")
-    d.add_argument("--db", help="where to build the demo database (default: a temporary file)")
-    _add_request_args(d, demo=True)
-    d.set_defaults(func=_cmd_demo)
-    mem = sub.add_parser("memories", help="manage a SQLite memory store").add_subparsers(dest="action", required=True)
-    ma = mem.add_parser("add", help="store memories and directives from a JSON Lines file (all or none)")
-    ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
-                    'and directives {"type": "directive", organization_id, agent_id?, text}')
-    ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
-    ma.add_argument("--embedder", choices=("hashing", "none"), default="hashing",
-                    help="embed memories that carry no embedding with the offline hashing embedder (default) "
-                    "or not at all; use none when the file carries your own model's embeddings")
-    ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
-    ma.add_argument("--json", action="store_true", help="print one JSON document")
-    ma.set_defaults(func=_cmd_memories_add)
+def _add_memories_recount(mem: Any) -> None:
     mr = mem.add_parser("recount", help="store exact token counts for memories that lack them (migrated databases)")
     mr.add_argument("--db", required=True, help="the SQLite memory store")
     mr.add_argument("--family", action="append", help="an exact tokenizer family (repeatable; default: all installed)")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
     mr.set_defaults(func=_cmd_memories_recount)
-    from .benchmarking.command import add_subcommand as _add_bench_subcommand
-    from .benchmarking.command import run as _run_bench
 
-    _add_bench_subcommand(sub).set_defaults(func=_run_bench)
+
+def _add_bench(sub: Any) -> None:
+    from .benchmarking.command import add_subcommand, run
+
+    add_subcommand(sub).set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``ctxcore``: one ``_add_<command>(sub)`` per subcommand."""
+    parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
+    parser.add_argument("--version", action="version", version=f"ctxcore {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_pack(sub)
+    _add_catalog(sub)
+    _add_assemble(sub)
+    _add_demo(sub)
+    _add_memories(sub)
+    _add_bench(sub)
     from .service.cli import add_subcommands as _add_service_subcommands
 
     _add_service_subcommands(sub)
     return parser
 
 
+def _fail(message: object, status: int) -> int:
+    sys.stderr.write(f"ctxcore: error: {message}\n")
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ctxcore`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``ctxcore`` command; returns the exit status.
+
+    >>> main(["pack", "-", "--budget", "-5"])  # a usage error: message on stderr
+    2
+    """
+    import sqlite3
+
+    from ._extras import MissingExtra
+    from .errors import ConfigError
+
     try:
+        args = build_parser().parse_args(argv)
         status: int = args.func(args, sys.stdout)
-    except CliError as exc:
-        sys.stderr.write(f"ctxcore: error: {exc}\n")
-        return 2
-    except ValueError as exc:
-        sys.stderr.write(f"ctxcore: error: {exc}\n")
-        return 2
+    except SystemExit as exc:
+        # argparse: usage errors (2, message already printed), --help and --version (0).
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C: the user asked to stop; no traceback. Whatever was being written is
+        # rolled back (ingest is one transaction).
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours. Point stdout at
         # devnull so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except CliError as exc:
+        return _fail(exc, exc.exit_status)
+    except MissingExtra as exc:
+        return _fail(exc, EXIT_ERROR)
+    except (ConfigError, ValueError) as exc:
+        # Data the command read is invalid (their messages name the field or line).
+        return _fail(exc, EXIT_ERROR)
+    except sqlite3.Error as exc:
+        return _fail(f"database error: {exc}", EXIT_ERROR)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}", EXIT_ERROR)
     return status
 
 

@@ -26,7 +26,11 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-import grpc
+from ._extras import require
+
+require("service", "ctxcore.client")
+
+import grpc  # noqa: E402  (after the extra's check, which names what to install)
 
 from .budget import Budget
 from .catalog import ModelCapability

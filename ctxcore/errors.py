@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._core import InvalidCandidate, InvalidFormatInput
+from ._extras import MissingExtra
 
 __all__ = [
     "CatalogError",
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidCandidate",
     "InvalidFormatInput",
     "InvalidTokenizerOutput",
+    "MissingExtra",
     "TokenizerMismatch",
     "TokenizerUnavailable",
     "UnknownModel",

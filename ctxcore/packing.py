@@ -409,9 +409,11 @@ def _extract_checked(cands: Sequence[Any]) -> _Fields:
         cid = _field(c, "id", i)
         if not isinstance(cid, str):
             raise invalid(f"{_name(i, None)}: id must be str, got {type(cid).__name__}", i, None)
+        # Fetched outside the try: a missing field is already a named InvalidCandidate.
+        raw_tokens, raw_score = _field(c, "tokens", i), _field(c, "score", i)
         try:
-            t = _as_int(_field(c, "tokens", i), "tokens")
-            s = _as_score(_field(c, "score", i))
+            t = _as_int(raw_tokens, "tokens")
+            s = _as_score(raw_score)
         except (TypeError, ValueError) as exc:
             raise invalid(f"{_name(i, cid)}: {exc}", i, _id_or_none(cid)) from None
         p = _field(c, "pinned", i)

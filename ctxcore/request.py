@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .memory import Query, Scope
 
@@ -160,6 +160,19 @@ class Message:
     tool_call_id: str | None = None
     parts: tuple[str, ...] | None = None  #: the text parts, when content came as a list
     is_error: bool = False  #: a tool result that reports a failure (Anthropic ``is_error``)
+
+    if TYPE_CHECKING:
+        # What callers may pass (the generated __init__ converts): a role's name, any
+        # sequence of tool calls.
+        def __init__(
+            self,
+            role: Role | str,
+            content: str = "",
+            tool_calls: Sequence[ToolCall] = (),
+            tool_call_id: str | None = None,
+            parts: Sequence[str] | None = None,
+            is_error: bool = False,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         try:
@@ -485,6 +498,21 @@ class AssemblyRequest:
     messages: tuple[Message, ...] = ()
     tools: tuple[Mapping[str, Any], ...] = ()
     options: AssemblyOptions = field(default_factory=AssemblyOptions)
+
+    if TYPE_CHECKING:
+        # What callers may pass (the generated __init__ converts): any sequence (a list,
+        # say) of messages or OpenAI-style message mappings and of tool schemas; the query
+        # as a str.
+        def __init__(
+            self,
+            organization_id: str,
+            agent_id: str,
+            model: str,
+            query: Query | str,
+            messages: Sequence[Message | Mapping[str, Any]] = (),
+            tools: Sequence[Mapping[str, Any]] = (),
+            options: AssemblyOptions = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         Scope(self.organization_id, self.agent_id)  # validates both ids

@@ -53,14 +53,14 @@ def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) ->
     path = tmp_path / "c.jsonl"
     path.write_text(content)
     out = run("pack", str(path), "--budget", "10")
-    assert out.returncode == 2
+    assert out.returncode == 1
     assert fragment in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_missing_file(tmp_path: Path) -> None:
     out = run("pack", str(tmp_path / "nope.jsonl"), "--budget", "10")
-    assert out.returncode == 2 and "cannot read" in out.stderr
+    assert out.returncode == 1 and "cannot read" in out.stderr
 
 
 def test_demo_assembles_from_the_shipped_dataset(tmp_path: Path) -> None:
@@ -82,8 +82,169 @@ def test_demo_assembles_from_the_shipped_dataset(tmp_path: Path) -> None:
 def test_assemble_names_what_is_missing(tmp_path: Path) -> None:
     out = run("assemble", "--db", str(tmp_path / "none.db"), "--model", "gpt-4o", "--org", "o", "--agent", "a",
               "--query", "q")
-    assert out.returncode == 2 and "no database" in out.stderr
+    assert out.returncode == 1 and "no database" in out.stderr
     db = tmp_path / "demo.db"
     assert run("demo", "--db", str(db), "--json").returncode == 0
     out = run("assemble", "--db", str(db), "--model", "gpt-99", "--org", "o", "--agent", "a", "--query", "q")
-    assert out.returncode == 2 and "gpt-99" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "gpt-99" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- exit statuses, stdin, Ctrl-C, ingest ------------------------------------------------
+
+MEMORY = '{{"id": "{id}", "organization_id": "acme", "agent_id": "support", "text": "{text}"}}\n'
+
+
+def run_in(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m ctxcore ARGS` with `stdin` as standard input."""
+    return subprocess.run([sys.executable, "-m", "ctxcore", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120)
+
+
+def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ctxcore: error: "), out.stderr
+    return lines[0]
+
+
+def test_python_dash_m_and_stdin() -> None:
+    out = run_in(EXAMPLE.read_text(), "pack", "-", "--budget", "1200", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["record"]["tokens_used"] <= 1200
+
+
+@pytest.mark.parametrize("flag", [["--budget", "-5"], ["--budget", "ten"], ["--bucket-tokens", "0"]])
+def test_bad_numbers_are_usage_errors(flag: list[str]) -> None:
+    args = ["pack", "-", "--budget", "10", *flag]
+    out = run_in("", *args)
+    assert out.returncode == 2, out
+    assert "usage: ctxcore pack" in out.stderr and "Traceback" not in out.stderr
+    assert main_status(args) == 2
+
+
+def main_status(argv: list[str]) -> int:
+    from ctxcore.cli import main
+
+    return main(argv)
+
+
+def test_a_missing_field_is_named_once() -> None:
+    out = run_in('{"id": "a", "score": 1}\n', "pack", "-", "--budget", "5")
+    assert out.returncode == 1
+    assert one_error_line(out) == "ctxcore: error: <stdin>:1: candidate 'a' (index 0): missing 'tokens'"
+
+
+def test_a_file_that_is_not_sqlite_is_one_line(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.db"
+    bogus.write_text("not a database\n" * 100)
+    out = run("assemble", "--db", str(bogus), "--model", "gpt-4o", "--org", "o", "--agent", "a", "--query", "q")
+    assert out.returncode == 1
+    assert "is not a usable memory database" in one_error_line(out)
+
+
+def test_memories_add_on_conflict_and_stdin(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    first = MEMORY.format(id="m1", text="Refunds within 30 days.") + MEMORY.format(id="m2", text="Shoes ship free.")
+    assert run_in(first, "memories", "add", "-", "--db", str(db)).returncode == 0
+    again = run_in(first, "memories", "add", "-", "--db", str(db))
+    assert again.returncode == 1
+    assert one_error_line(again) == "ctxcore: error: <stdin>:1: memory 'm1' (index 0): id 'm1' is already stored"
+    newer = MEMORY.format(id="m1", text="Refunds within 60 days.") + MEMORY.format(id="m3", text="Gift cards.")
+    skip = run_in(newer, "memories", "add", "-", "--db", str(db), "--on-conflict", "skip", "--json")
+    assert skip.returncode == 0, skip.stderr
+    assert json.loads(skip.stdout) | {"db": None} == {"db": None, "source": "<stdin>", "memories": 1,
+                                                      "directives": 0, "skipped": 1}
+    assert texts(db) == {"m1": "Refunds within 30 days.", "m2": "Shoes ship free.", "m3": "Gift cards."}
+    replace = run_in(newer, "memories", "add", "-", "--db", str(db), "--on-conflict", "replace", "--json")
+    assert replace.returncode == 0, replace.stderr
+    assert json.loads(replace.stdout)["memories"] == 2
+    assert texts(db) == {"m1": "Refunds within 60 days.", "m2": "Shoes ship free.", "m3": "Gift cards."}
+    # the replaced memory is what retrieval finds, once
+    import asyncio
+
+    from ctxcore.memory import Query, Scope
+    from ctxcore.stores import SqliteMemoryStore
+
+    with SqliteMemoryStore(db) as store:
+        found = asyncio.run(store.cold(Scope("acme", "support"), Query("refunds days"), 10, 0.0))
+    assert [(r.id, r.text) for r in found if r.id == "m1"] == [("m1", "Refunds within 60 days.")]
+
+
+def texts(db: Path) -> dict[str, str]:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT id, text FROM memories ORDER BY id").fetchall())
+
+
+def test_a_failed_ingest_leaves_no_database(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+    bad = MEMORY.format(id="m1", text="fine") + '{"id": "m2", "organization_id": "acme"}\n'
+    out = run_in(bad, "memories", "add", "-", "--db", str(db))
+    assert out.returncode == 1 and "<stdin>:2:" in one_error_line(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # an existing database is kept (and unchanged) when a later ingest fails
+    assert run_in(MEMORY.format(id="m0", text="kept"), "memories", "add", "-", "--db", str(db)).returncode == 0
+    assert run_in(bad, "memories", "add", "-", "--db", str(db)).returncode == 1
+    assert texts(db) == {"m0": "kept"}
+
+
+def test_ctrl_c_exits_quietly_with_130(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(MEMORY.format(id=f"m{i}", text=f"memory number {i} about refunds and shoes " * 4)
+                           for i in range(200_000)))
+    db = tmp_path / "big.db"
+    proc = subprocess.Popen([sys.executable, "-m", "ctxcore", "memories", "add", str(big), "--db", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Interrupt once the ingest is under way (the database exists once the file is parsed).
+    deadline = time.monotonic() + 90
+    while not db.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert proc.poll() is None, "finished before the interrupt: make the file bigger"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and err.strip() == "" and out == ""
+    assert not db.exists()
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    data = "".join(MEMORY.format(id=f"m{i}", text=f"memory {i}") for i in range(3000))
+    src = tmp_path / "m.jsonl"
+    src.write_text(data)
+    # piped: silent stderr
+    piped = run("memories", "add", str(src), "--db", str(tmp_path / "a.db"))
+    assert piped.returncode == 0 and piped.stderr == ""
+    # on a terminal: a tqdm bar counting memories, unless --quiet
+    for quiet, db in ((False, "b.db"), (True, "c.db")):
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size
+        args = [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / db)]
+        proc = subprocess.Popen(args + (["--quiet"] if quiet else []), stdout=subprocess.PIPE, stderr=follower)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        proc.communicate(timeout=120)
+        os.close(leader)
+        assert proc.returncode == 0
+        shown = b"".join(chunks).decode()
+        if quiet:
+            assert shown == ""
+        else:
+            assert "memories" in shown and "/s" in shown, shown

@@ -235,7 +235,7 @@ def test_refuses_to_start_without_auth_off_loopback(demo_db: Path) -> None:
     for args in (["--bind", "0.0.0.0:0"], ["--bind", "0.0.0.0:0", "--allow-unauthenticated"], []):
         r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), *args], capture_output=True, text=True,
                            timeout=30)
-        assert r.returncode == 2, r
+        assert r.returncode == 1, r
         assert "refusing to serve" in r.stderr
 
 
@@ -300,10 +300,10 @@ def test_start_up_errors_are_named(tmp_path: Path, served: Served) -> None:
     ]
     for args, needle in cases:
         r = subprocess.run([*CTXCORE, "serve", *args], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+        assert r.returncode == 1 and needle in r.stderr, (args, r.stderr)
 
 
 def test_a_taken_port_is_an_error(served: Served, demo_db: Path) -> None:
     r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated",
                         "--bind", f"127.0.0.1:{served.port}"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "cannot bind" in r.stderr, r.stderr
+    assert r.returncode == 1 and "cannot bind" in r.stderr, r.stderr

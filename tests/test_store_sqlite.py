@@ -469,16 +469,16 @@ def test_cli_memories_add(tmp_path: Path) -> None:
         assert [r.id for r in run(s.cold(Scope("o", "a"), Query("Lieferung"), 5, 0.9))] == ["m1"]
         assert run(s.directive(Scope("o", "a"))) == "Be brief."
     again = cli("memories", "add", str(good), "--db", str(db))
-    assert again.returncode == 2 and f"{good}:1:" in again.stderr and "already stored" in again.stderr
+    assert again.returncode == 1 and f"{good}:1:" in again.stderr and "already stored" in again.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "organization_id": "o", "agent_id": "a", "text": "t"}\n\n{"id": "y", oops}\n')
     out = cli("memories", "add", str(bad), "--db", str(tmp_path / "n.db"))
-    assert out.returncode == 2 and f"{bad}:3: invalid JSON" in out.stderr
+    assert out.returncode == 1 and f"{bad}:3: invalid JSON" in out.stderr
     bad.write_text('{"id": "x", "organization_id": "o", "agent_id": "a", "text": "t", "confidence": 7}\n')
     out = cli("memories", "add", str(bad), "--db", str(tmp_path / "n.db"))
-    assert out.returncode == 2 and f"{bad}:1: memory 'x'" in out.stderr and "confidence" in out.stderr
+    assert out.returncode == 1 and f"{bad}:1: memory 'x'" in out.stderr and "confidence" in out.stderr
     out = cli("memories", "add", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "n.db"))
-    assert out.returncode == 2 and "cannot read" in out.stderr
+    assert out.returncode == 1 and "cannot read" in out.stderr
 
 
 def test_demo_dataset(tmp_path: Path) -> None:

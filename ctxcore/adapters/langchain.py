@@ -21,6 +21,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._extras import require
+
+require("langchain", "ctxcore.adapters.langchain")
+
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,

@@ -19,6 +19,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from .._extras import require
+
+require("llamaindex", "ctxcore.adapters.llamaindex")
+
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock, ToolCallBlock
 
 from ..assembly import AssembledContext

@@ -7,7 +7,8 @@ until SIGTERM. The wire contract is ``ctxcore/v1/context_assembly.proto``; Pytho
 use `ctxcore.client.ContextClient`.
 
 The names below load on first use, so that ``ctxcore pack`` and the other commands do not
-pay for importing gRPC.
+pay for importing gRPC, and need the ``service`` extra (gRPC, PyJWT, prometheus-client):
+without it they raise `ctxcore.MissingExtra` naming the pip command.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'ctxcore.service' has no attribute {name!r}")
+    if where != "config":
+        from .._extras import require
+
+        require("service", f"ctxcore.service.{name}")
     value = getattr(importlib.import_module(f".{where}", __name__), name)
     globals()[name] = value
     return value

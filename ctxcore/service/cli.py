@@ -138,6 +138,9 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
 
 
 def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from .._extras import require
+
+    require("service", "ctxcore serve")
     from .logs import configure_logging
     from .server import serve
 
@@ -149,6 +152,9 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_api_key(args: argparse.Namespace, out: TextIO) -> int:
+    from .._extras import require
+
+    require("service", "ctxcore api-key")
     from .auth import hash_api_key, new_api_key
 
     principal = args.principal

@@ -7,6 +7,8 @@ Both implement `ctxcore.memory.MemoryStore`, so ``Sources.from_store(store)`` gi
 assembly its three branches. `HashingEmbedder` provides offline lexical embeddings (any
 model wrapped as an `Embedder` can take its place);
 `load_demo` builds the demo database from the dataset shipped in the package.
+`HttpMemorySource` loads on first use and needs the ``http`` extra (httpx), so SQLite-only
+users never import it.
 
 >>> import asyncio, tempfile, os
 >>> from ctxcore.memory import Query, Scope
@@ -23,9 +25,10 @@ model wrapped as an `Embedder` can take its place);
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
-from .http import HttpMemorySource
 from .ingest import DEMO_DATASET, IngestReport, ingest_jsonl, load_demo, read_jsonl
 from .records import Directive, NewMemory
 from .sqlite import (
@@ -38,6 +41,9 @@ from .sqlite import (
     SqliteMemoryStore,
     fts_match_expression,
 )
+
+if TYPE_CHECKING:
+    from .http import HttpMemorySource
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -63,3 +69,16 @@ __all__ = [
     "load_demo",
     "read_jsonl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # HttpMemorySource needs httpx (the `http` extra): imported on first use only.
+    if name == "HttpMemorySource":
+        from .._extras import require
+
+        require("http", "ctxcore.stores.HttpMemorySource")
+        from .http import HttpMemorySource
+
+        globals()[name] = HttpMemorySource
+        return HttpMemorySource
+    raise AttributeError(f"module 'ctxcore.stores' has no attribute {name!r}")

@@ -14,13 +14,14 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .embedding import HashingEmbedder
 from .errors import InvalidMemory
 from .records import Directive, NewMemory
-from .sqlite import SqliteMemoryStore
+from .sqlite import OnConflict, SqliteMemoryStore
 
 __all__ = ["DEMO_DATASET", "IngestReport", "ingest_jsonl", "load_demo", "read_jsonl"]
 
@@ -35,6 +36,8 @@ class IngestReport:
     source: str
     memories: int
     directives: int
+    #: Memories whose id was already stored, kept as they were (``on_conflict="skip"``).
+    skipped: int = 0
 
 
 def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tuple[int, NewMemory | Directive]]:
@@ -82,9 +85,24 @@ def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tu
     return out
 
 
-def ingest_jsonl(store: SqliteMemoryStore, path: str | os.PathLike[str], text: str | None = None) -> IngestReport:
+def ingest_jsonl(
+    store: SqliteMemoryStore,
+    path: str | os.PathLike[str],
+    text: str | None = None,
+    *,
+    on_conflict: OnConflict = "error",
+    progress: Callable[[int], object] | None = None,
+) -> IngestReport:
     """Store every memory and directive of a JSON Lines file in one transaction: all of
     them, or (on error) none.
+
+    Args:
+        store: where to store them.
+        path: the file (names the source in messages when `text` is given).
+        text: the file's content, when already read (e.g. from standard input).
+        on_conflict: an id that is already stored: ``"error"`` fails the file, ``"skip"``
+            keeps the stored memory, ``"replace"`` replaces it.
+        progress: called with the number of memories just prepared, a chunk at a time.
 
     Raises:
         InvalidMemory: naming ``PATH:LINE`` of the first bad record, including ids used
@@ -94,19 +112,20 @@ def ingest_jsonl(store: SqliteMemoryStore, path: str | os.PathLike[str], text: s
     >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
     ...     ingest_jsonl(s, "in.jsonl", text='{"id": "m1", "organization_id": "o", '
     ...                  '"agent_id": "a", "text": "likes tea"}')
-    IngestReport(source='in.jsonl', memories=1, directives=0)
+    IngestReport(source='in.jsonl', memories=1, directives=0, skipped=0)
     """
     name = os.fspath(path)
     records = read_jsonl(path, text)
     memories = [(line, r) for line, r in records if isinstance(r, NewMemory)]
     directives = [r for _, r in records if isinstance(r, Directive)]
     try:
-        store.add_many([m for _, m in memories], directives=directives)
+        stored = store.add_many([m for _, m in memories], directives=directives, on_conflict=on_conflict,
+                                progress=progress)
     except InvalidMemory as exc:
         if 0 <= exc.index < len(memories):
             raise InvalidMemory(f"{name}:{memories[exc.index][0]}: {exc}", exc.index, exc.memory_id) from None
         raise
-    return IngestReport(name, len(memories), len(directives))
+    return IngestReport(name, len(stored), len(directives), len(memories) - len(stored))
 
 
 def load_demo(db_path: str | os.PathLike[str], *, overwrite: bool = False) -> SqliteMemoryStore:

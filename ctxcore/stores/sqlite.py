@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,9 @@ from .embedding import Embedder, HashingEmbedder
 from .counting import count_memory_tokens
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
+
+#: What `SqliteMemoryStore.add_many` does with an id that is already stored.
+OnConflict = Literal["error", "skip", "replace"]
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -539,8 +542,14 @@ class SqliteMemoryStore:
         """
         return self.add_many([memory])[0]
 
-    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]], *,
-                 directives: Sequence[Directive] = ()) -> list[str]:
+    def add_many(
+        self,
+        memories: Iterable[NewMemory | Mapping[str, Any]],
+        *,
+        directives: Sequence[Directive] = (),
+        on_conflict: OnConflict = "error",
+        progress: Callable[[int], object] | None = None,
+    ) -> list[str]:
         """Store several memories in one transaction: all of them, or none. `directives`
         (set as `set_directive` sets them) join the same transaction.
 
@@ -548,10 +557,21 @@ class SqliteMemoryStore:
         tagged exact or estimate; memories without an embedding get one from the store's
         embedder, if it has one.
 
+        Args:
+            memories: the memories (`NewMemory` or mappings of its fields).
+            directives: directives written in the same transaction.
+            on_conflict: an id that is already stored: ``"error"`` fails the batch,
+                ``"skip"`` keeps the stored memory, ``"replace"`` replaces it.
+            progress: called with the number of memories just prepared (counted and
+                embedded, the slow part), a chunk at a time.
+
+        Returns:
+            The ids stored, in input order (without the skipped ones).
+
         Raises:
             InvalidMemory: naming the first bad memory (its `index` in `memories` and id):
-                invalid fields, an id used twice or already stored, or an embedding whose
-                dimension differs from the store's.
+                invalid fields, an id used twice or already stored (``on_conflict="error"``),
+                or an embedding whose dimension differs from the store's.
 
         >>> import tempfile, os
         >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
@@ -577,12 +597,21 @@ class SqliteMemoryStore:
             batch.append(mem)
         if not all(isinstance(d, Directive) for d in directives):
             raise TypeError("directives must be Directive records")
+        if on_conflict not in ("error", "skip", "replace"):
+            raise ValueError(f"on_conflict must be 'error', 'skip' or 'replace', got {on_conflict!r}")
         if not batch and not directives:
             return []
-        texts = [m.text for m in batch]
-        counts = self._count(texts)
-        exact = _exact_json([m.id for m in batch], texts)
-        vectors = self._vectors(batch)
+        counts: list[int] = []
+        exact: list[str | None] = []
+        vectors: list[npt.NDArray[np.float32] | None] = []
+        for lo in range(0, len(batch), _PROGRESS_CHUNK):
+            part = batch[lo : lo + _PROGRESS_CHUNK]
+            texts = [m.text for m in part]
+            counts += self._count(texts)
+            exact += _exact_json([m.id for m in part], texts)
+            vectors += self._vectors(part)
+            if progress is not None:
+                progress(len(part))
         now = time.time()
         with self._write_lock:
             conn = self._writer
@@ -592,10 +621,16 @@ class SqliteMemoryStore:
                     "SELECT id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
                     (json.dumps(list(seen)),),
                 ).fetchall()
-                if taken:
+                if taken and on_conflict == "error":
                     first = min(seen[r[0]] for r in taken)
                     mid = batch[first].id
                     raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is already stored", first, mid)
+                if taken and on_conflict == "skip":
+                    keep = [i for i, m in enumerate(batch) if m.id not in {r[0] for r in taken}]
+                    batch, counts, vectors = [batch[i] for i in keep], [counts[i] for i in keep], [vectors[i] for i in keep]
+                    exact = [exact[i] for i in keep]
+                elif taken:
+                    _delete_memories(conn, [r[0] for r in taken])
                 dim = _stored_dim(conn)
                 for i, v in enumerate(vectors):
                     if v is None:
@@ -1170,3 +1205,24 @@ def _at_index(message: str, index: int) -> str:
     if sep and head.startswith("memory") and "(index" not in head:
         return f"{head} (index {index}): {tail}"
     return f"memory (index {index}): {message}"
+
+
+#: Memories prepared (counted, embedded) between two progress reports of `add_many`.
+_PROGRESS_CHUNK = 512
+
+
+def _delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+    """Delete stored memories (inside the caller's transaction), their full-text rows and
+    their share of the scope counters; the scope version moves so caches reload."""
+    rows = conn.execute(
+        "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(ids)),),
+    ).fetchall()
+    conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany(
+        "UPDATE scopes SET version = version + 1, memories = memories - 1, embedded = embedded - ? "
+        "WHERE organization_id = ? AND agent_id = ?",
+        [(int(r[3]), r[1], r[2]) for r in rows],
+    )
