@@ -75,6 +75,8 @@ _RIDGE = 4.0
 #: The margin over the fitted tail, in mean absolute errors: for errors with an
 #: exponential tail, mean x ln(100) = 4.6 x mean is their p99.
 _MARGIN_MAES = 4.6
+#: The tail estimate is at most this many times the longest recent tail.
+PEAK_FACTOR = 2.0
 #: How often the loop-lag probe wakes, in seconds.
 _LAG_PERIOD_S = 0.005
 
@@ -113,7 +115,7 @@ class TailModel:
     5.0
     """
 
-    __slots__ = ("prior_ms", "_sw", "_sx", "_sy", "_sxx", "_sxy", "_se", "_t", "n")
+    __slots__ = ("prior_ms", "_sw", "_sx", "_sy", "_sxx", "_sxy", "_se", "_t", "n", "peak_ms")
 
     def __init__(self, prior_ms: float = 0.0) -> None:
         self.prior_ms = prior_ms
@@ -121,6 +123,8 @@ class TailModel:
         self._se = 0.0
         self._t = 0.0
         self.n = 0
+        #: the longest recent tail (fading like the samples): a cap on extrapolation
+        self.peak_ms = 0.0
 
     def _age(self, now: float) -> None:
         if now > self._t:
@@ -131,6 +135,7 @@ class TailModel:
             self._sxx *= f
             self._sxy *= f
             self._se *= f
+            self.peak_ms *= f
             self._t = now
 
     def coefficients(self, now: float | None = None) -> tuple[float, float]:
@@ -160,6 +165,7 @@ class TailModel:
             return
         t = time.monotonic() if now is None else now
         self._se += abs(tail_ms - self.predict(ahead, t))
+        self.peak_ms = max(self.peak_ms, tail_ms)
         self._sw += 1.0
         self._sx += ahead
         self._sy += tail_ms
@@ -234,7 +240,12 @@ class Admission:
         """The tail a call arriving now should be given, in ms: the model's, plus the
         loop's current lag (every step of the call waits that long for the loop)."""
         m = self.model
-        return max(self.floor_tail_ms, m.predict(self.admitted) + m.margin()) + self.lag_ms
+        est = m.predict(self.admitted) + m.margin()
+        if m.peak_ms > 0:
+            # The line is fitted where calls were seen; far beyond, calls mostly waiting on
+            # retrieval do not each add their slope, so twice the longest recent tail caps it.
+            est = min(est, PEAK_FACTOR * m.peak_ms)
+        return max(self.floor_tail_ms, est) + self.lag_ms
 
     def decide(self, remaining_ms: float | None) -> Decision:
         """Whether a call with `remaining_ms` to its deadline (None: no deadline) may run.
