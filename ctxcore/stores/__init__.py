@@ -7,6 +7,10 @@ Both implement `ctxcore.memory.MemoryStore`, so ``Sources.from_store(store)`` gi
 assembly its three branches. `HashingEmbedder` provides offline lexical embeddings (any
 model wrapped as an `Embedder` can take its place);
 `load_demo` builds the demo database from the dataset shipped in the package.
+`PostgresMemoryStore` (``ctxcore.stores.postgres``) is the store many machines share:
+PostgreSQL with pgvector, full-text search and row-level security; it needs the
+``postgres`` extra (psycopg 3), imported only when first used. `open_store` opens either
+store from a ``--db`` value (a SQLite path or a ``postgresql://`` URL).
 
 >>> import asyncio, tempfile, os
 >>> from ctxcore.memory import Query, Scope
@@ -22,6 +26,8 @@ model wrapped as an `Embedder` can take its place);
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
@@ -39,7 +45,13 @@ from .sqlite import (
     fts_match_expression,
 )
 
+if TYPE_CHECKING:
+    from .postgres import PostgresMemoryStore
+
 __all__ = [
+    "PostgresMemoryStore",
+    "is_postgres_url",
+    "open_store",
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_EMBEDDING_DIM",
     "DEFAULT_READERS",
@@ -63,3 +75,42 @@ __all__ = [
     "load_demo",
     "read_jsonl",
 ]
+
+
+def is_postgres_url(value: object) -> bool:
+    """Whether `value` names a PostgreSQL database (``postgresql://`` or ``postgres://``)
+    rather than a SQLite file.
+
+    >>> is_postgres_url("postgresql://app@db/memories"), is_postgres_url("memories.db")
+    (True, False)
+    """
+    return isinstance(value, str) and value.lower().startswith(("postgresql://", "postgres://"))
+
+
+def __getattr__(name: str) -> object:
+    # PostgresMemoryStore is loaded on first use, so that SQLite-only users never import
+    # psycopg (and need not install it).
+    if name == "PostgresMemoryStore":
+        try:
+            from .postgres import PostgresMemoryStore
+        except ImportError as exc:
+            raise ImportError(
+                f"ctxcore.stores.PostgresMemoryStore needs the postgres extra: pip install 'ctxcore[postgres]' ({exc})"
+            ) from exc
+        return PostgresMemoryStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_store(db: str, **kwargs: object) -> SqliteMemoryStore | PostgresMemoryStore:
+    """The memory store `db` names: a `PostgresMemoryStore` for a ``postgresql://`` URL,
+    else a `SqliteMemoryStore` at that path. `kwargs` go to the store's constructor.
+
+    >>> import tempfile, os
+    >>> with open_store(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+    ...     type(s).__name__
+    'SqliteMemoryStore'
+    """
+    if is_postgres_url(db):
+        cls = __getattr__("PostgresMemoryStore")
+        return cls(db, **kwargs)  # type: ignore[operator,no-any-return]
+    return SqliteMemoryStore(db, **kwargs)  # type: ignore[arg-type]
