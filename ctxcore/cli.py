@@ -253,8 +253,13 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
 
 
 def _cmd_assemble(args: argparse.Namespace, out: TextIO) -> int:
-    from .stores import SqliteMemoryStore
+    from .stores import SqliteMemoryStore, is_postgres_url
 
+    if is_postgres_url(args.db):
+        from .stores.postgres_cli import open_cli_store
+
+        with open_cli_store(args.db) as pg_store:
+            return _run_assembly(args, pg_store, out)
     if not Path(args.db).exists():
         raise CliError(f"no database at {args.db} (create one with `ctxcore memories add FILE --db {args.db}`)")
     with SqliteMemoryStore(args.db) as store:
@@ -284,6 +289,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
+    from .stores import is_postgres_url
 
     try:
         text = Path(args.file).read_text(encoding="utf-8")
@@ -293,10 +299,20 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"{args.file}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
         embedder = HashingEmbedder() if args.embedder == "hashing" else None
-        with SqliteMemoryStore(args.db, embedder=embedder, token_family=args.token_family) as store:
-            report = ingest_jsonl(store, args.file, text)
+        if is_postgres_url(args.db):
+            from .stores.postgres_cli import open_cli_store
+
+            with open_cli_store(args.db, embedder=embedder, token_family=args.token_family) as pg_store:
+                report = ingest_jsonl(pg_store, args.file, text)
+        else:
+            with SqliteMemoryStore(args.db, embedder=embedder, token_family=args.token_family) as store:
+                report = ingest_jsonl(store, args.file, text)
     except (InvalidMemory, MemoryStoreError) as exc:
         raise CliError(str(exc)) from None
+    if is_postgres_url(args.db):
+        from .stores.postgres_cli import shown_db
+
+        args.db = shown_db(args.db)  # never print a password
     if args.json:
         json.dump({"db": args.db, "source": report.source, "memories": report.memories,
                    "directives": report.directives}, out)
@@ -343,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
     ma.add_argument("--json", action="store_true", help="print one JSON document")
     ma.set_defaults(func=_cmd_memories_add)
+    from .stores.postgres_cli import add_lifecycle_subcommands
+
+    add_lifecycle_subcommands(mem)
     from .service.cli import add_subcommands as _add_service_subcommands
 
     _add_service_subcommands(sub)

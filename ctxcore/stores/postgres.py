@@ -375,7 +375,7 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             try:
                 await self._check_pgvector(conn)
-                if migrate:
+                if migrate and (grant_to is not None or await self._behind(conn)):
                     await self._migrate(conn, grant_to)
                 await self._check_schema(conn)
             except psycopg.Error as exc:
@@ -405,6 +405,18 @@ class PostgresMemoryStore:
                     f"pgvector is available but not created in the database of {self._shown}, and this role may "
                     "not create it: a superuser must run CREATE EXTENSION vector there"
                 ) from None
+
+    @staticmethod
+    async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
+        # Read first, so that a role without CREATE opens an up-to-date schema.
+        async with conn.transaction():
+            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return True
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
+            row = await cur.fetchone()
+            return (int(row[0]) if row else 0) < PG_SCHEMA_VERSION
 
     async def _migrate(self, conn: psycopg.AsyncConnection[TupleRow], grant_to: str | None) -> None:
         async with conn.transaction():
