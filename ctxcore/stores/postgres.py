@@ -70,6 +70,7 @@ from .sqlite import (
     _check_scope,
     _clip,
     _fts_terms,
+    _scope_token,
     _strip_diacritics,
 )
 
@@ -218,11 +219,25 @@ def _password_of(dsn: str) -> str | None:
     return str(pw) if pw else None
 
 
-def _fts_document(text: str) -> str:
-    # The words the SQLite store's FTS5 index holds (NFKC, case folded, diacritics removed,
-    # CJK characters one word each), space-separated: the `simple` parser then sees one
-    # token per word.
-    return " ".join(_strip_diacritics(w) for w in words(normalize(text)))
+def _fts_document(organization_id: str, agent_id: str, text: str) -> str:
+    # The scope's token (letters and digits), then the words the SQLite store's FTS5 index
+    # holds (NFKC, case folded, diacritics removed, CJK characters one word each),
+    # space-separated: the `simple` parser sees one token per word. A term is searched
+    # together with the scope's token, so the GIN index intersects the two posting lists
+    # instead of reading every scope's matches.
+    return _scope_token(organization_id, agent_id) + " " + " ".join(
+        _strip_diacritics(w) for w in words(normalize(text)))
+
+
+def _tsquery_phrase(tokens: Sequence[str]) -> str:
+    """One full-text term as a tsquery: each token a quoted lexeme (quotes and backslashes
+    escaped, so a token can never be read as an operator), consecutive tokens a phrase.
+
+    >>> _tsquery_phrase(("返", "金")), _tsquery_phrase(("it's",))
+    ("'返' <-> '金'", "'it''s'")
+    """
+    return " <-> ".join(
+        "'" + _strip_diacritics(tok).replace("\\", "\\\\").replace("'", "''") + "'" for tok in tokens)
 
 
 def _vector_text(v: npt.NDArray[np.float32]) -> str:
@@ -339,6 +354,7 @@ class PostgresMemoryStore:
         self._accessed: dict[Scope, dict[int, float]] = {}
         self._accessed_lock = threading.Lock()
         self._flusher: asyncio.Task[None] | None = None
+        self._flush_sleeping = False
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -482,12 +498,14 @@ class PostgresMemoryStore:
             cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
             row = await cur.fetchone()
             version = int(row[0]) if row else 0
-            if version != PG_SCHEMA_VERSION:
+            if version > PG_SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"{self._shown}: database schema version {version} is newer than this ctxcore understands "
+                    f"({PG_SCHEMA_VERSION}); upgrade ctxcore")
+            if version < PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {version}, this ctxcore needs {PG_SCHEMA_VERSION}: "
-                    + ("upgrade ctxcore" if version > PG_SCHEMA_VERSION else
-                       "run `ctxcore memories init --db URL` as the schema owner")
-                )
+                    "run `ctxcore memories init --db URL` as the schema owner")
             dim = await self._meta(conn, "embedding_dim")
             if dim is not None:
                 if self._dim is not None and self._dim != int(dim):
@@ -567,9 +585,12 @@ class PostgresMemoryStore:
         self._loop.stop()
 
     async def _close_pool(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            if self._flush_sleeping:
+                flusher.cancel()  # nothing in flight: close() has flushed already
+            else:
+                await asyncio.gather(flusher, return_exceptions=True)  # let a running flush commit
         if self._pool is not None:
             await self._pool.close()
 
@@ -673,7 +694,8 @@ class PostgresMemoryStore:
         kind = "exact" if self._exact else "estimate"
         rows = [
             (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v),
-             _fts_document(m.text), m.confidence, m.importance, now if m.created_at is None else m.created_at,
+             _fts_document(m.organization_id, m.agent_id, m.text), m.confidence, m.importance,
+             now if m.created_at is None else m.created_at,
              m.accessed_at, n, self._family, kind)
             for m, n, v in zip(batch, counts, vectors)
         ]
@@ -871,7 +893,8 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        terms = [" ".join(_strip_diacritics(tok) for tok in t) for t in _fts_terms(query.text)]
+        token = _scope_token(scope.organization_id, scope.agent_id)
+        terms = [f"'{token}' & ({_tsquery_phrase(t)})" for t in _fts_terms(query.text)]
         out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
         self._note(scope, out)
         return [r for _, r in out]
@@ -941,9 +964,9 @@ class PostgresMemoryStore:
         # Each term's matches in the scope, at most cap + 1 of them: a term with more is a
         # stop word of this scope and left out; for the others the count is exact.
         cur = await conn.execute(
-            "SELECT t.k, m.seq FROM unnest(%s::text[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
+            "SELECT t.k, m.seq FROM unnest(%s::tsquery[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
             "SELECT seq FROM memories WHERE organization_id = %s AND agent_id = %s "
-            "AND fts @@ phraseto_tsquery('simple', t.q) LIMIT %s) m",
+            "AND fts @@ t.q LIMIT %s) m",
             (terms, org, agent, cap + 1),
         )
         hits: dict[int, list[int]] = {}
@@ -976,8 +999,9 @@ class PostgresMemoryStore:
 
     async def _flush_later(self) -> None:
         try:
+            self._flush_sleeping = True
             await asyncio.sleep(self._flush_every)
-            self._flusher = None
+            self._flush_sleeping = False
             await self._flush()
         except asyncio.CancelledError:
             raise
@@ -1100,7 +1124,8 @@ class PostgresMemoryStore:
         if "text" in fields:
             sets += ["text = %s", "fts = to_tsvector('simple', %s)", "token_count = %s", "token_family = %s",
                      "token_kind = %s"]
-            params += [fields["text"], _fts_document(fields["text"]), self._count([fields["text"]])[0], self._family,
+            params += [fields["text"], _fts_document(scope.organization_id, scope.agent_id, fields["text"]),
+                       self._count([fields["text"]])[0], self._family,
                        "exact" if self._exact else "estimate"]
         if "text" in fields or "embedding" in fields:
             sets.append("embedding = %s::vector")

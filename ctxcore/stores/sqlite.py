@@ -1169,6 +1169,7 @@ class SqliteMemoryStore:
         Directive(organization_id, agent_id, "-")  # validates the ids
 
         def run(conn: sqlite3.Connection) -> ForgetReport:
+            args: tuple[str, ...]
             if agent_id is None:
                 where, args = "organization_id = ?", (organization_id,)
             else:
@@ -1293,6 +1294,7 @@ class SqliteMemoryStore:
         cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
 
         def run(conn: sqlite3.Connection) -> int:
+            args: tuple[float | str, ...]
             if organization_id is None:
                 where, args = "created_at < ?", (cutoff,)
             else:
