@@ -88,6 +88,8 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra in
 __all__ = [
     "ACCESS_FLUSH_SECONDS",
     "DEFAULT_POOL_SIZE",
+    "HNSW_MIN_SCOPE",
+    "SCOPE_SIZE_SECONDS",
     "PG_SCHEMA_VERSION",
     "PostgresMemoryStore",
     "is_postgres_url",
@@ -99,6 +101,11 @@ _log = logging.getLogger("ctxcore.stores.postgres")
 #: Connections the pool keeps open at most (two retrieval branches read at once per
 #: assembly; eight leaves room for several assemblies and a writer).
 DEFAULT_POOL_SIZE = 8
+#: Scopes with at least this many memories search the HNSW index; smaller ones are scanned
+#: exactly (a few thousand cosines cost less than an index walk filtered to one scope).
+HNSW_MIN_SCOPE = 2_000
+#: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
+SCOPE_SIZE_SECONDS = 60.0
 #: Reads note the memories they return; ``accessed_at`` is written for all of them in one
 #: statement per scope at most this often (never a write per request on the hot path).
 ACCESS_FLUSH_SECONDS = 1.0
@@ -163,8 +170,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "ALTER TABLE directives ENABLE ROW LEVEL SECURITY",
             "ALTER TABLE directives FORCE ROW LEVEL SECURITY",
             "DROP POLICY IF EXISTS memories_scope ON memories",
-            f"CREATE POLICY memories_scope ON memories USING (organization_id = {_SCOPE_ORG} "
-            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS}))",
+            # IS TRUE: the same rows, but not an index condition, so the planner indexes the
+            # statements' own (equal) scope filters and the full-text search can be kept on GIN.
+            f"CREATE POLICY memories_scope ON memories USING ((organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
             "DROP POLICY IF EXISTS directives_scope ON directives",
             f"CREATE POLICY directives_scope ON directives USING (organization_id = {_SCOPE_ORG} "
             f"AND (agent_id = {_SCOPE_AGENT} OR agent_id = '' OR {_ALL_AGENTS})) "
@@ -355,6 +364,7 @@ class PostgresMemoryStore:
         self._accessed_lock = threading.Lock()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_sleeping = False
+        self._sizes: dict[Scope, tuple[float, int]] = {}
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -701,6 +711,7 @@ class PostgresMemoryStore:
         ]
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, dim))
+        self._sizes.clear()
         return [m.id for m in batch]
 
     async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], dim: int | None) -> None:
@@ -908,9 +919,16 @@ class PostgresMemoryStore:
                 await self._set_scope(conn, org, agent)
                 vector_hits: list[tuple[int, float]] = []
                 if qv is not None and self._dim is not None:
+                    # A large scope walks the HNSW index (iterative scans go on until `limit`
+                    # rows of the scope are found); a small one is scanned exactly off the
+                    # scope index. Row-level security's settings hide the scope's size from
+                    # the planner, so the store says which.
+                    large = await self._scope_size(conn, scope) >= HNSW_MIN_SCOPE
                     await conn.execute(
                         "SELECT set_config('hnsw.ef_search', %s, true), "
-                        "set_config('hnsw.iterative_scan', 'relaxed_order', true)", (str(max(_EF_SEARCH, limit)),))
+                        "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                        "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
+                        (str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
                     # The scope's `limit` nearest rows (HNSW, iterative scan keeps going until
                     # enough of this scope are found), then the ANN cutoff, before hydration.
                     cur = await conn.execute(
@@ -921,6 +939,8 @@ class PostgresMemoryStore:
                         (_vector_text(qv), org, agent, limit, min_similarity),
                     )
                     vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
+                await conn.execute("SELECT set_config('enable_sort', 'on', true), "
+                                   "set_config('enable_seqscan', 'on', true)")
                 text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
                 merged: list[tuple[int, float | None]] = []
                 seen: set[int] = set()
@@ -954,10 +974,7 @@ class PostgresMemoryStore:
     async def _fulltext(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope, terms: list[str],
                         limit: int) -> list[int]:
         org, agent = scope.organization_id, scope.agent_id
-        cur = await conn.execute(
-            "SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s", (org, agent))
-        row = await cur.fetchone()
-        in_scope = int(row[0]) if row else 0
+        in_scope = await self._scope_size(conn, scope)
         if in_scope == 0:
             return []
         cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
@@ -965,8 +982,8 @@ class PostgresMemoryStore:
         # stop word of this scope and left out; for the others the count is exact.
         cur = await conn.execute(
             "SELECT t.k, m.seq FROM unnest(%s::tsquery[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
-            "SELECT seq FROM memories WHERE organization_id = %s AND agent_id = %s "
-            "AND fts @@ t.q LIMIT %s) m",
+            "SELECT seq FROM memories WHERE fts @@ t.q AND (organization_id = %s AND agent_id = %s) IS TRUE "
+            "LIMIT %s) m",
             (terms, org, agent, cap + 1),
         )
         hits: dict[int, list[int]] = {}
@@ -979,6 +996,23 @@ class PostgresMemoryStore:
             for s in hits[k]:
                 scores[s] = scores.get(s, 0.0) + idf
         return sorted(scores, key=lambda s: (-scores[s], -s))[:limit]
+
+    async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
+        # The scope's memory count sets the stop-word threshold and the vector plan; it is
+        # re-read at most every SCOPE_SIZE_SECONDS (counting 10,000 rows costs more than a
+        # whole cold query), and at once after a write through this store.
+        hit = self._sizes.get(scope)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
+            return hit[1]
+        cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
+                                 (scope.organization_id, scope.agent_id))
+        row = await cur.fetchone()
+        n = int(row[0]) if row else 0
+        if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
+            self._sizes.clear()
+        self._sizes[scope] = (now, n)
+        return n
 
     # ---- accessed_at, batched --------------------------------------------------------------
 
@@ -1058,6 +1092,7 @@ class PostgresMemoryStore:
 
     async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
+        self._sizes.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1077,6 +1112,7 @@ class PostgresMemoryStore:
 
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
         assert self._pool is not None
+        self._sizes.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1178,6 +1214,7 @@ class PostgresMemoryStore:
 
     async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
+        self._sizes.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._as_admin(conn, "retention")
