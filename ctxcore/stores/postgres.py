@@ -32,7 +32,7 @@ never import it.
 >>> redact_dsn("postgresql://app:s3cret@db.example:5432/memories?sslmode=require")
 'postgresql://app:***@db.example:5432/memories?sslmode=require'
 >>> redact_dsn("host=db user=app password='s e c' dbname=m")
-"host=db user=app password=*** dbname=m"
+'host=db user=app password=*** dbname=m'
 """
 
 from __future__ import annotations
@@ -215,7 +215,9 @@ def redact_dsn(dsn: str) -> str:
             ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv)
             for kv in parts.query.split("&")
         ) if parts.query else ""
-        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        # Not urlunsplit: it drops the "//" of an empty host (postgresql:///db).
+        return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+                + (f"#{parts.fragment}" if parts.fragment else ""))
     return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
 
 
