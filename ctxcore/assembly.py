@@ -12,19 +12,28 @@ what the request may see.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hashlib
 import math
 import os
+import secrets
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
+from . import _core
 from .budget import Budget, BudgetPolicy, compute_budget
-from .catalog import Catalog, default_catalog
+from .catalog import Catalog, ModelCapability, default_catalog
 from .errors import ConfigError, ContextOverflow
-from .formatting import format_context, formatter_overhead
+from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
 from .request import AssemblyRequest, HistoryPolicy, Message, Role
@@ -33,6 +42,7 @@ from .result import (
     BranchRecord,
     BranchStatus,
     HistoryDrop,
+    Pricing,
     StageTimings,
     TraceEntry,
     TraceReason,
@@ -45,14 +55,18 @@ from .retrieval import (
     DEFAULT_HOT_TIMEOUT_MS,
     DEFAULT_SERVER_DEADLINE_MS,
     BranchTimeouts,
+    Retrieved,
     compute_wall,
     retrieve,
 )
-from .tokens import TokenKind
+from .tokens import TokenCount, TokenKind, _estimator_for, estimate_tokens_batch, exact_families
 from .scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoreWeights, ScoringConfig, score_candidates
 
 __all__ = [
+    "COUNT_CACHE_ENTRIES",
     "DEFAULT_PACKING_HEADROOM_MS",
+    "DIRECTIVE_BOUNDARY_ALLOWANCE",
+    "EXACT_COUNT_BYTES_PER_MS",
     "RECENCY_HALF_LIFE_DAYS",
     "AssembledContext",
     "AssemblyConfig",
@@ -65,6 +79,8 @@ DEFAULT_PACKING_HEADROOM_MS = 5.0
 #: Half-life of the recency component used by weighted scores: a memory a week old
 #: counts half as recent as a new one.
 RECENCY_HALF_LIFE_DAYS = 7.0
+
+_T = TypeVar("_T")
 
 _ENV = {
     "client_timeout_ms": "CTXCORE_CONTEXT_TIMEOUT_MS",
@@ -159,9 +175,10 @@ class TraceTable:
     score: list[float] = field(default_factory=list)
     relevance: list[float] = field(default_factory=list)
     recounted: list[bool] = field(default_factory=list)
+    pricing: list[str] = field(default_factory=list)
 
     def add(self, memory_id: str, reason: TraceReason, origin: str, tokens: int = 0, score: float = 0.0,
-            relevance: float = 0.0, recounted: bool = False) -> None:
+            relevance: float = 0.0, recounted: bool = False, pricing: str = "") -> None:
         """Append one row."""
         self.memory_id.append(memory_id)
         self.reason.append(reason)
@@ -170,6 +187,7 @@ class TraceTable:
         self.score.append(score)
         self.relevance.append(relevance)
         self.recounted.append(recounted)
+        self.pricing.append(pricing)
 
     def __len__(self) -> int:
         return len(self.memory_id)
@@ -179,7 +197,7 @@ class TraceTable:
         return tuple(
             TraceEntry(*row)
             for row in zip(self.memory_id, self.reason, self.origin, self.tokens, self.score, self.relevance,
-                           self.recounted)
+                           self.recounted, self.pricing)
         )
 
 
@@ -193,8 +211,9 @@ class AssembledContext:
         nonce: the per-assembly nonce on every memory element.
         model: the canonical model name.
         scope: the organization and agent the context is for.
-        budget: the budget ledger (every term, `usable`, `constrained`), in the
-            estimator's counts for the model's tokenizer family.
+        budget: the budget ledger (every term, `usable`, `constrained`), in the model's
+            tokenizer family: exact counts where the family's tokenizer is installed
+            (``budget.estimate_kind``), else the estimator's.
         pack: the pack record, or None when there was nothing to pack.
         trace_table: the trace as columns (cheap to build); `trace` gives it as entries.
         branches: the directive, hot and cold branch records.
@@ -206,6 +225,9 @@ class AssembledContext:
         timings: milliseconds per stage.
         replaced_chars: characters XML 1.0 cannot carry, replaced by U+FFFD.
         scoring: which score formula ran, with which weights.
+        prompt_tokens: the priced size of `text`: directive, messages, tools, fixed text
+            and the selected memories, in the ledger's family and kind. For an exact ledger
+            it is an upper bound on the exact count of `text` (the tests measure how tight).
     """
 
     text: str
@@ -225,6 +247,7 @@ class AssembledContext:
     timings: StageTimings
     replaced_chars: int
     scoring: Mapping[str, Any] = field(default_factory=dict)
+    prompt_tokens: TokenCount | None = None
 
     @property
     def trace(self) -> tuple[TraceEntry, ...]:
@@ -276,9 +299,10 @@ class AssembledContext:
                     "score": score,
                     "relevance": rel,
                     "recounted": rc,
+                    "pricing": how,
                 }
-                for mid, reason, origin, tokens, score, rel, rc in zip(
-                    t.memory_id, t.reason, t.origin, t.tokens, t.score, t.relevance, t.recounted
+                for mid, reason, origin, tokens, score, rel, rc, how in zip(
+                    t.memory_id, t.reason, t.origin, t.tokens, t.score, t.relevance, t.recounted, t.pricing
                 )
             ],
             "wall": {"limit_ms": self.wall.limit_ms, "source": self.wall.source.value},
@@ -299,6 +323,7 @@ class AssembledContext:
                 "total": self.timings.total_ms,
             },
             "replaced_chars": self.replaced_chars,
+            "prompt_tokens": None if self.prompt_tokens is None else self.prompt_tokens.value,
         }
 
 
@@ -345,6 +370,15 @@ _PACK_REASONS = (
     TraceReason.NON_POSITIVE_SCORE,
 )
 
+#: Exact counting speed assumed when deciding whether a count can be had before the
+#: deadline (UTF-8 bytes per millisecond; tiktoken counts ~3-10 MB/s on this machine, the
+#: figure is the slow end so that a count started is a count finished).
+EXACT_COUNT_BYTES_PER_MS = 2000.0
+#: Tokens added to the directive's exact count: the directive is the one piece whose last
+#: character is caller text, and BPE may merge it with the newline of the frame after it
+#: (the property tests in tests/test_pricing.py measure the largest such effect).
+DIRECTIVE_BOUNDARY_ALLOWANCE = 1
+
 
 def _recency(mems: Sequence[MemoryRecord], now: float) -> np.ndarray | None:
     if not mems or any(m.created_at is None for m in mems):
@@ -362,6 +396,350 @@ def _overflow_message(budget: Budget) -> str:
     )
 
 
+class _CountCache:
+    """Exact counts of pieces that repeat across calls (directives, tool schemas, frames,
+    messages of a conversation, score/source shapes), keyed by family and content: the
+    text itself when short, else its BLAKE2b digest. Bounded; least recently used first out.
+    Thread-safe (assemblies may run on an executor's threads)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: OrderedDict[tuple[str, object], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(family: str, text: str) -> tuple[str, object]:
+        if len(text) <= 128:
+            return (family, text)
+        return (family, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest())
+
+    def get_many(self, keys: Sequence[tuple[str, object]]) -> list[int | None]:
+        with self._lock:
+            out = [self._data.get(k) for k in keys]
+            for k, v in zip(keys, out):
+                if v is not None:
+                    self._data.move_to_end(k)
+        return out
+
+    def put_many(self, items: Sequence[tuple[tuple[str, object], int]]) -> None:
+        with self._lock:
+            for k, v in items:
+                self._data[k] = v
+                self._data.move_to_end(k)
+            while len(self._data) > self._capacity:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+#: Entries kept by the exact-count cache (all families together).
+COUNT_CACHE_ENTRIES = 1 << 16
+_COUNTS = _CountCache(COUNT_CACHE_ENTRIES)
+
+
+class _ShapeCache:
+    """Exact counts of the score/source unit by (score, source), per family. Bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: dict[str, dict[tuple[float, str], int]] = {}
+        self._lock = threading.Lock()
+
+    def get_many(self, family: str, shapes: Sequence[tuple[float, str]]) -> list[int | None]:
+        table = self._data.get(family, {})
+        get = table.get
+        return [get(s) for s in shapes]
+
+    def put_many(self, family: str, counts: Mapping[tuple[float, str], int]) -> None:
+        with self._lock:
+            table = dict(self._data.get(family, {}))
+            if len(table) + len(counts) > self._capacity:
+                table = {}
+            table.update(counts)
+            self._data[family] = table  # replaced whole: readers never see a dict change
+
+
+_SHAPES = _ShapeCache(COUNT_CACHE_ENTRIES)
+
+
+def _uncached_bytes(texts: Sequence[str], family: str) -> int:
+    keys = [_CountCache.key(family, t) for t in texts]
+    return sum(len(t) for t, v in zip(texts, _COUNTS.get_many(keys)) if v is None)
+
+
+def _exact(texts: Sequence[str], family: str) -> list[int]:
+    """Exact counts of `texts`, from the cache where it has them, the rest in one batch."""
+    keys = [_CountCache.key(family, t) for t in texts]
+    got = _COUNTS.get_many(keys)
+    missing = [i for i, v in enumerate(got) if v is None]
+    if missing:
+        from .stores.counting import count_exact_batch
+
+        counted = count_exact_batch([texts[i] for i in missing], family).tolist()
+        _COUNTS.put_many([(keys[i], n) for i, n in zip(missing, counted)])
+        for i, n in zip(missing, counted):
+            got[i] = n
+    return [int(v) for v in got]  # type: ignore[arg-type]
+
+
+def _split(text: str, pieces: Sequence[tuple[int, int]]) -> tuple[list[int], list[str]]:
+    kinds: list[int] = []
+    texts: list[str] = []
+    begin = 0
+    for kind, end in pieces:
+        kinds.append(kind)
+        texts.append(text[begin:end])
+        begin = end
+    return kinds, texts
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """Prices the formatter's pieces in one family, exactly or with the estimator."""
+
+    family: str
+    exact: bool
+
+    def costs(self, text: str, pieces: Sequence[tuple[int, int]], texts: Sequence[str]) -> list[int]:
+        """Each piece's cost: its exact count on its own, or the estimator's price of it
+        behind the character that precedes it (a message or the tools JSON always follows
+        a ``>``, so either is the same wherever the piece stands)."""
+        if self.exact:
+            from .stores.counting import boundary_allowance
+
+            if boundary_allowance(self.family) == 0:
+                # A message always follows a ``>`` (``<history>`` or the message before it),
+                # and for the built-in families that ``>`` and the message's newline are one
+                # chunk: a message costs what it adds behind the ``>``, as the whole text counts.
+                is_message = [k == _PIECE_MESSAGE for k, _ in pieces]
+                counted = _exact([">" + t if m else t for t, m in zip(texts, is_message)], self.family)
+                gt = _exact([">"], self.family)[0]
+                return [c - gt if m else c for c, m in zip(counted, is_message)]
+            return _exact(texts, self.family)
+        ends = np.array([e for _, e in pieces], dtype=np.int64)
+        priced = _estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
+        return list(priced.tolist())
+
+    def price(self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None,
+              frame: bool) -> tuple[list[int], list[int]]:
+        """(kinds, costs) of every piece of the context formatted without memories."""
+        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, _PRICING_NONCE, frame, True)
+        kinds, texts = _split(text, pieces)
+        return kinds, self.costs(text, pieces, texts)
+
+    def frame_and_directive(self, directive: str | None, has_history: bool, has_tools: bool) -> tuple[int, int]:
+        """The formatter's fixed text (with the memories section) and the directive's cost.
+        Placeholders stand in for the messages and tools: the frame around them is the same."""
+        kinds, costs = self.price(
+            directive, _PLACEHOLDER_HISTORY if has_history else (), "[0]" if has_tools else None, True
+        )
+        fixed = sum(c for k, c in zip(kinds, costs) if k == _PIECE_FRAME)
+        dcost = sum(c for k, c in zip(kinds, costs) if k == _PIECE_DIRECTIVE)
+        if self.exact and directive:
+            dcost += DIRECTIVE_BOUNDARY_ALLOWANCE
+        return fixed, dcost
+
+
+_PRICING_NONCE = "0" * 32
+_PLACEHOLDER_HISTORY = ({"role": "user", "content": ""},)
+_PIECE_FRAME, _PIECE_DIRECTIVE, _PIECE_MESSAGE, _PIECE_MEMORY, _PIECE_TOOLS = range(5)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What is settled before retrieval: the ledger, the messages and tools priced, and
+    how much history can go."""
+
+    cap: ModelCapability
+    ledger: _Ledger
+    history: list[dict[str, str]]
+    message_costs: npt.NDArray[np.int64]
+    groups: list[tuple[int, int]]  # droppable groups, oldest first
+    group_prefix: npt.NDArray[np.int64]  # prefix sums of the droppable groups' costs
+    tools: list[dict[str, Any]] | None
+    tools_json: str | None
+    tools_tokens: int
+    t_priced: float
+
+
+def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> ModelCapability:
+    kind = TokenKind.EXACT if exact else TokenKind.ESTIMATE
+    if cap.estimate_kind is kind:
+        return cap
+    return replace(cap, estimate_kind=kind, safety_fraction=cat.policies[cap.tokenizer_family].safety_fraction(kind))
+
+
+def _can_count_exactly(cat: Catalog, cap: ModelCapability) -> bool:
+    # The catalog says which kind of count the model is budgeted in; exact needs the
+    # family's tokenizer installed (or registered) too.
+    family = cap.tokenizer_family
+    if cap.estimate_kind is not TokenKind.EXACT or family not in exact_families():
+        return False
+    policy = cat.policies.get(family)
+    return policy is not None and TokenKind.EXACT in policy.safety_fractions
+
+
+def _time_left_ms(deadline: float | None) -> float:
+    return math.inf if deadline is None else (deadline - time.monotonic()) * 1000.0
+
+
+def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig,
+          deadline: float | None) -> _Plan:
+    """Budget before work: price messages and tools and decide what history must go (up to
+    the directive's share) before any store is queried; a request that cannot fit is
+    refused here."""
+    history = [_message_item(m) for m in request.messages]
+    tools = [dict(t) for t in request.tools] or None
+    tools_json = _tools_json(tools)
+    family = cap.tokenizer_family
+    exact = _can_count_exactly(cat, cap)
+    text, _, _, pieces = _core.format_context(None, history, (), tools_json, _PRICING_NONCE, False, True)
+    kinds, texts = _split(text, pieces)
+    if exact and deadline is not None:
+        # Exact counting of what is not cached must fit in half the time left; a very long
+        # history on a short deadline is priced with the estimator instead (the ledger then
+        # is in estimate counts, never a mix).
+        uncached = _uncached_bytes(texts, family)
+        exact = uncached <= 0.5 * _time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
+    ledger = _Ledger(family, exact)
+    lcap = _ledger_capability(cat, cap, exact)
+    costs = ledger.costs(text, pieces, texts)
+    message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
+    tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
+    groups = _turn_groups(request.messages)
+    last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
+    droppable = [g for g in groups if not g[0] <= last_user < g[1]]
+    if request.options.history_policy == HistoryPolicy.STRICT:
+        droppable = []
+    prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
+    fixed, _ = ledger.frame_and_directive(None, bool(history), tools_json is not None)
+    budget = compute_budget(
+        lcap,
+        messages_tokens=int(message_costs.sum()),
+        tool_schema_tokens=tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
+    most = int(prefix[-1]) if prefix.size else 0
+    if budget.shortfall > most:
+        if request.options.history_policy == HistoryPolicy.STRICT:
+            raise ContextOverflow(_overflow_message(budget), budget)
+        raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+    return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
+                 time.perf_counter())
+
+
+def _trim(plan: _Plan, messages: Sequence[Message], shortfall: int) -> tuple[list[int], list[HistoryDrop]]:
+    """Drop the oldest droppable groups until `shortfall` tokens are freed: one search over
+    the prefix sums of the groups' costs. Returns the kept message indices and the drops."""
+    if shortfall <= 0:
+        return list(range(len(messages))), []
+    k = int(np.searchsorted(plan.group_prefix, shortfall, side="left")) + 1
+    gone = plan.groups[:k]
+    keep = np.ones(len(messages), dtype=bool)
+    drops: list[HistoryDrop] = []
+    for begin, end in gone:
+        keep[begin:end] = False
+        drops.append(
+            HistoryDrop(begin, end - begin, int(plan.message_costs[begin:end].sum()),
+                        tuple(messages[i].role.value for i in range(begin, end)))
+        )
+    return np.flatnonzero(keep).tolist(), drops
+
+
+def _memory_costs_exact(
+    family: str,
+    items: Sequence[Mapping[str, Any]],
+    mems: Sequence[MemoryRecord],
+    nonce: str,
+    deadline: float | None,
+    headroom_ms: float,
+) -> tuple[npt.NDArray[np.int64], list[str], list[bool]]:
+    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.stores.counting``):
+    ``I + B`` from the store's count, else counted in one batch when the time left allows,
+    else estimated; ``P`` once per assembly, ``M`` once per distinct score/source shape."""
+    # Imported here: ctxcore.stores brings the store clients, which plain assembling needs not load.
+    from .stores.counting import boundary_allowance, count_exact_batch, memory_units
+
+    n = len(items)
+    allow = boundary_allowance(family)
+    # P: the element's head with this assembly's nonce. An element always follows a ``>``
+    # (the element before it) or the ``.`` of the safety sentence, and for the built-in
+    # families that character and the head's newline are one chunk: the head's cost is
+    # what it adds behind either (the larger), as the whole text is counted.
+    p_text = f'\n<memory nonce="{nonce}"'
+    if allow == 0:
+        a, b, pa, pb = _exact([">", ".", ">" + p_text, "." + p_text], family)
+        head = max(pa - a, pb - b)
+    else:
+        head = _exact([p_text], family)[0] + allow
+    # M: one count per distinct (score, source), cached across calls (scores are rounded to
+    # four places, so the shapes repeat).
+    shape_of = [(it["score"], it["source"]) for it in items]
+    shape_cost = _SHAPES.get_many(family, shape_of)
+    if None in shape_cost:
+        new = list({s: None for s, c in zip(shape_of, shape_cost) if c is None})
+        counted = _exact(_shape_texts(new), family)
+        _SHAPES.put_many(family, dict(zip(new, counted)))
+        shape_cost = _SHAPES.get_many(family, shape_of)
+    shape_arr = np.array(shape_cost, dtype=np.int64) + allow
+    costs = np.empty(n, dtype=np.int64)
+    pricing = [Pricing.STORED.value] * n
+    recounted = [False] * n
+    missing: list[int] = []
+    for k, m in enumerate(mems):
+        stored = m.exact_tokens.get(family) if m.exact_tokens is not None else None
+        if stored is None:
+            missing.append(k)
+            costs[k] = 0
+        else:
+            costs[k] = stored
+    if missing:
+        units = memory_units([mems[k].id for k in missing], [mems[k].text for k in missing])
+        nbytes = sum(len(u) for u in units)
+        if nbytes <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
+            per_unit = count_exact_batch(units, family)
+            how = Pricing.COUNTED.value
+        else:
+            per_unit = estimate_tokens_batch(units, family)
+            how = Pricing.ESTIMATED.value
+        own = (per_unit[0::2] + per_unit[1::2]).tolist()
+        for k, c in zip(missing, own):
+            costs[k] = c
+            pricing[k] = how
+            recounted[k] = True
+    costs += head + allow
+    costs += shape_arr
+    return costs, pricing, recounted
+
+
+def _shape_texts(shapes: Sequence[tuple[float, str]]) -> list[str]:
+    """The ``M`` unit of each (score, source) as the serializer writes it."""
+    if not shapes:
+        return []
+    text, _, _, pieces = _core.format_context(
+        None, (), [{"id": "m", "text": "", "score": s, "source": src} for s, src in shapes], None,
+        _PRICING_NONCE, False, True,
+    )
+    head = len(f'\n<memory nonce="{_PRICING_NONCE}" id="m"')
+    tail = len('"></memory>')
+    out = []
+    begin = 0
+    for kind, end in pieces:
+        if kind == _PIECE_MEMORY:
+            out.append(text[begin + head : end - tail])
+        begin = end
+    return out
+
+
+async def _in(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
+    if executor is None:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
+
+
 async def assemble(
     request: AssemblyRequest,
     *,
@@ -369,8 +747,21 @@ async def assemble(
     catalog: Catalog | None = None,
     config: AssemblyConfig | None = None,
     deadline: float | None = None,
+    executor: Executor | None = None,
 ) -> AssembledContext:
     """Assemble the context for one request.
+
+    For a model whose tokenizer family has an exact tokenizer installed
+    (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
+    tokens: directive, messages, tools, the formatter's fixed text and each memory element
+    (from the store's stored count, no tokenizing, see ``ctxcore.stores.counting``). Other
+    families are priced with the estimator. Messages and tools are priced, and the
+    overflow and trimming decisions made, before any store is queried.
+
+    The deadline is checked between stages: before pricing (a history that cannot be
+    counted exactly in half the time left is priced with the estimator, the whole ledger
+    then in estimate counts), at retrieval (the wall), and before memories without stored
+    counts are counted (else they are estimated, per candidate, as the trace records).
 
     Args:
         request: who, for which model, about what, with which recent messages and tools.
@@ -379,7 +770,12 @@ async def assemble(
         catalog: the capability catalog; the shipped one by default.
         config: service settings; `AssemblyConfig.from_env()` by default.
         deadline: the caller's deadline as an absolute `time.monotonic()` time: the
-            retrieval wall is cut to the time left minus ``config.packing_headroom_ms``.
+            retrieval wall is cut to the time left minus ``config.packing_headroom_ms``;
+            exact counts that would not finish in time are replaced by estimates.
+        executor: where the CPU-heavy stages (pricing, trimming, scoring, packing,
+            formatting) run; None runs them inline on the calling thread (the event loop).
+            The compiled core releases the GIL, so a bounded thread pool keeps the event
+            loop free while a large request is priced and packed.
 
     Returns:
         The `AssembledContext`. Slow or failing sources degrade it; they never raise.
@@ -402,21 +798,15 @@ async def assemble(
     cfg = config if config is not None else AssemblyConfig.from_env()
     cat = catalog if catalog is not None else default_catalog()
     cap = cat.get_model(request.model)
-    if cap.estimate_kind is not TokenKind.ESTIMATE:
-        # Every term is priced by the estimator (fast, conservative, subadditive over the
-        # formatter's pieces), so the ledger is in estimate counts, with the family's
-        # safety fraction for estimates: counts of different kinds are never mixed.
-        cap = replace(
-            cap,
-            estimate_kind=TokenKind.ESTIMATE,
-            safety_fraction=cat.policies[cap.tokenizer_family].safety_fraction(TokenKind.ESTIMATE),
-        )
     opts = request.options
     scope = request.scope
     floor = opts.relevance_floor if opts.relevance_floor is not None else cfg.relevance_floor
     min_sim = opts.min_similarity if opts.min_similarity is not None else cfg.min_similarity
     scoring_config = ScoringConfig(relevance_floor=floor, min_similarity=min_sim)
     weights = ScoreWeights(**dict(opts.weights)) if opts.weights else None
+
+    # ---- budget before work: messages and tools priced, the request refused if it cannot fit
+    plan = await _in(executor, _plan, request, cat, cap, cfg, deadline)
 
     reasons: list[str] = []
     run_directive = opts.context_enabled
@@ -428,7 +818,8 @@ async def assemble(
     elif sources.hot is None and sources.cold is None:
         reasons.append("no_memory_source")
 
-    # ---- retrieval, under the shared wall (which started with the request)
+    # ---- retrieval, under the shared wall. It starts once the request is priced, as it did
+    # when pricing came after retrieval (a caller deadline still bounds the whole call).
     wall = compute_wall(
         cfg.client_timeout_ms, cfg.server_deadline_ms, deadline=deadline, headroom_ms=cfg.packing_headroom_ms
     )
@@ -442,12 +833,35 @@ async def assemble(
         min_similarity=min_sim,
         run_directive=run_directive,
         run_memory=run_memory,
-        wall_start=t_start,
+        wall_start=plan.t_priced,
     )
     t_retrieved = time.perf_counter()
     for b in retrieved.branches:
         if b.status in (BranchStatus.TIMEOUT, BranchStatus.ERROR):
             reasons.append(f"{b.branch.value}_{b.status.value}")
+    return await _in(
+        executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
+        t_start, t_retrieved,
+    )
+
+
+def _finish(
+    request: AssemblyRequest,
+    plan: _Plan,
+    retrieved: Retrieved,
+    cfg: AssemblyConfig,
+    scoring_config: ScoringConfig,
+    weights: ScoreWeights | None,
+    reasons: list[str],
+    deadline: float | None,
+    t_start: float,
+    t_retrieved: float,
+) -> AssembledContext:
+    """The stages after retrieval, synchronous: scoring and the gate, the directive's share
+    and history trimming, pricing, packing, formatting. Runs on the executor when given."""
+    opts = request.options
+    cap = plan.cap
+    ledger = plan.ledger
 
     # ---- scoring, the gate, de-duplication, the per-request cap
     trace = TraceTable()
@@ -493,108 +907,114 @@ async def assemble(
             del cand[opts.max_memories :]
     t_scored = time.perf_counter()
 
-    # ---- price everything, then the budget; trim history if the policy allows
+    # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    messages = list(request.messages)
-    tools = [dict(t) for t in request.tools] or None
+    fixed, directive_tokens = ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
+    messages_tokens = int(plan.message_costs.sum())
+    budget = compute_budget(
+        cap,
+        directive_tokens=directive_tokens,
+        messages_tokens=messages_tokens,
+        tool_schema_tokens=plan.tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
+    kept_idx: list[int] = list(range(len(plan.history)))
+    dropped: list[HistoryDrop] = []
+    if budget.shortfall > 0:
+        most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
+        if opts.history_policy == HistoryPolicy.STRICT:
+            raise ContextOverflow(_overflow_message(budget), budget)
+        if budget.shortfall > most:
+            raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+        kept_idx, dropped = _trim(plan, request.messages, budget.shortfall)
+        budget = compute_budget(
+            cap,
+            directive_tokens=directive_tokens,
+            messages_tokens=messages_tokens - sum(d.tokens for d in dropped),
+            tool_schema_tokens=plan.tools_tokens,
+            formatter_overhead_tokens=fixed,
+            policy=cfg.budget_policy,
+        )
+    history = plan.history if not dropped else [plan.history[i] for i in kept_idx]
+    t_budgeted = time.perf_counter()
+
+    # ---- price the candidates, pack
+    nonce = secrets.token_hex(NONCE_BYTES)
     # The score attribute is rounded so that the text carries no float noise.
     memory_items = [
         {"id": mems[i].id, "text": mems[i].text, "score": round(scores[i], 4), "source": mems[i].origin}
         for i in cand
     ]
-    dropped: list[HistoryDrop] = []
-    while True:
-        overhead = formatter_overhead(
-            memory_items,
-            family=cap.tokenizer_family,
-            directive=directive,
-            history=[_message_item(m) for m in messages],
-            tools=tools,
-        )
-        budget = compute_budget(
-            cap,
-            directive_tokens=overhead.directive_tokens,
-            messages_tokens=overhead.history_tokens,
-            tool_schema_tokens=overhead.tools_tokens,
-            formatter_overhead_tokens=overhead.fixed_tokens,
-            policy=cfg.budget_policy,
-        )
-        if budget.shortfall == 0:
-            break
-        if opts.history_policy == HistoryPolicy.STRICT:
-            raise ContextOverflow(_overflow_message(budget), budget)
-        groups = _turn_groups(messages)
-        last_user = max((i for i, m in enumerate(messages) if m.role == Role.USER), default=-1)
-        droppable = [g for g in groups if not g[0] <= last_user < g[1]]
-        if not droppable:
-            raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
-        begin, end = droppable[0]
-        gone = messages[begin:end]
-        gone_tokens = formatter_overhead(
-            (), family=cap.tokenizer_family, history=[_message_item(m) for m in gone]
-        ).history_tokens
-        offset = sum(d.count for d in dropped)
-        dropped.append(HistoryDrop(begin + offset, end - begin, gone_tokens, tuple(m.role.value for m in gone)))
-        # Groups go oldest first, so every earlier drop lay before this one in the
-        # original list and `offset` maps the index back to it.
-        del messages[begin:end]
-    t_budgeted = time.perf_counter()
-
-    # ---- pack
     pack_result: PackResult | None = None
+    memory_total = 0
     if cand:
-        family, kind = cap.tokenizer_family, cap.estimate_kind.value
-        costs = np.fromiter(overhead.memory_tokens, dtype=np.int64, count=len(cand))
-        recounted = [False] * len(cand)
-        for k, i in enumerate(cand):
-            m = mems[i]
-            if m.token_count is not None:
-                if m.token_family == family and m.token_kind == kind:
-                    # A matching stored count of the raw text plus the wrapper can only
-                    # raise the cost: the larger is kept, never a mix of families or kinds.
-                    costs[k] = max(int(costs[k]), m.token_count + overhead.wrapper_tokens)
-                else:
-                    recounted[k] = True
+        family = cap.tokenizer_family
+        cand_mems = [mems[i] for i in cand]
+        if ledger.exact:
+            costs, pricing, recounted = _memory_costs_exact(
+                family, memory_items, cand_mems, nonce, deadline, cfg.packing_headroom_ms / 2
+            )
+        else:
+            overhead = formatter_overhead(memory_items, family=family, nonce=nonce)
+            costs = np.fromiter(overhead.memory_tokens, dtype=np.int64, count=len(cand))
+            pricing = [Pricing.ESTIMATED.value] * len(cand)
+            recounted = [False] * len(cand)
+            kind = TokenKind.ESTIMATE.value
+            for k, m in enumerate(cand_mems):
+                if m.token_count is not None:
+                    if m.token_family == family and m.token_kind == kind:
+                        # A matching stored count of the raw text plus the wrapper can only
+                        # raise the cost: the larger is kept, never a mix of families or kinds.
+                        costs[k] = max(int(costs[k]), m.token_count + overhead.wrapper_tokens)
+                    else:
+                        recounted[k] = True
         pinned = None
         if opts.pinned_memory_ids:
-            pinned = np.array([mems[i].id in opts.pinned_memory_ids for i in cand], dtype=bool)
+            pinned = np.array([m.id in opts.pinned_memory_ids for m in cand_mems], dtype=bool)
         pack_result = pack_arrays(
-            [mems[i].id for i in cand], costs, np.array([scores[i] for i in cand]), budget.usable, pinned=pinned
+            [m.id for m in cand_mems], costs, np.array([scores[i] for i in cand]), budget.usable, pinned=pinned
         )
+        memory_total = int(pack_result.tokens_used)
         codes = pack_result.reasons.tolist()
-        trace.memory_id.extend(mems[i].id for i in cand)
+        trace.memory_id.extend(m.id for m in cand_mems)
         trace.reason.extend(_PACK_REASONS[c] for c in codes)
-        trace.origin.extend(mems[i].origin for i in cand)
+        trace.origin.extend(m.origin for m in cand_mems)
         trace.tokens.extend(costs.tolist())
         trace.score.extend(scores[i] for i in cand)
         trace.relevance.extend(relevance[i] for i in cand)
         trace.recounted.extend(recounted)
+        trace.pricing.extend(pricing)
     t_packed = time.perf_counter()
 
     # ---- format
     selected = pack_result.indices.tolist() if pack_result is not None else []
     formatted = format_context(
         directive=directive,
-        history=[_message_item(m) for m in messages],
+        history=history,
         memories=[memory_items[i] for i in selected],
-        tools=tools,
-        nonce=overhead.nonce,
+        tools=plan.tools,
+        nonce=nonce,
     )
     t_end = time.perf_counter()
     timings = StageTimings(
-        budget_ms=(t_budgeted - t_scored) * 1000.0,
-        retrieval_ms=(t_retrieved - t_start) * 1000.0,
+        budget_ms=(t_budgeted - t_scored + plan.t_priced - t_start) * 1000.0,
+        retrieval_ms=(t_retrieved - plan.t_priced) * 1000.0,
         scoring_ms=(t_scored - t_retrieved) * 1000.0,
         packing_ms=(t_packed - t_budgeted) * 1000.0,
         formatting_ms=(t_end - t_packed) * 1000.0,
         total_ms=(t_end - t_start) * 1000.0,
+    )
+    prompt = (
+        budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
+        + budget.formatter_overhead_tokens + memory_total
     )
     return AssembledContext(
         text=formatted.text,
         sections=formatted.sections,
         nonce=formatted.nonce,
         model=cap.name,
-        scope=scope,
+        scope=request.scope,
         budget=budget,
         pack=pack_result,
         trace_table=trace,
@@ -607,4 +1027,5 @@ async def assemble(
         timings=timings,
         replaced_chars=formatted.replaced_chars,
         scoring=scoring_record,
+        prompt_tokens=TokenCount(prompt, cap.tokenizer_family, cap.estimate_kind),
     )

@@ -126,7 +126,7 @@ class Budget:
 
     >>> b = compute_budget("gpt-4", directive_tokens=300, messages_tokens=1200)
     >>> (b.response_reserve, b.safety_buffer, b.usable, b.constrained)
-    (1229, 82, 5381, False)
+    (1229, 41, 5422, False)
     """
 
     model: str
@@ -158,7 +158,7 @@ class Budget:
         """Every field as plain JSON-ready values (for logs, traces and the service).
 
         >>> compute_budget("gpt-4").record()["usable"]
-        6881
+        6922
         """
         return {
             "model": self.model,
@@ -225,7 +225,7 @@ def compute_budget(
 
     >>> b = compute_budget("gpt-4o", directive_tokens=1500, messages_tokens=6000)
     >>> (b.response_reserve, b.safety_buffer, b.usable)
-    (4096, 3840, 112564)
+    (4096, 640, 115764)
     >>> compute_budget("gpt-4", messages_tokens=7000).usable
     0
     """

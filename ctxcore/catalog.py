@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import CatalogError, UnknownModel
-from .tokens import TokenKind, estimator_families
+from .tokens import TokenKind, _fallback_family, estimator_families
 
 __all__ = [
     "Catalog",
@@ -64,7 +64,7 @@ class TokenizerPolicy:
         """The fraction for `kind`; `CatalogError` when this family has no policy for it.
 
         >>> default_catalog().policies["cl100k_base"].safety_fraction(TokenKind.EXACT)
-        0.01
+        0.005
         """
         try:
             return self.safety_fractions[kind]
@@ -198,33 +198,53 @@ class Catalog(Mapping[str, ModelCapability]):
         return f"Catalog({len(self)} models from {self.source})"
 
 
-def _parse_policies(data: Any, source: str) -> dict[str, TokenizerPolicy]:
+def _fraction(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value < 1:
+        raise CatalogError(f"{where}: safety fraction must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _parse_policies(data: Any, exact_fraction: float | None, source: str) -> dict[str, TokenizerPolicy]:
     if not isinstance(data, dict) or not data:
         raise CatalogError(f"{source}: [tokenizer_policy] must be a table with one entry per tokenizer family")
     known = set(estimator_families())
     out: dict[str, TokenizerPolicy] = {}
     for family, entry in data.items():
         where = f"{source}: tokenizer_policy.{family}"
-        if family not in known:
-            raise CatalogError(f"{where}: unknown tokenizer family; the estimator knows {', '.join(sorted(known))}")
+        if family not in known and _fallback_family(family) is None:
+            raise CatalogError(
+                f"{where}: unknown tokenizer family; the estimator knows {', '.join(sorted(known))} "
+                "(register_tokenizer adds others)"
+            )
         if not isinstance(entry, dict) or not entry:
             raise CatalogError(f"{where}: must be a table with 'exact' and/or 'estimate' fractions")
+        # Exact counts hold back the catalog's one exact_safety_fraction, unless the
+        # family's own table sets `exact`.
         fractions: dict[TokenKind, float] = {}
+        if exact_fraction is not None:
+            fractions[TokenKind.EXACT] = exact_fraction
         for kind_name, value in entry.items():
             try:
                 kind = TokenKind(kind_name)
             except ValueError:
                 raise CatalogError(f"{where}: unknown kind {kind_name!r} (expected 'exact' or 'estimate')") from None
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0 <= value < 1
-            ):
-                raise CatalogError(f"{where}.{kind_name}: safety fraction must be a number in [0, 1), got {value!r}")
-            fractions[kind] = float(value)
+            fractions[kind] = _fraction(value, f"{where}.{kind_name}")
         out[family] = TokenizerPolicy(family, fractions)
     return out
+
+
+def _borrow_policies(models: Any, policies: dict[str, TokenizerPolicy]) -> None:
+    """Give each registered family that models use, and that has no policy of its own,
+    the policy of the calibrated family it falls back to."""
+    if not isinstance(models, dict):
+        return
+    for entry in models.values():
+        family = entry.get("tokenizer_family") if isinstance(entry, dict) else None
+        if not isinstance(family, str) or family in policies:
+            continue
+        fallback = _fallback_family(family)
+        if fallback is not None and fallback in policies:
+            policies[family] = TokenizerPolicy(family, policies[fallback].safety_fractions)
 
 
 def _parse_model(name: str, entry: Any, policies: Mapping[str, TokenizerPolicy], source: str) -> ModelCapability:
@@ -241,8 +261,10 @@ def _parse_model(name: str, entry: Any, policies: Mapping[str, TokenizerPolicy],
         raise CatalogError(f"{where}: missing {', '.join(sorted(missing))}")
     family = entry["tokenizer_family"]
     if not isinstance(family, str) or family not in policies:
+        fallback = _fallback_family(family) if isinstance(family, str) else None
+        borrowed = f", nor has its fallback family {fallback!r}" if fallback is not None else ""
         raise CatalogError(
-            f"{where}: tokenizer_family {family!r} has no [tokenizer_policy] entry "
+            f"{where}: tokenizer_family {family!r} has no [tokenizer_policy] entry{borrowed} "
             f"(have: {', '.join(sorted(policies))})"
         )
     try:
@@ -293,11 +315,18 @@ def parse_catalog(text: str, source: str = "<string>") -> Catalog:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{source}: not valid TOML: {exc}") from None
-    unknown = set(data) - {"tokenizer_policy", "models"}
+    unknown = set(data) - {"exact_safety_fraction", "tokenizer_policy", "models"}
     if unknown:
-        raise CatalogError(f"{source}: unknown top-level keys {', '.join(sorted(unknown))} (expected tokenizer_policy, models)")
-    policies = _parse_policies(data.get("tokenizer_policy"), source)
+        raise CatalogError(
+            f"{source}: unknown top-level keys {', '.join(sorted(unknown))} "
+            "(expected exact_safety_fraction, tokenizer_policy, models)"
+        )
+    exact_fraction = None
+    if "exact_safety_fraction" in data:
+        exact_fraction = _fraction(data["exact_safety_fraction"], f"{source}: exact_safety_fraction")
+    policies = _parse_policies(data.get("tokenizer_policy"), exact_fraction, source)
     models_data = data.get("models")
+    _borrow_policies(models_data, policies)
     if not isinstance(models_data, dict) or not models_data:
         raise CatalogError(f"{source}: [models] must be a table with at least one model")
     models = {name: _parse_model(name, entry, policies, source) for name, entry in models_data.items()}

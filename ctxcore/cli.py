@@ -323,6 +323,25 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
+    from .stores import MemoryStoreError, SqliteMemoryStore
+
+    if not Path(args.db).is_file():
+        raise CliError(f"no database at {args.db}")
+    families = args.family or None
+    try:
+        with SqliteMemoryStore(args.db) as store:
+            updated = store.recount(families)
+    except MemoryStoreError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        json.dump({"db": args.db, "updated": updated}, out)
+        out.write("\n")
+    else:
+        out.write(f"counted {updated} memories in {args.db}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``ctxcore``."""
     parser = argparse.ArgumentParser(prog="ctxcore", description="Context assembly inside a hard token budget.")
@@ -362,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .stores.postgres_cli import add_lifecycle_subcommands
 
     add_lifecycle_subcommands(mem)
+    mr = mem.add_parser("recount", help="store exact token counts for memories that lack them (migrated databases)")
+    mr.add_argument("--db", required=True, help="the SQLite memory store")
+    mr.add_argument("--family", action="append", help="an exact tokenizer family (repeatable; default: all installed)")
+    mr.add_argument("--json", action="store_true", help="print one JSON document")
+    mr.set_defaults(func=_cmd_memories_recount)
     from .service.cli import add_subcommands as _add_service_subcommands
 
     _add_service_subcommands(sub)

@@ -19,6 +19,7 @@ __all__ = [
     "ContextOverflow",
     "InvalidCandidate",
     "InvalidFormatInput",
+    "InvalidTokenizerOutput",
     "TokenizerMismatch",
     "TokenizerUnavailable",
     "UnknownModel",
@@ -54,6 +55,21 @@ class TokenizerUnavailable(LookupError):
     """An exact count was asked for a family whose tokenizer is not installed offline."""
 
     __module__ = "ctxcore"
+
+
+class InvalidTokenizerOutput(ValueError):
+    """A registered tokenizer returned something that is not a token count.
+
+    A negative number, a non-integer, or a batch of the wrong length. `family` names the
+    registered family; `index` is the position of the text in a batch (-1 for one text).
+    """
+
+    __module__ = "ctxcore"
+
+    def __init__(self, message: str, family: str = "", index: int = -1) -> None:
+        super().__init__(message)
+        self.family = family
+        self.index = index
 
 
 class UnknownModel(LookupError):

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _core
 from .errors import InvalidFormatInput
-from .tokens import _estimator
+from .tokens import _estimator_for
 
 __all__ = [
     "MIN_NONCE_HEX_DIGITS",
@@ -413,7 +413,7 @@ def _price_estimated(text: str, kinds: list[int], ends: list[int], family: str) 
     after_frame = text[ends[first_memory - 1] - 1]
     after_memory = text[ends[first_memory] - 1]
     is_memory = np.fromiter((k == _PIECE_MEMORY for k in kinds), dtype=bool, count=len(kinds))
-    priced = _estimator(family).price_pieces(
+    priced = _estimator_for(family).price_pieces(
         text, np.array(ends, dtype=np.int64), is_memory, after_frame, after_memory
     )
     return list(priced.tolist())

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 __all__ = [
@@ -104,6 +104,11 @@ class MemoryRecord:
         token_count: tokens of `text`, counted by the store, if it did.
         token_family: tokenizer family of `token_count` (e.g. ``"cl100k_base"``).
         token_kind: ``"exact"`` or ``"estimate"``: how `token_count` was obtained.
+        exact_tokens: tokenizer family -> the exact tokens of this memory's own part of its
+            formatted element (its escaped id attribute and its escaped body with the
+            closing tag, ``ctxcore.stores.counting.count_memory_tokens``), as counted by the
+            store at ingest; None when the store has none. An assembly for one of these
+            families prices the memory from it without tokenizing.
 
     >>> MemoryRecord("m1", "org", "agent", "likes tea", similarity=0.8).relevance
     0.8
@@ -125,6 +130,7 @@ class MemoryRecord:
     token_count: int | None = None
     token_family: str | None = None
     token_kind: str | None = None
+    exact_tokens: Mapping[str, int] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         # Checked once here, where a source builds the record, so that the assembly's hot
@@ -145,6 +151,18 @@ class MemoryRecord:
             isinstance(self.token_count, bool) or not isinstance(self.token_count, int) or self.token_count < 0
         ):
             raise ValueError(f"memory {self.id!r}: token_count must be an int >= 0, got {self.token_count!r:.80}")
+        if self.exact_tokens is not None:
+            if not isinstance(self.exact_tokens, Mapping):
+                raise TypeError(
+                    f"memory {self.id!r}: exact_tokens must be a mapping of family to count, "
+                    f"got {type(self.exact_tokens).__name__}"
+                )
+            for fam, n in self.exact_tokens.items():
+                if type(fam) is not str or not fam or type(n) is not int or n < 0:
+                    raise ValueError(
+                        f"memory {self.id!r}: exact_tokens must map non-empty family names to ints >= 0, "
+                        f"got {fam!r:.40}: {n!r:.40}"
+                    )
         object.__setattr__(self, "origin", MemoryOrigin(self.origin))
 
     @property

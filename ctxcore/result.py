@@ -16,6 +16,7 @@ __all__ = [
     "BranchRecord",
     "BranchStatus",
     "HistoryDrop",
+    "Pricing",
     "StageTimings",
     "TraceEntry",
     "TraceReason",
@@ -70,6 +71,14 @@ class TraceReason(enum.StrEnum):
     NON_POSITIVE_SCORE = "non_positive_score"  #: scored <= 0: it cannot raise the total
 
 
+class Pricing(enum.StrEnum):
+    """How a memory candidate's cost was obtained."""
+
+    STORED = "stored"  #: the store's exact count (taken at ingest): no tokenizing
+    COUNTED = "counted"  #: counted exactly on the request path (the memory came without a count)
+    ESTIMATED = "estimated"  #: the estimator (no exact tokenizer, or no time left to count)
+
+
 @dataclass(frozen=True, slots=True)
 class TraceEntry:
     """The decision about one memory candidate.
@@ -83,7 +92,8 @@ class TraceEntry:
         score: its score (0 when it never reached scoring).
         relevance: the relevance the gate saw.
         recounted: True when the store's token count was of another tokenizer family or
-            kind and was recomputed rather than mixed.
+            kind (or missing) and was recomputed rather than mixed.
+        pricing: how `tokens` was obtained (`Pricing`); empty when it never reached pricing.
     """
 
     memory_id: str
@@ -93,6 +103,7 @@ class TraceEntry:
     score: float = 0.0
     relevance: float = 0.0
     recounted: bool = False
+    pricing: str = ""
 
 
 class WallSource(enum.StrEnum):

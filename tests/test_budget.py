@@ -125,8 +125,8 @@ def test_tagged_counts_must_match_the_models_tokenizer() -> None:
 
 def test_estimated_terms_flow_into_the_budget() -> None:
     directive = "You are a careful assistant. Answer from the memories below when they apply."
-    est = ctxcore.estimate_tokens(directive, "o200k_base")
-    b = compute_budget("gpt-4o", directive_tokens=est)
+    est = ctxcore.estimate_tokens(directive, "claude")
+    b = compute_budget("claude-sonnet-4", directive_tokens=est)
     assert b.directive_tokens == est.value > 0
 
 

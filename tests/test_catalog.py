@@ -148,8 +148,8 @@ def test_cli_one_model_as_json(capsys: pytest.CaptureFixture[str]) -> None:
             "context_window": 128000,
             "max_output_tokens": 16384,
             "tokenizer_family": "o200k_base",
-            "estimate_kind": "estimate",
-            "safety_fraction": 0.03,
+            "estimate_kind": "exact",
+            "safety_fraction": 0.005,
             "aliases": ["gpt-4o-mini-2024-07-18"],
         }
     ]
@@ -162,3 +162,82 @@ def test_cli_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) 
     assert "tokenizer_policy" in capsys.readouterr().err
     assert main(["catalog", "--catalog", str(write(tmp_path, POLICY + MODEL))]) == 0
     assert "m1-latest" in capsys.readouterr().out
+
+
+# ---- OpenAI families and the exact safety fraction ------------------------------------------
+
+OPENAI_MODELS = [
+    # name, context window, max output tokens, tokenizer family
+    ("gpt-5", 400_000, 128_000, "o200k_base"),
+    ("gpt-5-mini", 400_000, 128_000, "o200k_base"),
+    ("gpt-5-nano", 400_000, 128_000, "o200k_base"),
+    ("gpt-5-chat-latest", 128_000, 16_384, "o200k_base"),
+    ("gpt-4.1", 1_047_576, 32_768, "o200k_base"),
+    ("gpt-4.1-mini", 1_047_576, 32_768, "o200k_base"),
+    ("gpt-4.1-nano", 1_047_576, 32_768, "o200k_base"),
+    ("gpt-4o", 128_000, 16_384, "o200k_base"),
+    ("gpt-4o-2024-08-06", 128_000, 16_384, "o200k_base"),
+    ("gpt-4o-2024-05-13", 128_000, 4_096, "o200k_base"),
+    ("chatgpt-4o-latest", 128_000, 16_384, "o200k_base"),
+    ("gpt-4o-mini", 128_000, 16_384, "o200k_base"),
+    ("o1", 200_000, 100_000, "o200k_base"),
+    ("o1-pro", 200_000, 100_000, "o200k_base"),
+    ("o1-mini", 128_000, 65_536, "o200k_base"),
+    ("o3", 200_000, 100_000, "o200k_base"),
+    ("o3-pro", 200_000, 100_000, "o200k_base"),
+    ("o3-mini", 200_000, 100_000, "o200k_base"),
+    ("o4-mini", 200_000, 100_000, "o200k_base"),
+    ("gpt-4-turbo", 128_000, 4_096, "cl100k_base"),
+    ("gpt-4", 8_192, 8_192, "cl100k_base"),
+    ("gpt-3.5-turbo", 16_385, 4_096, "cl100k_base"),
+]
+
+
+@pytest.mark.parametrize("name,window,max_out,family", OPENAI_MODELS)
+def test_openai_models_are_budgeted_in_their_exact_tokens(name: str, window: int, max_out: int, family: str) -> None:
+    cat = ctxcore.default_catalog()
+    m = cat[name]
+    assert (m.provider, m.context_window, m.max_output_tokens, m.tokenizer_family) == ("openai", window, max_out, family)
+    assert m.estimate_kind is TokenKind.EXACT and family in ctxcore.exact_families()
+    assert m.safety_fraction == cat.policies[family].safety_fraction(TokenKind.EXACT)
+    # counts of the model's own family and kind build its budget; others are refused
+    directive = ctxcore.count_tokens("Answer in one sentence.", family)
+    assert ctxcore.compute_budget(m, directive_tokens=directive).directive_tokens == directive.value
+    with pytest.raises(ctxcore.TokenizerMismatch):
+        ctxcore.compute_budget(m, directive_tokens=ctxcore.estimate_tokens("Answer in one sentence.", family))
+
+
+def test_every_openai_model_is_exact() -> None:
+    cat = ctxcore.default_catalog()
+    openai = [cat[n] for n in cat if cat[n].provider == "openai"]
+    assert len(openai) >= 20
+    assert all(m.estimate_kind is TokenKind.EXACT for m in openai)
+    assert {m.tokenizer_family for m in openai} == {"o200k_base", "cl100k_base"}
+
+
+def test_one_exact_safety_fraction_for_every_family() -> None:
+    # One value, in one place: the shipped catalog's exact_safety_fraction.
+    text = (pathlib.Path(ctxcore.__file__).parent / "data" / "catalog.toml").read_text(encoding="utf-8")
+    assigned = [line for line in text.splitlines() if line.split("=")[0].strip() in {"exact", "exact_safety_fraction"}]
+    assert len(assigned) == 1 and assigned[0].startswith("exact_safety_fraction = ")
+    fraction = float(assigned[0].split("=")[1])
+    cat = ctxcore.default_catalog()
+    assert {p.safety_fraction(TokenKind.EXACT) for p in cat.policies.values()} == {fraction}
+    # held back from exact budgets: less than from any estimated one
+    assert fraction < min(p.safety_fraction(TokenKind.ESTIMATE) for p in cat.policies.values())
+    exact = [cat[n] for n in cat if cat[n].estimate_kind is TokenKind.EXACT]
+    assert exact and {m.safety_fraction for m in exact} == {fraction}
+
+
+def test_exact_safety_fraction_in_a_users_catalog(tmp_path: pathlib.Path) -> None:
+    text = "exact_safety_fraction = 0.003\n" + POLICY.replace("exact = 0.01\n", "") + MODEL.replace(
+        'estimate_kind = "estimate"', 'estimate_kind = "exact"'
+    )
+    cat = ctxcore.load_catalog(write(tmp_path, text))
+    assert cat["m1"].safety_fraction == 0.003
+    # a family's own `exact` overrides the catalog-wide value
+    cat = ctxcore.load_catalog(write(tmp_path, "exact_safety_fraction = 0.003\n" + POLICY + MODEL))
+    assert cat.policies["cl100k_base"].safety_fraction(TokenKind.EXACT) == 0.01
+    for bad in ("1.0", "-0.01", '"small"', "nan"):
+        with pytest.raises(ctxcore.CatalogError, match="exact_safety_fraction: safety fraction must be a number"):
+            ctxcore.load_catalog(write(tmp_path, f"exact_safety_fraction = {bad}\n" + POLICY + MODEL))

