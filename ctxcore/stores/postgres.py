@@ -69,6 +69,7 @@ from .sqlite import (
     _check_query,
     _check_scope,
     _clip,
+    _exact_json,
     _fts_terms,
     _scope_token,
     _strip_diacritics,
@@ -120,7 +121,7 @@ _T = TypeVar("_T")
 
 _COLUMNS = (
     "seq, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
-    "token_count, token_family, token_kind"
+    "token_count, token_family, token_kind, exact_tokens"
 )
 
 # ---- the schema, as versioned migrations ------------------------------------------------
@@ -153,7 +154,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
                 accessed_at double precision,
                 token_count integer NOT NULL CHECK (token_count >= 0),
                 token_family text NOT NULL,
-                token_kind text NOT NULL CHECK (token_kind IN ('exact', 'estimate'))
+                token_kind text NOT NULL CHECK (token_kind IN ('exact', 'estimate')),
+                exact_tokens jsonb
             )""",
             "CREATE INDEX IF NOT EXISTS memories_recent ON memories "
             "(organization_id, agent_id, created_at DESC, seq DESC)",
@@ -689,6 +691,7 @@ class PostgresMemoryStore:
         if not batch:
             return []
         counts = self._count([m.text for m in batch])
+        exact = _exact_json([m.id for m in batch], [m.text for m in batch])
         vectors = [self._vector_of(m) for m in batch]
         dims = {v.size for v in vectors if v is not None}
         for i, v in enumerate(vectors):
@@ -708,8 +711,8 @@ class PostgresMemoryStore:
             (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v),
              _fts_document(m.organization_id, m.agent_id, m.text), m.confidence, m.importance,
              now if m.created_at is None else m.created_at,
-             m.accessed_at, n, self._family, kind)
-            for m, n, v in zip(batch, counts, vectors)
+             m.accessed_at, n, self._family, kind, ex)
+            for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, dim))
@@ -746,8 +749,9 @@ class PostgresMemoryStore:
                     async with conn.cursor() as cur:
                         await cur.executemany(
                             "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, "
-                            "importance, created_at, accessed_at, token_count, token_family, token_kind) VALUES "
-                            "(%s, %s, %s, %s, %s::vector, to_tsvector('simple', %s), %s, %s, %s, %s, %s, %s, %s) "
+                            "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                            "VALUES (%s, %s, %s, %s, %s::vector, to_tsvector('simple', %s), %s, %s, %s, %s, %s, %s, %s, "
+                            "%s::jsonb) "
                             "ON CONFLICT (id) DO NOTHING RETURNING id",
                             [rows[i] for i in idx], returning=True,
                         )
@@ -1161,10 +1165,10 @@ class PostgresMemoryStore:
                                 f"{self._dim}", -1, memory_id)
         if "text" in fields:
             sets += ["text = %s", "fts = to_tsvector('simple', %s)", "token_count = %s", "token_family = %s",
-                     "token_kind = %s"]
+                     "token_kind = %s", "exact_tokens = %s::jsonb"]
             params += [fields["text"], _fts_document(scope.organization_id, scope.agent_id, fields["text"]),
                        self._count([fields["text"]])[0], self._family,
-                       "exact" if self._exact else "estimate"]
+                       "exact" if self._exact else "estimate", _exact_json([memory_id], [fields["text"]])[0]]
         if "text" in fields or "embedding" in fields:
             sets.append("embedding = %s::vector")
             params.append(None if new_vec is None else _vector_text(new_vec))
@@ -1260,6 +1264,7 @@ def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, 
         id=row[1], organization_id=row[2], agent_id=row[3], text=row[4], origin=origin, similarity=similarity,
         confidence=row[5], importance=row[6], created_at=row[7], accessed_at=row[8], rank=rank,
         token_count=row[9], token_family=row[10], token_kind=row[11],
+        exact_tokens={str(k): int(v) for k, v in row[12].items()} if row[12] else None,
     )
 
 

@@ -1291,16 +1291,18 @@ class SqliteMemoryStore:
         elif text is not None and self._embedder is not None:
             new_vec = self._embed(text)
         n_tokens = self._count([text])[0] if text is not None else None
+        new_exact = _exact_json([memory_id], [text])[0] if text is not None else None
 
         def run(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
                 "SELECT rowid, text, embedding, confidence, importance, created_at, accessed_at, token_count, "
-                "token_family, token_kind FROM memories WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                "token_family, token_kind, exact_tokens FROM memories "
+                "WHERE id = ? AND organization_id = ? AND agent_id = ?",
                 (memory_id, scope.organization_id, scope.agent_id),
             ).fetchone()
             if row is None:
                 return False
-            rowid, old_text, blob, conf, imp, created, accessed, tokens, family, kind = row
+            rowid, old_text, blob, conf, imp, created, accessed, tokens, family, kind, exact_json = row
             if new_vec is not None:
                 dim = _stored_dim(conn)
                 if dim is not None and new_vec.size != dim:
@@ -1312,6 +1314,7 @@ class SqliteMemoryStore:
                 blob = None if new_vec is None else new_vec.tobytes()
             if text is not None:
                 old_text, tokens, family, kind = text, n_tokens, self._family, "exact" if self._exact else "estimate"
+                exact_json = new_exact
             if confidence is not None:
                 conf = probe.confidence
             if importance is not None:
@@ -1321,10 +1324,10 @@ class SqliteMemoryStore:
             self._remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
             cur = conn.execute(
                 "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, importance, "
-                "created_at, accessed_at, token_count, token_family, token_kind) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (memory_id, scope.organization_id, scope.agent_id, old_text, blob, conf, imp, created, accessed,
-                 tokens, family, kind),
+                 tokens, family, kind, exact_json),
             )
             conn.execute(
                 "INSERT INTO memories_fts (rowid, scope, body) VALUES (?, ?, ?)",
