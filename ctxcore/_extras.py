@@ -26,6 +26,7 @@ DISTRIBUTION = "ctxcore-llm"
 EXTRAS: dict[str, tuple[str, ...]] = {
     "service": ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "jwt", "prometheus_client"),
     "http": ("httpx",),
+    "postgres": ("psycopg", "psycopg_pool"),
     "otel": ("opentelemetry",),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index.core",),

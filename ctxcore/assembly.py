@@ -502,6 +502,31 @@ COUNT_CACHE_ENTRIES = 1 << 16
 _COUNTS = _CountCache(COUNT_CACHE_ENTRIES)
 
 
+class _ShapeCache:
+    """Exact counts of the score/source unit by (score, source), per family. Bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: dict[str, dict[tuple[float, str], int]] = {}
+        self._lock = threading.Lock()
+
+    def get_many(self, family: str, shapes: Sequence[tuple[float, str]]) -> list[int | None]:
+        table = self._data.get(family, {})
+        get = table.get
+        return [get(s) for s in shapes]
+
+    def put_many(self, family: str, counts: Mapping[tuple[float, str], int]) -> None:
+        with self._lock:
+            table = dict(self._data.get(family, {}))
+            if len(table) + len(counts) > self._capacity:
+                table = {}
+            table.update(counts)
+            self._data[family] = table  # replaced whole: readers never see a dict change
+
+
+_SHAPES = _ShapeCache(COUNT_CACHE_ENTRIES)
+
+
 def _uncached_bytes(texts: Sequence[str], family: str) -> int:
     keys = [_CountCache.key(family, t) for t in texts]
     return sum(len(t) for t, v in zip(texts, _COUNTS.get_many(keys)) if v is None)
@@ -611,8 +636,11 @@ def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> Model
     return replace(cap, estimate_kind=kind, safety_fraction=cat.policies[cap.tokenizer_family].safety_fraction(kind))
 
 
-def _can_count_exactly(cat: Catalog, family: str) -> bool:
-    if family not in exact_families():
+def _can_count_exactly(cat: Catalog, cap: ModelCapability) -> bool:
+    # The catalog says which kind of count the model is budgeted in; exact needs the
+    # family's tokenizer installed (or registered) too.
+    family = cap.tokenizer_family
+    if cap.estimate_kind is not TokenKind.EXACT or family not in exact_families():
         return False
     policy = cat.policies.get(family)
     return policy is not None and TokenKind.EXACT in policy.safety_fractions
@@ -631,7 +659,7 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
     tools = [dict(t) for t in request.tools] or None
     tools_json = _tools_json(tools)
     family = cap.tokenizer_family
-    exact = _can_count_exactly(cat, family)
+    exact = _can_count_exactly(cat, cap)
     text, _, _, pieces = _core.format_context(None, history, (), tools_json, _PRICING_NONCE, False, True)
     kinds, texts = _split(text, pieces)
     if exact and deadline is not None:
@@ -736,14 +764,16 @@ def _memory_costs_exact(
         head = max(pa - a, pb - b)
     else:
         head = _exact([p_text], family)[0] + allow
-    # M: one count per distinct (score, source), cached across calls.
-    shapes: dict[tuple[float, str], int] = {}
+    # M: one count per distinct (score, source), cached across calls (scores are rounded to
+    # four places, so the shapes repeat).
     shape_of = [(it["score"], it["source"]) for it in items]
-    for s in shape_of:
-        shapes.setdefault(s, 0)
-    texts = _shape_texts(list(shapes))
-    for s, n_tokens in zip(shapes, _exact(texts, family)):
-        shapes[s] = n_tokens + allow
+    shape_cost = _SHAPES.get_many(family, shape_of)
+    if None in shape_cost:
+        new = list({s: None for s, c in zip(shape_of, shape_cost) if c is None})
+        counted = _exact(_shape_texts(new), family)
+        _SHAPES.put_many(family, dict(zip(new, counted)))
+        shape_cost = _SHAPES.get_many(family, shape_of)
+    shape_arr = np.array(shape_cost, dtype=np.int64) + allow
     costs = np.empty(n, dtype=np.int64)
     pricing = [Pricing.STORED.value] * n
     recounted = [False] * n
@@ -770,7 +800,7 @@ def _memory_costs_exact(
             pricing[k] = how
             recounted[k] = True
     costs += head + allow
-    costs += np.fromiter((shapes[s] for s in shape_of), dtype=np.int64, count=n)
+    costs += shape_arr
     return costs, pricing, recounted
 
 

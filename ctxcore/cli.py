@@ -331,8 +331,13 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
 
 
 def _cmd_assemble(args: argparse.Namespace, out: TextIO) -> int:
-    from .stores import MemoryStoreError, SqliteMemoryStore
+    from .stores import MemoryStoreError, SqliteMemoryStore, is_postgres_url
 
+    if is_postgres_url(args.db):
+        from .stores.postgres_cli import open_cli_store
+
+        with open_cli_store(args.db) as pg_store:
+            return _run_assembly(args, pg_store, out)
     if not Path(args.db).exists():
         raise CliError(f"no database at {args.db} (create one with `ctxcore memories add FILE --db {args.db}`)")
     try:
@@ -370,17 +375,24 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
+    from .stores import is_postgres_url
 
     text = read_text_arg(args.file)
     name = source_name(args.file)
     db = Path(args.db)
-    created = not db.exists()
+    created = not is_postgres_url(args.db) and not db.exists()
     try:
         embedder = HashingEmbedder() if args.embedder == "hashing" else None
-        with SqliteMemoryStore(db, embedder=embedder, token_family=args.token_family) as store:
-            lines = sum(1 for line in text.splitlines() if line.strip())  # memories, and a few directives
-            with _progress(args, "memories", lines) as bar:
-                report = ingest_jsonl(store, name, text, on_conflict=args.on_conflict, progress=bar.update)
+        if is_postgres_url(args.db):
+            from .stores.postgres_cli import open_cli_store
+
+            with open_cli_store(args.db, embedder=embedder, token_family=args.token_family) as pg_store:
+                report = ingest_jsonl(pg_store, name, text, on_conflict=args.on_conflict)
+        else:
+            with SqliteMemoryStore(db, embedder=embedder, token_family=args.token_family) as store:
+                lines = sum(1 for line in text.splitlines() if line.strip())  # memories, and a few directives
+                with _progress(args, "memories", lines) as bar:
+                    report = ingest_jsonl(store, name, text, on_conflict=args.on_conflict, progress=bar.update)
     except BaseException as exc:
         if created:
             # All or none: a failed ingest into a new database leaves no file behind.
@@ -388,7 +400,13 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
         if isinstance(exc, (InvalidMemory, MemoryStoreError)):
             raise CliError(str(exc)) from None
+        if isinstance(exc, ValueError):
+            raise CliError(str(exc)) from None
         raise
+    if is_postgres_url(args.db):
+        from .stores.postgres_cli import shown_db
+
+        args.db = shown_db(args.db)  # never print a password
     if args.json:
         json.dump({"db": args.db, "source": report.source, "memories": report.memories,
                    "directives": report.directives, "skipped": report.skipped}, out)
@@ -449,9 +467,13 @@ def _add_demo(sub: Any) -> None:
 
 def _add_memories(sub: Any) -> None:
     """``ctxcore memories ACTION``: one ``_add_memories_<action>(mem)`` per action."""
-    mem = sub.add_parser("memories", help="manage a SQLite memory store").add_subparsers(dest="action", required=True)
-    _add_memories_add(mem)
-    _add_memories_recount(mem)
+    mem = sub.add_parser("memories", help="manage a memory store (a SQLite file or a postgresql:// URL)")
+    actions = mem.add_subparsers(dest="action", required=True)
+    _add_memories_add(actions)
+    _add_memories_recount(actions)
+    from .stores.postgres_cli import add_lifecycle_subcommands  # init, delete, forget, stats
+
+    add_lifecycle_subcommands(actions)
 
 
 def _add_memories_add(mem: Any) -> None:

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
+    "ForgetReport",
+    "MemoryLifecycle",
     "MemoryOrigin",
     "MemoryRecord",
     "MemoryStore",
     "Query",
     "Scope",
+    "ScopeStats",
     "Sources",
+    "StoreStats",
 ]
 
 #: Relevance given to full-text hits that carry no cosine score. From the ranking design:
@@ -215,3 +219,97 @@ class Sources:
     def from_store(cls, store: MemoryStore) -> Sources:
         """All three branches served by one store."""
         return cls(directive=store.directive, hot=store.hot, cold=store.cold)
+
+
+# ---- the memory lifecycle ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetReport:
+    """What a forget removed.
+
+    >>> ForgetReport(memories=3, directives=1).memories
+    3
+    """
+
+    memories: int
+    directives: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStats:
+    """One scope's memories: how many, how many with an embedding, their stored tokens.
+
+    >>> ScopeStats("org", "agent", 10, 8, 420).embedded
+    8
+    """
+
+    organization_id: str
+    agent_id: str
+    memories: int
+    embedded: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A store's contents, per scope, and its directive count.
+
+    >>> StoreStats((ScopeStats("o", "a", 2, 2, 9), ScopeStats("o", "b", 1, 0, 4)), 1).memories
+    3
+    """
+
+    scopes: tuple[ScopeStats, ...]
+    directives: int
+
+    @property
+    def memories(self) -> int:
+        """Memories in all the scopes."""
+        return sum(s.memories for s in self.scopes)
+
+    @property
+    def embedded(self) -> int:
+        """Memories with an embedding, in all the scopes."""
+        return sum(s.embedded for s in self.scopes)
+
+
+@runtime_checkable
+class MemoryLifecycle(Protocol):
+    """What a store offers to manage its memories after ingest. Every change names its
+    scope (organization and agent, or a whole organization): an id of another scope is
+    never touched. Blocking methods (call them from async code through
+    ``asyncio.to_thread``)."""
+
+    def delete(self, scope: Scope, ids: Iterable[str]) -> int:
+        """Delete the memories of `scope` with these ids; returns how many were deleted."""
+        ...
+
+    def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
+        """Delete every memory and directive of an agent, or of the whole organization."""
+        ...
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        text: str | None = None,
+        confidence: float | None = None,
+        importance: float | None = None,
+        embedding: Sequence[float] | None = None,
+    ) -> bool:
+        """Change a memory's text (re-counted, re-embedded), confidence, importance or
+        embedding; False when `scope` has no such memory."""
+        ...
+
+    def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
+        """Delete memories older than `max_age_seconds`; returns how many."""
+        ...
+
+    def stats(self, organization_id: str | None = None) -> StoreStats:
+        """Counts per scope (of one organization, or of the whole store)."""
+        ...
+
+    def flush_accesses(self) -> int:
+        """Write the read times noted since the last flush as ``accessed_at``."""
+        ...

@@ -42,7 +42,7 @@ def add_subcommands(sub: Any) -> None:
     )
     s.add_argument("--config", metavar="FILE", help="TOML configuration file")
     s.add_argument("--bind", help="address to listen on (default 127.0.0.1:50051)")
-    s.add_argument("--db", metavar="PATH", help="the SQLite memory store")
+    s.add_argument("--db", metavar="PATH|URL", help="the SQLite memory store, or a postgresql:// URL")
     s.add_argument("--catalog", metavar="FILE", help="a capability catalog instead of the shipped one")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     s.add_argument("--metrics-bind", help="address of the metrics endpoint (default 127.0.0.1)")
@@ -96,6 +96,9 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     for name in ("db", "catalog"):
         if getattr(args, name):
             top[name] = Path(getattr(args, name))
+    if args.db and str(args.db).lower().startswith(("postgresql://", "postgres://")):
+        top.pop("db")
+        top["db_url"] = args.db  # a PostgreSQL store, shared by replicas
     asm = dict(cfg.assembly)
     asm.update({n: getattr(args, n) for n in _ASSEMBLY_FLAGS if getattr(args, n) is not None})
     top["assembly"] = asm

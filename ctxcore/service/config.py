@@ -17,7 +17,7 @@ binds, with a message that names the key. The shape (every key optional)::
     catalog = "models.toml"         # a capability catalog instead of the shipped one
 
     [store]
-    db = "memories.db"              # the SQLite memory store
+    db = "memories.db"              # the SQLite memory store, or a postgresql:// URL
 
     [assembly]                      # ctxcore.AssemblyConfig fields
     client_timeout_ms = 45
@@ -225,9 +225,16 @@ class ServiceConfig:
     reflection: bool | None = None
     assembly: Mapping[str, float] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    #: A PostgreSQL memory store (``postgresql://`` URL) to serve instead of `db`; shared
+    #: by any number of replicas. Its password is never logged.
+    db_url: str | None = None
 
     def __post_init__(self) -> None:
         _host_port(self.bind)
+        if self.db_url is not None and not (
+            isinstance(self.db_url, str) and self.db_url.lower().startswith(("postgresql://", "postgres://"))
+        ):
+            raise ConfigError("store.db_url must be a postgresql:// URL")
         for name in ("max_message_bytes", "max_concurrent_rpcs", "max_queue", "cpu_workers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -465,7 +472,10 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
             kw["reflection"] = None if r == "auto" else False
         if "catalog" in srv:
             kw["catalog"] = _path("server.catalog", srv["catalog"], base)
-        if "db" in store:
+        if "db" in store and isinstance(store["db"], str) and store["db"].lower().startswith(
+                ("postgresql://", "postgres://")):
+            kw["db_url"] = store["db"]
+        elif "db" in store:
             kw["db"] = _path("store.db", store["db"], base)
         kw["assembly"] = dict(asm)
         if "port" in met:

@@ -165,6 +165,11 @@ def scoped_sources(sources: Sources, scope: Scope) -> Sources:
 async def _open_sqlite(cfg: ServiceConfig) -> Any:
     from ..stores import MemoryStoreError, SqliteMemoryStore
 
+    if cfg.db_url is not None:
+        from ..stores.postgres_cli import open_service_store
+
+        return await open_service_store(cfg.db_url)
+
     if cfg.db is None:
         raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
     if not cfg.db.exists():
@@ -241,7 +246,7 @@ class ContextService:
         self.metrics = ServiceMetrics()
         self.tracing = CallTracer(tracer_provider)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        if sources is None and store_opener is None:
+        if sources is None and store_opener is None and config.db_url is None:
             if config.db is None:
                 raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
             if not config.db.exists():

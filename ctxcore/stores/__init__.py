@@ -9,6 +9,10 @@ model wrapped as an `Embedder` can take its place);
 `load_demo` builds the demo database from the dataset shipped in the package.
 `HttpMemorySource` loads on first use and needs the ``http`` extra (httpx), so SQLite-only
 users never import it.
+`PostgresMemoryStore` (``ctxcore.stores.postgres``) is the store many machines share:
+PostgreSQL with pgvector, full-text search and row-level security; it needs the
+``postgres`` extra (psycopg 3), imported only when first used. `open_store` opens either
+store from a ``--db`` value (a SQLite path or a ``postgresql://`` URL).
 
 >>> import asyncio, tempfile, os
 >>> from ctxcore.memory import Query, Scope
@@ -44,8 +48,12 @@ from .sqlite import (
 
 if TYPE_CHECKING:
     from .http import HttpMemorySource
+    from .postgres import PostgresMemoryStore
 
 __all__ = [
+    "PostgresMemoryStore",
+    "is_postgres_url",
+    "open_store",
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_EMBEDDING_DIM",
     "DEFAULT_READERS",
@@ -71,14 +79,46 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # HttpMemorySource needs httpx (the `http` extra): imported on first use only.
-    if name == "HttpMemorySource":
-        from .._extras import require
+def is_postgres_url(value: object) -> bool:
+    """Whether `value` names a PostgreSQL database (``postgresql://`` or ``postgres://``)
+    rather than a SQLite file.
 
+    >>> is_postgres_url("postgresql://app@db/memories"), is_postgres_url("memories.db")
+    (True, False)
+    """
+    return isinstance(value, str) and value.lower().startswith(("postgresql://", "postgres://"))
+
+
+def __getattr__(name: str) -> Any:
+    # HttpMemorySource needs httpx (the `http` extra), PostgresMemoryStore psycopg (the
+    # `postgres` extra): each is imported on first use only, so SQLite-only users need neither.
+    from .._extras import require
+
+    if name == "HttpMemorySource":
         require("http", "ctxcore.stores.HttpMemorySource")
         from .http import HttpMemorySource
 
         globals()[name] = HttpMemorySource
         return HttpMemorySource
+    if name == "PostgresMemoryStore":
+        require("postgres", "ctxcore.stores.PostgresMemoryStore")
+        from .postgres import PostgresMemoryStore
+
+        globals()[name] = PostgresMemoryStore
+        return PostgresMemoryStore
     raise AttributeError(f"module 'ctxcore.stores' has no attribute {name!r}")
+
+
+def open_store(db: str, **kwargs: Any) -> SqliteMemoryStore | PostgresMemoryStore:
+    """The memory store `db` names: a `PostgresMemoryStore` for a ``postgresql://`` URL,
+    else a `SqliteMemoryStore` at that path. `kwargs` go to the store's constructor.
+
+    >>> import tempfile, os
+    >>> with open_store(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+    ...     type(s).__name__
+    'SqliteMemoryStore'
+    """
+    if is_postgres_url(db):
+        cls = __getattr__("PostgresMemoryStore")
+        return cls(db, **kwargs)  # type: ignore[no-any-return]
+    return SqliteMemoryStore(db, **kwargs)

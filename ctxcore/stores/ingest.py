@@ -17,11 +17,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .embedding import HashingEmbedder
 from .errors import InvalidMemory
 from .records import Directive, NewMemory
 from .sqlite import OnConflict, SqliteMemoryStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresMemoryStore
 
 __all__ = ["DEMO_DATASET", "IngestReport", "ingest_jsonl", "load_demo", "read_jsonl"]
 
@@ -86,7 +90,7 @@ def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tu
 
 
 def ingest_jsonl(
-    store: SqliteMemoryStore,
+    store: SqliteMemoryStore | PostgresMemoryStore,
     path: str | os.PathLike[str],
     text: str | None = None,
     *,
@@ -119,8 +123,16 @@ def ingest_jsonl(
     memories = [(line, r) for line, r in records if isinstance(r, NewMemory)]
     directives = [r for _, r in records if isinstance(r, Directive)]
     try:
-        stored = store.add_many([m for _, m in memories], directives=directives, on_conflict=on_conflict,
-                                progress=progress)
+        if isinstance(store, SqliteMemoryStore):
+            stored = store.add_many([m for _, m in memories], directives=directives, on_conflict=on_conflict,
+                                    progress=progress)
+        else:
+            # Another store (PostgreSQL): its memories in one transaction, then the directives.
+            if on_conflict != "error":
+                raise ValueError(f"on_conflict={on_conflict!r} is supported by the SQLite store only")
+            stored = store.add_many([m for _, m in memories])
+            for d in directives:
+                store.set_directive(d.organization_id, d.agent_id, d.text)
     except InvalidMemory as exc:
         if 0 <= exc.index < len(memories):
             raise InvalidMemory(f"{name}:{memories[exc.index][0]}: {exc}", exc.index, exc.memory_id) from None

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope
+from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ..tokens import count_tokens, estimate_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ._text import cjk_spaced, normalize, raw_words
 from .embedding import Embedder, HashingEmbedder
@@ -94,6 +94,9 @@ FTS_QUERY_TERMS = 8
 # and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
+#: Reads note the memories they return; their ``accessed_at`` is written in one batch at
+#: most this long after (never a write per request on the hot path).
+ACCESS_FLUSH_SECONDS = 1.0
 #: Seconds a directive read from the database is served from memory. The directive branch
 #: has 5 ms (the design's default) and directives change rarely: a cached one costs no
 #: thread hop. Directives set through this store are seen at once; set by another
@@ -508,6 +511,7 @@ class SqliteMemoryStore:
         """Stop the reader threads and close every connection. Idempotent."""
         if self._closed:
             return
+        self._flush_at_close()
         self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._readers_lock:
@@ -863,7 +867,9 @@ class SqliteMemoryStore:
         _check_scope(scope)
         _check_limit(limit)
         _check_query(query)
-        return await self._run(self._hot_job, scope, query, limit)
+        out = await self._run(self._hot_job, scope, query, limit)
+        self._note_access(scope, out)
+        return out
 
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
@@ -895,7 +901,9 @@ class SqliteMemoryStore:
         ):
             raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
         _check_query(query)
-        return await self._run(self._cold_job, scope, query, limit, float(min_similarity))
+        out = await self._run(self._cold_job, scope, query, limit, float(min_similarity))
+        self._note_access(scope, out)
+        return out
 
     def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
         if query.embedding is not None:
@@ -1109,6 +1117,337 @@ class SqliteMemoryStore:
                     self._cache.clear()
             return mat
 
+    # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
+
+    def _access_state(self) -> tuple[threading.Lock, dict[Scope, dict[str, float]]]:
+        state: tuple[threading.Lock, dict[Scope, dict[str, float]]] | None = self.__dict__.get("_access")
+        if state is None:
+            with self._cache_lock:
+                state = self.__dict__.setdefault("_access", (threading.Lock(), {}))
+        return state
+
+    def _note_access(self, scope: Scope, found: Sequence[MemoryRecord]) -> None:
+        # Reads only note what they returned; `flush_accesses` writes the times in one
+        # statement per scope, from a timer thread, at most every ACCESS_FLUSH_SECONDS.
+        if not found:
+            return
+        lock, pending = self._access_state()
+        now = time.time()
+        with lock:
+            mine = pending.setdefault(scope, {})
+            for r in found:
+                mine[r.id] = now
+            if self.__dict__.get("_access_timer") is None and not self._closed:
+                timer = threading.Timer(ACCESS_FLUSH_SECONDS, self._flush_from_timer)
+                timer.daemon = True
+                self.__dict__["_access_timer"] = timer
+                timer.start()
+
+    def _flush_from_timer(self) -> None:
+        lock, _ = self._access_state()
+        with lock:
+            self.__dict__["_access_timer"] = None
+        try:
+            self.flush_accesses()
+        except (sqlite3.Error, MemoryStoreError):
+            pass  # the database is busy or closing: the times are lost, nothing else
+
+    def _flush_at_close(self) -> None:
+        lock, _ = self._access_state()
+        with lock:
+            timer = self.__dict__.get("_access_timer")
+            self.__dict__["_access_timer"] = None
+        if timer is not None:
+            timer.cancel()
+        try:
+            self.flush_accesses()
+        except sqlite3.Error:
+            pass
+
+    def flush_accesses(self) -> int:
+        """Write the read times noted since the last flush as ``accessed_at`` (one
+        statement per scope); returns how many memories were updated. Runs by itself at
+        most `ACCESS_FLUSH_SECONDS` after a read, and at `close`.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "tea"))
+        ...     _ = asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))
+        ...     s.flush_accesses(), asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))[0].accessed_at is not None
+        (1, True)
+        """
+        if self._closed:
+            return 0
+        lock, pending = self._access_state()
+        with lock:
+            batch = dict(pending)
+            pending.clear()
+        if not batch:
+            return 0
+        n = 0
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for scope, times in batch.items():
+                    cur = conn.executemany(
+                        "UPDATE memories SET accessed_at = max(coalesce(accessed_at, 0), ?) "
+                        "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                        [(at, mid, scope.organization_id, scope.agent_id) for mid, at in times.items()],
+                    )
+                    n += cur.rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return n
+
+    def _remove_rows(self, conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, int]]) -> None:
+        # rows: (rowid, organization_id, agent_id, has_embedding). The scope's write counter
+        # moves and its counts drop, so every process's embedding matrix of the scope is
+        # rebuilt (its cached rows + new rows no longer add up to the stored count).
+        ids = json.dumps([r[0] for r in rows])
+        conn.execute("DELETE FROM memories_fts WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+        conn.execute("DELETE FROM memories WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+        drops: dict[tuple[str, str], list[int]] = {}
+        for _, org, agent, emb in rows:
+            d = drops.setdefault((org, agent), [0, 0])
+            d[0] += 1
+            d[1] += bool(emb)
+        conn.executemany(
+            "UPDATE scopes SET version = version + 1, memories = memories - ?, embedded = embedded - ? "
+            "WHERE organization_id = ? AND agent_id = ?",
+            [(n, e, o, a) for (o, a), (n, e) in drops.items()],
+        )
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        self._check_open()
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        with self._cache_lock:
+            self._df_cache.clear()
+        return out
+
+    def delete(self, scope: Scope, ids: Iterable[str]) -> int:
+        """Delete the memories of `scope` with these ids, with their embeddings and
+        full-text entries; returns how many were deleted (ids of other scopes or unknown
+        ones delete nothing).
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.delete(Scope("o", "a"), ["m1", "m2"])
+        1
+        """
+        _check_scope(scope)
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("ids must be an iterable of ids, not one str")
+        wanted = list(ids)
+        for i in wanted:
+            if not isinstance(i, str) or not i:
+                raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+        if not wanted:
+            return 0
+
+        def run(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(
+                "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
+                "WHERE id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
+                (json.dumps(wanted), scope.organization_id, scope.agent_id),
+            ).fetchall()
+            self._remove_rows(conn, rows)
+            return len(rows)
+
+        return self._write(run)
+
+    def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
+        """Delete everything of an agent (or, with ``agent_id=None``, of the whole
+        organization): memories with their embeddings and full-text entries, and
+        directives. Returns the counts.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.set_directive("o", None, "Be brief.")
+        ...     s.forget("o")
+        ForgetReport(memories=2, directives=1)
+        """
+        Directive(organization_id, agent_id, "-")  # validates the ids
+
+        def run(conn: sqlite3.Connection) -> ForgetReport:
+            args: tuple[str, ...]
+            if agent_id is None:
+                where, args = "organization_id = ?", (organization_id,)
+            else:
+                where, args = "organization_id = ? AND agent_id = ?", (organization_id, agent_id)
+            rows = conn.execute(
+                f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", args
+            ).fetchall()
+            self._remove_rows(conn, rows)
+            d = conn.execute(f"DELETE FROM directives WHERE {where}", args).rowcount
+            return ForgetReport(len(rows), d)
+
+        report = self._write(run)
+        self._directive_generation += 1
+        self._directives.clear()
+        return report
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        text: str | None = None,
+        confidence: float | None = None,
+        importance: float | None = None,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None = None,
+    ) -> bool:
+        """Change a memory of `scope`: its text (re-counted, re-indexed and re-embedded by
+        the embedder unless `embedding` is given; without either, the stale embedding is
+        dropped), confidence, importance or embedding. Returns False when `scope` has no
+        such memory.
+
+        Raises:
+            InvalidMemory: a new value is invalid (named), or the embedding's dimension
+                differs from the store's.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "likes tea"))
+        ...     s.update(Scope("o", "a"), "m1", text="likes coffee", importance=0.9)
+        ...     [(r.text, r.importance) for r in asyncio.run(s.hot(Scope("o", "a"), Query(""), 1))]
+        True
+        [('likes coffee', 0.9)]
+        """
+        _check_scope(scope)
+        if not isinstance(memory_id, str) or not memory_id:
+            raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
+        probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
+                          embedding=embedding, confidence=1.0 if confidence is None else confidence,
+                          importance=importance)
+        new_vec: npt.NDArray[np.float32] | None = None
+        if embedding is not None:
+            new_vec = np.asarray(probe.embedding, dtype=np.float32)
+        elif text is not None and self._embedder is not None:
+            new_vec = self._embed(text)
+        n_tokens = self._count([text])[0] if text is not None else None
+        new_exact = _exact_json([memory_id], [text])[0] if text is not None else None
+
+        def run(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT rowid, text, embedding, confidence, importance, created_at, accessed_at, token_count, "
+                "token_family, token_kind, exact_tokens FROM memories "
+                "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                (memory_id, scope.organization_id, scope.agent_id),
+            ).fetchone()
+            if row is None:
+                return False
+            rowid, old_text, blob, conf, imp, created, accessed, tokens, family, kind, exact_json = row
+            if new_vec is not None:
+                dim = _stored_dim(conn)
+                if dim is not None and new_vec.size != dim:
+                    raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's "
+                                        f"have {dim}", -1, memory_id)
+                if dim is None:
+                    conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(new_vec.size),))
+            if text is not None or embedding is not None:
+                blob = None if new_vec is None else new_vec.tobytes()
+            if text is not None:
+                old_text, tokens, family, kind = text, n_tokens, self._family, "exact" if self._exact else "estimate"
+                exact_json = new_exact
+            if confidence is not None:
+                conf = probe.confidence
+            if importance is not None:
+                imp = probe.importance
+            # A new rowid: the row leaves every cached embedding matrix of the scope (they
+            # are rebuilt), and its new vector is read like any new memory's.
+            self._remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
+            cur = conn.execute(
+                "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, importance, "
+                "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (memory_id, scope.organization_id, scope.agent_id, old_text, blob, conf, imp, created, accessed,
+                 tokens, family, kind, exact_json),
+            )
+            conn.execute(
+                "INSERT INTO memories_fts (rowid, scope, body) VALUES (?, ?, ?)",
+                (cur.lastrowid, _scope_token(scope.organization_id, scope.agent_id), _fts_body(old_text)),
+            )
+            conn.execute(
+                "UPDATE scopes SET memories = memories + 1, embedded = embedded + ? "
+                "WHERE organization_id = ? AND agent_id = ?",
+                (int(blob is not None), scope.organization_id, scope.agent_id),
+            )
+            return True
+
+        return self._write(run)
+
+    def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
+        """Retention by age: delete memories created more than `max_age_seconds` before
+        `now` (default: the current time), of one organization or of all. Returns how
+        many were deleted.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("old", "o", "a", "tea", created_at=100),
+        ...                     NewMemory("new", "o", "a", "tea", created_at=1000)])
+        ...     s.expire(500, now=1000)
+        1
+        """
+        if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
+            0 <= max_age_seconds < float("inf")
+        ):
+            raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r}")
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+        cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
+
+        def run(conn: sqlite3.Connection) -> int:
+            args: tuple[float | str, ...]
+            if organization_id is None:
+                where, args = "created_at < ?", (cutoff,)
+            else:
+                where, args = "created_at < ? AND organization_id = ?", (cutoff, organization_id)
+            rows = conn.execute(
+                f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", args
+            ).fetchall()
+            self._remove_rows(conn, rows)
+            return len(rows)
+
+        return self._write(run)
+
+    def stats(self, organization_id: str | None = None) -> StoreStats:
+        """Memories, embedded memories and stored tokens per scope (of one organization, or
+        of the whole store), and the directive count.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.stats().memories, [x.agent_id for x in s.stats("o").scopes]
+        (2, ['a', 'b'])
+        """
+        self._check_open()
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+        where, args = ("", ()) if organization_id is None else ("WHERE organization_id = ?", (organization_id,))
+        conn = self._reader()
+        rows = conn.execute(
+            "SELECT organization_id, agent_id, count(*), count(embedding), sum(token_count) FROM memories "
+            f"{where} GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id", args
+        ).fetchall()
+        (directives,) = conn.execute(f"SELECT count(*) FROM directives {where}", args).fetchone()
+        return StoreStats(tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in rows),
+                          int(directives))
+
 
 def _load(conn: sqlite3.Connection, scope: Scope, since: int) -> tuple[list[int], list[bytes]]:
     rows = conn.execute(
@@ -1123,6 +1462,8 @@ def _append(base: _Matrix | None, version: int, rowids: list[int], blobs: list[b
     k = len(rowids)
     if k == 0 and base is not None:
         return _Matrix(version, base.n, base.rowids, base.vectors)
+    if base is not None and base.n == 0:
+        base = None  # an empty matrix (e.g. after a forget) has no dimension to append to
     dim = len(blobs[0]) // 4 if k else 0
     new_vecs = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(k, dim)
     n = base.n if base is not None else 0

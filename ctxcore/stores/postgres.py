@@ -1,0 +1,1306 @@
+"""The memory store many machines share: PostgreSQL with pgvector and full-text search.
+
+`PostgresMemoryStore` implements `ctxcore.memory.MemoryStore` (and the lifecycle of
+`ctxcore.memory.MemoryLifecycle`) with the same semantics as `SqliteMemoryStore`, on one
+database that any number of ``ctxcore serve`` replicas read and write:
+
+- cold retrieval merges pgvector hits (cosine distance, an HNSW index; the ANN cutoff
+  ``min_similarity`` is applied in SQL to the scope's nearest rows before any row is
+  hydrated) with full-text hits (a ``tsvector`` of the ``simple`` configuration over the
+  same normalized words as the SQLite store's FTS5 index, CJK characters one word each, a
+  GIN index; relevance = the 0.5 full-text sentinel). User text only reaches the database
+  as bound parameters and as the words of ``phraseto_tsquery``, never as query syntax;
+- hot retrieval is the agent's newest memories off an index;
+- directives per organization and agent, with the same short in-memory cache;
+- every statement is parameterized and filtered by organization *and* agent, and the
+  tables carry row-level security policies on the organization and agent as a second
+  wall: every transaction sets its scope (``set_config(..., true)``), so even a query
+  that forgot its ``WHERE`` cannot read another tenant. ``FORCE ROW LEVEL SECURITY``
+  makes the policies bind the table owner too;
+- versioned, idempotent migrations (``ctxcore_migrations``), applied under an advisory
+  lock by `migrate` (``ctxcore memories init --db postgresql://...``) or on first open.
+
+Connections come from psycopg 3's `AsyncConnectionPool`, run on the store's own event
+loop thread, so the store serves any caller's loop (and ``asyncio.run`` called many
+times) and its blocking ingest methods work from plain threads. Credentials come from the
+URL, the ``PG*`` environment variables or a password file (libpq's own rules); they are
+never logged: `redact_dsn` removes them from every repr, log line and error message.
+
+psycopg is an optional dependency (``pip install 'ctxcore[postgres]'``); SQLite-only users
+never import it.
+
+>>> redact_dsn("postgresql://app:s3cret@db.example:5432/memories?sslmode=require")
+'postgresql://app:***@db.example:5432/memories?sslmode=require'
+>>> redact_dsn("host=db user=app password='s e c' dbname=m")
+'host=db user=app password=*** dbname=m'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
+from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
+from . import is_postgres_url
+from ._text import normalize, words
+from .embedding import Embedder, HashingEmbedder
+from .errors import InvalidMemory, MemoryStoreError
+from .records import Directive, NewMemory
+from .sqlite import (
+    DEFAULT_TOKEN_FAMILY,
+    DIRECTIVE_CACHE_SECONDS,
+    FTS_MAX_DOC_FRACTION,
+    FTS_PRUNE_MIN_DOCS,
+    FTS_QUERY_TERMS,
+    _at_index,
+    _check_limit,
+    _check_query,
+    _check_scope,
+    _clip,
+    _exact_json,
+    _fts_terms,
+    _scope_token,
+    _strip_diacritics,
+)
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.rows import TupleRow
+    import psycopg_pool
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as _exc:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        "PostgresMemoryStore needs psycopg 3 and psycopg_pool: pip install 'ctxcore[postgres]'"
+    ) from _exc
+
+__all__ = [
+    "ACCESS_FLUSH_SECONDS",
+    "DEFAULT_POOL_SIZE",
+    "HNSW_MIN_SCOPE",
+    "SCOPE_SIZE_SECONDS",
+    "PG_SCHEMA_VERSION",
+    "PostgresMemoryStore",
+    "is_postgres_url",
+    "redact_dsn",
+]
+
+_log = logging.getLogger("ctxcore.stores.postgres")
+
+#: Connections the pool keeps open at most (two retrieval branches read at once per
+#: assembly; eight leaves room for several assemblies and a writer).
+DEFAULT_POOL_SIZE = 8
+#: Scopes with at least this many memories search the HNSW index; smaller ones are scanned
+#: exactly (a few thousand cosines cost less than an index walk filtered to one scope).
+HNSW_MIN_SCOPE = 2_000
+#: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
+SCOPE_SIZE_SECONDS = 60.0
+#: Reads note the memories they return; ``accessed_at`` is written for all of them in one
+#: statement per scope at most this often (never a write per request on the hot path).
+ACCESS_FLUSH_SECONDS = 1.0
+# Directive cache entries kept before the cache is emptied.
+_DIRECTIVE_CACHE_SCOPES = 100_000
+# Key of an organization-wide directive (Scope forbids empty agent ids).
+_ORG_WIDE = ""
+# HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
+# the scan going until `limit` rows of the scope are found.
+_EF_SEARCH = 64
+_T = TypeVar("_T")
+
+_COLUMNS = (
+    "seq, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
+    "token_count, token_family, token_kind, exact_tokens"
+)
+
+# ---- the schema, as versioned migrations ------------------------------------------------
+
+# Every policy reads the scope a transaction set with set_config(..., true). An unset
+# setting reads as NULL (or '' once set earlier on the connection), which matches no
+# row: a transaction that forgot its scope sees nothing.
+_SCOPE_ORG = "current_setting('ctxcore.organization_id', true)"
+_SCOPE_AGENT = "current_setting('ctxcore.agent_id', true)"
+_ALL_AGENTS = "current_setting('ctxcore.all_agents', true) = 'on'"
+_ADMIN = "current_setting('ctxcore.admin', true) = 'on'"
+
+MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (
+        1,
+        "memories, directives, full-text and vector indexes, row-level security",
+        (
+            "CREATE TABLE IF NOT EXISTS ctxcore_meta (key text PRIMARY KEY, value text NOT NULL)",
+            """CREATE TABLE IF NOT EXISTS memories (
+                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                id text NOT NULL UNIQUE,
+                organization_id text NOT NULL CHECK (organization_id <> ''),
+                agent_id text NOT NULL CHECK (agent_id <> ''),
+                text text NOT NULL,
+                embedding vector,
+                fts tsvector NOT NULL,
+                confidence double precision NOT NULL CHECK (confidence BETWEEN 0 AND 1),
+                importance double precision CHECK (importance BETWEEN 0 AND 1),
+                created_at double precision NOT NULL,
+                accessed_at double precision,
+                token_count integer NOT NULL CHECK (token_count >= 0),
+                token_family text NOT NULL,
+                token_kind text NOT NULL CHECK (token_kind IN ('exact', 'estimate')),
+                exact_tokens jsonb
+            )""",
+            "CREATE INDEX IF NOT EXISTS memories_recent ON memories "
+            "(organization_id, agent_id, created_at DESC, seq DESC)",
+            "CREATE INDEX IF NOT EXISTS memories_fts ON memories USING gin (fts)",
+            """CREATE TABLE IF NOT EXISTS directives (
+                organization_id text NOT NULL CHECK (organization_id <> ''),
+                agent_id text NOT NULL,
+                text text NOT NULL,
+                updated_at double precision NOT NULL,
+                PRIMARY KEY (organization_id, agent_id)
+            )""",
+            "ALTER TABLE memories ENABLE ROW LEVEL SECURITY",
+            "ALTER TABLE memories FORCE ROW LEVEL SECURITY",
+            "ALTER TABLE directives ENABLE ROW LEVEL SECURITY",
+            "ALTER TABLE directives FORCE ROW LEVEL SECURITY",
+            "DROP POLICY IF EXISTS memories_scope ON memories",
+            # IS TRUE: the same rows, but not an index condition, so the planner indexes the
+            # statements' own (equal) scope filters and the full-text search can be kept on GIN.
+            f"CREATE POLICY memories_scope ON memories USING ((organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
+            "DROP POLICY IF EXISTS directives_scope ON directives",
+            f"CREATE POLICY directives_scope ON directives USING (organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR agent_id = '' OR {_ALL_AGENTS})) "
+            f"WITH CHECK (organization_id = {_SCOPE_ORG} AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS}))",
+            # The schema owner (the role that ran the migrations) may read across scopes
+            # when it says so (stats, retention): no other role can, whatever it sets.
+            "DROP POLICY IF EXISTS memories_admin ON memories",
+            f"CREATE POLICY memories_admin ON memories TO CURRENT_USER USING ({_ADMIN})",
+            "DROP POLICY IF EXISTS directives_admin ON directives",
+            f"CREATE POLICY directives_admin ON directives TO CURRENT_USER USING ({_ADMIN})",
+        ),
+    ),
+)
+#: Version of the database layout this code writes (the highest migration).
+PG_SCHEMA_VERSION = MIGRATIONS[-1][0]
+# Any 64-bit constant: migrations of one database run one at a time.
+_MIGRATION_LOCK = 0x63747863_6F726531
+
+
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """`dsn` with its password (in the URL's user info or a ``password`` parameter)
+    replaced by ``***``: what is shown in reprs, logs and errors.
+
+    >>> redact_dsn("postgresql:///m?host=/tmp&password=x&user=a")
+    'postgresql:///m?host=/tmp&password=***&user=a'
+    """
+    if is_postgres_url(dsn):
+        parts = urllib.parse.urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostinfo}"
+        query = "&".join(
+            ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv)
+            for kv in parts.query.split("&")
+        ) if parts.query else ""
+        # Not urlunsplit: it drops the "//" of an empty host (postgresql:///db).
+        return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+                + (f"#{parts.fragment}" if parts.fragment else ""))
+    return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
+
+
+def _password_of(dsn: str) -> str | None:
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return None
+    pw = params.get("password")
+    return str(pw) if pw else None
+
+
+def _fts_document(organization_id: str, agent_id: str, text: str) -> str:
+    # The scope's token (letters and digits), then the words the SQLite store's FTS5 index
+    # holds (NFKC, case folded, diacritics removed, CJK characters one word each),
+    # space-separated: the `simple` parser sees one token per word. A term is searched
+    # together with the scope's token, so the GIN index intersects the two posting lists
+    # instead of reading every scope's matches.
+    return _scope_token(organization_id, agent_id) + " " + " ".join(
+        _strip_diacritics(w) for w in words(normalize(text)))
+
+
+def _tsquery_phrase(tokens: Sequence[str]) -> str:
+    """One full-text term as a tsquery: each token a quoted lexeme (quotes and backslashes
+    escaped, so a token can never be read as an operator), consecutive tokens a phrase.
+
+    >>> _tsquery_phrase(("返", "金")), _tsquery_phrase(("it's",))
+    ("'返' <-> '金'", "'it''s'")
+    """
+    return " <-> ".join(
+        "'" + _strip_diacritics(tok).replace("\\", "\\\\").replace("'", "''") + "'" for tok in tokens)
+
+
+def _vector_text(v: npt.NDArray[np.float32]) -> str:
+    # pgvector's text form; repr of the float32 value as a double round-trips exactly.
+    return "[" + ",".join(map(repr, v.tolist())) + "]"
+
+
+class _Loop:
+    """The store's own event loop, on a daemon thread: the connection pool lives here."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.call_soon(ready.set)
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="ctxcore-postgres", daemon=True)
+        self.thread.start()
+        ready.wait()
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run `coro` on the store's loop and block for its result (any thread but the loop's)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Await `coro` run on the store's loop from another loop; cancelling the caller
+        cancels it there (psycopg then cancels the statement on the server)."""
+        cf: concurrent.futures.Future[_T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            cf.cancel()
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class PostgresMemoryStore:
+    """A memory store in a PostgreSQL database with pgvector; implements
+    `ctxcore.memory.MemoryStore` and `ctxcore.memory.MemoryLifecycle`.
+
+    Args:
+        dsn: a ``postgresql://`` URL or a libpq ``key=value`` string. What it leaves out
+            (host, user, password, database) comes from the ``PG*`` environment variables
+            and the password file (``PGPASSFILE`` or ``~/.pgpass``), as libpq does.
+        embedder: computes embeddings for memories stored without one and for queries
+            without one. Its `name` is recorded in the database; opening it later with a
+            different embedder raises `MemoryStoreError`; with None the recorded
+            `HashingEmbedder` is used, if that is one.
+        token_family: the tokenizer family memory token counts are taken in (exact where
+            ``ctxcore.count_tokens`` has it, else an estimate; both tagged).
+        dimensions: the embedding dimension, fixed in the schema (the ``vector`` column and
+            its HNSW index). Default: the embedder's, else the first embedded memory's.
+        migrate: apply missing migrations at open (the role must own the schema or may
+            create in it); False only checks that the schema is current.
+        grant_to: a role to grant the app privileges to while migrating (``SELECT``,
+            ``INSERT``, ``UPDATE``, ``DELETE`` on the tables; RLS still applies to it).
+        pool_size: connections at most in the pool.
+        directive_cache_seconds: how long a directive is served from memory.
+        access_flush_seconds: how often the noted reads are written as ``accessed_at``.
+
+    Raises:
+        MemoryStoreError: the server cannot be reached, pgvector is missing, the schema
+            is newer than this ctxcore or was built with another embedder; the message
+            names the database with its password redacted.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        embedder: Embedder | None = None,
+        token_family: str = DEFAULT_TOKEN_FAMILY,
+        dimensions: int | None = None,
+        migrate: bool = True,
+        grant_to: str | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        directive_cache_seconds: float = DIRECTIVE_CACHE_SECONDS,
+        access_flush_seconds: float = ACCESS_FLUSH_SECONDS,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn.strip():
+            raise ValueError("PostgresMemoryStore needs a postgresql:// URL or a libpq connection string")
+        if not isinstance(token_family, str) or token_family not in estimator_families():
+            raise ValueError(f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}")
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= 16000):
+            raise ValueError(f"dimensions must be an int in [1, 16000], got {dimensions!r}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
+        for name, value in (("directive_cache_seconds", directive_cache_seconds),
+                            ("access_flush_seconds", access_flush_seconds)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
+        self._dsn = dsn
+        self._shown = redact_dsn(dsn)
+        self._secret = _password_of(dsn)
+        self._embedder: Embedder | None = embedder
+        self._family = token_family
+        self._exact = token_family in exact_families()
+        self._dim: int | None = dimensions
+        self._directive_ttl = float(directive_cache_seconds)
+        self._directives: dict[Scope, tuple[float, str | None]] = {}
+        self._directive_generation = 0
+        self._flush_every = float(access_flush_seconds)
+        self._accessed: dict[Scope, dict[int, float]] = {}
+        self._accessed_lock = threading.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self._flush_sleeping = False
+        self._sizes: dict[Scope, tuple[float, int]] = {}
+        self._closed = False
+        self._loop = _Loop()
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        try:
+            self._loop.run(self._open(pool_size, migrate, grant_to))
+        except BaseException:
+            self._loop.run(self._close_pool())
+            self._loop.stop()
+            raise
+
+    # ---- opening, migrations ---------------------------------------------------------------
+
+    def _error(self, what: str, exc: BaseException) -> MemoryStoreError:
+        msg = str(exc).strip()
+        if self._secret:
+            msg = msg.replace(self._secret, "***")
+        return MemoryStoreError(f"{what} ({self._shown}): {msg}")
+
+    async def _open(self, pool_size: int, migrate: bool, grant_to: str | None) -> None:
+        self._pool = AsyncConnectionPool(
+            self._dsn, min_size=1, max_size=pool_size, open=False, name="ctxcore",
+            kwargs={"autocommit": False}, timeout=10.0,
+        )
+        try:
+            await self._pool.open(wait=True, timeout=10.0)
+        except psycopg_pool.PoolTimeout as exc:
+            # The pool keeps the last connection error; say what it was.
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=5)
+                await conn.close()
+            except psycopg.Error as inner:
+                raise self._error("cannot connect to the memory database", inner) from None
+            raise self._error("cannot connect to the memory database", exc) from None
+        async with self._pool.connection() as conn:
+            try:
+                await self._check_pgvector(conn)
+                if migrate and (grant_to is not None or await self._behind(conn)):
+                    await self._migrate(conn, grant_to)
+                await self._check_schema(conn)
+            except psycopg.Error as exc:
+                raise self._error("cannot prepare the memory database", exc) from None
+
+    async def _check_pgvector(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        cur = await conn.execute(
+            "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
+            "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"
+        )
+        row = await cur.fetchone()
+        await conn.commit()
+        assert row is not None
+        installed, available = row
+        if installed is None and available is None:
+            raise MemoryStoreError(
+                f"the PostgreSQL server of {self._shown} does not have the pgvector extension: install it "
+                "(e.g. the postgresql-NN-pgvector package) and run CREATE EXTENSION vector in the database"
+            )
+        if installed is None:
+            try:
+                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                await conn.commit()
+            except psycopg.errors.InsufficientPrivilege:
+                await conn.rollback()
+                raise MemoryStoreError(
+                    f"pgvector is available but not created in the database of {self._shown}, and this role may "
+                    "not create it: a superuser must run CREATE EXTENSION vector there"
+                ) from None
+
+    @staticmethod
+    async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
+        # Read first, so that a role without CREATE opens an up-to-date schema.
+        async with conn.transaction():
+            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return True
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
+            row = await cur.fetchone()
+            return (int(row[0]) if row else 0) < PG_SCHEMA_VERSION
+
+    async def _migrate(self, conn: psycopg.AsyncConnection[TupleRow], grant_to: str | None) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
+            row = await cur.fetchone()
+            current = int(row[0]) if row else 0
+            if current > PG_SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"{self._shown}: database schema version {current} is newer than this ctxcore understands "
+                    f"({PG_SCHEMA_VERSION}); upgrade ctxcore"
+                )
+            for version, description, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)  # constant DDL: no user input
+                await conn.execute(
+                    "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description)
+                )
+                _log.info("applied migration %d (%s) to %s", version, description, self._shown)
+            dim = await self._meta(conn, "embedding_dim")
+            if dim is None and self._dim is None and self._embedder is not None:
+                probe = self._embed("dimension probe")
+                self._dim = None if probe is None else int(probe.size)
+            if dim is None and self._dim is not None:
+                await self._set_dim(conn, self._dim)
+            if grant_to is not None:
+                role = sql.Identifier(grant_to)
+                await conn.execute(sql.SQL(
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives TO {}").format(role))
+                await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
+
+    async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
+        # Fixing the dimension makes the column indexable; the HNSW index (cosine) follows.
+        # `dim` is an int checked by the caller: safe to format into DDL.
+        await conn.execute(sql.SQL("ALTER TABLE memories ALTER COLUMN embedding TYPE vector({})").format(
+            sql.Literal(int(dim))))
+        await conn.execute(
+            "CREATE INDEX IF NOT EXISTS memories_embedding ON memories USING hnsw (embedding vector_cosine_ops)")
+        await conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s) ON CONFLICT (key) DO NOTHING",
+                           (str(dim),))
+
+    @staticmethod
+    async def _meta(conn: psycopg.AsyncConnection[TupleRow], key: str) -> str | None:
+        cur = await conn.execute("SELECT value FROM ctxcore_meta WHERE key = %s", (key,))
+        row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+    async def _check_schema(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        async with conn.transaction():
+            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                raise MemoryStoreError(
+                    f"{self._shown} has no ctxcore schema: create it with `ctxcore memories init --db URL` "
+                    "as the schema owner"
+                )
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
+            row = await cur.fetchone()
+            version = int(row[0]) if row else 0
+            if version > PG_SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"{self._shown}: database schema version {version} is newer than this ctxcore understands "
+                    f"({PG_SCHEMA_VERSION}); upgrade ctxcore")
+            if version < PG_SCHEMA_VERSION:
+                raise MemoryStoreError(
+                    f"{self._shown}: database schema version {version}, this ctxcore needs {PG_SCHEMA_VERSION}: "
+                    "run `ctxcore memories init --db URL` as the schema owner")
+            dim = await self._meta(conn, "embedding_dim")
+            if dim is not None:
+                if self._dim is not None and self._dim != int(dim):
+                    raise MemoryStoreError(
+                        f"{self._shown} stores embeddings of {dim} dimensions, not {self._dim}")
+                self._dim = int(dim)
+            recorded = await self._meta(conn, "embedder")
+            if self._embedder is None and recorded is not None:
+                self._embedder = HashingEmbedder.from_name(recorded)
+            elif self._embedder is not None:
+                if recorded is None:
+                    try:
+                        await conn.execute(
+                            "INSERT INTO ctxcore_meta VALUES ('embedder', %s) ON CONFLICT (key) DO NOTHING",
+                            (self._embedder.name,))
+                    except psycopg.errors.InsufficientPrivilege:
+                        raise MemoryStoreError(
+                            f"{self._shown} has no embedder recorded and this role may not record one: open it "
+                            "once as the schema owner (`ctxcore memories init`) with the embedder") from None
+                elif recorded != self._embedder.name:
+                    raise MemoryStoreError(
+                        f"{self._shown} was built with the embedder {recorded!r}, not {self._embedder.name!r}: "
+                        "their embeddings cannot be compared")
+
+    # ---- properties, closing ---------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        """The database, with its password redacted."""
+        return self._shown
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The embedder for memories and queries that come without an embedding."""
+        return self._embedder
+
+    @property
+    def token_family(self) -> str:
+        """The tokenizer family memory token counts are taken in."""
+        return self._family
+
+    @property
+    def dimensions(self) -> int | None:
+        """The embedding dimension fixed in the schema, once known."""
+        return self._dim
+
+    def warm(self, scopes: Iterable[Scope] | None = None) -> int:
+        """Open the pool's connections so that no first query pays for them; returns 0
+        (the database keeps its own caches: there are no per-scope matrices to load)."""
+        self._check_open()
+        if scopes is not None:
+            for sc in scopes:
+                _check_scope(sc)
+        self._run(self._warm())
+        return 0
+
+    async def _warm(self) -> None:
+        assert self._pool is not None
+        conns = []
+        try:
+            for _ in range(min(4, self._pool.max_size)):
+                conns.append(await self._pool.getconn())
+        finally:
+            for c in conns:
+                await self._pool.putconn(c)
+
+    def close(self) -> None:
+        """Write pending ``accessed_at`` times, close the pool and stop the loop. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush_accesses()
+        except MemoryStoreError as exc:
+            _log.warning("could not record read times at close: %s", exc)
+        self._closed = True
+        self._loop.run(self._close_pool())
+        self._loop.stop()
+
+    async def _close_pool(self) -> None:
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            if self._flush_sleeping:
+                flusher.cancel()  # nothing in flight: close() has flushed already
+            else:
+                await asyncio.gather(flusher, return_exceptions=True)  # let a running flush commit
+        if self._pool is not None:
+            await self._pool.close()
+
+    def __enter__(self) -> PostgresMemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresMemoryStore({self._shown!r}, token_family={self._family!r}, embedder={self._embedder!r})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MemoryStoreError(f"the memory store {self._shown!r} is closed")
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        try:
+            return self._loop.run(coro)
+        except psycopg.Error as exc:
+            raise self._error("memory database error", exc) from None
+
+    async def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        self._check_open()
+        try:
+            return await self._loop.call(coro)
+        except psycopg.Error as exc:
+            raise self._error("memory database error", exc) from None
+
+    # ---- transactions with a scope -----------------------------------------------------------
+
+    @staticmethod
+    async def _set_scope(conn: psycopg.AsyncConnection[TupleRow], organization_id: str, agent_id: str | None,
+                         admin: bool = False) -> None:
+        # Transaction-local (is_local = true): the next transaction on this pooled
+        # connection starts with no scope, so it sees nothing until it sets its own.
+        await conn.execute(
+            "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
+            "set_config('ctxcore.all_agents', %s, true), set_config('ctxcore.admin', %s, true)",
+            (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"),
+        )
+
+    # ---- ingest ------------------------------------------------------------------------------
+
+    def add(self, memory: NewMemory | Mapping[str, Any]) -> str:
+        """Store one memory; returns its id.
+
+        Raises:
+            InvalidMemory: the memory is not valid, its id is taken, or its embedding's
+                dimension differs from the store's.
+        """
+        return self.add_many([memory])[0]
+
+    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]]) -> list[str]:
+        """Store several memories in one transaction: all of them, or none.
+
+        Token counts are taken at insert in the store's family (tagged exact or
+        estimate); memories without an embedding get one from the embedder, if any.
+
+        Raises:
+            InvalidMemory: naming the first bad memory (its `index` and id): invalid
+                fields, an id used twice or already stored, or an embedding of another
+                dimension than the store's.
+        """
+        self._check_open()
+        if isinstance(memories, (str, bytes, Mapping, NewMemory)):
+            raise TypeError("add_many takes an iterable of memories; use add for one")
+        batch: list[NewMemory] = []
+        seen: dict[str, int] = {}
+        for i, m in enumerate(memories):
+            try:
+                mem = m if isinstance(m, NewMemory) else NewMemory.from_mapping(m)
+            except InvalidMemory as exc:
+                raise InvalidMemory(_at_index(str(exc), i), i, exc.memory_id) from None
+            if mem.id in seen:
+                raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i,
+                                    mem.id)
+            seen[mem.id] = i
+            for name in ("id", "organization_id", "agent_id", "text"):
+                if "\x00" in getattr(mem, name):
+                    raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
+                                        "PostgreSQL text cannot hold", i, mem.id)
+            batch.append(mem)
+        if not batch:
+            return []
+        counts = self._count([m.text for m in batch])
+        exact = _exact_json([m.id for m in batch], [m.text for m in batch])
+        vectors = [self._vector_of(m) for m in batch]
+        dims = {v.size for v in vectors if v is not None}
+        for i, v in enumerate(vectors):
+            want = self._dim if self._dim is not None else next(iter(dims)) if len(dims) == 1 else None
+            if v is not None and want is not None and v.size != want:
+                mid = batch[i].id
+                raise InvalidMemory(f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's "
+                                    f"have {want}", i, mid)
+            if v is not None and want is None:  # mixed dimensions in a batch for a store without one
+                first = next(u for u in vectors if u is not None)
+                mid = batch[i].id
+                raise InvalidMemory(f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's "
+                                    f"have {first.size}", i, mid)
+        now = time.time()
+        kind = "exact" if self._exact else "estimate"
+        rows = [
+            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v),
+             _fts_document(m.organization_id, m.agent_id, m.text), m.confidence, m.importance,
+             now if m.created_at is None else m.created_at,
+             m.accessed_at, n, self._family, kind, ex)
+            for m, n, v, ex in zip(batch, counts, vectors, exact)
+        ]
+        dim = next(iter(dims)) if dims else None
+        self._run(self._insert(batch, rows, dim))
+        self._sizes.clear()
+        return [m.id for m in batch]
+
+    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], dim: int | None) -> None:
+        assert self._pool is not None
+        by_scope: dict[tuple[str, str], list[int]] = {}
+        for i, m in enumerate(batch):
+            by_scope.setdefault((m.organization_id, m.agent_id), []).append(i)
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if dim is not None and self._dim is None:
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    stored = await self._meta(conn, "embedding_dim")
+                    if stored is None:
+                        try:
+                            await self._set_dim(conn, dim)
+                        except psycopg.errors.InsufficientPrivilege:
+                            raise MemoryStoreError(
+                                f"{self._shown}: the embedding dimension is not set yet and this role may not set "
+                                "it: run `ctxcore memories init --db URL --dimensions N` as the schema owner"
+                            ) from None
+                        stored = str(dim)
+                    self._dim = int(stored)
+                    if dim != self._dim:
+                        i = next(k for k, r in enumerate(rows) if r[4] is not None)
+                        raise InvalidMemory(f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
+                                            f"the store's have {self._dim}", i, batch[i].id)
+                inserted: set[str] = set()
+                for (org, agent), idx in by_scope.items():
+                    await self._set_scope(conn, org, agent)
+                    async with conn.cursor() as cur:
+                        await cur.executemany(
+                            "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, "
+                            "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                            "VALUES (%s, %s, %s, %s, %s::vector, to_tsvector('simple', %s), %s, %s, %s, %s, %s, %s, %s, "
+                            "%s::jsonb) "
+                            "ON CONFLICT (id) DO NOTHING RETURNING id",
+                            [rows[i] for i in idx], returning=True,
+                        )
+                        while True:
+                            r = await cur.fetchone()
+                            if r is not None:
+                                inserted.add(r[0])
+                            if not cur.nextset():
+                                break
+                if len(inserted) != len(batch):
+                    # Ids are unique across the whole store; which scope holds a taken id is
+                    # not told (row-level security would hide it anyway).
+                    first = next(i for i, m in enumerate(batch) if m.id not in inserted)
+                    mid = batch[first].id
+                    raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is already stored", first, mid)
+
+    def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
+        """Set (or with ``text=None`` remove) the directive of an organization
+        (``agent_id=None``: all its agents) or of one agent."""
+        self._check_open()
+        Directive(organization_id, agent_id, "-" if text is None else text)  # validates
+        if any("\x00" in v for v in (organization_id, agent_id or "", text or "")):
+            raise InvalidMemory("directive: contains NUL (U+0000), which PostgreSQL text cannot hold")
+        self._run(self._set_directive(organization_id, agent_id, text))
+        self._directive_generation += 1
+        self._directives.clear()
+
+    async def _set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
+        assert self._pool is not None
+        key = (organization_id, _ORG_WIDE if agent_id is None else agent_id)
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, organization_id, agent_id)
+                if text is None:
+                    await conn.execute("DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", key)
+                else:
+                    await conn.execute(
+                        "INSERT INTO directives VALUES (%s, %s, %s, %s) ON CONFLICT (organization_id, agent_id) "
+                        "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
+                        (*key, text, time.time()),
+                    )
+
+    def _count(self, texts: list[str]) -> list[int]:
+        if self._exact:
+            return [count_tokens(t, self._family).value for t in texts]
+        return [int(x) for x in estimate_tokens_batch(texts, self._family).tolist()]
+
+    def _vector_of(self, m: NewMemory) -> npt.NDArray[np.float32] | None:
+        if m.embedding is not None:
+            return np.asarray(m.embedding, dtype=np.float32)
+        if self._embedder is not None:
+            return self._embed(m.text)
+        return None
+
+    def _embed(self, text: str) -> npt.NDArray[np.float32] | None:
+        assert self._embedder is not None
+        v = np.asarray(self._embedder.embed(text), dtype=np.float64)
+        if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
+            raise MemoryStoreError(
+                f"embedder {self._embedder.name!r} returned {v.shape} values, not a 1-D vector of finite numbers")
+        norm = float(np.sqrt(v @ v))
+        return None if norm == 0.0 else (v / norm).astype(np.float32)
+
+    def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
+        if query.embedding is not None:
+            v = np.asarray(query.embedding, dtype=np.float64)
+            norm = float(np.sqrt(v @ v))
+            return None if norm == 0.0 else (v / norm).astype(np.float32)
+        if self._embedder is not None and query.text:
+            return self._embed(query.text)
+        return None
+
+    # ---- retrieval (the MemoryStore protocol) ------------------------------------------------
+
+    async def directive(self, scope: Scope) -> str | None:
+        """The organization's directive followed by the agent's (a blank line between),
+        or whichever exists, or None. Served from memory for `directive_cache_seconds`."""
+        _check_scope(scope)
+        now = time.monotonic()
+        hit = self._directives.get(scope)
+        if hit is not None and now - hit[0] < self._directive_ttl:
+            return hit[1]
+        generation = self._directive_generation
+        value = await self._call(self._directive(scope))
+        if generation == self._directive_generation:
+            if len(self._directives) >= _DIRECTIVE_CACHE_SCOPES:
+                self._directives.clear()
+            self._directives[scope] = (now, value)
+        return value
+
+    async def _directive(self, scope: Scope) -> str | None:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                cur = await conn.execute(
+                    "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
+                    "ORDER BY agent_id",
+                    (scope.organization_id, _ORG_WIDE, scope.agent_id),
+                )
+                rows = await cur.fetchall()
+        return "\n\n".join(r[0] for r in rows) if rows else None
+
+    async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
+        """The agent's most recent memories, newest first, at most `limit`; each with its
+        cosine similarity to the query when both have an embedding, else None."""
+        _check_scope(scope)
+        _check_limit(limit)
+        _check_query(query)
+        if limit == 0:
+            return []
+        qv = self._query_vector(query)
+        if qv is not None and self._dim is not None and qv.size != self._dim:
+            qv = None
+        out = await self._call(self._hot(scope, qv, limit))
+        self._note(scope, out)
+        return [r for _, r in out]
+
+    async def _hot(self, scope: Scope, qv: npt.NDArray[np.float32] | None,
+                   limit: int) -> list[tuple[int, MemoryRecord]]:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                cur = await conn.execute(
+                    f"SELECT {_COLUMNS}, 1 - (embedding <=> %s::vector) FROM memories "
+                    "WHERE organization_id = %s AND agent_id = %s ORDER BY created_at DESC, seq DESC LIMIT %s",
+                    (None if qv is None else _vector_text(qv), scope.organization_id, scope.agent_id, limit),
+                )
+                rows = await cur.fetchall()
+        return [(row[0], _record(row, MemoryOrigin.HOT, None if row[-1] is None else _clip(float(row[-1])), rank))
+                for rank, row in enumerate(rows)]
+
+    async def cold(
+        self, scope: Scope, query: Query, limit: int, min_similarity: float
+    ) -> Sequence[MemoryRecord]:
+        """Vector hits (cosine >= `min_similarity`, best first) and full-text hits
+        (similarity None; memories holding more and rarer query words first, then newest
+        first), taken in turn from each path, one entry per memory, at most `limit`.
+
+        Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of the
+        scope's memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
+
+        Raises:
+            MemoryStoreError: the query embedding's dimension differs from the store's.
+        """
+        _check_scope(scope)
+        _check_limit(limit)
+        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
+            -1.0 <= min_similarity <= 1.0
+        ):
+            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
+        _check_query(query)
+        if limit == 0:
+            return []
+        qv = self._query_vector(query)
+        if qv is not None and self._dim is not None and qv.size != self._dim:
+            raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
+        token = _scope_token(scope.organization_id, scope.agent_id)
+        terms = [f"'{token}' & ({_tsquery_phrase(t)})" for t in _fts_terms(query.text)]
+        out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
+        self._note(scope, out)
+        return [r for _, r in out]
+
+    async def _cold(self, scope: Scope, qv: npt.NDArray[np.float32] | None, terms: list[str], limit: int,
+                    min_similarity: float) -> list[tuple[int, MemoryRecord]]:
+        assert self._pool is not None
+        org, agent = scope.organization_id, scope.agent_id
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, org, agent)
+                vector_hits: list[tuple[int, float]] = []
+                if qv is not None and self._dim is not None:
+                    # A large scope walks the HNSW index (iterative scans go on until `limit`
+                    # rows of the scope are found); a small one is scanned exactly off the
+                    # scope index. Row-level security's settings hide the scope's size from
+                    # the planner, so the store says which.
+                    large = await self._scope_size(conn, scope) >= HNSW_MIN_SCOPE
+                    await conn.execute(
+                        "SELECT set_config('hnsw.ef_search', %s, true), "
+                        "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                        "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
+                        (str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
+                    # The scope's `limit` nearest rows (HNSW, iterative scan keeps going until
+                    # enough of this scope are found), then the ANN cutoff, before hydration.
+                    cur = await conn.execute(
+                        "WITH nearest AS MATERIALIZED (SELECT seq, embedding <=> %s::vector AS d FROM memories "
+                        "WHERE organization_id = %s AND agent_id = %s AND embedding IS NOT NULL "
+                        "ORDER BY d LIMIT %s) "
+                        "SELECT seq, 1 - d FROM nearest WHERE 1 - d >= %s ORDER BY d, seq",
+                        (_vector_text(qv), org, agent, limit, min_similarity),
+                    )
+                    vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
+                # Full text on the GIN index (scope token & term): the planner, blind to the
+                # scope's size, would otherwise scan the table for the first few matches.
+                await conn.execute("SELECT set_config('enable_sort', 'on', true), "
+                                   "set_config('enable_seqscan', 'off', true)")
+                text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
+                merged: list[tuple[int, float | None]] = []
+                seen: set[int] = set()
+                vector_ids = {s for s, _ in vector_hits}
+                for k in range(max(len(vector_hits), len(text_hits))):
+                    for s, sim in (
+                        (vector_hits[k] if k < len(vector_hits) else (None, None)),
+                        ((text_hits[k], None) if k < len(text_hits) else (None, None)),
+                    ):
+                        if s is None or s in seen or (sim is None and s in vector_ids):
+                            continue
+                        seen.add(s)
+                        merged.append((s, sim))
+                merged = merged[:limit]
+                if not merged:
+                    return []
+                cur = await conn.execute(
+                    f"SELECT {_COLUMNS} FROM memories WHERE seq = ANY(%s) AND organization_id = %s AND agent_id = %s",
+                    ([s for s, _ in merged], org, agent),
+                )
+                rows = {row[0]: row for row in await cur.fetchall()}
+        out: list[tuple[int, MemoryRecord]] = []
+        for s, sim in merged:
+            row = rows.get(s)
+            if row is None:
+                continue
+            origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
+            out.append((s, _record(row, origin, None if sim is None else _clip(sim), len(out))))
+        return out
+
+    async def _fulltext(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope, terms: list[str],
+                        limit: int) -> list[int]:
+        org, agent = scope.organization_id, scope.agent_id
+        in_scope = await self._scope_size(conn, scope)
+        if in_scope == 0:
+            return []
+        cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
+        # Each term's matches in the scope, at most cap + 1 of them: a term with more is a
+        # stop word of this scope and left out; for the others the count is exact.
+        cur = await conn.execute(
+            "SELECT t.k, m.seq FROM unnest(%s::tsquery[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
+            "SELECT seq FROM memories WHERE fts @@ t.q AND (organization_id = %s AND agent_id = %s) IS TRUE "
+            "LIMIT %s) m",
+            (terms, org, agent, cap + 1),
+        )
+        hits: dict[int, list[int]] = {}
+        for k, s in await cur.fetchall():
+            hits.setdefault(int(k), []).append(int(s))
+        chosen = sorted((len(v), k) for k, v in hits.items() if 0 < len(v) <= cap)[:FTS_QUERY_TERMS]
+        scores: dict[int, float] = {}
+        for d, k in chosen:
+            idf = math.log(1.0 + in_scope / (d + 1.0))
+            for s in hits[k]:
+                scores[s] = scores.get(s, 0.0) + idf
+        return sorted(scores, key=lambda s: (-scores[s], -s))[:limit]
+
+    async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
+        # The scope's memory count sets the stop-word threshold and the vector plan; it is
+        # re-read at most every SCOPE_SIZE_SECONDS (counting 10,000 rows costs more than a
+        # whole cold query), and at once after a write through this store.
+        hit = self._sizes.get(scope)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
+            return hit[1]
+        cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
+                                 (scope.organization_id, scope.agent_id))
+        row = await cur.fetchone()
+        n = int(row[0]) if row else 0
+        if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
+            self._sizes.clear()
+        self._sizes[scope] = (now, n)
+        return n
+
+    # ---- accessed_at, batched --------------------------------------------------------------
+
+    def _note(self, scope: Scope, found: Sequence[tuple[int, MemoryRecord]]) -> None:
+        if not found:
+            return
+        now = time.time()
+        with self._accessed_lock:
+            pending = self._accessed.setdefault(scope, {})
+            for s, _ in found:
+                pending[s] = now
+            if self._flusher is None and not self._closed:
+                self._loop.loop.call_soon_threadsafe(self._start_flusher)
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and not self._closed:
+            self._flusher = self._loop.loop.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        try:
+            self._flush_sleeping = True
+            await asyncio.sleep(self._flush_every)
+            self._flush_sleeping = False
+            await self._flush()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed flush must not kill the loop
+            _log.warning("could not record read times: %s", self._error("memory database error", exc))
+        finally:
+            if self._flusher is asyncio.current_task():
+                self._flusher = None
+
+    async def _flush(self) -> int:
+        with self._accessed_lock:
+            pending, self._accessed = self._accessed, {}
+        if not pending:
+            return 0
+        assert self._pool is not None
+        n = 0
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                for scope, seqs in pending.items():
+                    await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                    cur = await conn.execute(
+                        "UPDATE memories AS m SET accessed_at = greatest(coalesce(m.accessed_at, 0), a.at) "
+                        "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) "
+                        "WHERE m.seq = a.seq AND m.organization_id = %s AND m.agent_id = %s",
+                        (list(seqs), list(seqs.values()), scope.organization_id, scope.agent_id),
+                    )
+                    n += cur.rowcount
+        return n
+
+    def flush_accesses(self) -> int:
+        """Write the read times noted since the last flush as ``accessed_at`` (one
+        statement per scope); returns how many memories were updated. Runs by itself every
+        `access_flush_seconds` after a read, and at `close`."""
+        if self._closed:
+            return 0
+        return self._run(self._flush())
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def delete(self, scope: Scope, ids: Iterable[str]) -> int:
+        """Delete the memories of `scope` with these ids; returns how many were deleted
+        (ids of other scopes or unknown ones delete nothing). Their rows, embeddings and
+        full-text entries are gone for every reader at commit (PostgreSQL's vacuum then
+        reclaims the index space)."""
+        self._check_open()
+        _check_scope(scope)
+        wanted = _ids(ids)
+        if not wanted:
+            return 0
+        return self._run(self._scoped_rowcount(
+            scope.organization_id, scope.agent_id,
+            "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s AND id = ANY(%s)",
+            (scope.organization_id, scope.agent_id, wanted)))
+
+    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
+        assert self._pool is not None
+        self._sizes.clear()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, org, agent)
+                cur = await conn.execute(statement, params)
+                return cur.rowcount
+
+    def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
+        """Delete everything of an agent (or, with ``agent_id=None``, of the whole
+        organization): memories (with their embeddings and full-text entries) and
+        directives. Returns the counts."""
+        self._check_open()
+        Directive(organization_id, agent_id, "-")  # validates the ids
+        report = self._run(self._forget(organization_id, agent_id))
+        self._directive_generation += 1
+        self._directives.clear()
+        return report
+
+    async def _forget(self, org: str, agent: str | None) -> ForgetReport:
+        assert self._pool is not None
+        self._sizes.clear()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, org, agent)
+                if agent is None:
+                    m = await conn.execute("DELETE FROM memories WHERE organization_id = %s", (org,))
+                    d = await conn.execute("DELETE FROM directives WHERE organization_id = %s", (org,))
+                else:
+                    m = await conn.execute(
+                        "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s", (org, agent))
+                    d = await conn.execute(
+                        "DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", (org, agent))
+                return ForgetReport(m.rowcount, d.rowcount)
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        text: str | None = None,
+        confidence: float | None = None,
+        importance: float | None = None,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None = None,
+    ) -> bool:
+        """Change a memory of `scope`: its text (re-counted, re-indexed and re-embedded by
+        the embedder unless `embedding` is given; without either the stale embedding is
+        dropped), confidence, importance or embedding. Returns False when `scope` has no
+        such memory.
+
+        Raises:
+            InvalidMemory: a new value is invalid (named).
+        """
+        self._check_open()
+        _check_scope(scope)
+        fields = _check_update(scope, memory_id, text, confidence, importance, embedding)
+        new_vec: npt.NDArray[np.float32] | None = None
+        sets: list[str] = []
+        params: list[Any] = []
+        if "embedding" in fields:
+            new_vec = np.asarray(fields["embedding"], dtype=np.float32)
+        elif "text" in fields and self._embedder is not None:
+            new_vec = self._embed(fields["text"])
+        if new_vec is not None and self._dim is not None and new_vec.size != self._dim:
+            raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
+                                f"{self._dim}", -1, memory_id)
+        if "text" in fields:
+            sets += ["text = %s", "fts = to_tsvector('simple', %s)", "token_count = %s", "token_family = %s",
+                     "token_kind = %s", "exact_tokens = %s::jsonb"]
+            params += [fields["text"], _fts_document(scope.organization_id, scope.agent_id, fields["text"]),
+                       self._count([fields["text"]])[0], self._family,
+                       "exact" if self._exact else "estimate", _exact_json([memory_id], [fields["text"]])[0]]
+        if "text" in fields or "embedding" in fields:
+            sets.append("embedding = %s::vector")
+            params.append(None if new_vec is None else _vector_text(new_vec))
+        for name in ("confidence", "importance"):
+            if name in fields:
+                sets.append(f"{name} = %s")
+                params.append(fields[name])
+        if not sets:
+            return self._run(self._scoped_rowcount(
+                scope.organization_id, scope.agent_id,
+                "SELECT 1 FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s",
+                (scope.organization_id, scope.agent_id, memory_id))) > 0
+        if new_vec is not None and self._dim is None:
+            raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
+                                   "first or run `ctxcore memories init --dimensions N`")
+        statement = (f"UPDATE memories SET {', '.join(sets)} "  # fixed column names only
+                     "WHERE organization_id = %s AND agent_id = %s AND id = %s")
+        return self._run(self._scoped_rowcount(
+            scope.organization_id, scope.agent_id, statement,
+            (*params, scope.organization_id, scope.agent_id, memory_id))) > 0
+
+    def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
+        """Retention by age: delete memories created more than `max_age_seconds` before
+        `now` (default: the current time), of one organization or (as the schema owner)
+        of all. Returns how many were deleted."""
+        self._check_open()
+        if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
+                0 <= max_age_seconds < math.inf):
+            raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r}")
+        cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+            return self._run(self._scoped_rowcount(
+                organization_id, None, "DELETE FROM memories WHERE organization_id = %s AND created_at < %s",
+                (organization_id, cutoff)))
+        return self._run(self._admin_rowcount("DELETE FROM memories WHERE created_at < %s", (cutoff,)))
+
+    async def _as_admin(self, conn: psycopg.AsyncConnection[TupleRow], what: str) -> None:
+        # Only the schema owner's admin policy reads across scopes; any other role would
+        # silently see nothing, so it is told instead.
+        cur = await conn.execute(
+            "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class WHERE oid = 'memories'::regclass")
+        row = await cur.fetchone()
+        if not row or not row[0]:
+            raise MemoryStoreError(
+                f"{what} across all organizations needs the schema owner's role (row-level security shows this role "
+                f"one organization at a time): name an organization, or connect as the owner ({self._shown})")
+        await self._set_scope(conn, "", "", admin=True)
+
+    async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
+        assert self._pool is not None
+        self._sizes.clear()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._as_admin(conn, "retention")
+                cur = await conn.execute(statement, params)
+                return cur.rowcount
+
+    def stats(self, organization_id: str | None = None) -> StoreStats:
+        """Memories, embedded memories and stored tokens per scope, and the directive
+        count: of one organization, or (as the schema owner, whose admin policy allows
+        it) of the whole store.
+
+        Raises:
+            MemoryStoreError: whole-store statistics asked for by a role that is not the
+                schema owner (row-level security would show it nothing).
+        """
+        self._check_open()
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+        return self._run(self._stats(organization_id))
+
+    async def _stats(self, org: str | None) -> StoreStats:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if org is None:
+                    await self._as_admin(conn, "statistics")
+                else:
+                    await self._set_scope(conn, org, None)
+                cur = await conn.execute(
+                    "SELECT organization_id, agent_id, count(*), count(embedding), sum(token_count) FROM memories "
+                    "GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id")
+                mrows = await cur.fetchall()
+                cur = await conn.execute("SELECT count(*) FROM directives")
+                drow = await cur.fetchone()
+        scopes = tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in mrows)
+        return StoreStats(scopes, int(drow[0]) if drow else 0)
+
+
+def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, rank: int) -> MemoryRecord:
+    return MemoryRecord(
+        id=row[1], organization_id=row[2], agent_id=row[3], text=row[4], origin=origin, similarity=similarity,
+        confidence=row[5], importance=row[6], created_at=row[7], accessed_at=row[8], rank=rank,
+        token_count=row[9], token_family=row[10], token_kind=row[11],
+        exact_tokens={str(k): int(v) for k, v in row[12].items()} if row[12] else None,
+    )
+
+
+def _ids(ids: Iterable[str]) -> list[str]:
+    if isinstance(ids, (str, bytes)):
+        raise TypeError("ids must be an iterable of ids, not one str")
+    out = list(ids)
+    for i in out:
+        if not isinstance(i, str) or not i:
+            raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+    return out
+
+
+def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
+                  importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
+                  ) -> dict[str, Any]:
+    """The changes asked for, validated by `NewMemory`'s own rules (InvalidMemory names the
+    memory)."""
+    if not isinstance(memory_id, str) or not memory_id:
+        raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
+    probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
+                      embedding=embedding, confidence=1.0 if confidence is None else confidence,
+                      importance=importance)
+    if text is not None and "\x00" in text:
+        raise InvalidMemory(f"memory {memory_id!r}: text contains NUL (U+0000), which PostgreSQL text cannot hold",
+                            -1, memory_id)
+    out: dict[str, Any] = {}
+    if text is not None:
+        out["text"] = probe.text
+    if confidence is not None:
+        out["confidence"] = probe.confidence
+    if importance is not None:
+        out["importance"] = probe.importance
+    if embedding is not None:
+        out["embedding"] = probe.embedding
+    return out
+
