@@ -130,7 +130,7 @@ def count_memory_tokens(
 
     >>> counts = count_memory_tokens(["m1"], ["Prefers email."], ["cl100k_base"])
     >>> int(counts["cl100k_base"][0])
-    11
+    12
     """
     fams = tokens.exact_families() if families is None else tuple(families)
     units = memory_units(ids, texts)
