@@ -260,6 +260,10 @@ class ContextService:
             opener = self._store_opener or (lambda: _open_sqlite(cfg))
             self._store = await opener()
             self._sources = Sources.from_store(self._store)
+        # Exact tokenizers load before SERVING, so that no call pays for loading a vocabulary.
+        from ..tokens import exact_families
+
+        await asyncio.to_thread(exact_families)
         self._ready = True
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
