@@ -32,6 +32,7 @@ import numpy.typing as npt
 from . import _core
 from .budget import Budget, BudgetPolicy, compute_budget
 from .catalog import Catalog, ModelCapability, default_catalog
+from .counting import boundary_allowance, count_exact_batch, memory_units
 from . import tokens
 from .errors import ConfigError, ContextOverflow, TokenizerUnavailable
 from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
@@ -475,15 +476,11 @@ def _exact(texts: Sequence[str], family: str, *, cache: bool = True) -> list[int
     """Exact counts of `texts`, from the cache where it has them, the rest in one batch
     (texts that never repeat, such as those holding a nonce, pass ``cache=False``)."""
     if not cache:
-        from .stores.counting import count_exact_batch
-
         return [int(v) for v in count_exact_batch(texts, family).tolist()]
     keys = [_CountCache.key(family, t) for t in texts]
     got = _COUNTS.get_many(keys)
     missing = [i for i, v in enumerate(got) if v is None]
     if missing:
-        from .stores.counting import count_exact_batch
-
         counted = count_exact_batch([texts[i] for i in missing], family).tolist()
         _COUNTS.put_many([(keys[i], n) for i, n in zip(missing, counted)])
         for i, n in zip(missing, counted):
@@ -514,8 +511,6 @@ class _Ledger:
         behind the character that precedes it (a message or the tools JSON always follows
         a ``>``, so either is the same wherever the piece stands)."""
         if self.exact:
-            from .stores.counting import boundary_allowance
-
             if boundary_allowance(self.family) == 0:
                 # A message always follows a ``>`` (``<history>`` or the message before it),
                 # and for the built-in families that ``>`` and the message's newline are one
@@ -705,12 +700,9 @@ def _memory_costs_exact(
     deadline: float | None,
     headroom_ms: float,
 ) -> tuple[npt.NDArray[np.int64], list[str], list[bool]]:
-    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.stores.counting``):
+    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.counting``):
     ``I + B`` from the store's count, else counted in one batch when the time left allows,
     else estimated; ``P`` once per assembly, ``M`` once per distinct score/source shape."""
-    # Imported here: ctxcore.stores brings the store clients, which plain assembling needs not load.
-    from .stores.counting import boundary_allowance, count_exact_batch, memory_units
-
     n = len(items)
     allow = boundary_allowance(family)
     # P: the element's head with this assembly's nonce. An element always follows a ``>``
@@ -803,7 +795,7 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.stores.counting``). Other
+    (from the store's stored count, no tokenizing, see ``ctxcore.counting``). Other
     families are priced with the estimator. Messages and tools are priced, and the
     overflow and trimming decisions made, before any store is queried.
 
