@@ -32,7 +32,9 @@ import numpy.typing as npt
 from . import _core
 from .budget import Budget, BudgetPolicy, compute_budget
 from .catalog import Catalog, ModelCapability, default_catalog
-from .errors import ConfigError, ContextOverflow
+from .counting import boundary_allowance, count_exact_batch, memory_units
+from . import tokens
+from .errors import ConfigError, ContextOverflow, TokenizerUnavailable
 from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
@@ -72,6 +74,7 @@ __all__ = [
     "AssembledContext",
     "AssemblyConfig",
     "assemble",
+    "warm_tokenizers",
 ]
 
 #: Time kept after retrieval, under a caller deadline, for scoring, packing and formatting
@@ -532,14 +535,15 @@ def _uncached_bytes(texts: Sequence[str], family: str) -> int:
     return sum(len(t) for t, v in zip(texts, _COUNTS.get_many(keys)) if v is None)
 
 
-def _exact(texts: Sequence[str], family: str) -> list[int]:
-    """Exact counts of `texts`, from the cache where it has them, the rest in one batch."""
+def _exact(texts: Sequence[str], family: str, *, cache: bool = True) -> list[int]:
+    """Exact counts of `texts`, from the cache where it has them, the rest in one batch
+    (texts that never repeat, such as those holding a nonce, pass ``cache=False``)."""
+    if not cache:
+        return [int(v) for v in count_exact_batch(texts, family).tolist()]
     keys = [_CountCache.key(family, t) for t in texts]
     got = _COUNTS.get_many(keys)
     missing = [i for i, v in enumerate(got) if v is None]
     if missing:
-        from .stores.counting import count_exact_batch
-
         counted = count_exact_batch([texts[i] for i in missing], family).tolist()
         _COUNTS.put_many([(keys[i], n) for i, n in zip(missing, counted)])
         for i, n in zip(missing, counted):
@@ -570,8 +574,6 @@ class _Ledger:
         behind the character that precedes it (a message or the tools JSON always follows
         a ``>``, so either is the same wherever the piece stands)."""
         if self.exact:
-            from .stores.counting import boundary_allowance
-
             if boundary_allowance(self.family) == 0:
                 # A message always follows a ``>`` (``<history>`` or the message before it),
                 # and for the built-in families that ``>`` and the message's newline are one
@@ -636,11 +638,52 @@ def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> Model
     return replace(cap, estimate_kind=kind, safety_fraction=cat.policies[cap.tokenizer_family].safety_fraction(kind))
 
 
-def _can_count_exactly(cat: Catalog, cap: ModelCapability) -> bool:
+_loading: set[str] = set()
+_loading_lock = threading.Lock()
+
+
+def _tokenizer_ready(family: str) -> bool:
+    """Whether `family`'s exact tokenizer is loaded (or registered), without loading it."""
+    return family in tokens._registry or family in tokens._encodings
+
+
+def _load_in_background(family: str) -> None:
+    with _loading_lock:
+        if family in _loading:
+            return
+        _loading.add(family)
+
+    def load() -> None:
+        try:
+            tokens.count_tokens("", family)
+        except TokenizerUnavailable:
+            pass
+
+    threading.Thread(target=load, name=f"ctxcore-load-{family}", daemon=True).start()
+
+
+def warm_tokenizers() -> tuple[str, ...]:
+    """Load every installed exact tokenizer now (a service calls this at start-up, so that
+    no request pays for loading a vocabulary); returns `ctxcore.exact_families()`.
+
+    >>> "cl100k_base" in warm_tokenizers()
+    True
+    """
+    return exact_families()
+
+
+def _can_count_exactly(cat: Catalog, cap: ModelCapability, deadline: float | None) -> bool:
     # The catalog says which kind of count the model is budgeted in; exact needs the
-    # family's tokenizer installed (or registered) too.
+    # family's tokenizer installed (or registered) too. A vocabulary not loaded yet takes
+    # a second or more to load: under a deadline it loads in the background and this
+    # request is priced with the estimator.
     family = cap.tokenizer_family
-    if cap.estimate_kind is not TokenKind.EXACT or family not in exact_families():
+    if cap.estimate_kind is not TokenKind.EXACT:
+        return False
+    if deadline is not None and not _tokenizer_ready(family):
+        _load_in_background(family)
+        return False
+    if family not in exact_families():
         return False
     policy = cat.policies.get(family)
     return policy is not None and TokenKind.EXACT in policy.safety_fractions
@@ -659,7 +702,7 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
     tools = [dict(t) for t in request.tools] or None
     tools_json = _tools_json(tools)
     family = cap.tokenizer_family
-    exact = _can_count_exactly(cat, cap)
+    exact = _can_count_exactly(cat, cap, deadline)
     text, _, _, pieces = _core.format_context(None, history, (), tools_json, _PRICING_NONCE, False, True)
     kinds, texts = _split(text, pieces)
     if exact and deadline is not None:
@@ -746,12 +789,9 @@ def _memory_costs_exact(
     deadline: float | None,
     headroom_ms: float,
 ) -> tuple[npt.NDArray[np.int64], list[str], list[bool]]:
-    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.stores.counting``):
+    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.counting``):
     ``I + B`` from the store's count, else counted in one batch when the time left allows,
     else estimated; ``P`` once per assembly, ``M`` once per distinct score/source shape."""
-    # Imported here: ctxcore.stores brings the store clients, which plain assembling needs not load.
-    from .stores.counting import boundary_allowance, count_exact_batch, memory_units
-
     n = len(items)
     allow = boundary_allowance(family)
     # P: the element's head with this assembly's nonce. An element always follows a ``>``
@@ -760,10 +800,11 @@ def _memory_costs_exact(
     # what it adds behind either (the larger), as the whole text is counted.
     p_text = f'\n<memory nonce="{nonce}"'
     if allow == 0:
-        a, b, pa, pb = _exact([">", ".", ">" + p_text, "." + p_text], family)
+        a, b = _exact([">", "."], family)
+        pa, pb = _exact([">" + p_text, "." + p_text], family, cache=False)
         head = max(pa - a, pb - b)
     else:
-        head = _exact([p_text], family)[0] + allow
+        head = _exact([p_text], family, cache=False)[0] + allow
     # M: one count per distinct (score, source), cached across calls (scores are rounded to
     # four places, so the shapes repeat).
     shape_of = [(it["score"], it["source"]) for it in items]
@@ -843,7 +884,7 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.stores.counting``). Other
+    (from the store's stored count, no tokenizing, see ``ctxcore.counting``). Other
     families are priced with the estimator. Messages and tools are priced, and the
     overflow and trimming decisions made, before any store is queried.
 
