@@ -79,6 +79,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _plot_file(text: str) -> str:
+    """argparse type: a file name whose suffix is a format plots can be written as."""
+    from .benchmarking.plots import PLOT_FORMATS
+
+    if Path(text).suffix.lower() not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"cannot write a plot as {Path(text).name!r}: the file must end in {', '.join(PLOT_FORMATS)}"
+        )
+    return text
+
+
 def source_name(path: str) -> str:
     """How a file argument is named in messages (``<stdin>`` for ``-``)."""
     return "<stdin>" if path == STDIN else path
@@ -370,7 +381,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
                    help="text (the context as one string), or the OpenAI / Anthropic request payload "
                    "(priced for that rendering)")
-    p.add_argument("--plot", metavar="FILE", help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
+    p.add_argument("--plot", metavar="FILE", type=_plot_file, help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:

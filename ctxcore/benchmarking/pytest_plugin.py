@@ -3,7 +3,7 @@
 Registered through the ``pytest11`` entry point ``ctxcore``, so installing ctxcore makes
 it available; it does nothing unless a test asks for the ``ctxcore_gate`` fixture (it adds
 the ``ctxcore_gate`` marker's description, and a summary section only when a gate ran).
-Without pytest-benchmark (``pip install 'ctxcore[bench]'``, or when disabled with ``-p
+Without pytest-benchmark (``pip install 'ctxcore-llm[bench]'``, or when disabled with ``-p
 no:benchmark``) it still loads, and a test that asks for a gate fails saying what is missing.
 
 Use it in a test::
@@ -269,7 +269,7 @@ class _NoBenchmark:
     def ctxcore_gate(self) -> LatencyGate:
         """Latency gates need pytest-benchmark."""
         pytest.fail("the ctxcore_gate fixture builds on pytest-benchmark, which is not installed or is disabled "
-                    "(-p no:benchmark): pip install 'ctxcore[bench]'", pytrace=False)
+                    "(-p no:benchmark): pip install 'ctxcore-llm[bench]'", pytrace=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -45,7 +45,7 @@ def numpy_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int) -> float
 
 
 def markupsafe_escape(texts: Sequence[str]) -> Callable[[], object]:
-    """A call that escapes every text with markupsafe (needs ``ctxcore[bench]``).
+    """A call that escapes every text with markupsafe (needs ``ctxcore-llm[bench]``).
 
     >>> markupsafe_escape(["a < b"])()
     [Markup('a &lt; b')]
@@ -55,7 +55,7 @@ def markupsafe_escape(texts: Sequence[str]) -> Callable[[], object]:
     except ImportError:
         raise GateUsageError(
             "the formatter's reference is markupsafe.escape, and markupsafe is not installed "
-            "(pip install 'ctxcore[bench]', or pass reference=None)"
+            "(pip install 'ctxcore-llm[bench]', or pass reference=None)"
         ) from None
     escape = markupsafe.escape
     bodies = list(texts)

@@ -8,7 +8,7 @@ from the assembly's own stage timings (the stages run one after another, so each
 where the one before ended), with the branch outcomes, the wall, the pack path and the
 usable budget as attributes. Memory text, queries and messages never become attributes.
 
-Without ``opentelemetry-api`` (``pip install 'ctxcore[otel]'``) every function here is a
+Without ``opentelemetry-api`` (``pip install 'ctxcore-llm[otel]'``) every function here is a
 no-op. Exporting is the process's business: install an SDK and exporter and run
 ``opentelemetry-instrument ctxcore serve ...``, or configure a tracer provider before
 building a `ContextService` (or pass one as its ``tracer_provider``).

@@ -26,7 +26,7 @@ times) and its blocking ingest methods work from plain threads. Credentials come
 URL, the ``PG*`` environment variables or a password file (libpq's own rules); they are
 never logged: `redact_dsn` removes them from every repr, log line and error message.
 
-psycopg is an optional dependency (``pip install 'ctxcore[postgres]'``); SQLite-only users
+psycopg is an optional dependency (``pip install 'ctxcore-llm[postgres]'``); SQLite-only users
 never import it.
 
 >>> redact_dsn("postgresql://app:s3cret@db.example:5432/memories?sslmode=require")
@@ -83,7 +83,7 @@ try:
     from psycopg_pool import AsyncConnectionPool
 except ImportError as _exc:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
-        "PostgresMemoryStore needs psycopg 3 and psycopg_pool: pip install 'ctxcore[postgres]'"
+        "PostgresMemoryStore needs psycopg 3 and psycopg_pool: pip install 'ctxcore-llm[postgres]'"
     ) from _exc
 
 __all__ = [
