@@ -133,15 +133,21 @@ class CandidateSet:
 
     def records(self, organization_id: str, agent_id: str) -> list[Any]:
         """The set as `ctxcore.MemoryRecord` objects of one scope (similarity defaults to
-        the score, confidence to 1), for in-process assembly sources."""
+        the score, confidence to 1), for in-process assembly sources. Each record carries
+        its exact token counts in every installed exact family, as a store returns them
+        (counted once here, as a store counts at ingest), so an assembly gated on them
+        measures the request path, not tokenizing."""
+        from ..counting import count_memory_tokens
         from ..memory import MemoryRecord
 
         texts = self.need_texts("assemble")
         sim = self.similarity if self.similarity is not None else self.scores_or_interim()
         conf = self.confidence if self.confidence is not None else np.ones(len(self))
+        counts = {f: c.tolist() for f, c in count_memory_tokens(self.ids, texts).items()}
         return [
-            MemoryRecord(i, organization_id, agent_id, t, similarity=min(1.0, max(0.0, s)), confidence=c)
-            for i, t, s, c in zip(self.ids, texts, sim.tolist(), conf.tolist())
+            MemoryRecord(i, organization_id, agent_id, t, similarity=min(1.0, max(0.0, s)), confidence=c,
+                         exact_tokens={f: n[k] for f, n in counts.items()} or None)
+            for k, (i, t, s, c) in enumerate(zip(self.ids, texts, sim.tolist(), conf.tolist()))
         ]
 
 
