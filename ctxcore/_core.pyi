@@ -1,4 +1,5 @@
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -105,3 +106,32 @@ class Estimator:
     def spread(self) -> float: ...
 
 def estimator_buckets(text: str, bits: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]: ...
+
+def split_scope(
+    records: Sequence[object], record_type: type, organization: str, agent: str
+) -> tuple[list[Any], list[Any]]: ...
+def memory_columns(
+    records: Sequence[object], record_type: type, family: str
+) -> tuple[
+    list[str],
+    list[str],
+    list[str],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int64],
+    list[str],
+    npt.NDArray[np.int64],
+]: ...
+def format_columns(
+    directive: str | None,
+    history: Sequence[object],
+    ids: list[str],
+    texts: list[str],
+    scores: npt.NDArray[np.float64],
+    sources: list[str],
+    order: npt.NDArray[np.int64],
+    tools_json: str | None,
+    nonce: str,
+) -> tuple[str, list[tuple[int, int, int]], int]: ...

@@ -35,7 +35,7 @@ from .catalog import Catalog, ModelCapability, default_catalog
 from .counting import boundary_allowance, count_exact_batch, memory_units
 from . import tokens
 from .errors import ConfigError, ContextOverflow, TokenizerUnavailable
-from .formatting import NONCE_BYTES, _tools_json, format_context, formatter_overhead
+from .formatting import _SECTIONS, NONCE_BYTES, _Sections, _tools_json, format_context, formatter_overhead
 from .memory import MemoryRecord, Scope, Sources
 from .packing import PackResult, pack_arrays
 from .payloads import RenderingCosts, default_directive_role, render_anthropic, render_openai, rendering_costs
@@ -164,45 +164,132 @@ class AssemblyConfig:
         return cls(**values)
 
 
+_TRACE_REASONS: tuple[TraceReason, ...] = tuple(TraceReason)
+_REASON_CODE = {r: np.uint8(k) for k, r in enumerate(_TRACE_REASONS)}
+_PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
+_PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(_PRICINGS)}
+
+
 @dataclass(frozen=True, slots=True)
+class _TraceRows:
+    """Rows of the trace that share their columns with the assembly's arrays: row k is
+    candidate ``at[k]`` of the ``ids``/``origins`` columns; numbers are arrays aligned with
+    ``at`` (None: zeros / not priced)."""
+
+    ids: Sequence[str]
+    origins: Sequence[str]
+    at: npt.NDArray[np.intp]
+    reason: npt.NDArray[np.uint8]
+    score: npt.NDArray[np.float64] | None = None
+    relevance: npt.NDArray[np.float64] | None = None
+    tokens: npt.NDArray[np.int64] | None = None
+    recounted: npt.NDArray[np.bool_] | None = None
+    pricing: npt.NDArray[np.uint8] | None = None
+
+
 class TraceTable:
     """The trace as parallel columns, one row per memory candidate.
 
-    Assembling builds these lists in bulk; `entries` turns them into `TraceEntry` objects
-    only when someone reads the trace.
+    Assembling adds rows in blocks that share the pipeline's arrays (no per-row work);
+    the columns (`memory_id`, `reason`, `origin`, `tokens`, `score`, `relevance`,
+    `recounted`, `pricing`, each a list) are joined on first read, and `entries` turns
+    them into `TraceEntry` objects.
+
+    >>> t = TraceTable()
+    >>> t.add("m1", TraceReason.OUT_OF_SCOPE, "hot")
+    >>> (len(t), t.reason, t.entries()[0].memory_id)
+    (1, [<TraceReason.OUT_OF_SCOPE: 'out_of_scope'>], 'm1')
     """
 
-    memory_id: list[str] = field(default_factory=list)
-    reason: list[TraceReason] = field(default_factory=list)
-    origin: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    score: list[float] = field(default_factory=list)
-    relevance: list[float] = field(default_factory=list)
-    recounted: list[bool] = field(default_factory=list)
-    pricing: list[str] = field(default_factory=list)
+    __slots__ = ("_blocks", "_columns")
+
+    _FIELDS = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "pricing")
+
+    def __init__(self) -> None:
+        self._blocks: list[_TraceRows | tuple[Any, ...]] = []
+        self._columns: dict[str, list[Any]] | None = None
 
     def add(self, memory_id: str, reason: TraceReason, origin: str, tokens: int = 0, score: float = 0.0,
             relevance: float = 0.0, recounted: bool = False, pricing: str = "") -> None:
         """Append one row."""
-        self.memory_id.append(memory_id)
-        self.reason.append(reason)
-        self.origin.append(origin)
-        self.tokens.append(tokens)
-        self.score.append(score)
-        self.relevance.append(relevance)
-        self.recounted.append(recounted)
-        self.pricing.append(pricing)
+        self._blocks.append((memory_id, reason, origin, tokens, score, relevance, recounted, pricing))
+        self._columns = None
+
+    def add_rows(self, rows: _TraceRows) -> None:
+        """Append a block of rows (the assembly's columnar path)."""
+        if rows.at.size:
+            self._blocks.append(rows)
+            self._columns = None
 
     def __len__(self) -> int:
-        return len(self.memory_id)
+        return sum(b.at.size if isinstance(b, _TraceRows) else 1 for b in self._blocks)
+
+    def _joined(self) -> dict[str, list[Any]]:
+        if self._columns is not None:
+            return self._columns
+        cols: dict[str, list[Any]] = {f: [] for f in self._FIELDS}
+        for b in self._blocks:
+            if not isinstance(b, _TraceRows):
+                for f, v in zip(self._FIELDS, b):
+                    cols[f].append(v)
+                continue
+            at = b.at.tolist()
+            n = len(at)
+            cols["memory_id"].extend(map(b.ids.__getitem__, at))
+            cols["origin"].extend(map(b.origins.__getitem__, at))
+            cols["reason"].extend(map(_TRACE_REASONS.__getitem__, b.reason.tolist()))
+            for name, arr, zero in (("tokens", b.tokens, 0), ("score", b.score, 0.0),
+                                    ("relevance", b.relevance, 0.0), ("recounted", b.recounted, False)):
+                cols[name].extend(arr.tolist() if arr is not None else [zero] * n)
+            cols["pricing"].extend(map(_PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None
+                                   else [""] * n)
+        self._columns = cols
+        return cols
+
+    @property
+    def memory_id(self) -> list[str]:
+        """Each row's memory id."""
+        return self._joined()["memory_id"]
+
+    @property
+    def reason(self) -> list[TraceReason]:
+        """Each row's `TraceReason`."""
+        return self._joined()["reason"]
+
+    @property
+    def origin(self) -> list[str]:
+        """Each row's origin (the retrieval path)."""
+        return self._joined()["origin"]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Each row's priced cost (0 when it never reached pricing)."""
+        return self._joined()["tokens"]
+
+    @property
+    def score(self) -> list[float]:
+        """Each row's score."""
+        return self._joined()["score"]
+
+    @property
+    def relevance(self) -> list[float]:
+        """Each row's relevance, as the gate saw it."""
+        return self._joined()["relevance"]
+
+    @property
+    def recounted(self) -> list[bool]:
+        """Each row's recount flag."""
+        return self._joined()["recounted"]
+
+    @property
+    def pricing(self) -> list[str]:
+        """How each row's cost was obtained (a `Pricing` value, or empty)."""
+        return self._joined()["pricing"]
 
     def entries(self) -> tuple[TraceEntry, ...]:
         """The rows as `TraceEntry` objects, in order."""
-        return tuple(
-            TraceEntry(*row)
-            for row in zip(self.memory_id, self.reason, self.origin, self.tokens, self.score, self.relevance,
-                           self.recounted, self.pricing)
-        )
+        c = self._joined()
+        return tuple(map(TraceEntry, *(c[f] for f in self._FIELDS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,14 +514,58 @@ def _turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
 # ---- the pipeline ---------------------------------------------------------------------
 
 
-# The packer's reasons (ctxcore.Reason, by its uint8 code) as trace reasons.
-_PACK_REASONS = (
+# The packer's reasons (ctxcore.Reason, by its uint8 code) as trace reason codes.
+_PACK_REASON_CODES = np.array([_REASON_CODE[r] for r in (
     TraceReason.SELECTED,
     TraceReason.PINNED,
     TraceReason.BUDGET_EXHAUSTED,
     TraceReason.BUDGET_EXHAUSTED,  # pinned, but no room left after the earlier pinned
     TraceReason.NON_POSITIVE_SCORE,
-)
+)], dtype=np.uint8)
+
+
+@dataclass(slots=True)
+class _Columns:
+    """The retrieved memories as columns (one C-level pass over the records): str fields
+    as lists, numbers as arrays (NaN for None; -1 for no stored count of the family)."""
+
+    ids: list[str]
+    texts: list[str]
+    origins: list[str]
+    similarity: npt.NDArray[np.float64]
+    confidence: npt.NDArray[np.float64]
+    importance: npt.NDArray[np.float64]
+    created_at: npt.NDArray[np.float64]
+    stored: npt.NDArray[np.int64]
+    distinct_origins: list[str]
+    origin_code: npt.NDArray[np.int64]
+    scores: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+    relevance: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, mems: Sequence[MemoryRecord], family: str) -> _Columns:
+        return cls(*_core.memory_columns(mems, MemoryRecord, family))
+
+
+def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
+    """Which rows are the best-scored of their id (the first among equals); None when
+    every id is distinct (the common case, settled by one dict build)."""
+    if len(dict.fromkeys(ids)) == len(ids):
+        return None
+    best: dict[str, int] = {}
+    sc = scores.tolist()
+    for i, mid in enumerate(ids):
+        j = best.get(mid)
+        if j is None or sc[i] > sc[j]:
+            best[mid] = i
+    first = np.zeros(len(ids), dtype=bool)
+    first[list(best.values())] = True
+    return first
+
 
 #: Exact counting speed assumed when deciding whether a count can be had before the
 #: deadline (UTF-8 bytes per millisecond; tiktoken counts ~3-10 MB/s on this machine, the
@@ -446,10 +577,10 @@ EXACT_COUNT_BYTES_PER_MS = 2000.0
 DIRECTIVE_BOUNDARY_ALLOWANCE = 1
 
 
-def _recency(mems: Sequence[MemoryRecord], now: float) -> np.ndarray | None:
-    if not mems or any(m.created_at is None for m in mems):
+def _recency(created_at: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.float64] | None:
+    if not created_at.size or np.isnan(created_at).any():
         return None
-    age_days = np.array([max(0.0, now - float(m.created_at or 0.0)) / 86400.0 for m in mems])
+    age_days = np.maximum(0.0, now - created_at) / 86400.0
     return np.power(0.5, age_days / RECENCY_HALF_LIFE_DAYS)
 
 
@@ -506,25 +637,75 @@ _COUNTS = _CountCache(COUNT_CACHE_ENTRIES)
 
 
 class _ShapeCache:
-    """Exact counts of the score/source unit by (score, source), per family. Bounded."""
+    """Exact counts of the score/source unit ``M`` per family and source, by the score's
+    four-decimal key ``k = rint(score * 1e4)``: a dense table over k in 0..10000 (the
+    scores' range), looked up as arrays; other keys (a weighted score outside [0, 1]) in a
+    bounded dict. Counted on first sight, in one batch per call. Thread-safe: a table
+    entry is written once with the one value it can have."""
+
+    SPAN = 10_001
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._data: dict[str, dict[tuple[float, str], int]] = {}
+        self._tables: dict[tuple[str, str], npt.NDArray[np.int32]] = {}
+        self._other: dict[tuple[str, float, str], int] = {}
         self._lock = threading.Lock()
 
-    def get_many(self, family: str, shapes: Sequence[tuple[float, str]]) -> list[int | None]:
-        table = self._data.get(family, {})
-        get = table.get
-        return [get(s) for s in shapes]
+    def _table(self, family: str, source: str) -> npt.NDArray[np.int32]:
+        t = self._tables.get((family, source))
+        if t is None:
+            with self._lock:
+                if len(self._tables) >= 256:  # sources are few; a flood of new ones resets
+                    self._tables.clear()
+                t = self._tables.setdefault((family, source), np.full(self.SPAN, -1, dtype=np.int32))
+        return t
 
-    def put_many(self, family: str, counts: Mapping[tuple[float, str], int]) -> None:
+    def costs(self, family: str, keys: npt.NDArray[np.float64], sources: Sequence[str],
+              source_code: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``M`` of each (key, ``sources[source_code]``) pair."""
+        out = np.empty(keys.size, dtype=np.int64)
+        if len(sources) == 1:
+            groups = [(sources[0], np.arange(keys.size))]
+        else:
+            groups = [(src, np.flatnonzero(source_code == k)) for k, src in enumerate(sources)]
+        for source, rows in groups:
+            k = keys[rows]
+            dense = (k >= 0) & (k < self.SPAN)
+            if dense.all():
+                out[rows] = self._dense(family, source, k.astype(np.intp))
+                continue
+            out[rows[dense]] = self._dense(family, source, k[dense].astype(np.intp))
+            out[rows[~dense]] = self._sparse(family, source, k[~dense].tolist())
+        return out
+
+    def _dense(self, family: str, source: str, k: npt.NDArray[np.intp]) -> npt.NDArray[np.int32]:
+        table = self._table(family, source)
+        got = table[k]
+        if (got < 0).any():
+            new = np.unique(k[got < 0])
+            counted = _exact(_shape_texts([(v / 1e4, source) for v in new.tolist()]), family)
+            table[new] = counted
+            got = table[k]
+        return got
+
+    def _sparse(self, family: str, source: str, keys: list[float]) -> list[int]:
+        other = self._other
+        new = [v for v in dict.fromkeys(keys) if (family, v, source) not in other]
+        if new:
+            counted = _exact(_shape_texts([(v / 1e4, source) for v in new]), family)
+            with self._lock:
+                if len(other) + len(new) > self._capacity:
+                    other.clear()
+                other.update({(family, v, source): c for v, c in zip(new, counted)})
+            lookup = {**other, **{(family, v, source): c for v, c in zip(new, counted)}}
+        else:
+            lookup = other
+        return [lookup[(family, v, source)] for v in keys]
+
+    def clear(self) -> None:
         with self._lock:
-            table = dict(self._data.get(family, {}))
-            if len(table) + len(counts) > self._capacity:
-                table = {}
-            table.update(counts)
-            self._data[family] = table  # replaced whole: readers never see a dict change
+            self._tables.clear()
+            self._other.clear()
 
 
 _SHAPES = _ShapeCache(COUNT_CACHE_ENTRIES)
@@ -781,53 +962,40 @@ def _trim(plan: _Plan, messages: Sequence[Message], shortfall: int) -> tuple[lis
     return np.flatnonzero(keep).tolist(), drops
 
 
-def _memory_costs_exact(
-    family: str,
-    items: Sequence[Mapping[str, Any]],
-    mems: Sequence[MemoryRecord],
-    nonce: str,
-    deadline: float | None,
-    headroom_ms: float,
-) -> tuple[npt.NDArray[np.int64], list[str], list[bool]]:
-    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.counting``):
-    ``I + B`` from the store's count, else counted in one batch when the time left allows,
-    else estimated; ``P`` once per assembly, ``M`` once per distinct score/source shape."""
-    n = len(items)
+def _head_cost(family: str, nonce: str) -> int:
+    """``P``: the element's head with this assembly's nonce. An element always follows a
+    ``>`` (the element before it) or the ``.`` of the safety sentence, and for the built-in
+    families that character and the head's newline are one chunk: the head's cost is what
+    it adds behind either (the larger), as the whole text is counted."""
     allow = boundary_allowance(family)
-    # P: the element's head with this assembly's nonce. An element always follows a ``>``
-    # (the element before it) or the ``.`` of the safety sentence, and for the built-in
-    # families that character and the head's newline are one chunk: the head's cost is
-    # what it adds behind either (the larger), as the whole text is counted.
     p_text = f'\n<memory nonce="{nonce}"'
     if allow == 0:
         a, b = _exact([">", "."], family)
         pa, pb = _exact([">" + p_text, "." + p_text], family, cache=False)
-        head = max(pa - a, pb - b)
-    else:
-        head = _exact([p_text], family, cache=False)[0] + allow
-    # M: one count per distinct (score, source), cached across calls (scores are rounded to
-    # four places, so the shapes repeat).
-    shape_of = [(it["score"], it["source"]) for it in items]
-    shape_cost = _SHAPES.get_many(family, shape_of)
-    if None in shape_cost:
-        new = list({s: None for s, c in zip(shape_of, shape_cost) if c is None})
-        counted = _exact(_shape_texts(new), family)
-        _SHAPES.put_many(family, dict(zip(new, counted)))
-        shape_cost = _SHAPES.get_many(family, shape_of)
-    shape_arr = np.array(shape_cost, dtype=np.int64) + allow
-    costs = np.empty(n, dtype=np.int64)
-    pricing = [Pricing.STORED.value] * n
-    recounted = [False] * n
-    missing: list[int] = []
-    for k, m in enumerate(mems):
-        stored = m.exact_tokens.get(family) if m.exact_tokens is not None else None
-        if stored is None:
-            missing.append(k)
-            costs[k] = 0
-        else:
-            costs[k] = stored
-    if missing:
-        units = memory_units([mems[k].id for k in missing], [mems[k].text for k in missing])
+        return max(pa - a, pb - b)
+    return _exact([p_text], family, cache=False)[0] + allow
+
+
+def _memory_costs_exact(
+    family: str,
+    cols: _Columns,
+    cand: npt.NDArray[np.intp],
+    nonce: str,
+    deadline: float | None,
+    headroom_ms: float,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.counting``), with
+    how it was priced (`Pricing` codes) and whether it was recounted: ``I + B`` from the
+    store's count, else counted in one batch when the time left allows, else estimated;
+    ``P`` once per assembly, ``M`` from the score/source shape table."""
+    allow = boundary_allowance(family)
+    costs = cols.stored[cand]
+    pricing = np.full(cand.size, _PRICING_CODE[Pricing.STORED.value], dtype=np.uint8)
+    recounted = np.zeros(cand.size, dtype=bool)
+    missing = np.flatnonzero(costs < 0)
+    if missing.size:
+        rows = cand[missing].tolist()
+        units = memory_units([cols.ids[k] for k in rows], [cols.texts[k] for k in rows])
         nbytes = sum(len(u) for u in units)
         if nbytes <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
             per_unit = count_exact_batch(units, family)
@@ -835,14 +1003,38 @@ def _memory_costs_exact(
         else:
             per_unit = estimate_tokens_batch(units, family)
             how = Pricing.ESTIMATED.value
-        own = (per_unit[0::2] + per_unit[1::2]).tolist()
-        for k, c in zip(missing, own):
-            costs[k] = c
-            pricing[k] = how
-            recounted[k] = True
-    costs += head + allow
-    costs += shape_arr
+        costs[missing] = per_unit[0::2] + per_unit[1::2]
+        pricing[missing] = _PRICING_CODE[how]
+        recounted[missing] = True
+    costs += _head_cost(family, nonce) + allow
+    costs += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins, cols.origin_code[cand])
+    costs += allow
     return costs, pricing, recounted
+
+
+def _memory_costs_estimated(
+    family: str, cols: _Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Each candidate's estimated cost: the estimator's price of its escaped, wrapped
+    element; a store's matching estimate of the raw text plus the wrapper can only raise
+    it (the larger is kept, never a mix of families or kinds)."""
+    rows = cand.tolist()
+    items = [
+        {"id": cols.ids[i], "text": cols.texts[i], "score": float(v), "source": cols.origins[i]}
+        for i, v in zip(rows, (np.rint(cols.scores[cand] * 1e4) / 1e4).tolist())
+    ]
+    overhead = formatter_overhead(items, family=family, nonce=nonce)
+    costs = np.fromiter(overhead.memory_tokens, dtype=np.int64, count=len(rows))
+    recounted = np.zeros(len(rows), dtype=bool)
+    kind = TokenKind.ESTIMATE.value
+    for k, i in enumerate(rows):
+        m = mems[i]
+        if m.token_count is not None:
+            if m.token_family == family and m.token_kind == kind:
+                costs[k] = max(int(costs[k]), m.token_count + overhead.wrapper_tokens)
+            else:
+                recounted[k] = True
+    return costs, np.full(len(rows), _PRICING_CODE[Pricing.ESTIMATED.value], dtype=np.uint8), recounted
 
 
 def _shape_texts(shapes: Sequence[tuple[float, str]]) -> list[str]:
@@ -993,48 +1185,47 @@ def _finish(
     cap = plan.cap
     ledger = plan.ledger
 
-    # ---- scoring, the gate, de-duplication, the per-request cap
+    # ---- scoring, the gate, de-duplication, the per-request cap, over columns
     trace = TraceTable()
     for m in retrieved.out_of_scope:
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     mems = retrieved.memories
+    family = cap.tokenizer_family
     scoring_record: dict[str, Any] = {}
-    cand: list[int] = []  # indices into mems that go on to pricing and packing
-    scores: list[float] = []
-    relevance: list[float] = []
-    if mems:
-        sims = [m.similarity for m in mems]
-        imp = [m.importance for m in mems]
+    cols = _Columns.of(mems, family)
+    cand = np.empty(0, dtype=np.intp)  # rows of `cols` that go on to pricing and packing
+    if cols.n:
+        full_text = np.isnan(cols.similarity)
+        imp = cols.importance
         scored = score_candidates(
-            [0.0 if v is None else v for v in sims],
-            [m.confidence for m in mems],
-            recency=_recency(mems, time.time()) if weights is not None else None,
-            importance=None if weights is None or None in imp else imp,
-            full_text=[v is None for v in sims],
+            np.where(full_text, 0.0, cols.similarity),
+            cols.confidence,
+            recency=_recency(cols.created_at, time.time()) if weights is not None else None,
+            importance=None if weights is None or np.isnan(imp).any() else imp,
+            full_text=full_text,
             weights=weights,
             config=scoring_config,
         )
         scoring_record = scored.record()
-        scores = scored.scores.tolist()
-        relevance = scored.relevance.tolist()
-        kept = scored.kept.tolist()
-        best: dict[str, int] = {}
-        for i, m in enumerate(mems):
-            j = best.get(m.id)
-            if j is None or scores[i] > scores[j]:
-                best[m.id] = i
-        for i, m in enumerate(mems):
-            if best[m.id] != i:
-                trace.add(m.id, TraceReason.DUPLICATE, m.origin, 0, scores[i], relevance[i])
-            elif not kept[i]:
-                trace.add(m.id, TraceReason.BELOW_RELEVANCE_FLOOR, m.origin, 0, scores[i], relevance[i])
-            else:
-                cand.append(i)
-        if len(cand) > opts.max_memories:
-            cand.sort(key=lambda i: (-scores[i], mems[i].id))
-            for i in cand[opts.max_memories :]:
-                trace.add(mems[i].id, TraceReason.OVER_MAX_MEMORIES, mems[i].origin, 0, scores[i], relevance[i])
-            del cand[opts.max_memories :]
+        cols.scores = scored.scores
+        cols.relevance = scored.relevance
+        first = _best_of_each_id(cols.ids, cols.scores)
+        keep = scored.kept.copy()
+        reason = np.full(cols.n, _REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
+        if first is not None:
+            keep &= first
+            reason[~first] = _REASON_CODE[TraceReason.DUPLICATE]
+        out = np.flatnonzero(~keep)
+        trace.add_rows(_TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out]))
+        cand = np.flatnonzero(keep)
+        if cand.size > opts.max_memories:
+            ids, sc = cols.ids, cols.scores
+            ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
+            over = ranked[opts.max_memories :]
+            trace.add_rows(_TraceRows(cols.ids, cols.origins, over,
+                                      np.full(over.size, _REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
+                                      cols.scores[over], cols.relevance[over]))
+            cand = ranked[: opts.max_memories]
     t_scored = time.perf_counter()
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
@@ -1071,61 +1262,34 @@ def _finish(
 
     # ---- price the candidates, pack
     nonce = secrets.token_hex(NONCE_BYTES)
-    # The score attribute is rounded so that the text carries no float noise.
-    memory_items = [
-        {"id": mems[i].id, "text": mems[i].text, "score": round(scores[i], 4), "source": mems[i].origin}
-        for i in cand
-    ]
     pack_result: PackResult | None = None
     memory_total = 0
-    if cand:
-        family = cap.tokenizer_family
-        cand_mems = [mems[i] for i in cand]
+    selected = np.empty(0, dtype=np.intp)
+    if cand.size:
+        scores = cols.scores[cand]
         if ledger.exact:
-            costs, pricing, recounted = _memory_costs_exact(
-                family, memory_items, cand_mems, nonce, deadline, cfg.packing_headroom_ms / 2
-            )
+            costs, pricing, recounted = _memory_costs_exact(family, cols, cand, nonce, deadline,
+                                                            cfg.packing_headroom_ms / 2)
         else:
-            overhead = formatter_overhead(memory_items, family=family, nonce=nonce)
-            costs = np.fromiter(overhead.memory_tokens, dtype=np.int64, count=len(cand))
-            pricing = [Pricing.ESTIMATED.value] * len(cand)
-            recounted = [False] * len(cand)
-            kind = TokenKind.ESTIMATE.value
-            for k, m in enumerate(cand_mems):
-                if m.token_count is not None:
-                    if m.token_family == family and m.token_kind == kind:
-                        # A matching stored count of the raw text plus the wrapper can only
-                        # raise the cost: the larger is kept, never a mix of families or kinds.
-                        costs[k] = max(int(costs[k]), m.token_count + overhead.wrapper_tokens)
-                    else:
-                        recounted[k] = True
+            costs, pricing, recounted = _memory_costs_estimated(family, cols, mems, cand, nonce)
         pinned = None
         if opts.pinned_memory_ids:
-            pinned = np.array([m.id in opts.pinned_memory_ids for m in cand_mems], dtype=bool)
-        pack_result = pack_arrays(
-            [m.id for m in cand_mems], costs, np.array([scores[i] for i in cand]), budget.usable, pinned=pinned
-        )
+            pins = opts.pinned_memory_ids
+            pinned = np.fromiter((cols.ids[i] in pins for i in cand.tolist()), dtype=bool, count=cand.size)
+        cand_ids = list(map(cols.ids.__getitem__, cand.tolist()))
+        pack_result = pack_arrays(cand_ids, costs, scores, budget.usable, pinned=pinned)
         memory_total = int(pack_result.tokens_used)
-        codes = pack_result.reasons.tolist()
-        trace.memory_id.extend(m.id for m in cand_mems)
-        trace.reason.extend(_PACK_REASONS[c] for c in codes)
-        trace.origin.extend(m.origin for m in cand_mems)
-        trace.tokens.extend(costs.tolist())
-        trace.score.extend(scores[i] for i in cand)
-        trace.relevance.extend(relevance[i] for i in cand)
-        trace.recounted.extend(recounted)
-        trace.pricing.extend(pricing)
+        trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, _PACK_REASON_CODES[pack_result.reasons], scores,
+                                  cols.relevance[cand], costs, recounted, pricing))
+        selected = cand[pack_result.indices]
     t_packed = time.perf_counter()
 
     # ---- format
-    selected = pack_result.indices.tolist() if pack_result is not None else []
-    formatted = format_context(
-        directive=directive,
-        history=history,
-        memories=[memory_items[i] for i in selected],
-        tools=plan.tools,
-        nonce=nonce,
+    text, spans, replaced = _core.format_columns(
+        directive, history, cols.ids, cols.texts, cols.scores if cols.n else np.empty(0), cols.origins,
+        selected.astype(np.int64, copy=False), plan.tools_json, nonce,
     )
+    sections = _Sections(text, {str(_SECTIONS[k]): (begin, end) for k, begin, end in spans})
     t_end = time.perf_counter()
     timings = StageTimings(
         budget_ms=(t_budgeted - t_scored + plan.t_priced - t_start) * 1000.0,
@@ -1149,9 +1313,9 @@ def _finish(
         # A payload: tools, directive and history come before the memory message.
         stable = plan.payload.stable_prefix_tokens(kept_idx) + directive_tokens + directive_framing
     return AssembledContext(
-        text=formatted.text,
-        sections=formatted.sections,
-        nonce=formatted.nonce,
+        text=text,
+        sections=sections,
+        nonce=nonce,
         model=cap.name,
         scope=request.scope,
         budget=budget,
@@ -1164,7 +1328,7 @@ def _finish(
         constrained=budget.constrained,
         history_dropped=tuple(dropped),
         timings=timings,
-        replaced_chars=formatted.replaced_chars,
+        replaced_chars=replaced,
         scoring=scoring_record,
         prompt_tokens=TokenCount(prompt, cap.tokenizer_family, cap.estimate_kind),
         directive=directive,

@@ -17,6 +17,7 @@ tokenizer family or of another kind than the model's raise `TokenizerMismatch`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -48,9 +49,10 @@ CONSTRAINED_BELOW = 256
 _TERMS = ("directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens")
 
 
+@functools.lru_cache(maxsize=1024)
 def _ceil_product(n: int, fraction: float) -> int:
     # Exact: Fraction(str(x)) is the decimal the user wrote, so 0.15 * 128000 is 19200,
-    # never 19201 from binary rounding.
+    # never 19201 from binary rounding. Cached: windows and fractions are few.
     return math.ceil(n * Fraction(str(fraction)))
 
 

@@ -498,7 +498,7 @@ def pack_arrays(
     )
     indices = out.indices
     return PackResult(
-        ids=tuple(id_list[i] for i in indices.tolist()),
+        ids=tuple(map(id_list.__getitem__, indices.tolist())),
         indices=indices,
         tokens_used=out.tokens_used,
         total_score=out.total_score,

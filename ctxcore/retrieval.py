@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _core
 from .memory import MemoryRecord, Query, Scope, Sources
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
@@ -141,17 +142,9 @@ def _check_memories(value: object, scope: Scope) -> tuple[list[MemoryRecord], li
     partial result of unknown scope is never used)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"expected a sequence of MemoryRecord, got {type(value).__name__}")
-    ok: list[MemoryRecord] = []
-    foreign: list[MemoryRecord] = []
-    org, agent = scope.organization_id, scope.agent_id
-    for i, m in enumerate(value):
-        # MemoryRecord validates its fields when built; only the type is checked here.
-        if not isinstance(m, MemoryRecord):
-            raise TypeError(f"item {i} is {type(m).__name__}, not a MemoryRecord")
-        if m.organization_id == org and m.agent_id == agent:
-            ok.append(m)
-        else:
-            foreign.append(m)
+    # One C-level pass: the type of each item (MemoryRecord validates its fields when
+    # built) and its scope.
+    ok, foreign = _core.split_scope(value, MemoryRecord, scope.organization_id, scope.agent_id)
     return ok, foreign
 
 

@@ -6,6 +6,7 @@
 // attribute reads, type checks) costs a fraction of a Python loop doing the same. Every
 // problem found is raised as ctxcore.InvalidFormatInput naming the item.
 #include <pybind11/gil_safe_call_once.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -341,6 +342,72 @@ std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object
   return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
 }
 
+// The columnar form of format_context for the assembly: memory k of the context is row
+// order[k] of (ids, texts, scores, sources), its score rounded to four decimal places so
+// that the text carries no float noise. The columns come from validated records
+// (ctxcore.MemoryRecord); their types are checked again here all the same.
+std::tuple<py::str, Spans, std::int64_t> format_columns(const py::object& directive, const py::object& history,
+                                                        const py::list& ids, const py::list& texts,
+                                                        const py::array_t<double, py::array::c_style>& scores,
+                                                        const py::list& sources,
+                                                        const py::array_t<std::int64_t, py::array::c_style>& order,
+                                                        const py::object& tools_json, const py::str& nonce) {
+  const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
+  if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
+      static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
+      static_cast<std::size_t>(scores.shape(0)) != rows || order.ndim() != 1)
+    throw py::value_error("format_columns: ids, texts, scores and sources must be columns of one length");
+  Buffers buf(8);
+  ctxcore::FormatInput in;
+  in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
+  in.tools_json = optional_str(tools_json, "tools JSON", FormatSection::Tools, buf);
+  in.nonce = buf.utf8(nonce);
+  const auto n = static_cast<std::size_t>(order.shape(0));
+  Buffers items(3 * n + 2 * static_cast<std::size_t>(py::len(history)));
+  const std::vector<ctxcore::Message> messages = read_history(history, items);
+  std::vector<ctxcore::Memory> mems(n);
+  const double* sc = scores.data();
+  const std::int64_t* ord = order.data();
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::int64_t row = ord[k];
+    if (row < 0 || static_cast<std::size_t>(row) >= rows) throw py::index_error("format_columns: row out of range");
+    const auto r = static_cast<Py_ssize_t>(row);
+    PyObject* id = PyList_GET_ITEM(ids.ptr(), r);
+    PyObject* text = PyList_GET_ITEM(texts.ptr(), r);
+    PyObject* source = PyList_GET_ITEM(sources.ptr(), r);
+    const auto fail = [&](const std::string& what) -> void {
+      raise_invalid(py::str("memory at index " + std::to_string(k) + ": " + what), FormatSection::Memories,
+                    static_cast<std::int64_t>(k), py::none());
+    };
+    if (!PyUnicode_Check(id) || PyUnicode_GET_LENGTH(id) == 0) fail("id must be a non-empty str");
+    if (!PyUnicode_Check(text)) fail("text must be str");
+    if (!std::isfinite(sc[row])) fail("score must be finite");
+    ctxcore::Memory& m = mems[k];
+    m.id = items.utf8(id);
+    m.text = items.utf8(text);
+    m.score = std::nearbyint(sc[row] * 1e4) / 1e4;
+    m.has_score = true;
+    if (source != Py_None) {
+      if (!PyUnicode_Check(source)) fail("source must be str or None");
+      m.source = items.utf8(source);
+      m.has_source = true;
+    }
+  }
+  in.history = {messages.data(), messages.size()};
+  in.memories = {mems.data(), mems.size()};
+  ctxcore::FormatOptions opt{false, false};
+  ctxcore::FormattedText r;
+  {
+    py::gil_scoped_release nogil;  // as in format_context: only C++ data from here on
+    r = ctxcore::format_context(in, opt);
+  }
+  py::str text = to_str(r);
+  Spans spans;
+  for (const auto& sp : r.sections)
+    spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
+  return {std::move(text), std::move(spans), r.replaced_chars};
+}
+
 }  // namespace
 
 void register_format(py::module_& m) {
@@ -376,6 +443,9 @@ void register_format(py::module_& m) {
   m.def("format_context", &format_context, py::arg("directive"), py::arg("history"), py::arg("memories"),
         py::arg("tools_json"), py::arg("nonce"), py::arg("memories_frame"), py::arg("record_pieces"),
         "Serialize validated sections. Private: call ctxcore.format_context.");
+  m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"),
+        py::arg("texts"), py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"),
+        py::arg("nonce"), "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 
 }  // namespace ctxcore_py

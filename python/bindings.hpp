@@ -9,5 +9,6 @@ void register_errors(pybind11::module_& m);
 void register_pack(pybind11::module_& m);
 void register_format(pybind11::module_& m);
 void register_tokens(pybind11::module_& m);
+void register_columns(pybind11::module_& m);
 
 }  // namespace ctxcore_py
