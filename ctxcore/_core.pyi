@@ -134,4 +134,6 @@ def format_columns(
     order: npt.NDArray[np.int64],
     tools_json: str | None,
     nonce: str,
-) -> tuple[str, list[tuple[int, int, int]], int]: ...
+    memories_frame: bool = False,
+    record_pieces: bool = False,
+) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...

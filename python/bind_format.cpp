@@ -346,12 +346,13 @@ std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object
 // order[k] of (ids, texts, scores, sources), its score rounded to four decimal places so
 // that the text carries no float noise. The columns come from validated records
 // (ctxcore.MemoryRecord); their types are checked again here all the same.
-std::tuple<py::str, Spans, std::int64_t> format_columns(const py::object& directive, const py::object& history,
+std::tuple<py::str, Spans, std::int64_t, Pieces> format_columns(const py::object& directive, const py::object& history,
                                                         const py::list& ids, const py::list& texts,
                                                         const py::array_t<double, py::array::c_style>& scores,
                                                         const py::list& sources,
                                                         const py::array_t<std::int64_t, py::array::c_style>& order,
-                                                        const py::object& tools_json, const py::str& nonce) {
+                                                        const py::object& tools_json, const py::str& nonce,
+                                                        bool memories_frame, bool record_pieces) {
   const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
   if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
       static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
@@ -395,7 +396,7 @@ std::tuple<py::str, Spans, std::int64_t> format_columns(const py::object& direct
   }
   in.history = {messages.data(), messages.size()};
   in.memories = {mems.data(), mems.size()};
-  ctxcore::FormatOptions opt{false, false};
+  ctxcore::FormatOptions opt{memories_frame, record_pieces};
   ctxcore::FormattedText r;
   {
     py::gil_scoped_release nogil;  // as in format_context: only C++ data from here on
@@ -405,7 +406,9 @@ std::tuple<py::str, Spans, std::int64_t> format_columns(const py::object& direct
   Spans spans;
   for (const auto& sp : r.sections)
     spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
-  return {std::move(text), std::move(spans), r.replaced_chars};
+  Pieces pieces;
+  for (const auto& p : r.pieces) pieces.emplace_back(static_cast<int>(p.kind), p.end.code_point);
+  return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
 }
 
 }  // namespace
@@ -445,7 +448,8 @@ void register_format(py::module_& m) {
         "Serialize validated sections. Private: call ctxcore.format_context.");
   m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"),
         py::arg("texts"), py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"),
-        py::arg("nonce"), "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
+        py::arg("nonce"), py::arg("memories_frame") = false, py::arg("record_pieces") = false,
+        "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 
 }  // namespace ctxcore_py

@@ -1,0 +1,45 @@
+"""Assembly: the whole pipeline for one request, end to end.
+
+request -> budget -> retrieval -> gate -> price -> pack -> format -> result. `assemble`
+looks the model up in the capability catalog, prices messages and tools and settles what
+history must go before any store is queried, runs the three retrieval branches under one
+shared wall, gates and scores what came back, prices every candidate as the tokens of its
+escaped, wrapped form, packs them into what the budget leaves, formats the context, and
+returns it with the full record: the budget ledger, the pack record, one trace entry per
+candidate, one record per branch, the wall, and whether and why it degraded. A failing
+or slow source degrades the context (directive-only or history-only) and never widens
+what the request may see.
+
+One stage, one module:
+
+* `config` -- `AssemblyConfig`, the service-wide settings;
+* `plan` -- budget before work (messages, tools, trimming decisions), then the
+  directive's share;
+* `history` -- turn groups and trimming;
+* `ledger` -- exact (or estimated) prices of the formatter's pieces, cached;
+* `gate` -- the retrieved memories as columns; scoring, the relevance gate,
+  de-duplication, the per-request cap;
+* `pricing` -- each candidate's cost, from stored exact counts;
+* `trace` -- the trace, as blocks of rows over the pipeline's columns;
+* `context` -- `AssembledContext`, the result;
+* `pipeline` -- `assemble`, which reads as the stages above in order.
+"""
+
+from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
+from .context import AssembledContext
+from .ledger import COUNT_CACHE_ENTRIES, DIRECTIVE_BOUNDARY_ALLOWANCE, EXACT_COUNT_BYTES_PER_MS, warm_tokenizers
+from .pipeline import assemble
+from .trace import TraceTable
+
+__all__ = [
+    "COUNT_CACHE_ENTRIES",
+    "DEFAULT_PACKING_HEADROOM_MS",
+    "DIRECTIVE_BOUNDARY_ALLOWANCE",
+    "EXACT_COUNT_BYTES_PER_MS",
+    "RECENCY_HALF_LIFE_DAYS",
+    "AssembledContext",
+    "AssemblyConfig",
+    "TraceTable",
+    "assemble",
+    "warm_tokenizers",
+]

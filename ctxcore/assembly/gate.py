@@ -1,0 +1,113 @@
+"""The gate: the retrieved memories as columns, scored, gated on relevance, de-duplicated
+by id and capped at the request's maximum, every row that goes no further traced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from ..memory import MemoryRecord
+from ..result import TraceReason
+from ..scoring import ScoreWeights, ScoringConfig, score_candidates
+from .config import RECENCY_HALF_LIFE_DAYS
+from .trace import _REASON_CODE, TraceTable, _TraceRows
+
+
+@dataclass(slots=True)
+class _Columns:
+    """The retrieved memories as columns (one C-level pass over the records): str fields
+    as lists, numbers as arrays (NaN for None; -1 for no stored count of the family)."""
+
+    ids: list[str]
+    texts: list[str]
+    origins: list[str]
+    similarity: npt.NDArray[np.float64]
+    confidence: npt.NDArray[np.float64]
+    importance: npt.NDArray[np.float64]
+    created_at: npt.NDArray[np.float64]
+    stored: npt.NDArray[np.int64]
+    distinct_origins: list[str]
+    origin_code: npt.NDArray[np.int64]
+    scores: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+    relevance: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, mems: Sequence[MemoryRecord], family: str) -> _Columns:
+        return cls(*_core.memory_columns(mems, MemoryRecord, family))
+
+
+def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
+    """Which rows are the best-scored of their id (the first among equals); None when
+    every id is distinct (the common case, settled by one dict build)."""
+    if len(dict.fromkeys(ids)) == len(ids):
+        return None
+    best: dict[str, int] = {}
+    sc = scores.tolist()
+    for i, mid in enumerate(ids):
+        j = best.get(mid)
+        if j is None or sc[i] > sc[j]:
+            best[mid] = i
+    first = np.zeros(len(ids), dtype=bool)
+    first[list(best.values())] = True
+    return first
+
+
+def _recency(created_at: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.float64] | None:
+    if not created_at.size or np.isnan(created_at).any():
+        return None
+    age_days = np.maximum(0.0, now - created_at) / 86400.0
+    return np.power(0.5, age_days / RECENCY_HALF_LIFE_DAYS)
+
+
+
+
+def gate(cols: _Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int,
+         trace: TraceTable) -> tuple[npt.NDArray[np.intp], dict[str, Any]]:
+    """Score the candidates, gate them on relevance, keep the best-scored row of each id
+    and at most `max_memories` of them (best first, then by id). Sets ``cols.scores`` and
+    ``cols.relevance``; every row that goes no further is added to `trace` with its
+    reason. Returns the rows that go on to pricing and packing, and the scoring record."""
+    if not cols.n:
+        return np.empty(0, dtype=np.intp), {}
+    full_text = np.isnan(cols.similarity)
+    imp = cols.importance
+    scored = score_candidates(
+        np.where(full_text, 0.0, cols.similarity),
+        cols.confidence,
+        recency=_recency(cols.created_at, time.time()) if weights is not None else None,
+        importance=None if weights is None or np.isnan(imp).any() else imp,
+        full_text=full_text,
+        weights=weights,
+        config=config,
+    )
+    cols.scores = scored.scores
+    cols.relevance = scored.relevance
+    first = _best_of_each_id(cols.ids, cols.scores)
+    keep = scored.kept.copy()
+    reason = np.full(cols.n, _REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
+    if first is not None:
+        keep &= first
+        reason[~first] = _REASON_CODE[TraceReason.DUPLICATE]
+    out = np.flatnonzero(~keep)
+    trace.add_rows(_TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out]))
+    cand = np.flatnonzero(keep)
+    if cand.size > max_memories:
+        ids, sc = cols.ids, cols.scores
+        ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
+        over = ranked[max_memories:]
+        trace.add_rows(_TraceRows(cols.ids, cols.origins, over,
+                                  np.full(over.size, _REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
+                                  cols.scores[over], cols.relevance[over]))
+        cand = ranked[:max_memories]
+    return cand, scored.record()

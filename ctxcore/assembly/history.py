@@ -1,0 +1,81 @@
+"""The conversation history: messages as the formatter takes them, the turn groups that
+are trimmed together (an assistant's tool calls with their results), and trimming the
+oldest groups to free a shortfall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ..budget import Budget
+from ..request import Message, Role
+from ..result import (
+    HistoryDrop,
+)
+
+
+def _message_item(m: Message) -> dict[str, str]:
+    """A message as the formatter takes it. Tool calls and tool results are part of the
+    conversation the model sees, so they are written into the content (and counted)."""
+    content = m.content
+    if m.tool_calls:
+        calls = "\n".join(f"[tool call {c.id}] {c.name}({c.arguments})" for c in m.tool_calls)
+        content = f"{content}\n{calls}" if content else calls
+    if m.role == Role.TOOL:
+        content = f"[tool result {m.tool_call_id}] {content}"
+    return {"role": m.role.value, "content": content}
+
+
+def _turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
+    """Split messages into atomic groups [begin, end): an assistant message with tool
+    calls and the tool results that answer it go together; anything else stands alone."""
+    groups: list[tuple[int, int]] = []
+    i = 0
+    while i < len(messages):
+        j = i + 1
+        if messages[i].role == Role.ASSISTANT and messages[i].tool_calls:
+            ids = {c.id for c in messages[i].tool_calls}
+            while j < len(messages) and messages[j].role == Role.TOOL and messages[j].tool_call_id in ids:
+                j += 1
+        groups.append((i, j))
+        i = j
+    return groups
+
+
+def _overflow_message(budget: Budget) -> str:
+    return (
+        f"the request does not fit {budget.model}'s {budget.context_window}-token window: "
+        f"directive {budget.directive_tokens} + messages {budget.messages_tokens} + tools "
+        f"{budget.tool_schema_tokens} + formatting {budget.formatter_overhead_tokens} + response reserve "
+        f"{budget.response_reserve} + safety buffer {budget.safety_buffer} exceed it by {budget.shortfall} tokens"
+    )
+
+
+def _trim(
+    groups: Sequence[tuple[int, int]],
+    group_prefix: npt.NDArray[np.int64],
+    message_costs: npt.NDArray[np.int64],
+    messages: Sequence[Message],
+    shortfall: int,
+) -> tuple[list[int], list[HistoryDrop]]:
+    """Drop the oldest droppable `groups` until `shortfall` tokens are freed: one search
+    over `group_prefix`, the prefix sums of their costs. Returns the kept message indices
+    and the drops."""
+    if shortfall <= 0:
+        return list(range(len(messages))), []
+    k = int(np.searchsorted(group_prefix, shortfall, side="left")) + 1
+    gone = groups[:k]
+    keep = np.ones(len(messages), dtype=bool)
+    drops: list[HistoryDrop] = []
+    for begin, end in gone:
+        keep[begin:end] = False
+        drops.append(
+            HistoryDrop(begin, end - begin, int(message_costs[begin:end].sum()),
+                        tuple(messages[i].role.value for i in range(begin, end)))
+        )
+    return np.flatnonzero(keep).tolist(), drops
+
+

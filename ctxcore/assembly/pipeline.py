@@ -1,0 +1,264 @@
+"""`assemble`: request -> budget -> retrieval -> gate -> price -> pack -> format -> result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from ..catalog import Catalog, default_catalog
+from ..formatting import _SECTIONS, NONCE_BYTES, _Sections
+from ..memory import Sources
+from ..packing import PackResult, pack_arrays
+from ..request import AssemblyRequest
+from ..result import (
+    BranchStatus,
+    StageTimings,
+    TraceReason,
+)
+from ..retrieval import (
+    Retrieved,
+    compute_wall,
+    retrieve,
+)
+from ..scoring import ScoreWeights, ScoringConfig
+from ..tokens import TokenCount
+from .config import AssemblyConfig
+from .context import AssembledContext
+from .gate import _Columns, gate
+from .plan import _Plan, _plan, _settle
+from .pricing import price_candidates
+from .trace import _PACK_REASON_CODES, TraceTable, _TraceRows
+
+_T = TypeVar("_T")
+
+async def _in(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
+    if executor is None:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
+
+
+async def assemble(
+    request: AssemblyRequest,
+    *,
+    sources: Sources,
+    catalog: Catalog | None = None,
+    config: AssemblyConfig | None = None,
+    deadline: float | None = None,
+    executor: Executor | None = None,
+) -> AssembledContext:
+    """Assemble the context for one request.
+
+    For a model whose tokenizer family has an exact tokenizer installed
+    (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
+    tokens: directive, messages, tools, the formatter's fixed text and each memory element
+    (from the store's stored count, no tokenizing, see ``ctxcore.counting``). Other
+    families are priced with the estimator. Messages and tools are priced, and the
+    overflow and trimming decisions made, before any store is queried.
+
+    The deadline is checked between stages: before pricing (a history that cannot be
+    counted exactly in half the time left is priced with the estimator, the whole ledger
+    then in estimate counts), at retrieval (the wall), and before memories without stored
+    counts are counted (else they are estimated, per candidate, as the trace records).
+
+    Args:
+        request: who, for which model, about what, with which recent messages and tools.
+        sources: the directive, hot-memory and cold-memory branches (e.g.
+            ``Sources.from_store(store)``); a branch left None is skipped.
+        catalog: the capability catalog; the shipped one by default.
+        config: service settings; `AssemblyConfig.from_env()` by default.
+        deadline: the caller's deadline as an absolute `time.monotonic()` time: the
+            retrieval wall is cut to the time left minus ``config.packing_headroom_ms``;
+            exact counts that would not finish in time are replaced by estimates.
+        executor: where the CPU-heavy stages (pricing, trimming, scoring, packing,
+            formatting) run; None runs them inline on the calling thread (the event loop).
+            The compiled core releases the GIL, so a bounded thread pool keeps the event
+            loop free while a large request is priced and packed.
+
+    Returns:
+        The `AssembledContext`. Slow or failing sources degrade it; they never raise.
+
+    Raises:
+        UnknownModel: the model is not in the catalog.
+        ContextOverflow: directive + messages + tools alone exceed the window and the
+            history policy is ``strict`` (or nothing more can be trimmed).
+
+    >>> import asyncio, ctxcore
+    >>> from ctxcore import AssemblyRequest, MemoryRecord, Query, Sources
+    >>> async def hot(scope, query, limit):
+    ...     return [MemoryRecord("m1", "org", "agent", "Prefers email over phone.", similarity=0.8)]
+    >>> req = AssemblyRequest("org", "agent", "gpt-4o", Query("how to contact?"))
+    >>> ctx = asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot)))
+    >>> (ctx.selected_ids, ctx.degraded)
+    (('m1',), False)
+    """
+    t_start = time.perf_counter()
+    cfg = config if config is not None else AssemblyConfig.from_env()
+    cat = catalog if catalog is not None else default_catalog()
+    cap = cat.get_model(request.model)
+    opts = request.options
+    scope = request.scope
+    floor = opts.relevance_floor if opts.relevance_floor is not None else cfg.relevance_floor
+    min_sim = opts.min_similarity if opts.min_similarity is not None else cfg.min_similarity
+    scoring_config = ScoringConfig(relevance_floor=floor, min_similarity=min_sim)
+    weights = ScoreWeights(**dict(opts.weights)) if opts.weights else None
+
+    # ---- budget before work: messages and tools priced, the request refused if it cannot fit
+    plan = await _in(executor, _plan, request, cat, cap, cfg, deadline)
+
+    reasons: list[str] = []
+    run_directive = opts.context_enabled
+    run_memory = opts.context_enabled and not opts.skip_memory
+    if not opts.context_enabled:
+        reasons.append("context_disabled")
+    elif opts.skip_memory:
+        reasons.append("memory_skipped")
+    elif sources.hot is None and sources.cold is None:
+        reasons.append("no_memory_source")
+
+    # ---- retrieval, under the shared wall. It starts once the request is priced, as it did
+    # when pricing came after retrieval (a caller deadline still bounds the whole call).
+    wall = compute_wall(
+        cfg.client_timeout_ms, cfg.server_deadline_ms, deadline=deadline, headroom_ms=cfg.packing_headroom_ms
+    )
+    retrieved = await retrieve(
+        scope,
+        request.query,
+        sources,
+        wall=wall,
+        timeouts=cfg.branch_timeouts,
+        limit=opts.max_memories,
+        min_similarity=min_sim,
+        run_directive=run_directive,
+        run_memory=run_memory,
+        wall_start=plan.t_priced,
+    )
+    t_retrieved = time.perf_counter()
+    for b in retrieved.branches:
+        if b.status in (BranchStatus.TIMEOUT, BranchStatus.ERROR):
+            reasons.append(f"{b.branch.value}_{b.status.value}")
+    return await _in(
+        executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
+        t_start, t_retrieved,
+    )
+
+
+def _pack(cols: _Columns, cand: npt.NDArray[np.intp], costs: npt.NDArray[np.int64], usable: int,
+          pins: frozenset[str] | Sequence[str] | None) -> PackResult:
+    """The knapsack over the candidates' priced costs and scores (pinned ones first)."""
+    rows = cand.tolist()
+    pinned = None
+    if pins:
+        pinned = np.fromiter((cols.ids[i] in pins for i in rows), dtype=bool, count=len(rows))
+    return pack_arrays(list(map(cols.ids.__getitem__, rows)), costs, cols.scores[cand], usable, pinned=pinned)
+
+
+def _finish(
+    request: AssemblyRequest,
+    plan: _Plan,
+    retrieved: Retrieved,
+    cfg: AssemblyConfig,
+    scoring_config: ScoringConfig,
+    weights: ScoreWeights | None,
+    reasons: list[str],
+    deadline: float | None,
+    t_start: float,
+    t_retrieved: float,
+) -> AssembledContext:
+    """The stages after retrieval, synchronous: scoring and the gate, the directive's share
+    and history trimming, pricing, packing, formatting. Runs on the executor when given."""
+    opts = request.options
+    cap = plan.cap
+
+    # ---- scoring, the gate, de-duplication, the per-request cap, over columns
+    trace = TraceTable()
+    for m in retrieved.out_of_scope:
+        trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
+    cols = _Columns.of(retrieved.memories, cap.tokenizer_family)
+    cand, scoring_record = gate(cols, weights, scoring_config, opts.max_memories, trace)
+    t_scored = time.perf_counter()
+
+    # ---- the directive's share, then the trimming already planned (one prefix-sum search)
+    directive = retrieved.directive
+    budget, kept_idx, dropped, directive_tokens, directive_framing = _settle(plan, directive, request, cfg)
+    history = plan.history if not dropped else [plan.history[i] for i in kept_idx]
+    t_budgeted = time.perf_counter()
+
+    # ---- price the candidates, pack
+    nonce = secrets.token_hex(NONCE_BYTES)
+    pack_result: PackResult | None = None
+    memory_total = 0
+    selected = np.empty(0, dtype=np.intp)
+    if cand.size:
+        costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
+                                                     cfg.packing_headroom_ms / 2)
+        pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids)
+        memory_total = int(pack_result.tokens_used)
+        trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, _PACK_REASON_CODES[pack_result.reasons],
+                                  cols.scores[cand], cols.relevance[cand], costs, recounted, pricing))
+        selected = cand[pack_result.indices]
+    t_packed = time.perf_counter()
+
+    # ---- format
+    text, spans, replaced, _ = _core.format_columns(
+        directive, history, cols.ids, cols.texts, cols.scores if cols.n else np.empty(0), cols.origins,
+        selected.astype(np.int64, copy=False), plan.tools_json, nonce,
+    )
+    sections = _Sections(text, {str(_SECTIONS[k]): (begin, end) for k, begin, end in spans})
+    t_end = time.perf_counter()
+    timings = StageTimings(
+        budget_ms=(t_budgeted - t_scored + plan.t_priced - t_start) * 1000.0,
+        retrieval_ms=(t_retrieved - plan.t_priced) * 1000.0,
+        scoring_ms=(t_scored - t_retrieved) * 1000.0,
+        packing_ms=(t_packed - t_budgeted) * 1000.0,
+        formatting_ms=(t_end - t_packed) * 1000.0,
+        total_ms=(t_end - t_start) * 1000.0,
+    )
+    prompt = (
+        budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
+        + budget.formatter_overhead_tokens + memory_total
+    )
+    kept_messages = request.messages if not dropped else tuple(request.messages[i] for i in kept_idx)
+    if plan.payload is None:
+        framing = 0
+        # The text rendering: directive, then history, then the per-assembly parts.
+        stable = budget.directive_tokens + budget.messages_tokens
+    else:
+        framing = plan.payload.framing_tokens(kept_idx) + directive_framing
+        # A payload: tools, directive and history come before the memory message.
+        stable = plan.payload.stable_prefix_tokens(kept_idx) + directive_tokens + directive_framing
+    return AssembledContext(
+        text=text,
+        sections=sections,
+        nonce=nonce,
+        model=cap.name,
+        scope=request.scope,
+        budget=budget,
+        pack=pack_result,
+        trace_table=trace,
+        branches=retrieved.branches,
+        wall=retrieved.wall,
+        degraded=bool(reasons),
+        degradation_reasons=tuple(reasons),
+        constrained=budget.constrained,
+        history_dropped=tuple(dropped),
+        timings=timings,
+        replaced_chars=replaced,
+        scoring=scoring_record,
+        prompt_tokens=TokenCount(prompt, cap.tokenizer_family, cap.estimate_kind),
+        directive=directive,
+        messages=tuple(kept_messages),
+        tools=request.tools,
+        rendering=opts.rendering,
+        framing_tokens=framing,
+        stable_prefix_tokens=stable,
+    )

@@ -1,0 +1,162 @@
+"""Budget before work: what is settled before retrieval (messages and tools priced, the
+overflow and trimming decisions), and the budget once the directive is known.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from ..budget import Budget, compute_budget
+from ..catalog import Catalog, ModelCapability
+from ..errors import ContextOverflow
+from ..formatting import _tools_json
+from ..payloads import RenderingCosts, rendering_costs
+from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
+from ..result import HistoryDrop
+from .config import AssemblyConfig
+from .history import _message_item, _overflow_message, _trim, _turn_groups
+from .ledger import (
+    _PIECE_MESSAGE,
+    _PIECE_TOOLS,
+    _PRICING_NONCE,
+    EXACT_COUNT_BYTES_PER_MS,
+    _can_count_exactly,
+    _Ledger,
+    _ledger_capability,
+    _split,
+    _time_left_ms,
+    _uncached_bytes,
+)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What is settled before retrieval: the ledger, the messages and tools priced, and
+    how much history can go."""
+
+    cap: ModelCapability
+    ledger: _Ledger
+    history: list[dict[str, str]]
+    message_costs: npt.NDArray[np.int64]
+    groups: list[tuple[int, int]]  # droppable groups, oldest first
+    group_prefix: npt.NDArray[np.int64]  # prefix sums of the droppable groups' costs
+    tools: list[dict[str, Any]] | None
+    tools_json: str | None
+    tools_tokens: int
+    t_priced: float
+    # A payload rendering's prices, without the directive (None for the text rendering).
+    payload: RenderingCosts | None = None
+
+
+def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig,
+          deadline: float | None) -> _Plan:
+    """Budget before work: price messages and tools and decide what history must go (up to
+    the directive's share) before any store is queried; a request that cannot fit is
+    refused here."""
+    history = [_message_item(m) for m in request.messages]
+    tools = [dict(t) for t in request.tools] or None
+    tools_json = _tools_json(tools)
+    family = cap.tokenizer_family
+    exact = _can_count_exactly(cat, cap, deadline)
+    text, _, _, pieces = _core.format_context(None, history, (), tools_json, _PRICING_NONCE, False, True)
+    kinds, texts = _split(text, pieces)
+    if exact and deadline is not None:
+        # Exact counting of what is not cached must fit in half the time left; a very long
+        # history on a short deadline is priced with the estimator instead (the ledger then
+        # is in estimate counts, never a mix).
+        uncached = _uncached_bytes(texts, family)
+        exact = uncached <= 0.5 * _time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
+    ledger = _Ledger(family, exact)
+    lcap = _ledger_capability(cat, cap, exact)
+    rendering = request.options.rendering
+    payload: RenderingCosts | None = None
+    if rendering is Rendering.TEXT:
+        costs = ledger.costs(text, pieces, texts)
+        message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
+        tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
+    else:
+        # A payload: each message costs its content and its framing by the provider's rule
+        # (additive over messages, so trimming takes a group's framing off with it).
+        payload = rendering_costs(rendering, model=cap.name, family=family, exact=exact, directive=None,
+                                  messages=request.messages, tools=request.tools)
+        message_costs = np.array(payload.message_tokens, dtype=np.int64)
+        tools_tokens = payload.tools_tokens
+    groups = _turn_groups(request.messages)
+    last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
+    droppable = [g for g in groups if not g[0] <= last_user < g[1]]
+    if request.options.history_policy == HistoryPolicy.STRICT:
+        droppable = []
+    prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
+    if payload is None:
+        fixed = ledger.frame_and_directive(None, bool(history), tools_json is not None)[0]
+    else:
+        fixed = payload.fixed_tokens
+    budget = compute_budget(
+        lcap,
+        messages_tokens=int(message_costs.sum()),
+        tool_schema_tokens=tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
+    most = int(prefix[-1]) if prefix.size else 0
+    if budget.shortfall > most:
+        if request.options.history_policy == HistoryPolicy.STRICT:
+            raise ContextOverflow(_overflow_message(budget), budget)
+        raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+    return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
+                 time.perf_counter(), payload)
+
+
+def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[int, int, int]:
+    """(fixed, directive, directive framing) tokens once the directive is known."""
+    if plan.payload is None:
+        fixed, dcost = plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
+        return fixed, dcost, 0
+    # The directive alone: no messages or tools to price again.
+    d = rendering_costs(plan.payload.rendering, model=model, family=plan.ledger.family, exact=plan.ledger.exact,
+                        directive=directive, messages=(), tools=())
+    return plan.payload.fixed_tokens + d.directive_framing, d.directive_tokens, d.directive_framing
+
+
+
+
+def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
+            ) -> tuple[Budget, list[int], list[HistoryDrop], int, int]:
+    """The budget once the directive is known: its share, then the trimming already
+    planned (one prefix-sum search). Returns the budget, the kept message indices, the
+    drops, and the directive's tokens and framing. Raises `ContextOverflow` as `_plan`."""
+    fixed, directive_tokens, directive_framing = _directive_share(plan, directive, plan.cap.name)
+    messages_tokens = int(plan.message_costs.sum())
+    budget = compute_budget(
+        plan.cap,
+        directive_tokens=directive_tokens,
+        messages_tokens=messages_tokens,
+        tool_schema_tokens=plan.tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
+    kept_idx: list[int] = list(range(len(plan.history)))
+    dropped: list[HistoryDrop] = []
+    if budget.shortfall > 0:
+        most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
+        if request.options.history_policy == HistoryPolicy.STRICT:
+            raise ContextOverflow(_overflow_message(budget), budget)
+        if budget.shortfall > most:
+            raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+        kept_idx, dropped = _trim(plan.groups, plan.group_prefix, plan.message_costs, request.messages,
+                                  budget.shortfall)
+        budget = compute_budget(
+            plan.cap,
+            directive_tokens=directive_tokens,
+            messages_tokens=messages_tokens - sum(d.tokens for d in dropped),
+            tool_schema_tokens=plan.tools_tokens,
+            formatter_overhead_tokens=fixed,
+            policy=cfg.budget_policy,
+        )
+    return budget, kept_idx, dropped, directive_tokens, directive_framing
