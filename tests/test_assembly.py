@@ -183,6 +183,49 @@ def test_duplicates_keep_the_best_score_and_the_gate_applies() -> None:
     assert selected.relevance == pytest.approx(0.9)
 
 
+class _TaggedRecord(MemoryRecord):
+    """A subclass with a slot of its own: its fields are read through the attribute
+    protocol, not from the base type's slot offsets."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, *args: object, tag: str = "", **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        object.__setattr__(self, "tag", tag)
+
+
+def test_records_of_a_subclass_assemble_like_the_records() -> None:
+    plain = [mem(i, sim=0.5 + i / 100, confidence=0.5, importance=0.3, exact_tokens={"cl100k_base": 9})
+             for i in range(5)]
+    tagged = [
+        _TaggedRecord(m.id, m.organization_id, m.agent_id, m.text, similarity=m.similarity, confidence=0.5,
+                      importance=0.3, exact_tokens={"cl100k_base": 9}, tag="t")
+        for m in plain
+    ]
+    a = run(request(), Sources(None, memories_of(plain), None))
+    b = run(request(), Sources(None, memories_of(tagged), None))
+    assert a.selected_ids == b.selected_ids and len(a.selected_ids) == 5
+    # Costs differ only by the nonce (counted exactly per assembly): everything else agrees.
+    assert [(e.memory_id, e.reason, e.score, e.relevance, e.pricing) for e in a.trace] == [
+        (e.memory_id, e.reason, e.score, e.relevance, e.pricing) for e in b.trace
+    ]
+    assert [e.pricing for e in b.trace] == ["stored"] * 5
+
+
+def test_the_trace_columns_and_entries_agree() -> None:
+    rng = random.Random(9)
+    hot = [mem(i, sim=rng.random()) for i in range(30)] + [mem(3, sim=0.99)]
+    ctx = run(request(options=AssemblyOptions(max_memories=10)), Sources(None, memories_of(hot), None))
+    t = ctx.trace_table
+    assert len(t) == len(ctx.trace) == 31
+    assert [e.memory_id for e in ctx.trace] == t.memory_id
+    assert [e.reason for e in ctx.trace] == t.reason
+    assert [e.tokens for e in ctx.trace] == t.tokens
+    rec = ctx.record()["trace"]
+    assert [r["reason"] for r in rec] == [r.value for r in t.reason]
+    assert {TraceReason.DUPLICATE, TraceReason.OVER_MAX_MEMORIES, TraceReason.SELECTED} <= set(t.reason)
+
+
 def test_every_candidate_has_exactly_one_trace_entry() -> None:
     rng = random.Random(4)
     hot = [mem(i, sim=rng.random()) for i in range(60)]
