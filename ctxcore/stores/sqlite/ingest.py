@@ -19,7 +19,16 @@ from ..records import NewMemory
 from .fulltext import _fts_body, _scope_token
 from .schema import stored_dim
 
-__all__ = ["OnConflict", "check_batch", "delete_memories", "exact_json", "insert_batch", "insert_memory", "remove_rows"]
+__all__ = [
+    "OnConflict",
+    "check_batch",
+    "delete_memories",
+    "exact_json",
+    "insert_batch",
+    "insert_memory",
+    "remove_rows",
+    "remove_where",
+]
 
 #: What `SqliteMemoryStore.add_many` does with an id that is already stored.
 OnConflict = Literal["error", "skip", "replace"]
@@ -144,6 +153,17 @@ def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, in
         "WHERE organization_id = ? AND agent_id = ?",
         [(n, e, o, a) for (o, a), (n, e) in drops.items()],
     )
+
+
+def remove_where(conn: sqlite3.Connection, where: str, args: Sequence[object]) -> int:
+    """Delete the memories matching `where` (a condition on ``memories`` written by this
+    package, never by a caller; its values come as the parameters `args`), with their
+    full-text entries, inside the caller's transaction; returns how many."""
+    rows = conn.execute(
+        f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", tuple(args)
+    ).fetchall()
+    remove_rows(conn, rows)
+    return len(rows)
 
 
 def exact_json(ids: list[str], texts: list[str]) -> list[str | None]:

@@ -24,7 +24,16 @@ from ..records import Directive, NewMemory
 from . import fulltext
 from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
 from .fulltext import FTS_MAX_DOC_FRACTION, FTS_QUERY_TERMS, DocFrequencies
-from .ingest import _PROGRESS_CHUNK, OnConflict, check_batch, exact_json, insert_batch, insert_memory, remove_rows
+from .ingest import (
+    _PROGRESS_CHUNK,
+    OnConflict,
+    check_batch,
+    exact_json,
+    insert_batch,
+    insert_memory,
+    remove_rows,
+    remove_where,
+)
 from .readers import DEFAULT_READERS, Job, ReaderPool
 from .schema import _COLUMNS, connect, init_schema, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache, embed, nearest, unit
@@ -676,13 +685,8 @@ class SqliteMemoryStore:
             return 0
 
         def run(conn: sqlite3.Connection) -> int:
-            rows = conn.execute(
-                "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
-                "WHERE id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
-                (json.dumps(wanted), scope.organization_id, scope.agent_id),
-            ).fetchall()
-            remove_rows(conn, rows)
-            return len(rows)
+            return remove_where(conn, "id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
+                                (json.dumps(wanted), scope.organization_id, scope.agent_id))
 
         return self._write(run)
 
@@ -706,12 +710,9 @@ class SqliteMemoryStore:
                 where, args = "organization_id = ?", (organization_id,)
             else:
                 where, args = "organization_id = ? AND agent_id = ?", (organization_id, agent_id)
-            rows = conn.execute(
-                f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", args
-            ).fetchall()
-            remove_rows(conn, rows)
+            n = remove_where(conn, where, args)
             d = conn.execute(f"DELETE FROM directives WHERE {where}", args).rowcount
-            return ForgetReport(len(rows), d)
+            return ForgetReport(n, d)
 
         report = self._write(run)
         self._directives.invalidate()
@@ -824,11 +825,7 @@ class SqliteMemoryStore:
                 where, args = "created_at < ?", (cutoff,)
             else:
                 where, args = "created_at < ? AND organization_id = ?", (cutoff, organization_id)
-            rows = conn.execute(
-                f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", args
-            ).fetchall()
-            remove_rows(conn, rows)
-            return len(rows)
+            return remove_where(conn, where, args)
 
         return self._write(run)
 
