@@ -5,15 +5,14 @@ a SQLite memory store holding 100k memories, built once per session."""
 
 from __future__ import annotations
 
-import json
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from importlib.resources import files
 
 import numpy as np
 import pytest
+
+from bench_support import STORE_MEMORIES, store_corpus
 
 from ctxcore.benchmarking import sample
 from ctxcore.memory import Scope
@@ -29,9 +28,6 @@ def timed() -> Callable[..., np.ndarray]:
 
 # ---- a SQLite memory store holding 100k memories (built once per session) ----------------
 
-#: Memories in the store, and in its one large scope.
-STORE_MEMORIES = 100_000
-STORE_LARGE_SCOPE_MEMORIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -45,25 +41,6 @@ class Store100k:
     size: int
 
 
-def _store_corpus(large: Scope) -> Iterator[NewMemory]:
-    # The shipped multilingual demo texts, each with one word swapped for a word of another
-    # memory and a reference number, spread over 100 scopes (20 organizations x 5 agents).
-    lines = files("ctxcore").joinpath("data/demo_memories.jsonl").read_text(encoding="utf-8").splitlines()
-    texts = [d["text"] for d in map(json.loads, lines) if d.get("type", "memory") == "memory"]
-    rng = random.Random(2026)
-    for i in range(STORE_MEMORIES):
-        words = rng.choice(texts).split(" ")
-        if len(words) > 4:
-            words[rng.randrange(len(words))] = rng.choice(rng.choice(texts).split(" "))
-        text = " ".join(words) + f" (ref {rng.randrange(10**6):06d})"
-        if i < STORE_LARGE_SCOPE_MEMORIES:
-            scope = large
-        else:
-            k = rng.randrange(99) + 1
-            scope = Scope(f"org-{k // 5:02d}", f"agent-{k % 5}")
-        yield NewMemory(f"m{i:06d}", scope.organization_id, scope.agent_id, text, created_at=1.7e9 + i)
-
-
 @pytest.fixture(scope="session")
 def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store100k]:
     """A `SqliteMemoryStore` with 100,000 memories (HashingEmbedder embeddings, exact
@@ -73,7 +50,7 @@ def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store100k]:
     t0 = time.perf_counter()
     with SqliteMemoryStore(path, embedder=HashingEmbedder()) as s:
         batch: list[NewMemory] = []
-        for m in _store_corpus(large):
+        for m in store_corpus(large):
             batch.append(m)
             if len(batch) == 10_000:
                 s.add_many(batch)

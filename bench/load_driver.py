@@ -35,40 +35,23 @@ import random
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import grpc
+from bench_support import QUESTIONS, demo_texts, memory_text, scopes
 
 from ctxcore.client import ContextClient
-from ctxcore.service.convert import request_to_proto
-from ctxcore.memory import Query, Scope
+from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
+from ctxcore.retrieval import DEFAULT_CLIENT_TIMEOUT_MS
+from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
 from ctxcore.v1 import context_assembly_pb2 as pb
 
 #: The bounds every run obeys, whatever the flags say.
 MAX_REQUESTS = 1_000_000
 MAX_SECONDS = 600.0
 MAX_CONCURRENCY = 1024
-
-N_ORGS, N_AGENTS = 20, 5
-QUESTIONS = [
-    "A customer wants to return shoes bought three weeks ago and asks about the refund.",
-    "Wann darf der Fahrer nach 4,5 Stunden Lenkzeit weiterfahren?",
-    "Quelle est la politique d'annulation pour une réservation ?",
-    "炊飯器のエラーE3の対処方法を教えてください",
-    "退款多久可以到账？",
-    "¿Cuánto tarda la instalación de paneles solares?",
-    "Postgres replication lag is high, what is the runbook?",
-    "Which customer prefers email and should not be called?",
-]
-
-
-def scopes() -> list[Scope]:
-    """The 100 (organization, agent) pairs the bench database holds."""
-    return [Scope(f"org-{o:02d}", f"agent-{a}") for o in range(N_ORGS) for a in range(N_AGENTS)]
-
 
 def check_loopback(target: str) -> list[str]:
     """The host:port pairs of a target list, each checked to be a loopback address.
@@ -100,17 +83,13 @@ def channel_target(hosts: Sequence[str]) -> str:
 def _corpus(n: int) -> Iterator[Any]:
     from ctxcore.stores import NewMemory
 
-    lines = files("ctxcore").joinpath("data/demo_memories.jsonl").read_text(encoding="utf-8").splitlines()
-    texts = [d["text"] for d in map(json.loads, lines) if d.get("type", "memory") == "memory"]
+    texts = demo_texts()
     rng = random.Random(2026)
     all_scopes = scopes()
     for i in range(n):
-        words = rng.choice(texts).split(" ")
-        if len(words) > 4:
-            words[rng.randrange(len(words))] = rng.choice(rng.choice(texts).split(" "))
+        text = memory_text(rng, texts)
         s = all_scopes[rng.randrange(len(all_scopes))]
-        yield NewMemory(f"m{i:06d}", s.organization_id, s.agent_id,
-                        " ".join(words) + f" (ref {rng.randrange(10**6):06d})", created_at=1.7e9 + i)
+        yield NewMemory(f"m{i:06d}", s.organization_id, s.agent_id, text, created_at=1.7e9 + i)
 
 
 def build_db(path: Path, n: int) -> float:
@@ -162,7 +141,7 @@ async def run_load(
     concurrency: int = 16,
     requests: int = 10_000,
     max_seconds: float = 60.0,
-    timeout_ms: float = 45.0,
+    timeout_ms: float = DEFAULT_CLIENT_TIMEOUT_MS,
     model: str = "gpt-4o",
     api_key: str | None = None,
     token: str | None = None,
@@ -249,7 +228,7 @@ async def run_open_loop(
     *,
     rate: float,
     seconds: float = 10.0,
-    timeout_ms: float = 45.0,
+    timeout_ms: float = DEFAULT_CLIENT_TIMEOUT_MS,
     model: str = "gpt-4o",
     api_key: str | None = None,
     token: str | None = None,
@@ -288,7 +267,7 @@ async def run_open_loop(
     async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
         for _ in hosts:
             await c.model_capabilities("gpt-4o", timeout=5.0)
-        call = c._channel.unary_unary("/ctxcore.v1.ContextAssemblyService/AssembleContext")
+        call = c._channel.unary_unary(METHOD_PREFIX + "AssembleContext")
 
         async def one(payload: bytes) -> None:
             t0 = time.perf_counter()
@@ -354,7 +333,8 @@ async def run_open_loop(
     }
 
 
-async def run_overload(target: str, *, factor: float = 2.0, seconds: float = 10.0, timeout_ms: float = 45.0,
+async def run_overload(target: str, *, factor: float = 2.0, seconds: float = 10.0,
+                       timeout_ms: float = DEFAULT_CLIENT_TIMEOUT_MS,
                        calibrate_requests: int = 1500, concurrency: int = 16, **kw: Any) -> dict[str, Any]:
     """The sustainable rate (closed loop, `concurrency` in flight, 2 s deadlines: what the
     server completes per second when nothing expires), then `run_open_loop` at `factor`
@@ -379,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--concurrency", type=int, default=16)
     r.add_argument("--requests", type=int, default=10_000)
     r.add_argument("--max-seconds", type=float, default=60.0)
-    r.add_argument("--timeout-ms", type=float, default=45.0)
+    r.add_argument("--timeout-ms", type=float, default=DEFAULT_CLIENT_TIMEOUT_MS)
     r.add_argument("--model", default="gpt-4o")
     r.add_argument("--api-key")
     r.add_argument("--token")
@@ -388,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         o = sub.add_parser(name, help=helptext)
         o.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
         o.add_argument("--seconds", type=float, default=10.0)
-        o.add_argument("--timeout-ms", type=float, default=45.0)
+        o.add_argument("--timeout-ms", type=float, default=DEFAULT_CLIENT_TIMEOUT_MS)
         o.add_argument("--model", default="gpt-4o")
         o.add_argument("--api-key")
         o.add_argument("--token")

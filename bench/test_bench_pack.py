@@ -18,33 +18,12 @@ import numpy as np
 import pytest
 
 import ctxcore
+from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp
+from ctxcore.benchmarking.instances import memory_instance, pack_instance
 
 
-def instance(n: int, seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    # Memory-sized texts (log-normal around ~100 tokens) with interim scores in [0, 1].
-    tokens = (rng.lognormal(4.6, 0.7, n) + 1).astype(np.int64)
-    scores = np.round(0.85 * rng.random(n) + 0.15 * rng.random(n), 6)
-    return [f"mem-{i:05d}" for i in range(n)], tokens, scores
-
-
-def numpy_dp(tokens: np.ndarray, scores: np.ndarray, budget: int) -> float:
-    dp = np.zeros(budget + 1)
-    for t, s in zip(tokens.tolist(), scores.tolist()):
-        if t <= budget:
-            np.maximum(dp[t:], dp[:-t] + s, out=dp[t:])
-    return float(dp[budget])
-
-
-def numpy_bucket_dp(tokens: np.ndarray, scores: np.ndarray, budget: int, bucket: int = 16) -> float:
-    """The packer's DP done in numpy: weights and budget rounded to the nearest bucket."""
-    weights = np.maximum(1, (tokens + bucket // 2) // bucket)
-    cap = (budget + bucket // 2) // bucket
-    dp = np.zeros(cap + 1)
-    for t, s in zip(weights.tolist(), scores.tolist()):
-        if t <= cap:
-            np.maximum(dp[t:], dp[:-t] + s, out=dp[t:])
-    return float(dp[cap])
+# Memory-sized texts (log-normal around ~100 tokens) with interim scores in [0, 1].
+instance = memory_instance
 
 
 def score_greedy(tokens: np.ndarray, scores: np.ndarray, budget: int) -> float:
@@ -85,11 +64,8 @@ def test_pack_vs_numpy_dp(benchmark, timed, n: int, budget: int) -> None:
 def test_fallback_beats_score_greedy_on_skewed_sets(benchmark) -> None:
     # Large high-score items crowd out many small ones that are worth more together: the
     # case where a score-descending greedy loses most of the achievable value.
-    rng = np.random.default_rng(3)
     n = 3000
-    big = rng.random(n) < 0.1
-    tokens = np.where(big, rng.integers(1500, 3000, n), rng.integers(20, 80, n)).astype(np.int64)
-    scores = np.where(big, 0.9 + 0.1 * rng.random(n), 0.5 + 0.3 * rng.random(n))
+    tokens, scores = pack_instance("skewed", n, np.random.default_rng(3))
     ids = [f"s{i}" for i in range(n)]
     budget = 30_000
     res = benchmark(ctxcore.pack_arrays, ids, tokens, scores, budget, cell_ceiling=1)

@@ -14,7 +14,6 @@ errors of one and two replicas at the 45 ms client timeout, which issue #6 sets 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -26,9 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import load_driver as driver
 import pytest
 
-HERE = Path(__file__).resolve().parent
+from ctxcore.retrieval import DEFAULT_CLIENT_TIMEOUT_MS
+from ctxcore.service.wire import METHOD_PREFIX
+
 CONCURRENCY = 16
 REQUESTS = 3_000
 ROUNDS = 3
@@ -36,21 +38,12 @@ ROUNDS = 3
 SERVED_OVER_IN_PROCESS = 0.4
 MAX_SECONDS = 60.0
 #: The client timeout of the assembly contract ("IBEX_CONTEXT_TIMEOUT=45ms").
-CLIENT_TIMEOUT_MS = 45.0
+CLIENT_TIMEOUT_MS = DEFAULT_CLIENT_TIMEOUT_MS
 #: For the throughput comparison calls get a generous deadline, so that a busy machine
 #: shows up as latency rather than as errors.
 GENEROUS_TIMEOUT_MS = 2000.0
 
 
-def _driver() -> Any:
-    spec = importlib.util.spec_from_file_location("load_driver", HERE / "load_driver.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-driver = _driver()
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +261,8 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
     with grpc.insecure_channel(target, options=opts) as big_ch, grpc.insecure_channel(target) as probe_ch, \
             grpc.insecure_channel(target) as small_ch:
         health = health_pb2_grpc.HealthStub(probe_ch)
-        small = small_ch.unary_unary("/ctxcore.v1.ContextAssemblyService/AssembleContext")
-        big = big_ch.unary_unary("/ctxcore.v1.ContextAssemblyService/AssembleContext")
+        small = small_ch.unary_unary(METHOD_PREFIX + "AssembleContext")
+        big = big_ch.unary_unary(METHOD_PREFIX + "AssembleContext")
         small_req = pb.AssembleContextRequest(organization_id="org-01", agent_id="agent-1", model="gpt-4o",
                                               query=pb.Query(text="refund")).SerializeToString()
 

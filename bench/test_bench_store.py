@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from bench_support import QUESTIONS, store_corpus
+
 from ctxcore.memory import Query, Scope
 from ctxcore.stores import SqliteMemoryStore
 
@@ -30,18 +32,6 @@ HOT_P99_GATE_S = 0.015
 ROUNDS = 300
 LIMIT = 64
 MIN_SIMILARITY = 0.70
-
-QUESTIONS = [
-    "A customer wants to return shoes bought three weeks ago and asks about the refund.",
-    "Wann darf der Fahrer nach 4,5 Stunden Lenkzeit weiterfahren?",
-    "Quelle est la politique d'annulation pour une réservation ?",
-    "炊飯器のエラーE3の対処方法を教えてください",
-    "退款多久可以到账？",
-    "¿Cuánto tarda la instalación de paneles solares?",
-    "Postgres replication lag is high, what is the runbook?",
-    "Which customer prefers email and should not be called?",
-]
-
 
 def queries(store: SqliteMemoryStore, scope: Scope) -> list[str]:
     # Half questions, half texts of this scope's own memories (vector hits >= 0.70).
@@ -140,8 +130,6 @@ def test_cold_and_hot_latency(benchmark, timed, store_100k, which: str) -> None:
 import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 PG_MEMORIES = int(os.environ.get("CTXCORE_BENCH_PG_MEMORIES",
                                  "100000" if os.environ.get("CTXCORE_SLOW") == "1" else "20000"))
@@ -156,24 +144,12 @@ PG_BENCH = os.environ.get("CTXCORE_BENCH_PG") == "1" or os.environ.get("CTXCORE_
 def pg_100k(store_100k, tmp_path_factory):  # type: ignore[no-untyped-def]
     if not PG_BENCH:
         pytest.skip("the PostgreSQL bench runs with CTXCORE_BENCH_PG=1 or CTXCORE_SLOW=1")
-    import importlib.util
-
-    def load(name: str, path: Path) -> Any:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses look their module up
-        spec.loader.exec_module(mod)
-        return mod
-
-    here = Path(__file__).resolve().parent
-    _store_corpus = load("bench_corpus", here / "conftest.py")._store_corpus
-    PgServer = load("pg_support", here.parent / "tests" / "pg_support.py").PgServer
+    from pg_support import PgServer
 
     from ctxcore.stores import HashingEmbedder, PostgresMemoryStore
 
     mems = []
-    for m in _store_corpus(store_100k.large):
+    for m in store_corpus(store_100k.large):
         mems.append(m)
         if len(mems) >= PG_MEMORIES:
             break
@@ -253,14 +229,10 @@ def test_ingest_throughput(pg_100k) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_served_two_postgres_replicas_beside_one_sqlite_replica(store_100k, pg_100k) -> None:  # type: ignore[no-untyped-def]
-    import importlib.util
     import signal
     import subprocess
 
-    spec = importlib.util.spec_from_file_location("load_driver", Path(__file__).resolve().parent / "load_driver.py")
-    assert spec is not None and spec.loader is not None
-    driver = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(driver)
+    import load_driver as driver
     _, db, _ = pg_100k
 
     def serve(target_db: str) -> tuple[subprocess.Popen[str], int]:

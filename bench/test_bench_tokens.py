@@ -14,15 +14,13 @@ undercounts, median overestimate <= 20%, >= 100x.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from testkit import REPO, load_script
 
 import ctxcore
 
@@ -36,13 +34,7 @@ TARGET_SPEEDUP = 100.0
 
 
 def _calibration_module() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "tools" / "calibrate_estimator.py"
-    spec = importlib.util.spec_from_file_location("calibrate_estimator", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "tools" / "calibrate_estimator.py")
 
 
 @pytest.fixture(scope="module")

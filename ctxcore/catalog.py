@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ._files import read_utf8
 from .errors import CatalogError, UnknownModel
 from .tokens import TokenKind, _fallback_family, estimator_families
 
@@ -358,12 +359,7 @@ def load_catalog(path: str | Path) -> Catalog:
     1000
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CatalogError(f"cannot read catalog {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise CatalogError(f"catalog {p} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_utf8(p, CatalogError, what="catalog")
     return parse_catalog(text, str(p))
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from . import __version__
+from ._files import decode_utf8, jsonl_objects, read_utf8
 from .errors import InvalidCandidate
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
 
@@ -101,14 +102,13 @@ def read_text_arg(path: str) -> str:
     Raises:
         CliError: the file cannot be read or is not UTF-8 (one line naming it).
     """
-    try:
-        if path == STDIN:
-            return sys.stdin.buffer.read().decode("utf-8")
-        return Path(path).read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{source_name(path)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if path == STDIN:
+        try:
+            raw = sys.stdin.buffer.read()
+        except OSError as exc:
+            raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+        return decode_utf8(raw, source_name(path), CliError)
+    return read_utf8(path, CliError)
 
 
 def read_candidates_jsonl(path: Path | str) -> list[dict[str, Any]]:
@@ -120,15 +120,7 @@ def read_candidates_jsonl(path: Path | str) -> list[dict[str, Any]]:
     text = read_text_arg(str(path))
     path = source_name(str(path))
     out: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise CliError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in jsonl_objects(text, path, CliError):
         obj["_line"] = lineno
         out.append(obj)
     return out

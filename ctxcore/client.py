@@ -36,16 +36,23 @@ from .budget import Budget
 from .catalog import ModelCapability
 from .payloads import default_directive_role, render_anthropic, render_openai
 from .request import AssemblyRequest, Message
-from .service.auth import API_KEY_HEADER, AUTHORIZATION_HEADER
-from .service.convert import budget_from_proto, capability_from_proto, message_from_proto, request_to_proto
+from .retrieval import DEFAULT_CLIENT_TIMEOUT_MS
+from .service.wire import (
+    API_KEY_HEADER,
+    AUTHORIZATION_HEADER,
+    METHOD_PREFIX,
+    budget_from_proto,
+    capability_from_proto,
+    message_from_proto,
+    request_to_proto,
+)
 from .v1 import context_assembly_pb2 as pb
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ContextClient", "answer_messages", "answer_tools", "to_anthropic", "to_openai"]
 
 #: Per-call deadline when none is given: the proxy's client timeout, 45 ms
 #: ("Client/outer retrieval timeout: IBEX_CONTEXT_TIMEOUT=45ms").
-DEFAULT_TIMEOUT_S = 0.045
-_SERVICE = "/ctxcore.v1.ContextAssemblyService/"
+DEFAULT_TIMEOUT_S = DEFAULT_CLIENT_TIMEOUT_MS / 1000
 
 
 class ContextClient:
@@ -102,17 +109,17 @@ class ContextClient:
             self._channel = grpc.aio.insecure_channel(target, options=opts)
         ch = self._channel
         self._assemble = ch.unary_unary(
-            _SERVICE + "AssembleContext",
+            METHOD_PREFIX + "AssembleContext",
             request_serializer=pb.AssembleContextRequest.SerializeToString,
             response_deserializer=pb.AssembledContext.FromString,
         )
         self._budget = ch.unary_unary(
-            _SERVICE + "ComputeBudget",
+            METHOD_PREFIX + "ComputeBudget",
             request_serializer=pb.ComputeBudgetRequest.SerializeToString,
             response_deserializer=pb.Budget.FromString,
         )
         self._caps = ch.unary_unary(
-            _SERVICE + "GetModelCapabilities",
+            METHOD_PREFIX + "GetModelCapabilities",
             request_serializer=pb.GetModelCapabilitiesRequest.SerializeToString,
             response_deserializer=pb.GetModelCapabilitiesResponse.FromString,
         )

@@ -9,9 +9,10 @@ wall that bounded retrieval, whether and why the assembly degraded, and stage ti
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 __all__ = [
+    "STAGES",
     "Branch",
     "BranchRecord",
     "BranchStatus",
@@ -142,3 +143,8 @@ class StageTimings:
     packing_ms: float = 0.0
     formatting_ms: float = 0.0
     total_ms: float = 0.0
+
+
+#: The pipeline's stages in the order they run, as `StageTimings` names them
+#: (``<stage>_ms``); traces and metrics label stages with these names.
+STAGES: tuple[str, ...] = tuple(f.name[: -len("_ms")] for f in fields(StageTimings) if f.name != "total_ms")

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
+from testkit import adversarial_corpus
 
 import ctxcore
 
@@ -286,17 +287,7 @@ def test_every_code_point_round_trips_or_is_replaced_as_documented() -> None:
 # ---- the adversarial corpus -----------------------------------------------------------
 
 
-def load_corpus() -> list[dict[str, Any]]:
-    rows = []
-    for line in (DATA / "adversarial_memories.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        row["text"] = row["text"] * row.pop("repeat", 1)
-        row.pop("note")
-        rows.append(row)
-    return rows
-
-
-CORPUS = load_corpus()
+CORPUS = adversarial_corpus()
 
 
 def test_adversarial_corpus_fixture_covers_its_classes() -> None:

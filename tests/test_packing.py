@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import ctxcore
 from ctxcore import Candidate, InvalidCandidate, PackPath, Reason
+from ctxcore.benchmarking.instances import pack_instance
 
 SOURCE_TREE = Path(__file__).resolve().parents[1]
 
@@ -222,19 +223,8 @@ def large_instance(family: str, n: int, seed: int) -> tuple[list[Candidate], int
     `large-correlated` the same with scores tracking size, `memory` log-normal
     memory-sized texts, `skewed` 10% large high-score items among many small ones."""
     rng = np.random.default_rng(seed)
-    if family in ("large", "large-correlated"):
-        tokens = rng.integers(1000, 9001, n)
-        scores = rng.random(n) if family == "large" else tokens / 9000 + 0.2 * rng.random(n)
-        budget = int(rng.choice([16_000, 32_000]))
-    elif family == "memory":
-        tokens = (rng.lognormal(4.6, 0.7, n) + 1).astype(np.int64)
-        scores = np.round(0.85 * rng.random(n) + 0.15 * rng.random(n), 6)
-        budget = int(rng.choice([8_000, 16_000, 32_000]))
-    else:
-        big = rng.random(n) < 0.1
-        tokens = np.where(big, rng.integers(1500, 3000, n), rng.integers(20, 80, n))
-        scores = np.where(big, 0.9 + 0.1 * rng.random(n), 0.5 + 0.3 * rng.random(n))
-        budget = int(rng.choice([16_000, 32_000]))
+    tokens, scores = pack_instance(family, n, rng)
+    budget = int(rng.choice([8_000, 16_000, 32_000] if family == "memory" else [16_000, 32_000]))
     pinned = rng.random(n) < 0.002
     return [
         Candidate(f"L{i:05d}", int(t), float(s), bool(p)) for i, (t, s, p) in enumerate(zip(tokens, scores, pinned))

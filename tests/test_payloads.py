@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from testkit import REPO, adversarial_corpus, load_script
 from typing_extensions import NotRequired, Required, get_args, get_origin, get_type_hints, is_typeddict
 
 import ctxcore
@@ -760,17 +761,7 @@ def test_each_turn_starts_with_the_previous_turns_stable_prefix(rendering: str) 
 # ---- the memory block keeps every guarantee in every rendering -------------------------------------
 
 
-def load_corpus() -> list[dict[str, Any]]:
-    rows = []
-    for line in (DATA / "adversarial_memories.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        row["text"] = row["text"] * row.pop("repeat", 1)
-        row.pop("note")
-        rows.append(row)
-    return rows
-
-
-CORPUS = load_corpus()
+CORPUS = adversarial_corpus()
 
 
 def PACKABLE(memory_id: str) -> bool:  # noqa: N802 - reads as a predicate on the corpus
@@ -837,20 +828,15 @@ def test_cli_prints_the_payloads() -> None:
 
 # ---- the README's examples ------------------------------------------------------------------------
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = REPO / "examples"
 
 
 @pytest.mark.parametrize("name", ["openai_payload", "anthropic_payload"])
 def test_readme_examples_build_payloads_the_sdks_take(name: str) -> None:
-    import importlib.util
-
     path = EXAMPLES / f"{name}.py"
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert path.read_text(encoding="utf-8") in readme  # the README shows the file as it is
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(path, f"example_{name}")
     payload = module.main()
     sent: list[dict[str, Any]] = []
     if name == "openai_payload":

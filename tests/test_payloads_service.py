@@ -5,8 +5,6 @@ the ones the same assembly gives in process."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +14,7 @@ from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Message, Que
 from ctxcore.client import ContextClient, answer_messages, answer_tools, to_anthropic, to_openai
 from ctxcore.v1 import context_assembly_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from service_support import open_config, running  # noqa: E402
+from service_support import open_config, running
 
 ORG, AGENT = "org-1", "agent-1"
 ROOMY = {"client_timeout_ms": 2000, "server_deadline_ms": 2000, "directive_timeout_ms": 1000,

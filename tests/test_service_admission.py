@@ -11,22 +11,18 @@ refused at arrival, p99 of accepted calls) come from bench/test_bench_service.py
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import FakeSources, make_tenants, open_config, running
 
-from service_support import FakeSources, make_tenants, open_config, running  # noqa: E402
-
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel  # noqa: E402
+from ctxcore.client import ContextClient
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel
 
 TENANTS = make_tenants(2)
 T = TENANTS[0]

@@ -6,7 +6,6 @@ the authenticated principal, not the request, scopes retrieval."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,7 @@ import grpc
 import jwt
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from service_support import (  # noqa: E402
+from service_support import (
     AUDIENCE,
     ISSUER,
     FakeSources,
@@ -29,10 +26,10 @@ from service_support import (  # noqa: E402
     unsigned_jwt,
 )
 
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.service import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig  # noqa: E402
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.client import ContextClient
+from ctxcore.service import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig
 
 OK, UNAUTH, DENIED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
 

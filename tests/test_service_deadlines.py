@@ -22,16 +22,15 @@ from typing import Any
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import FakeSources, FaultPlan, SlowSources, make_tenants, open_config, running
 
-from service_support import FakeSources, FaultPlan, SlowSources, make_tenants, open_config, running  # noqa: E402
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest, Message
+from ctxcore.client import ContextClient
+from ctxcore.v1 import context_assembly_pb2 as pb
+from ctxcore.service.wire import METHOD_PREFIX
 
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest, Message  # noqa: E402
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.v1 import context_assembly_pb2 as pb  # noqa: E402
-
-SERVICE = "/ctxcore.v1.ContextAssemblyService/"
+SERVICE = METHOD_PREFIX
 TYPED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,

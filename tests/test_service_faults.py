@@ -18,16 +18,13 @@ import asyncio
 import itertools
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from service_support import (  # noqa: E402
+from service_support import (
     BRANCHES,
     FAULTS,
     FakeSources,
@@ -38,11 +35,11 @@ from service_support import (  # noqa: E402
     running,
 )
 
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.service import AuthConfig, Grant, ServiceConfig  # noqa: E402
-from ctxcore.v1 import context_assembly_pb2 as pb  # noqa: E402
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.client import ContextClient
+from ctxcore.service import AuthConfig, Grant, ServiceConfig
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 CANARY = re.compile(rb"CANARY-(\d{3})-\d{2}-[0-9a-f]{12}")
 CASES = [

@@ -17,11 +17,9 @@ times longer with fresh random examples (``CTXCORE_HYPOTHESIS_PROFILE=explore``)
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,16 +28,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import ServeProcess
 
-from service_support import ServeProcess  # noqa: E402
+from ctxcore import default_catalog
+from ctxcore.scoring import COMPONENTS
+from ctxcore.service.convert import MAX_DETAILS_CHARS
+from ctxcore.v1 import context_assembly_pb2 as pb
+from ctxcore.service.wire import METHOD_PREFIX
 
-from ctxcore import default_catalog  # noqa: E402
-from ctxcore.scoring import COMPONENTS  # noqa: E402
-from ctxcore.service.convert import MAX_DETAILS_CHARS  # noqa: E402
-from ctxcore.v1 import context_assembly_pb2 as pb  # noqa: E402
-
-SERVICE = "/ctxcore.v1.ContextAssemblyService/"
+SERVICE = METHOD_PREFIX
 RPCS = ("AssembleContext", "ComputeBudget", "GetModelCapabilities")
 #: What a client's input may get: anything typed, never a server fault.
 FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,

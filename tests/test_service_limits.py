@@ -12,31 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import FakeSources, make_tenants, open_config, running
 
-from service_support import FakeSources, make_tenants, open_config, running  # noqa: E402
-
-import ctxcore  # noqa: E402
-from ctxcore.scoring import ScoreWeights, score_candidates  # noqa: E402
-from ctxcore.service import ServiceConfig  # noqa: E402
-from ctxcore.service.config import DEFAULT_DRAIN_DELAY_S, parse_service_config  # noqa: E402
-from ctxcore.service.convert import (  # noqa: E402
+import ctxcore
+from ctxcore.scoring import ScoreWeights, score_candidates
+from ctxcore.service import ServiceConfig
+from ctxcore.service.config import DEFAULT_DRAIN_DELAY_S, parse_service_config
+from ctxcore.service.convert import (
     LIMITS,
     MAX_DETAILS_CHARS,
     MAX_ID_CHARS,
     QUOTE_CHARS,
 )
-from ctxcore.v1 import context_assembly_pb2 as pb  # noqa: E402
+from ctxcore.v1 import context_assembly_pb2 as pb
+from ctxcore.service.wire import METHOD_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICE = "/ctxcore.v1.ContextAssemblyService/"
+SERVICE = METHOD_PREFIX
 TENANTS = make_tenants(2)
 ORG, AGENT = TENANTS[0].scope.organization_id, TENANTS[0].scope.agent_id
 

@@ -25,14 +25,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import FakeSources, make_tenants, open_config, running
 
-from service_support import FakeSources, make_tenants, open_config, running  # noqa: E402
-
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.service import AuthConfig, ContextService, ServiceConfig  # noqa: E402
+from ctxcore.client import ContextClient
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.service import AuthConfig, ContextService, ServiceConfig
 
 ORG, AGENT = "acme-retail", "support"
 CTXCORE = [sys.executable, "-m", "ctxcore.cli"]

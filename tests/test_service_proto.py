@@ -5,13 +5,13 @@ service configuration (TOML, fail-closed start-up checks)."""
 from __future__ import annotations
 
 import enum
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 import grpc
 import pytest
+from testkit import load_script
 
 import ctxcore
 from ctxcore.memory import Query
@@ -38,11 +38,7 @@ PKG = Path(ctxcore.__file__).resolve().parent
 
 
 def _gen_module():
-    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "tools" / "gen_proto.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "tools" / "gen_proto.py")
 
 
 def test_generated_code_matches_the_proto() -> None:

@@ -6,26 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
 
 sdk = pytest.importorskip("opentelemetry.sdk.trace")
 
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service_support import FakeSources, FaultPlan, make_tenants, open_config, running
 
-from service_support import FakeSources, FaultPlan, make_tenants, open_config, running  # noqa: E402
-
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.service.convert import request_to_proto  # noqa: E402
-from ctxcore.v1 import context_assembly_pb2 as pb  # noqa: E402
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.service.convert import request_to_proto
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 EXPORTER = InMemorySpanExporter()
 PROVIDER = sdk.TracerProvider()  # this server's own: the process-wide provider stays as it is

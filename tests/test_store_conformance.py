@@ -9,7 +9,6 @@ lifecycle, and concurrent readers and writers."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,12 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg_support import Database, PgServer
 
-from pg_support import Database, PgServer  # noqa: E402
-
-from ctxcore import count_tokens  # noqa: E402
-from ctxcore.memory import (  # noqa: E402
+from ctxcore import count_tokens
+from ctxcore.memory import (
     FULLTEXT_RELEVANCE_SENTINEL,
     ForgetReport,
     MemoryLifecycle,
@@ -33,7 +30,7 @@ from ctxcore.memory import (  # noqa: E402
     Query,
     Scope,
 )
-from ctxcore.stores import (  # noqa: E402
+from ctxcore.stores import (
     HashingEmbedder,
     InvalidMemory,
     MemoryStoreError,

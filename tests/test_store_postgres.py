@@ -6,19 +6,16 @@ test_store_conformance.py."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg_support import PgServer
 
-from pg_support import PgServer  # noqa: E402
-
-from ctxcore.memory import Query, Scope  # noqa: E402
-from ctxcore.stores import (  # noqa: E402
+from ctxcore.memory import Query, Scope
+from ctxcore.stores import (
     HashingEmbedder,
     MemoryStoreError,
     NewMemory,
@@ -26,7 +23,7 @@ from ctxcore.stores import (  # noqa: E402
     is_postgres_url,
     open_store,
 )
-from ctxcore.stores.postgres import PG_SCHEMA_VERSION, redact_dsn  # noqa: E402
+from ctxcore.stores.postgres import PG_SCHEMA_VERSION, redact_dsn
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg_support import Database, PgServer
 
-from pg_support import Database, PgServer  # noqa: E402
-
-from ctxcore.client import ContextClient  # noqa: E402
-from ctxcore.memory import Query  # noqa: E402
-from ctxcore.request import AssemblyRequest  # noqa: E402
-from ctxcore.stores import HashingEmbedder, NewMemory, PostgresMemoryStore  # noqa: E402
+from ctxcore.client import ContextClient
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.stores import HashingEmbedder, NewMemory, PostgresMemoryStore
 
 CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
 TENANTS = 12

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxcore
-from ctxcore.memory import FULLTEXT_RELEVANCE_SENTINEL, MemoryOrigin, MemoryStore, Query, Scope, Sources
+from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope, Sources
 from ctxcore.stores import (
     HashingEmbedder,
     InvalidMemory,
@@ -128,24 +128,6 @@ def test_ann_cutoff_applies_to_the_vector_path(tmp_path: Path) -> None:
         assert [r.id for r in top2] == ["v0", "v1"] and [r.rank for r in top2] == [0, 1]
         with pytest.raises(MemoryStoreError, match="2 dimensions"):
             run(s.cold(scope, Query("", (1.0, 0.0)), 5, 0.5))
-
-
-def test_fulltext_hits_carry_the_sentinel(tmp_path: Path) -> None:
-    with SqliteMemoryStore(tmp_path / "m.db") as s:  # no embedder: full text only
-        fill(s)
-        cases = {
-            "refunds within 30 days": "acme-support-0",
-            "remboursements acceptes": "acme-support-2",  # diacritics folded
-            "返金": "acme-support-3",
-            "退款": "acme-support-4",
-            "LIEFERUNG": "acme-support-5",
-        }
-        for q, expected in cases.items():
-            recs = run(s.cold(SCOPES[0], Query(q), 10, 0.7))
-            assert expected in [r.id for r in recs], q
-            for r in recs:
-                assert r.origin is MemoryOrigin.FULLTEXT and r.similarity is None
-                assert r.relevance == FULLTEXT_RELEVANCE_SENTINEL == 0.5
 
 
 def test_vector_and_fulltext_hits_merge_one_entry_per_memory(store: SqliteMemoryStore) -> None:

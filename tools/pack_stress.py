@@ -34,56 +34,20 @@ from collections import defaultdict
 import numpy as np
 
 import ctxcore
+from ctxcore.benchmarking.references import numpy_bucket_dp as bucket_dp
+from ctxcore.benchmarking.references import numpy_dp as exact
+from ctxcore.benchmarking.instances import memory_instance, pack_instance
 
 FAMILIES = ("uniform", "correlated", "memory", "small", "strong", "large", "skewed")
 
 
-def exact(tokens: np.ndarray, scores: np.ndarray, capacity: int) -> float:
-    """0/1 knapsack optimum on exact token counts (scores > 0, tokens >= 1)."""
-    dp = np.zeros(capacity + 1)
-    for t, v in zip(tokens.tolist(), scores.tolist()):
-        if t <= capacity:
-            np.maximum(dp[t:], dp[:-t] + v, out=dp[t:])
-    return float(dp[capacity])
-
-
 def draw(rng: random.Random, family: str, n: int, max_budget: int) -> tuple[np.ndarray, np.ndarray, int]:
-    nrng = np.random.default_rng(rng.getrandbits(64))
-    if family == "small":
-        tokens = nrng.integers(1, 41, n)
-    elif family == "memory":
-        tokens = (nrng.lognormal(4.6, 0.7, n) + 1).astype(np.int64)
-    elif family == "large":
-        tokens = nrng.integers(1000, 9001, n)
-    elif family == "skewed":
-        big = nrng.random(n) < 0.1
-        tokens = np.where(big, nrng.integers(1500, 3000, n), nrng.integers(20, 80, n))
-    else:
-        tokens = nrng.integers(1, 401, n)
-    if family == "correlated":
-        scores = tokens / 100 + 0.1
-    elif family == "strong":
-        scores = tokens + 10.0
-    elif family == "skewed":
-        scores = np.where(tokens >= 1500, 0.9 + 0.1 * nrng.random(n), 0.5 + 0.3 * nrng.random(n))
-    else:
-        scores = nrng.random(n)
+    tokens, scores = pack_instance(family, n, np.random.default_rng(rng.getrandbits(64)))
     if family in ("large", "skewed"):
         budget = rng.choice([16_000, 32_000])
     else:
         budget = rng.randint(1, max(1, min(max_budget, int(tokens.sum()))))
     return tokens.astype(np.int64), scores.astype(np.float64), budget
-
-
-def bucket_dp(tokens: np.ndarray, scores: np.ndarray, budget: int, bucket: int = 16) -> float:
-    """The packer's DP done in numpy: weights and budget rounded to the nearest bucket."""
-    weights = np.maximum(1, (tokens + bucket // 2) // bucket)
-    cap = (budget + bucket // 2) // bucket
-    dp = np.zeros(cap + 1)
-    for t, v in zip(weights.tolist(), scores.tolist()):
-        if t <= cap:
-            np.maximum(dp[t:], dp[:-t] + v, out=dp[t:])
-    return float(dp[cap])
 
 
 def sample(fn: object, rounds: int) -> np.ndarray:
@@ -99,10 +63,7 @@ def sample(fn: object, rounds: int) -> np.ndarray:
 
 
 def before_after() -> None:
-    rng = np.random.default_rng(42)
-    tokens = (rng.lognormal(4.6, 0.7, 1000) + 1).astype(np.int64)
-    scores = np.round(0.85 * rng.random(1000) + 0.15 * rng.random(1000), 6)
-    ids = [f"mem-{i:05d}" for i in range(1000)]
+    ids, tokens, scores = memory_instance(1000, 42)
     ref = float(np.median(sample(lambda: bucket_dp(tokens, scores, 32_000), 11)))
     times = sample(lambda: ctxcore.pack_arrays(ids, tokens, scores, 32_000), 1000)
     p50, p99 = np.percentile(times, [50, 99])
@@ -115,8 +76,7 @@ def before_after() -> None:
             worst, proven, elapsed = 1.0, 0, []
             for seed in range(5):
                 rng = np.random.default_rng(1000 * budget + seed)
-                tokens = rng.integers(1000, 9001, 3000)
-                scores = rng.random(3000)
+                tokens, scores = pack_instance("large", 3000, rng)
                 ids = [f"L{i}" for i in range(3000)]
                 t0 = time.perf_counter()
                 res = ctxcore.pack_arrays(ids, tokens, scores, budget, cell_ceiling=ceiling)

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._files import jsonl_objects, read_utf8
+
 __all__ = [
     "STAGES",
     "CandidateSet",
@@ -233,24 +235,10 @@ def read_candidates(path: str | Path) -> CandidateSet:
     ctxcore.benchmarking.workloads.WorkloadError: ...c.jsonl:2: no 'score', but other candidates have one (give it on every line or none)
     """
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-        text = (gzip.decompress(raw) if p.suffix == ".gz" else raw).decode("utf-8")
-    except OSError as exc:
-        raise WorkloadError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_utf8(p, WorkloadError, gzipped=p.suffix == ".gz")
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{p}:{lineno}: invalid JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise WorkloadError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in jsonl_objects(text, str(p), WorkloadError):
         rows.append(obj)
         lines.append(lineno)
     return _from_rows(str(p), f"{len(rows)} candidates from {p.name}", rows,

@@ -17,15 +17,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .auth import AuthMethod, Authenticator, Principal, ServiceError, hash_api_key, new_api_key
+    from .auth import AuthMethod, Authenticator, Principal, hash_api_key, new_api_key
     from .config import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig, load_service_config
-    from .server import SERVICE_NAME, ContextService, scoped_sources, serve
+    from .errors import ServiceError
+    from .server import ContextService, scoped_sources, serve
+    from .wire import SERVICE_NAME
 
 _WHERE = {
     "AuthMethod": "auth",
     "Authenticator": "auth",
     "Principal": "auth",
-    "ServiceError": "auth",
+    "ServiceError": "errors",
     "hash_api_key": "auth",
     "new_api_key": "auth",
     "AuthConfig": "config",
@@ -35,7 +37,7 @@ _WHERE = {
     "ServiceConfig": "config",
     "TlsConfig": "config",
     "load_service_config": "config",
-    "SERVICE_NAME": "server",
+    "SERVICE_NAME": "wire",
     "ContextService": "server",
     "scoped_sources": "server",
     "serve": "server",

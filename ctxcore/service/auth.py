@@ -24,9 +24,13 @@ from typing import Any
 import grpc
 import jwt
 
+from .._files import read_utf8
 from ..errors import ConfigError
 from ..memory import Scope
+from .algorithms import check_jwt_algorithms
 from .config import AuthConfig, ClientAuth, Grant, JwtConfig
+from .errors import ServiceError
+from .wire import API_KEY_HEADER, AUTHORIZATION_HEADER
 
 __all__ = [
     "API_KEY_HEADER",
@@ -41,24 +45,10 @@ __all__ = [
     "new_api_key",
 ]
 
-AUTHORIZATION_HEADER = "authorization"
-API_KEY_HEADER = "x-api-key"
 #: HMAC secrets shorter than the hash output make brute force cheaper than the hash
 #: (RFC 7518 section 3.2 requires at least the hash size; 32 bytes covers HS256).
 MIN_HMAC_SECRET_BYTES = 32
 _HASH_PREFIX = "sha256:"
-
-
-class ServiceError(Exception):
-    """A call ends with this gRPC status and these details (never memory text)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str,
-                 trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        #: sent with the status (e.g. admission control's refusal reason and retry hint)
-        self.trailing_metadata = trailing_metadata
 
 
 class AuthMethod(enum.StrEnum):
@@ -93,31 +83,6 @@ class Principal:
         )
 
 
-def check_jwt_algorithms(algorithms: Iterable[str]) -> None:
-    """Reject algorithm lists that make forgery possible.
-
-    Raises:
-        ConfigError: ``none`` (any case), an algorithm PyJWT does not implement, or
-            symmetric and asymmetric algorithms mixed (a public key must never double as
-            an HMAC secret).
-
-    >>> check_jwt_algorithms(["RS256", "none"])
-    Traceback (most recent call last):
-    ...
-    ctxcore.ConfigError: auth.jwt.algorithms must not contain 'none': unsigned tokens are never accepted
-    """
-    algs = list(algorithms)
-    if any(a.lower() == "none" for a in algs):
-        raise ConfigError("auth.jwt.algorithms must not contain 'none': unsigned tokens are never accepted")
-    known = set(jwt.algorithms.get_default_algorithms()) - {"none"}
-    bad = [a for a in algs if a not in known]
-    if bad:
-        raise ConfigError(f"auth.jwt.algorithms: unknown {bad} (PyJWT implements {sorted(known)})")
-    hs = {a.startswith("HS") for a in algs}
-    if len(hs) > 1:
-        raise ConfigError("auth.jwt.algorithms must be all HMAC (HS*) or all public-key, not both")
-
-
 def hash_api_key(key: str) -> str:
     """The form an API key is stored in: ``sha256:`` and the hex digest.
 
@@ -148,10 +113,7 @@ def load_api_key_file(path: Path) -> dict[str, str]:
     Raises:
         ConfigError: unreadable, a malformed line (named by number), or a digest used twice.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read API key file {path}: {exc}") from None
+    text = read_utf8(path, ConfigError, what="API key file")
     out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError
 from .config import (
+    ASSEMBLY_SETTINGS,
     AuthConfig,
     ClientAuth,
     JwtConfig,
@@ -27,10 +28,8 @@ from .config import (
 
 __all__ = ["add_subcommands", "config_from_args"]
 
-_ASSEMBLY_FLAGS = (
-    "client_timeout_ms", "server_deadline_ms", "directive_timeout_ms", "hot_timeout_ms", "cold_timeout_ms",
-    "packing_headroom_ms",
-)
+# The [assembly] settings in milliseconds have flags of their own.
+_ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
 
 
 def add_subcommands(sub: Any) -> None:
@@ -115,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     if any(f is not None for f in jwt_flags):
         if not all(f is not None for f in jwt_flags):
             raise ConfigError("--jwt-issuer, --jwt-audience, --jwt-key-file and --jwt-algorithm go together")
-        from .auth import check_jwt_algorithms
+        from .algorithms import check_jwt_algorithms
 
         check_jwt_algorithms(args.jwt_algorithm)
         au["jwt"] = JwtConfig(args.jwt_issuer, args.jwt_audience, tuple(args.jwt_algorithm), Path(args.jwt_key_file))

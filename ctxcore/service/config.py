@@ -59,9 +59,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .._files import read_utf8
+from ..assembly import AssemblyConfig
 from ..errors import ConfigError
 
 __all__ = [
+    "ASSEMBLY_SETTINGS",
     "DEFAULT_BIND",
     "DEFAULT_CPU_WORKERS",
     "DEFAULT_DEADLINE_HEADROOM_MS",
@@ -109,19 +112,10 @@ DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
 
-#: The [assembly] keys: the fields of ctxcore.AssemblyConfig.
-ASSEMBLY_KEYS = frozenset(
-    {
-        "client_timeout_ms",
-        "server_deadline_ms",
-        "directive_timeout_ms",
-        "hot_timeout_ms",
-        "cold_timeout_ms",
-        "packing_headroom_ms",
-        "relevance_floor",
-        "min_similarity",
-    }
-)
+#: The [assembly] settings, in their order: the number fields of ctxcore.AssemblyConfig.
+ASSEMBLY_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(AssemblyConfig) if f.type in ("float", float))
+#: The [assembly] keys.
+ASSEMBLY_KEYS = frozenset(ASSEMBLY_SETTINGS)
 
 
 class ClientAuth(enum.StrEnum):
@@ -383,7 +377,7 @@ def parse_jwt(t: Mapping[str, Any], base: Path) -> JwtConfig:
     algs = t["algorithms"]
     if not isinstance(algs, list) or not algs or not all(isinstance(a, str) and a for a in algs):
         raise ConfigError("auth.jwt.algorithms must be a non-empty list of algorithm names")
-    from .auth import check_jwt_algorithms
+    from .algorithms import check_jwt_algorithms  # PyJWT only when a [auth.jwt] table is read
 
     check_jwt_algorithms(algs)
     leeway = t.get("leeway_s", 0.0)
@@ -507,12 +501,7 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         ConfigError: the file cannot be read or is invalid.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config {p} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_utf8(p, ConfigError, what="config")
     return parse_service_config(text, str(p), p.resolve().parent)
 
 

@@ -3,18 +3,18 @@
 Inbound, a request message becomes an `AssemblyRequest`; every problem is an
 INVALID_ARGUMENT that names the field in wire terms (``messages[3].role``), never a
 traceback. Outbound, an assembled context, a `Budget` and catalog entries become their
-messages field for field. The client (`ctxcore.client`) uses the same functions the other
-way round, so both ends read one mapping.
+messages field for field. The conversions the client shares (a request out, a budget, a
+catalog entry, a message) live in `ctxcore.service.wire`, which holds no server code, and
+are re-exported here, so both ends read one mapping.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol
 
 import grpc
 
@@ -27,7 +27,18 @@ from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceR
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
 from ..v1 import context_assembly_pb2 as pb
-from .auth import ServiceError
+from .errors import ServiceError
+from .wire import (
+    budget_from_proto,
+    budget_to_proto,
+    capability_from_proto,
+    capability_to_proto,
+    enum_from_proto,
+    enum_to_proto,
+    message_from_proto,
+    message_to_proto,
+    request_to_proto,
+)
 
 __all__ = [
     "LIMITS",
@@ -134,41 +145,6 @@ class AssembledLike(Protocol):
     def replaced_chars(self) -> int: ...
 
 
-E = TypeVar("E", bound=enum.Enum)
-
-
-def enum_to_proto(member: enum.Enum, proto_enum: Any, prefix: str) -> Any:
-    """The wire number of a Python enum member: ``PREFIX_`` + its value in capitals;
-    a member the wire does not know yet goes as UNSPECIFIED (0) rather than failing a call.
-    The result is typed Any because the generated stubs type each wire enum as its own
-    int subclass.
-
-    >>> from ctxcore.result import BranchStatus
-    >>> enum_to_proto(BranchStatus.TIMEOUT, pb.BranchStatus, "BRANCH_STATUS")
-    2
-    """
-    key = (prefix, member)
-    number = _ENUM_CACHE.get(key)
-    if number is None:
-        try:
-            number = int(proto_enum.Value(f"{prefix}_{str(member.value).upper()}"))
-        except ValueError:
-            number = 0
-        _ENUM_CACHE[key] = number
-    return number
-
-
-_ENUM_CACHE: dict[tuple[str, enum.Enum], int] = {}
-
-
-def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E]) -> E:
-    """The Python member for a wire number (ValueError for UNSPECIFIED or unknown)."""
-    name = proto_enum.Name(number) if number in proto_enum.values() else ""
-    if not name.startswith(prefix + "_"):
-        raise ValueError(f"unknown {prefix.lower()} {number}")
-    return py_enum(name[len(prefix) + 1:].lower())
-
-
 # ---- inbound ------------------------------------------------------------------------
 
 
@@ -228,7 +204,7 @@ def model_name(field: str, value: str) -> str:
     >>> model_name("model", "m" * 300)
     Traceback (most recent call last):
     ...
-    ctxcore.service.auth.ServiceError: model: 300 characters, longer than max_id_chars = 256
+    ctxcore.service.errors.ServiceError: model: 300 characters, longer than max_id_chars = 256
     """
     return _id(field, value)
 
@@ -288,7 +264,7 @@ def parse_json(field: str, text: str) -> Any:
     >>> parse_json("tools_json[0]", '{"name": "t", "x": NaN}')
     Traceback (most recent call last):
     ...
-    ctxcore.service.auth.ServiceError: tools_json[0]: is not valid JSON: NaN is not JSON (JSON numbers are finite)
+    ctxcore.service.errors.ServiceError: tools_json[0]: is not valid JSON: NaN is not JSON (JSON numbers are finite)
     """
     try:
         obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
@@ -327,33 +303,6 @@ def _message(i: int, m: pb.Message) -> Message:
         return message_from_proto(m, tuple(calls))
     except (TypeError, ValueError) as exc:
         raise _bad(where, str(exc)[:200]) from None
-
-
-def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:
-    """A `Message` from its wire form (ValueError / TypeError when it is not a valid one).
-
-    >>> message_from_proto(message_to_proto(Message("user", parts=("a", "b")))).parts
-    ('a', 'b')
-    """
-    if calls is None:
-        calls = tuple(ToolCall(c.id, c.name, c.arguments or "{}") for c in m.tool_calls)
-    parts = tuple(m.parts) if m.has_parts or m.parts else None
-    return Message(
-        cast(Any, m.role), "" if parts is not None else m.content, calls, m.tool_call_id or None, parts, m.is_error
-    )
-
-
-def message_to_proto(m: Message) -> pb.Message:
-    """The wire form of a `Message`."""
-    return pb.Message(
-        role=m.role.value,
-        content=m.content,
-        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls],
-        tool_call_id=m.tool_call_id or "",
-        parts=list(m.parts or ()),
-        has_parts=m.parts is not None,
-        is_error=m.is_error,
-    )
 
 
 def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
@@ -416,7 +365,7 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
     >>> request_from_proto(pb.AssembleContextRequest(agent_id="a", model="gpt-4o"))
     Traceback (most recent call last):
     ...
-    ctxcore.service.auth.ServiceError: organization_id: must not be empty
+    ctxcore.service.errors.ServiceError: organization_id: must not be empty
     """
     org = _id("organization_id", msg.organization_id)
     agent = _id("agent_id", msg.agent_id)
@@ -448,37 +397,6 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
         raise _bad("request", str(exc)[:200]) from None
 
 
-def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
-    """The wire form of an `AssemblyRequest` (the client's side of `request_from_proto`).
-
-    >>> request_to_proto(AssemblyRequest("o", "a", "gpt-4o", Query("hi"))).query.text
-    'hi'
-    """
-    o = req.options
-    opts = pb.AssemblyOptions(
-        weights=dict(o.weights or {}),
-        max_memories=o.max_memories,
-        pinned_memory_ids=sorted(o.pinned_memory_ids),
-        history_policy=enum_to_proto(o.history_policy, pb.HistoryPolicy, "HISTORY_POLICY"),
-        context_enabled=o.context_enabled,
-        skip_memory=o.skip_memory,
-        rendering=enum_to_proto(o.rendering, pb.Rendering, "RENDERING"),
-    )
-    if o.relevance_floor is not None:
-        opts.relevance_floor = o.relevance_floor
-    if o.min_similarity is not None:
-        opts.min_similarity = o.min_similarity
-    return pb.AssembleContextRequest(
-        organization_id=req.organization_id,
-        agent_id=req.agent_id,
-        model=req.model,
-        query=pb.Query(text=req.query.text, embedding=list(req.query.embedding or ())),
-        messages=[message_to_proto(m) for m in req.messages],
-        tools_json=[json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools],
-        options=opts,
-    )
-
-
 # ---- outbound -----------------------------------------------------------------------
 
 _ERROR_HEAD = re.compile(r"[A-Za-z_][\w .]{0,59}")
@@ -501,74 +419,6 @@ def branch_error_class(error: str | None) -> str:
         return ""
     head = error.split(":", 1)[0].strip()
     return head if _ERROR_HEAD.fullmatch(head) else "error"
-
-
-def budget_to_proto(b: Budget) -> pb.Budget:
-    """The wire form of a `Budget`."""
-    rec = b.record()
-    rec["estimate_kind"] = enum_to_proto(b.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND")
-    return pb.Budget(**rec)
-
-
-def budget_from_proto(m: pb.Budget) -> Budget:
-    """A `Budget` from its wire form.
-
-    >>> from ctxcore import compute_budget
-    >>> b = compute_budget("gpt-4o", directive_tokens=100)
-    >>> budget_from_proto(budget_to_proto(b)) == b
-    True
-    """
-    return Budget(
-        model=m.model,
-        tokenizer_family=m.tokenizer_family,
-        estimate_kind=enum_from_proto(m.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND", TokenKind),
-        context_window=m.context_window,
-        max_output_tokens=m.max_output_tokens,
-        response_reserve=m.response_reserve,
-        safety_fraction=m.safety_fraction,
-        safety_buffer=m.safety_buffer,
-        directive_tokens=m.directive_tokens,
-        messages_tokens=m.messages_tokens,
-        tool_schema_tokens=m.tool_schema_tokens,
-        formatter_overhead_tokens=m.formatter_overhead_tokens,
-        shortfall=m.shortfall,
-        usable=m.usable,
-        constrained=m.constrained,
-    )
-
-
-def capability_to_proto(c: ModelCapability) -> pb.ModelCapability:
-    """The wire form of a catalog entry."""
-    return pb.ModelCapability(
-        name=c.name,
-        provider=c.provider,
-        context_window=c.context_window,
-        max_output_tokens=c.max_output_tokens,
-        tokenizer_family=c.tokenizer_family,
-        estimate_kind=enum_to_proto(c.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND"),
-        safety_fraction=c.safety_fraction,
-        aliases=list(c.aliases),
-    )
-
-
-def capability_from_proto(m: pb.ModelCapability) -> ModelCapability:
-    """A `ModelCapability` from its wire form.
-
-    >>> from ctxcore import default_catalog
-    >>> c = default_catalog()["gpt-4o"]
-    >>> capability_from_proto(capability_to_proto(c)) == c
-    True
-    """
-    return ModelCapability(
-        name=m.name,
-        provider=m.provider,
-        context_window=m.context_window,
-        max_output_tokens=m.max_output_tokens,
-        tokenizer_family=m.tokenizer_family,
-        estimate_kind=enum_from_proto(m.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND", TokenKind),
-        safety_fraction=m.safety_fraction,
-        aliases=tuple(m.aliases),
-    )
 
 
 def _policy_to_proto(p: TokenizerPolicy) -> pb.TokenizerPolicy:

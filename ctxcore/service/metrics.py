@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ..result import STAGES
+
 __all__ = ["LATENCY_BUCKETS_S", "ServiceMetrics"]
 
 #: Latency buckets from 0.25 ms to 1 s, dense around the 40-45 ms wall of the defaults.
@@ -25,7 +27,7 @@ LATENCY_BUCKETS_S = (
 #: Usable-budget buckets in tokens, from the constrained line (256) to 1M-token windows.
 USABLE_BUCKETS = (0, 256, 1024, 4096, 16384, 65536, 131072, 262144, 1048576)
 
-_STAGES = ("budget", "retrieval", "scoring", "packing", "formatting", "total")
+_STAGES = (*STAGES, "total")
 
 
 class ServiceMetrics:

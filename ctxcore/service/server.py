@@ -45,8 +45,9 @@ from ..memory import MemoryRecord, Query, Scope, Sources
 from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission
-from .auth import Authenticator, Principal, ServiceError
+from .auth import Authenticator, Principal
 from .config import ServiceConfig
+from .errors import ServiceError
 from .convert import (
     MAX_DETAILS_CHARS,
     MAX_MODELS,
@@ -60,10 +61,10 @@ from .convert import (
 from .logs import error_frames, log_event
 from .metrics import ServiceMetrics
 from .tracing import CallTracer
+from .wire import SERVICE_NAME
 
 __all__ = ["SERVICE_NAME", "ContextService", "scoped_sources", "serve"]
 
-SERVICE_NAME = "ctxcore.v1.ContextAssemblyService"
 #: Largest token count ComputeBudget accepts for one term: the packer's own bound on a
 #: token count (2**40, see ctxcore.pack); beyond it the number is not a count.
 MAX_TOKEN_TERM = 1 << 40

@@ -19,6 +19,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..result import STAGES
+from .wire import SERVICE_NAME
+
 try:
     from opentelemetry import propagate, trace
 except ImportError:  # pragma: no cover - the extra is not installed
@@ -26,10 +29,6 @@ except ImportError:  # pragma: no cover - the extra is not installed
     trace = None  # type: ignore[assignment]
 
 __all__ = ["CallTracer"]
-
-_SERVICE = "ctxcore.v1.ContextAssemblyService"
-_STAGES = ("budget", "retrieval", "scoring", "packing", "formatting")
-
 
 class CallTracer:
     """Spans for one server's calls (no-ops when OpenTelemetry is not installed)."""
@@ -47,10 +46,10 @@ class CallTracer:
         carrier = {k: v for k, v in (metadata or ()) if isinstance(v, str)}
         parent = propagate.extract(carrier)
         return self._tracer.start_span(
-            f"{_SERVICE}/{rpc}",
+            f"{SERVICE_NAME}/{rpc}",
             context=parent,
             kind=trace.SpanKind.SERVER,
-            attributes={"rpc.system": "grpc", "rpc.service": _SERVICE, "rpc.method": rpc},
+            attributes={"rpc.system": "grpc", "rpc.service": SERVICE_NAME, "rpc.method": rpc},
         )
 
     def assembly(self, span: Any, ctx: Any, started_ns: int) -> None:
@@ -59,7 +58,7 @@ class CallTracer:
             return
         parent = trace.set_span_in_context(span)
         t = started_ns
-        for stage in _STAGES:
+        for stage in STAGES:
             ms = float(getattr(ctx.timings, f"{stage}_ms"))
             end = t + int(ms * 1e6)
             child = self._tracer.start_span(f"ctxcore.{stage}", context=parent, start_time=t)

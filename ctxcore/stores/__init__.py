@@ -45,6 +45,7 @@ from .sqlite import (
     SqliteMemoryStore,
     fts_match_expression,
 )
+from .urls import is_postgres_url
 
 if TYPE_CHECKING:
     from .http import HttpMemorySource
@@ -77,16 +78,6 @@ __all__ = [
     "load_demo",
     "read_jsonl",
 ]
-
-
-def is_postgres_url(value: object) -> bool:
-    """Whether `value` names a PostgreSQL database (``postgresql://`` or ``postgres://``)
-    rather than a SQLite file.
-
-    >>> is_postgres_url("postgresql://app@db/memories"), is_postgres_url("memories.db")
-    (True, False)
-    """
-    return isinstance(value, str) and value.lower().startswith(("postgresql://", "postgres://"))
 
 
 def __getattr__(name: str) -> Any:

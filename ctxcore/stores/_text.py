@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["cjk_spaced", "normalize", "raw_words", "words"]
+__all__ = ["CJK_RUN", "cjk_spaced", "normalize", "raw_words", "words"]
 
 # Han (URO, extension A, compatibility, the supplementary planes), kana, half-width kana,
 # Hangul syllables and jamo, bopomofo.
@@ -21,6 +21,8 @@ _CJK = (
     "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 )
 _CJK_CHAR = re.compile(f"([{_CJK}])")
+#: A run of CJK characters (captured, so ``CJK_RUN.split`` keeps the runs).
+CJK_RUN = re.compile(f"([{_CJK}]+)")
 # A word: a run of letters and digits (``\w`` without the underscore).
 _WORD = re.compile(r"[^\W_]+")
 

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from ..memory import MemoryOrigin, MemoryRecord, Query, Scope
+from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
 
 #: Per-request timeout (seconds): the design's 45 ms client timeout, the longest any
 #: assembly waits for retrieval, so no request outlives the assembly that made it.
-DEFAULT_REQUEST_TIMEOUT = 0.045
+DEFAULT_REQUEST_TIMEOUT = DEFAULT_CLIENT_TIMEOUT_MS / 1000
 #: Pooled connections to the service; three branches per assembly, a few assemblies in
 #: flight.
 DEFAULT_MAX_CONNECTIONS = 32

@@ -12,13 +12,13 @@ demo`` runs an assembly against it.
 from __future__ import annotations
 
 import importlib.resources
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._files import decode_utf8, jsonl_objects
 from .embedding import HashingEmbedder
 from .errors import InvalidMemory
 from .records import Directive, NewMemory
@@ -61,21 +61,9 @@ def read_jsonl(path: str | os.PathLike[str], text: str | None = None) -> list[tu
     """
     name = os.fspath(path)
     if text is None:
-        raw = Path(path).read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidMemory(f"{name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        text = decode_utf8(Path(path).read_bytes(), name, InvalidMemory)
     out: list[tuple[int, NewMemory | Directive]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidMemory(f"{name}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise InvalidMemory(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in jsonl_objects(text, name, InvalidMemory, column=True):
         kind = obj.pop("type", "memory")
         try:
             if kind == "memory":

@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
-from . import is_postgres_url
+from .urls import is_postgres_url
 from ._text import normalize, words
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError

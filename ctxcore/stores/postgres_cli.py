@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import is_postgres_url
+from .urls import is_postgres_url
 
 __all__ = ["add_lifecycle_subcommands", "open_cli_store", "shown_db"]
 

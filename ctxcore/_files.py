@@ -1,0 +1,79 @@
+"""Reading the files ctxcore is pointed at: UTF-8 text that is read whole or refused with
+one line naming the file, and JSON Lines whose bad lines are named by number.
+
+>>> import tempfile, pathlib
+>>> p = pathlib.Path(tempfile.mkdtemp(), "c.jsonl")
+>>> _ = p.write_text('{"id": "a"}\\n\\n[1]\\n', encoding="utf-8")
+>>> rows = jsonl_objects(read_utf8(p, ValueError), "c.jsonl", ValueError)
+>>> next(rows)
+(1, {'id': 'a'})
+>>> next(rows)
+Traceback (most recent call last):
+...
+ValueError: c.jsonl:3: expected a JSON object, got list
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["decode_utf8", "jsonl_objects", "read_utf8"]
+
+#: Makes the exception a caller raises from a message.
+Fail = Callable[[str], Exception]
+
+
+def decode_utf8(raw: bytes, name: str, fail: Fail, what: str = "") -> str:
+    """`raw` as UTF-8 text, or ``fail`` naming `name` (and `what` it is) and the bad byte.
+
+    >>> decode_utf8(b"\\xff", "x.toml", ValueError, what="config")
+    Traceback (most recent call last):
+    ...
+    ValueError: config x.toml is not UTF-8 (invalid start byte at byte 0)
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"{what} {name} is" if what else f"{name}:"
+        raise fail(f"{where} not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def read_utf8(path: str | os.PathLike[str], fail: Fail, what: str = "", *, gzipped: bool = False) -> str:
+    """The UTF-8 text of the file at `path` (gunzipped first when `gzipped`), or
+    ``fail(message)`` naming the file (as `what`, e.g. ``"config"``, when given) and why.
+
+    >>> read_utf8("/no/such/file.toml", ValueError, what="catalog")
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot read catalog /no/such/file.toml: No such file or directory
+    """
+    name = os.fspath(path)
+    try:
+        raw = Path(path).read_bytes()
+        if gzipped:
+            raw = gzip.decompress(raw)
+    except OSError as exc:
+        raise fail(f"cannot read {what + ' ' if what else ''}{name}: {exc.strerror or exc}") from None
+    return decode_utf8(raw, name, fail, what)
+
+
+def jsonl_objects(text: str, name: str, fail: Fail, *, column: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of JSON Lines `text`; ``fail`` names
+    `name` and the line (and the column, with `column`) of the first line that is not
+    JSON or not an object."""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            where = f" (column {exc.colno})" if column else ""
+            raise fail(f"{name}:{lineno}: invalid JSON: {exc.msg}{where}") from None
+        if not isinstance(obj, dict):
+            raise fail(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj

@@ -1,0 +1,203 @@
+"""Writes to the SQLite store: checking a batch of new memories, inserting it (rows,
+full-text entries, scope counters) and removing memories, each inside the caller's
+transaction on the writer connection."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ...tokens import exact_families
+from ..counting import count_memory_tokens
+from ..errors import InvalidMemory
+from ..records import NewMemory
+from .fulltext import _fts_body, _scope_token
+from .schema import stored_dim
+
+__all__ = [
+    "OnConflict",
+    "check_batch",
+    "delete_memories",
+    "exact_json",
+    "insert_batch",
+    "insert_memory",
+    "remove_rows",
+    "remove_where",
+]
+
+#: What `SqliteMemoryStore.add_many` does with an id that is already stored.
+OnConflict = Literal["error", "skip", "replace"]
+
+#: Memories prepared (counted, embedded) between two progress reports of `add_many`.
+_PROGRESS_CHUNK = 512
+
+_INSERT = (
+    "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, "
+    "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def check_batch(memories: Iterable[NewMemory | Mapping[str, Any]]) -> tuple[list[NewMemory], dict[str, int]]:
+    """The memories as `NewMemory` records and each id's index; `InvalidMemory` names the
+    first bad one (its index and id), an id used twice included."""
+    if isinstance(memories, (str, bytes, Mapping, NewMemory)):
+        raise TypeError("add_many takes an iterable of memories; use add for one")
+    batch: list[NewMemory] = []
+    seen: dict[str, int] = {}
+    for i, m in enumerate(memories):
+        try:
+            mem = m if isinstance(m, NewMemory) else NewMemory.from_mapping(m)
+        except InvalidMemory as exc:
+            raise InvalidMemory(_at_index(str(exc), i), i, exc.memory_id) from None
+        if mem.id in seen:
+            raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
+        seen[mem.id] = i
+        batch.append(mem)
+    return batch, seen
+
+
+def insert_memory(conn: sqlite3.Connection, values: tuple[Any, ...]) -> None:
+    """Insert one memory row (`values` in the column order of ``_INSERT``) and its
+    full-text entry."""
+    cur = conn.execute(_INSERT, values)
+    conn.execute(
+        "INSERT INTO memories_fts (rowid, scope, body) VALUES (?, ?, ?)",
+        (cur.lastrowid, _scope_token(values[1], values[2]), _fts_body(values[3])),
+    )
+
+
+def insert_batch(
+    conn: sqlite3.Connection,
+    batch: list[NewMemory],
+    seen: Mapping[str, int],
+    counts: list[int],
+    vectors: list[npt.NDArray[np.float32] | None],
+    exact: list[str | None],
+    *,
+    family: str,
+    kind: str,
+    on_conflict: OnConflict,
+    now: float,
+) -> list[NewMemory]:
+    """Insert the prepared batch (inside the caller's transaction) and bump the scopes'
+    counters; returns the memories inserted (without the skipped ones)."""
+    taken = conn.execute(
+        "SELECT id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(seen)),),
+    ).fetchall()
+    if taken and on_conflict == "error":
+        first = min(seen[r[0]] for r in taken)
+        mid = batch[first].id
+        raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is already stored", first, mid)
+    if taken and on_conflict == "skip":
+        keep = [i for i, m in enumerate(batch) if m.id not in {r[0] for r in taken}]
+        batch, counts, vectors = [batch[i] for i in keep], [counts[i] for i in keep], [vectors[i] for i in keep]
+        exact = [exact[i] for i in keep]
+    elif taken:
+        delete_memories(conn, [r[0] for r in taken])
+    dim = stored_dim(conn)
+    for i, v in enumerate(vectors):
+        if v is None:
+            continue
+        if dim is None:
+            dim = v.size
+            conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
+        elif v.size != dim:
+            mid = batch[i].id
+            raise InvalidMemory(
+                f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, "
+                f"the store's have {dim}", i, mid)
+    bumps: dict[tuple[str, str], list[int]] = {}
+    for m, n_tokens, v, ex in zip(batch, counts, vectors, exact):
+        insert_memory(
+            conn,
+            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else v.tobytes(),
+             m.confidence, m.importance, now if m.created_at is None else m.created_at,
+             m.accessed_at, n_tokens, family, kind, ex),
+        )
+        b = bumps.setdefault((m.organization_id, m.agent_id), [0, 0])
+        b[0] += 1
+        b[1] += v is not None
+    conn.executemany(
+        "INSERT INTO scopes (organization_id, agent_id, version, memories, embedded) "
+        "VALUES (?, ?, 1, ?, ?) ON CONFLICT (organization_id, agent_id) DO UPDATE SET "
+        "version = version + 1, memories = memories + excluded.memories, "
+        "embedded = embedded + excluded.embedded",
+        [(o, a, n, e) for (o, a), (n, e) in bumps.items()],
+    )
+    return batch
+
+
+def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, int]]) -> None:
+    """Delete memory rows, given as (rowid, organization_id, agent_id, has_embedding),
+    with their full-text entries (inside the caller's transaction)."""
+    # The scope's write counter moves and its counts drop, so every process's embedding
+    # matrix of the scope is rebuilt (its cached rows + new rows no longer add up to the
+    # stored count).
+    ids = json.dumps([r[0] for r in rows])
+    conn.execute("DELETE FROM memories_fts WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+    conn.execute("DELETE FROM memories WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+    drops: dict[tuple[str, str], list[int]] = {}
+    for _, org, agent, emb in rows:
+        d = drops.setdefault((org, agent), [0, 0])
+        d[0] += 1
+        d[1] += bool(emb)
+    conn.executemany(
+        "UPDATE scopes SET version = version + 1, memories = memories - ?, embedded = embedded - ? "
+        "WHERE organization_id = ? AND agent_id = ?",
+        [(n, e, o, a) for (o, a), (n, e) in drops.items()],
+    )
+
+
+def remove_where(conn: sqlite3.Connection, where: str, args: Sequence[object]) -> int:
+    """Delete the memories matching `where` (a condition on ``memories`` written by this
+    package, never by a caller; its values come as the parameters `args`), with their
+    full-text entries, inside the caller's transaction; returns how many."""
+    rows = conn.execute(
+        f"SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories WHERE {where}", tuple(args)
+    ).fetchall()
+    remove_rows(conn, rows)
+    return len(rows)
+
+
+def exact_json(ids: list[str], texts: list[str]) -> list[str | None]:
+    """Each memory's exact counts in every installed exact family, as the JSON stored in
+    ``memories.exact_tokens`` (None when no exact family is installed)."""
+    fams = exact_families()
+    if not fams:
+        return [None] * len(ids)
+    counts = {f: c.tolist() for f, c in count_memory_tokens(ids, texts, fams).items()}
+    return [
+        json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))
+    ]
+
+
+def _at_index(message: str, index: int) -> str:
+    # "memory 'x': ..." -> "memory 'x' (index 3): ..."
+    head, sep, tail = message.partition(": ")
+    if sep and head.startswith("memory") and "(index" not in head:
+        return f"{head} (index {index}): {tail}"
+    return f"memory (index {index}): {message}"
+
+
+def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+    """Delete stored memories (inside the caller's transaction), their full-text rows and
+    their share of the scope counters; the scope version moves so caches reload."""
+    rows = conn.execute(
+        "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(ids)),),
+    ).fetchall()
+    conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany(
+        "UPDATE scopes SET version = version + 1, memories = memories - 1, embedded = embedded - ? "
+        "WHERE organization_id = ? AND agent_id = ?",
+        [(int(r[3]), r[1], r[2]) for r in rows],
+    )

@@ -1,0 +1,134 @@
+"""The SQLite store's database layout: the tables, the migrations from older files, and
+how a connection is opened and the schema checked or created on it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..embedding import Embedder, HashingEmbedder
+from ..errors import MemoryStoreError
+
+__all__ = ["SCHEMA_VERSION", "connect", "init_schema", "stored_dim"]
+
+#: Version of the database layout this code writes (``PRAGMA user_version``). Version 2
+#: added ``memories.exact_tokens``: the exact token counts of each memory as the formatter
+#: emits it, per tokenizer family (JSON object); a version 1 file is migrated when opened
+#: (the column is added, empty) and ``ctxcore memories recount --db PATH`` fills it.
+SCHEMA_VERSION = 2
+# How long a writer waits for another writer's lock before giving up (ms).
+_BUSY_TIMEOUT_MS = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS memories (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    organization_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    embedding BLOB,
+    confidence REAL NOT NULL CHECK (confidence BETWEEN 0 AND 1),
+    importance REAL CHECK (importance BETWEEN 0 AND 1),
+    created_at REAL NOT NULL,
+    accessed_at REAL,
+    token_count INTEGER NOT NULL CHECK (token_count >= 0),
+    token_family TEXT NOT NULL,
+    token_kind TEXT NOT NULL CHECK (token_kind IN ('exact', 'estimate')),
+    exact_tokens TEXT
+);
+CREATE INDEX IF NOT EXISTS memories_scope ON memories (organization_id, agent_id);
+CREATE INDEX IF NOT EXISTS memories_recent ON memories (organization_id, agent_id, created_at);
+CREATE TABLE IF NOT EXISTS scopes (
+    organization_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    memories INTEGER NOT NULL,
+    embedded INTEGER NOT NULL,
+    PRIMARY KEY (organization_id, agent_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS directives (
+    organization_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (organization_id, agent_id)
+) WITHOUT ROWID;
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+    scope, body, tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_vocab USING fts5vocab(memories_fts, 'row');
+"""
+
+_COLUMNS = (
+    "rowid, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
+    "token_count, token_family, token_kind, exact_tokens"
+)
+
+# Migrations from each older version to the next, run in the same transaction as the check.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE memories ADD COLUMN exact_tokens TEXT",),
+}
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection to the database file `path`, with no implicit transactions."""
+    # isolation_level=None: no implicit transactions; writes say BEGIN themselves.
+    # check_same_thread=False: `close` and `Job.cancel` touch connections from another
+    # thread; each connection still runs statements on one thread at a time.
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise MemoryStoreError(f"cannot open memory database {path!r}: {exc}") from exc
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    return conn
+
+
+def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) -> Embedder | None:
+    """Create the schema in a new file, migrate an older one, and check the embedder
+    against the one the file was built with (the caller holds the write lock). Returns
+    the embedder the store uses: `embedder`, or the recorded one when `embedder` is None
+    and the file names one ctxcore can rebuild."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise MemoryStoreError(
+                f"{path}: database schema version {version} is newer than this ctxcore "
+                f"understands ({SCHEMA_VERSION}); upgrade ctxcore"
+            )
+        if version == 0:
+            # One statement at a time: executescript would commit the transaction.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        while 0 < version < SCHEMA_VERSION:
+            for statement in _MIGRATIONS[version]:
+                conn.execute(statement)
+            version += 1
+            conn.execute(f"PRAGMA user_version = {version}")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+        if embedder is None and row is not None:
+            # Opened without an embedder: use the one the database was built with,
+            # when it is one ctxcore can rebuild (queries then get embeddings too).
+            embedder = HashingEmbedder.from_name(row[0])
+        elif embedder is not None:
+            if row is None:
+                conn.execute("INSERT INTO meta VALUES ('embedder', ?)", (embedder.name,))
+            elif row[0] != embedder.name:
+                raise MemoryStoreError(
+                    f"{path} was built with the embedder {row[0]!r}, not {embedder.name!r}: "
+                    "their embeddings cannot be compared"
+                )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return embedder
+
+
+def stored_dim(conn: sqlite3.Connection) -> int | None:
+    """The dimension of the stored embeddings, None before the first one."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+    return None if row is None else int(row[0])

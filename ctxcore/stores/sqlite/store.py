@@ -1,0 +1,893 @@
+"""The SQLite store itself: `SqliteMemoryStore`, which ties the schema, the reader
+threads, the full-text and vector paths, the directive cache and the writes together
+behind the `ctxcore.memory.MemoryStore` protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ...memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
+from ...tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
+from ..counting import count_memory_tokens
+from ..embedding import Embedder, HashingEmbedder
+from ..errors import InvalidMemory, MemoryStoreError
+from ..records import Directive, NewMemory
+from . import fulltext
+from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
+from .fulltext import FTS_MAX_DOC_FRACTION, FTS_QUERY_TERMS, DocFrequencies
+from .ingest import (
+    _PROGRESS_CHUNK,
+    OnConflict,
+    check_batch,
+    exact_json,
+    insert_batch,
+    insert_memory,
+    remove_rows,
+    remove_where,
+)
+from .readers import DEFAULT_READERS, Job, ReaderPool
+from .schema import _COLUMNS, connect, init_schema, stored_dim
+from .vectors import DEFAULT_CACHE_BYTES, VectorCache, embed, nearest, unit
+
+__all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
+
+#: Tokenizer family memories are counted in when the store is not told otherwise: the one
+#: with an exact tokenizer shipped offline (``ctxcore.exact_families()``).
+DEFAULT_TOKEN_FAMILY = "cl100k_base"
+#: Reads note the memories they return; their ``accessed_at`` is written in one batch at
+#: most this long after (never a write per request on the hot path).
+ACCESS_FLUSH_SECONDS = 1.0
+
+_T = TypeVar("_T")
+
+
+class SqliteMemoryStore:
+    """A memory store in one SQLite database file; implements `ctxcore.memory.MemoryStore`.
+
+    Args:
+        path: the database file; created (with its directory entry) if missing.
+        embedder: computes embeddings for memories stored without one and for queries
+            without one (e.g. `HashingEmbedder`). Its `name` is recorded in the database,
+            and opening it later with a different embedder raises `MemoryStoreError`;
+            opening it with None uses the recorded `HashingEmbedder`, if that is one.
+        token_family: the tokenizer family memory token counts are taken in: exact where
+            ``ctxcore.count_tokens`` has that family, else ``ctxcore.estimate_tokens``;
+            every count is stored with its family and kind.
+        readers: reader threads (one connection each) that async queries run on.
+        cache_bytes: bound on the in-memory embedding matrices (least recently used
+            scopes are dropped first).
+        directive_cache_seconds: how long a directive is served from memory (0: always
+            read); directives set through this store are seen at once regardless.
+
+    The ingest methods (`add`, `add_many`, `set_directive`) block; from async code call
+    them through ``asyncio.to_thread``. `close` (or ``with``) releases the threads and
+    connections.
+
+    >>> import asyncio, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "mem.db")
+    >>> with SqliteMemoryStore(path, embedder=HashingEmbedder(64)) as store:
+    ...     _ = store.add(NewMemory("m1", "acme", "support", "Customer prefers email."))
+    ...     [r.id for r in asyncio.run(store.hot(Scope("acme", "support"), Query(""), 5))]
+    ['m1']
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        embedder: Embedder | None = None,
+        token_family: str = DEFAULT_TOKEN_FAMILY,
+        readers: int = DEFAULT_READERS,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        directive_cache_seconds: float = DIRECTIVE_CACHE_SECONDS,
+    ) -> None:
+        self._path = os.fspath(path)
+        if self._path in ("", ":memory:") or self._path.startswith("file:"):
+            raise ValueError(f"SqliteMemoryStore needs a database file path, got {self._path!r}")
+        if not isinstance(token_family, str) or token_family not in estimator_families():
+            raise ValueError(
+                f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}"
+            )
+        if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
+            raise ValueError(f"readers must be an int >= 1, got {readers!r}")
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if (
+            isinstance(directive_cache_seconds, bool)
+            or not isinstance(directive_cache_seconds, (int, float))
+            or not 0 <= directive_cache_seconds < float("inf")
+        ):
+            raise ValueError(f"directive_cache_seconds must be a number >= 0, got {directive_cache_seconds!r}")
+        self._directives = DirectiveCache(float(directive_cache_seconds))
+        if embedder is not None and not isinstance(embedder, Embedder):
+            raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
+        self._embedder: Embedder | None = embedder
+        self._family = token_family
+        self._exact = token_family in exact_families()
+        self._vectors_cache = VectorCache(cache_bytes)
+        self._state_lock = threading.Lock()
+        self._df = DocFrequencies()
+        self._closed = False
+        self._write_lock = threading.Lock()
+        self._writer = connect(self._path)
+        try:
+            self._writer.execute("PRAGMA journal_mode = WAL")
+            self._writer.execute("PRAGMA synchronous = NORMAL")
+            with self._write_lock:
+                self._embedder = init_schema(self._writer, self._path, self._embedder)
+        except sqlite3.Error as exc:
+            self._writer.close()
+            raise MemoryStoreError(f"{self._path} is not a usable memory database: {exc}") from exc
+        except BaseException:
+            self._writer.close()
+            raise
+        try:
+            self._readers = ReaderPool(self._path, readers)
+        except BaseException:
+            self._writer.close()
+            raise
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The embedder for memories and queries that come without an embedding."""
+        return self._embedder
+
+    @property
+    def token_family(self) -> str:
+        """The tokenizer family memory token counts are taken in."""
+        return self._family
+
+    @property
+    def interrupted_queries(self) -> int:
+        """How many running queries were interrupted because their caller cancelled."""
+        return self._readers.interrupted
+
+    def warm(self, scopes: Iterable[Scope] | None = None) -> int:
+        """Load the embedding matrices of `scopes` (default: every scope with embeddings,
+        as far as the cache holds them) so that no cold query pays for it; returns how
+        many scopes were loaded. Blocks.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.warm()
+        0
+        """
+        self._check_open()
+        conn = self._readers.connection()
+        if scopes is None:
+            rows = conn.execute("SELECT organization_id, agent_id FROM scopes WHERE embedded > 0").fetchall()
+            targets = [Scope(o, a) for o, a in rows]
+        else:
+            targets = list(scopes)
+            for sc in targets:
+                _check_scope(sc)
+        loaded = 0
+        for sc in targets:
+            if self._vectors_cache.matrix(conn, Job(), sc) is not None:
+                loaded += 1
+        return loaded
+
+    def journal_mode(self) -> str:
+        """The database's journal mode (``"wal"``).
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.journal_mode()
+        'wal'
+        """
+        with self._write_lock:
+            mode: str = self._writer.execute("PRAGMA journal_mode").fetchone()[0]
+        return mode
+
+    def close(self) -> None:
+        """Stop the reader threads and close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._flush_at_close()
+        self._closed = True
+        self._readers.close()
+        with self._write_lock:
+            self._writer.close()
+
+    def __enter__(self) -> SqliteMemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteMemoryStore({self._path!r}, token_family={self._family!r}, embedder={self._embedder!r})"
+
+    # ---- ingest --------------------------------------------------------------------------
+
+    def add(self, memory: NewMemory | Mapping[str, Any]) -> str:
+        """Store one memory; returns its id.
+
+        Raises:
+            InvalidMemory: the memory is not valid, its id is taken, or its embedding's
+                dimension differs from the store's.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.add({"id": "m1", "organization_id": "o", "agent_id": "a", "text": "hi"})
+        'm1'
+        """
+        return self.add_many([memory])[0]
+
+    def add_many(
+        self,
+        memories: Iterable[NewMemory | Mapping[str, Any]],
+        *,
+        directives: Sequence[Directive] = (),
+        on_conflict: OnConflict = "error",
+        progress: Callable[[int], object] | None = None,
+    ) -> list[str]:
+        """Store several memories in one transaction: all of them, or none. `directives`
+        (set as `set_directive` sets them) join the same transaction.
+
+        Each memory's token count is taken at insert in the store's tokenizer family and
+        tagged exact or estimate; memories without an embedding get one from the store's
+        embedder, if it has one.
+
+        Args:
+            memories: the memories (`NewMemory` or mappings of its fields).
+            directives: directives written in the same transaction.
+            on_conflict: an id that is already stored: ``"error"`` fails the batch,
+                ``"skip"`` keeps the stored memory, ``"replace"`` replaces it.
+            progress: called with the number of memories just prepared (counted and
+                embedded, the slow part), a chunk at a time.
+
+        Returns:
+            The ids stored, in input order (without the skipped ones).
+
+        Raises:
+            InvalidMemory: naming the first bad memory (its `index` in `memories` and id):
+                invalid fields, an id used twice or already stored (``on_conflict="error"``),
+                or an embedding whose dimension differs from the store's.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.add_many([{"id": "a", "organization_id": "o", "agent_id": "x", "text": "one"},
+        ...                 {"id": "a", "organization_id": "o", "agent_id": "x", "text": "two"}])
+        Traceback (most recent call last):
+        ...
+        ctxcore.stores.InvalidMemory: memory 'a' (index 1): id 'a' is used twice in this batch
+        """
+        self._check_open()
+        batch, seen = check_batch(memories)
+        if not all(isinstance(d, Directive) for d in directives):
+            raise TypeError("directives must be Directive records")
+        if on_conflict not in ("error", "skip", "replace"):
+            raise ValueError(f"on_conflict must be 'error', 'skip' or 'replace', got {on_conflict!r}")
+        if not batch and not directives:
+            return []
+        counts: list[int] = []
+        exact: list[str | None] = []
+        vectors: list[npt.NDArray[np.float32] | None] = []
+        for lo in range(0, len(batch), _PROGRESS_CHUNK):
+            part = batch[lo : lo + _PROGRESS_CHUNK]
+            texts = [m.text for m in part]
+            counts += self._count(texts)
+            exact += exact_json([m.id for m in part], texts)
+            vectors += self._vectors(part)
+            if progress is not None:
+                progress(len(part))
+        now = time.time()
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                kind = "exact" if self._exact else "estimate"
+                batch = insert_batch(conn, batch, seen, counts, vectors, exact, family=self._family, kind=kind,
+                                     on_conflict=on_conflict, now=now)
+                for d in directives:
+                    write_directive(conn, d.organization_id, d.agent_id, d.text)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            finally:
+                if directives:  # written or rolled back: either way no cached read stays valid
+                    self._directives.invalidate()
+        return [m.id for m in batch]
+
+    def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
+        """Set (or with ``text=None`` remove) the directive of an organization
+        (``agent_id=None``: all its agents) or of one agent.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.set_directive("acme", None, "Never share card numbers.")
+        ...     s.set_directive("acme", "support", "You are Acme's support agent.")
+        ...     print(asyncio.run(s.directive(Scope("acme", "support"))))
+        Never share card numbers.
+        <BLANKLINE>
+        You are Acme's support agent.
+        """
+        self._check_open()
+        if text is None:
+            Directive(organization_id, agent_id, "-")  # validates the ids
+        else:
+            Directive(organization_id, agent_id, text)
+        with self._write_lock:
+            write_directive(self._writer, organization_id, agent_id, text)
+            # After the write: a read that began before it will not be cached (its
+            # generation is older), and every read from now on sees the new text.
+            self._directives.invalidate()
+
+    def recount(self, families: Sequence[str] | None = None, *, batch: int = 2000) -> int:
+        """Count every memory that lacks an exact count for one of `families` (default:
+        every installed exact family) and store the counts: the backfill for a database
+        written before version 2 or before a family was installed. Blocks; safe to run
+        while the store serves (one short write transaction per batch). Returns how many
+        memories were updated.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "hello"))
+        ...     s.recount()
+        0
+        """
+        self._check_open()
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        fams = tuple(exact_families()) if families is None else tuple(families)
+        updated = 0
+        last = 0
+        while True:
+            with self._write_lock:
+                rows = self._writer.execute(
+                    "SELECT rowid, id, text, exact_tokens FROM memories WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    (last, batch),
+                ).fetchall()
+            if not rows:
+                return updated
+            last = rows[-1][0]
+            have = [json.loads(r[3]) if r[3] else {} for r in rows]
+            todo = [k for k, h in enumerate(have) if any(f not in h for f in fams)]
+            if not todo:
+                continue
+            counts = count_memory_tokens([rows[k][1] for k in todo], [rows[k][2] for k in todo], fams)
+            params = []
+            for j, k in enumerate(todo):
+                merged = dict(have[k])
+                merged.update({f: int(counts[f][j]) for f in fams})
+                params.append((json.dumps(merged, separators=(",", ":"), sort_keys=True), rows[k][0]))
+            with self._write_lock:
+                conn = self._writer
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany("UPDATE memories SET exact_tokens = ? WHERE rowid = ?", params)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            updated += len(params)
+
+    def _count(self, texts: list[str]) -> list[int]:
+        if self._exact:
+            return [count_tokens(t, self._family).value for t in texts]
+        return [int(x) for x in estimate_tokens_batch(texts, self._family).tolist()]
+
+    def _vectors(self, batch: Sequence[NewMemory]) -> list[npt.NDArray[np.float32] | None]:
+        out: list[npt.NDArray[np.float32] | None] = []
+        for m in batch:
+            if m.embedding is not None:
+                out.append(np.asarray(m.embedding, dtype=np.float32))
+            elif self._embedder is not None:
+                out.append(embed(self._embedder, m.text))  # None for a featureless text: no direction
+            else:
+                out.append(None)
+        return out
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MemoryStoreError(f"the memory store {self._path!r} is closed")
+
+    # ---- retrieval (the MemoryStore protocol) --------------------------------------------
+
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        self._check_open()
+        return await self._readers.run(fn, *args)
+
+    async def directive(self, scope: Scope) -> str | None:
+        """The organization's directive followed by the agent's (a blank line between),
+        or whichever exists, or None.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     s.set_directive("acme", "support", "Be brief.")
+        ...     asyncio.run(s.directive(Scope("acme", "support"))), asyncio.run(s.directive(Scope("acme", "sales")))
+        ('Be brief.', None)
+        """
+        _check_scope(scope)
+        now = time.monotonic()
+        hit, cached = self._directives.get(scope, now)
+        if hit:
+            return cached
+        generation = self._directives.generation
+        value = await self._run(self._directive_job, scope)
+        self._directives.put(scope, generation, now, value)
+        return value
+
+    async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
+        """The agent's most recent memories, newest first, at most `limit`. Each carries
+        its cosine similarity to the query when both have an embedding, else None.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory(f"m{k}", "o", "a", f"note {k}", created_at=k) for k in range(5)])
+        ...     [r.id for r in asyncio.run(s.hot(Scope("o", "a"), Query(""), 2))]
+        ['m4', 'm3']
+        """
+        _check_scope(scope)
+        _check_limit(limit)
+        _check_query(query)
+        out = await self._run(self._hot_job, scope, query, limit)
+        self._note_access(scope, out)
+        return out
+
+    async def cold(
+        self, scope: Scope, query: Query, limit: int, min_similarity: float
+    ) -> Sequence[MemoryRecord]:
+        """Vector hits (cosine >= `min_similarity`, best first) and full-text hits
+        (similarity None; memories holding more and rarer query words first, then newest
+        first), taken in turn from each path, one entry per memory, at most `limit`. The
+        `rank` of each record is its position in the result.
+
+        Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of all
+        memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("v", "o", "a", "x", embedding=[1.0, 0.0]),
+        ...                     NewMemory("w", "o", "a", "y", embedding=[0.0, 1.0]),
+        ...                     NewMemory("t", "o", "a", "the kettle was refunded")])
+        ...     [(r.id, r.origin.value) for r in asyncio.run(
+        ...         s.cold(Scope("o", "a"), Query("kettle", (0.9, 0.1)), 5, 0.7))]
+        [('v', 'vector'), ('t', 'fulltext')]
+
+        Raises:
+            MemoryStoreError: the query embedding's dimension differs from the store's.
+        """
+        _check_scope(scope)
+        _check_limit(limit)
+        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
+            -1.0 <= min_similarity <= 1.0
+        ):
+            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
+        _check_query(query)
+        out = await self._run(self._cold_job, scope, query, limit, float(min_similarity))
+        self._note_access(scope, out)
+        return out
+
+    def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
+        if query.embedding is not None:
+            return unit(np.asarray(query.embedding, dtype=np.float64))
+        if self._embedder is not None and query.text:
+            return embed(self._embedder, query.text)
+        return None
+
+    def _directive_job(self, conn: sqlite3.Connection, job: Job, scope: Scope) -> str | None:
+        return read_directive(conn, scope)
+
+    def _hot_job(self, conn: sqlite3.Connection, job: Job, scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
+        if limit == 0:
+            return []
+        rows = conn.execute(
+            f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+            (scope.organization_id, scope.agent_id, limit),
+        ).fetchall()
+        qv = self._query_vector(query)
+        out: list[MemoryRecord] = []
+        for rank, row in enumerate(rows):
+            sim = None
+            blob = row[-1]
+            if qv is not None and blob is not None:
+                v = np.frombuffer(blob, dtype=np.float32)
+                if v.size == qv.size:
+                    sim = _clip(float(v @ qv))
+            out.append(_record(row, MemoryOrigin.HOT, sim, rank))
+        return out
+
+    def _cold_job(
+        self,
+        conn: sqlite3.Connection,
+        job: Job,
+        scope: Scope,
+        query: Query,
+        limit: int,
+        min_similarity: float,
+    ) -> list[MemoryRecord]:
+        if limit == 0:
+            return []
+        qv = self._query_vector(query)
+        vector_hits: list[tuple[int, float]] = []
+        if qv is not None:
+            mat = self._vectors_cache.matrix(conn, job, scope)
+            if mat is not None and mat.n:
+                vector_hits = nearest(mat, qv, min_similarity, limit)
+        job.check()
+        text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df)
+        # Take from each path in turn so neither starves the other; a memory found by both
+        # keeps its vector entry (it has a real similarity).
+        merged: list[tuple[int, float | None]] = []
+        seen: set[int] = set()
+        vector_ids = {rid for rid, _ in vector_hits}
+        for k in range(max(len(vector_hits), len(text_hits))):
+            for rid, sim in (
+                (vector_hits[k] if k < len(vector_hits) else (None, None)),
+                ((text_hits[k], None) if k < len(text_hits) else (None, None)),
+            ):
+                if rid is None or rid in seen or (sim is None and rid in vector_ids):
+                    continue
+                seen.add(rid)
+                merged.append((rid, sim))
+        merged = merged[:limit]
+        if not merged:
+            return []
+        job.check()
+        rows = {
+            row[0]: row
+            for row in conn.execute(
+                f"SELECT {_COLUMNS} FROM memories WHERE rowid IN (SELECT value FROM json_each(?)) "
+                "AND organization_id = ? AND agent_id = ?",
+                (json.dumps([rid for rid, _ in merged]), scope.organization_id, scope.agent_id),
+            ).fetchall()
+        }
+        out: list[MemoryRecord] = []
+        for rid, sim in merged:
+            row = rows.get(rid)
+            if row is None:  # not of this scope (never expected) or gone since: not returned
+                continue
+            origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
+            out.append(_record(row, origin, None if sim is None else _clip(sim), len(out)))
+        return out
+
+    # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
+
+    def _access_state(self) -> tuple[threading.Lock, dict[Scope, dict[str, float]]]:
+        state: tuple[threading.Lock, dict[Scope, dict[str, float]]] | None = self.__dict__.get("_access")
+        if state is None:
+            with self._state_lock:
+                state = self.__dict__.setdefault("_access", (threading.Lock(), {}))
+        return state
+
+    def _note_access(self, scope: Scope, found: Sequence[MemoryRecord]) -> None:
+        # Reads only note what they returned; `flush_accesses` writes the times in one
+        # statement per scope, from a timer thread, at most every ACCESS_FLUSH_SECONDS.
+        if not found:
+            return
+        lock, pending = self._access_state()
+        now = time.time()
+        with lock:
+            mine = pending.setdefault(scope, {})
+            for r in found:
+                mine[r.id] = now
+            if self.__dict__.get("_access_timer") is None and not self._closed:
+                timer = threading.Timer(ACCESS_FLUSH_SECONDS, self._flush_from_timer)
+                timer.daemon = True
+                self.__dict__["_access_timer"] = timer
+                timer.start()
+
+    def _flush_from_timer(self) -> None:
+        lock, _ = self._access_state()
+        with lock:
+            self.__dict__["_access_timer"] = None
+        try:
+            self.flush_accesses()
+        except (sqlite3.Error, MemoryStoreError):
+            pass  # the database is busy or closing: the times are lost, nothing else
+
+    def _flush_at_close(self) -> None:
+        lock, _ = self._access_state()
+        with lock:
+            timer = self.__dict__.get("_access_timer")
+            self.__dict__["_access_timer"] = None
+        if timer is not None:
+            timer.cancel()
+        try:
+            self.flush_accesses()
+        except sqlite3.Error:
+            pass
+
+    def flush_accesses(self) -> int:
+        """Write the read times noted since the last flush as ``accessed_at`` (one
+        statement per scope); returns how many memories were updated. Runs by itself at
+        most `ACCESS_FLUSH_SECONDS` after a read, and at `close`.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "tea"))
+        ...     _ = asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))
+        ...     s.flush_accesses(), asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))[0].accessed_at is not None
+        (1, True)
+        """
+        if self._closed:
+            return 0
+        lock, pending = self._access_state()
+        with lock:
+            batch = dict(pending)
+            pending.clear()
+        if not batch:
+            return 0
+        n = 0
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for scope, times in batch.items():
+                    cur = conn.executemany(
+                        "UPDATE memories SET accessed_at = max(coalesce(accessed_at, 0), ?) "
+                        "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                        [(at, mid, scope.organization_id, scope.agent_id) for mid, at in times.items()],
+                    )
+                    n += cur.rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return n
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        self._check_open()
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        with self._state_lock:
+            self._df.clear()
+        return out
+
+    def delete(self, scope: Scope, ids: Iterable[str]) -> int:
+        """Delete the memories of `scope` with these ids, with their embeddings and
+        full-text entries; returns how many were deleted (ids of other scopes or unknown
+        ones delete nothing).
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.delete(Scope("o", "a"), ["m1", "m2"])
+        1
+        """
+        _check_scope(scope)
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("ids must be an iterable of ids, not one str")
+        wanted = list(ids)
+        for i in wanted:
+            if not isinstance(i, str) or not i:
+                raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+        if not wanted:
+            return 0
+
+        def run(conn: sqlite3.Connection) -> int:
+            return remove_where(conn, "id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
+                                (json.dumps(wanted), scope.organization_id, scope.agent_id))
+
+        return self._write(run)
+
+    def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
+        """Delete everything of an agent (or, with ``agent_id=None``, of the whole
+        organization): memories with their embeddings and full-text entries, and
+        directives. Returns the counts.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.set_directive("o", None, "Be brief.")
+        ...     s.forget("o")
+        ForgetReport(memories=2, directives=1)
+        """
+        Directive(organization_id, agent_id, "-")  # validates the ids
+
+        def run(conn: sqlite3.Connection) -> ForgetReport:
+            args: tuple[str, ...]
+            if agent_id is None:
+                where, args = "organization_id = ?", (organization_id,)
+            else:
+                where, args = "organization_id = ? AND agent_id = ?", (organization_id, agent_id)
+            n = remove_where(conn, where, args)
+            d = conn.execute(f"DELETE FROM directives WHERE {where}", args).rowcount
+            return ForgetReport(n, d)
+
+        report = self._write(run)
+        self._directives.invalidate()
+        return report
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        text: str | None = None,
+        confidence: float | None = None,
+        importance: float | None = None,
+        embedding: Sequence[float] | npt.NDArray[np.float32] | None = None,
+    ) -> bool:
+        """Change a memory of `scope`: its text (re-counted, re-indexed and re-embedded by
+        the embedder unless `embedding` is given; without either, the stale embedding is
+        dropped), confidence, importance or embedding. Returns False when `scope` has no
+        such memory.
+
+        Raises:
+            InvalidMemory: a new value is invalid (named), or the embedding's dimension
+                differs from the store's.
+
+        >>> import asyncio, tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "likes tea"))
+        ...     s.update(Scope("o", "a"), "m1", text="likes coffee", importance=0.9)
+        ...     [(r.text, r.importance) for r in asyncio.run(s.hot(Scope("o", "a"), Query(""), 1))]
+        True
+        [('likes coffee', 0.9)]
+        """
+        _check_scope(scope)
+        if not isinstance(memory_id, str) or not memory_id:
+            raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
+        probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
+                          embedding=embedding, confidence=1.0 if confidence is None else confidence,
+                          importance=importance)
+        new_vec: npt.NDArray[np.float32] | None = None
+        if embedding is not None:
+            new_vec = np.asarray(probe.embedding, dtype=np.float32)
+        elif text is not None and self._embedder is not None:
+            new_vec = embed(self._embedder, text)
+        n_tokens = self._count([text])[0] if text is not None else None
+        new_exact = exact_json([memory_id], [text])[0] if text is not None else None
+
+        def run(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT rowid, text, embedding, confidence, importance, created_at, accessed_at, token_count, "
+                "token_family, token_kind, exact_tokens FROM memories "
+                "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                (memory_id, scope.organization_id, scope.agent_id),
+            ).fetchone()
+            if row is None:
+                return False
+            rowid, old_text, blob, conf, imp, created, accessed, tokens, family, kind, stored_exact = row
+            if new_vec is not None:
+                dim = stored_dim(conn)
+                if dim is not None and new_vec.size != dim:
+                    raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's "
+                                        f"have {dim}", -1, memory_id)
+                if dim is None:
+                    conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(new_vec.size),))
+            if text is not None or embedding is not None:
+                blob = None if new_vec is None else new_vec.tobytes()
+            if text is not None:
+                old_text, tokens, family, kind = text, n_tokens, self._family, "exact" if self._exact else "estimate"
+                stored_exact = new_exact
+            if confidence is not None:
+                conf = probe.confidence
+            if importance is not None:
+                imp = probe.importance
+            # A new rowid: the row leaves every cached embedding matrix of the scope (they
+            # are rebuilt), and its new vector is read like any new memory's.
+            remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
+            insert_memory(conn, (memory_id, scope.organization_id, scope.agent_id, old_text, blob, conf, imp,
+                                 created, accessed, tokens, family, kind, stored_exact))
+            conn.execute(
+                "UPDATE scopes SET memories = memories + 1, embedded = embedded + ? "
+                "WHERE organization_id = ? AND agent_id = ?",
+                (int(blob is not None), scope.organization_id, scope.agent_id),
+            )
+            return True
+
+        return self._write(run)
+
+    def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
+        """Retention by age: delete memories created more than `max_age_seconds` before
+        `now` (default: the current time), of one organization or of all. Returns how
+        many were deleted.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("old", "o", "a", "tea", created_at=100),
+        ...                     NewMemory("new", "o", "a", "tea", created_at=1000)])
+        ...     s.expire(500, now=1000)
+        1
+        """
+        if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
+            0 <= max_age_seconds < float("inf")
+        ):
+            raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r}")
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+        cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
+
+        def run(conn: sqlite3.Connection) -> int:
+            args: tuple[float | str, ...]
+            if organization_id is None:
+                where, args = "created_at < ?", (cutoff,)
+            else:
+                where, args = "created_at < ? AND organization_id = ?", (cutoff, organization_id)
+            return remove_where(conn, where, args)
+
+        return self._write(run)
+
+    def stats(self, organization_id: str | None = None) -> StoreStats:
+        """Memories, embedded memories and stored tokens per scope (of one organization, or
+        of the whole store), and the directive count.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea"), NewMemory("m2", "o", "b", "tea")])
+        ...     s.stats().memories, [x.agent_id for x in s.stats("o").scopes]
+        (2, ['a', 'b'])
+        """
+        self._check_open()
+        if organization_id is not None:
+            Directive(organization_id, None, "-")
+        where, args = ("", ()) if organization_id is None else ("WHERE organization_id = ?", (organization_id,))
+        conn = self._readers.connection()
+        rows = conn.execute(
+            "SELECT organization_id, agent_id, count(*), count(embedding), sum(token_count) FROM memories "
+            f"{where} GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id", args
+        ).fetchall()
+        (directives,) = conn.execute(f"SELECT count(*) FROM directives {where}", args).fetchone()
+        return StoreStats(tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in rows),
+                          int(directives))
+
+
+def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, rank: int) -> MemoryRecord:
+    return MemoryRecord(
+        id=row[1],
+        organization_id=row[2],
+        agent_id=row[3],
+        text=row[4],
+        origin=origin,
+        similarity=similarity,
+        confidence=row[5],
+        importance=row[6],
+        created_at=row[7],
+        accessed_at=row[8],
+        rank=rank,
+        token_count=row[9],
+        token_family=row[10],
+        token_kind=row[11],
+        exact_tokens=json.loads(row[12]) if row[12] else None,
+    )
+
+
+def _clip(x: float) -> float:
+    # float32 rounding can put a unit vector's cosine with itself a hair past 1.
+    return min(1.0, max(-1.0, x))
+
+
+def _check_scope(scope: object) -> None:
+    if not isinstance(scope, Scope):
+        raise TypeError(f"scope must be a ctxcore Scope, got {type(scope).__name__}")
+
+
+def _check_query(query: object) -> None:
+    if not isinstance(query, Query):
+        raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
+
+
+def _check_limit(limit: object) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
