@@ -56,7 +56,7 @@ from .formatting import (
     format_context,
     formatter_overhead,
 )
-from .memory import MemoryOrigin, MemoryRecord, MemoryStore, Query, Scope, Sources
+from .memory import MemoryBatch, MemoryOrigin, MemoryRecord, MemoryStore, Query, Scope, Sources
 from .packing import (
     DEFAULT_BUCKET_TOKENS,
     DEFAULT_CELL_CEILING,
@@ -128,6 +128,7 @@ __all__ = [
     "HistoryDrop",
     "HistoryPolicy",
     "Pricing",
+    "MemoryBatch",
     "MemoryOrigin",
     "MemoryRecord",
     "MemoryStore",

@@ -12,14 +12,21 @@ Stores (`ctxcore.stores`) implement `MemoryStore` and give their branches with
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Protocol, overload, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
     "ForgetReport",
+    "MemoryBatch",
     "MemoryLifecycle",
     "MemoryOrigin",
     "MemoryRecord",
@@ -134,7 +141,32 @@ class MemoryRecord:
 
     def __post_init__(self) -> None:
         # Checked once here, where a source builds the record, so that the assembly's hot
-        # path only needs `type(m) is MemoryRecord`.
+        # path only needs `type(m) is MemoryRecord`. Stores build thousands of records a
+        # second: the common shapes (str fields, floats or None, a dict of int counts, an
+        # origin already a MemoryOrigin) pass one expression; anything else takes the full
+        # check, which names what is wrong. (x - x == 0.0 holds exactly for finite floats.)
+        s, c, i, ca, aa, n = (self.similarity, self.confidence, self.importance, self.created_at,
+                              self.accessed_at, self.token_count)
+        if not (
+            type(self.id) is str and self.id and type(self.organization_id) is str and self.organization_id
+            and type(self.agent_id) is str and self.agent_id and type(self.text) is str
+            and type(c) is float and c - c == 0.0
+            and (s is None or (type(s) is float and s - s == 0.0))
+            and (i is None or (type(i) is float and i - i == 0.0))
+            and (ca is None or (type(ca) is float and ca - ca == 0.0))
+            and (aa is None or (type(aa) is float and aa - aa == 0.0))
+            and (n is None or (type(n) is int and n >= 0))
+        ):
+            self._check_fields()
+        counts = self.exact_tokens
+        if counts is not None and not (
+            type(counts) is dict and all(type(f) is str and f and type(k) is int and k >= 0 for f, k in counts.items())
+        ):
+            self._check_counts()
+        if type(self.origin) is not MemoryOrigin:
+            object.__setattr__(self, "origin", MemoryOrigin(self.origin))
+
+    def _check_fields(self) -> None:
         for name in ("id", "organization_id", "agent_id"):
             v = getattr(self, name)
             if type(v) is not str or not v:
@@ -151,19 +183,19 @@ class MemoryRecord:
             isinstance(self.token_count, bool) or not isinstance(self.token_count, int) or self.token_count < 0
         ):
             raise ValueError(f"memory {self.id!r}: token_count must be an int >= 0, got {self.token_count!r:.80}")
-        if self.exact_tokens is not None:
-            if not isinstance(self.exact_tokens, Mapping):
-                raise TypeError(
-                    f"memory {self.id!r}: exact_tokens must be a mapping of family to count, "
-                    f"got {type(self.exact_tokens).__name__}"
+
+    def _check_counts(self) -> None:
+        if not isinstance(self.exact_tokens, Mapping):
+            raise TypeError(
+                f"memory {self.id!r}: exact_tokens must be a mapping of family to count, "
+                f"got {type(self.exact_tokens).__name__}"
+            )
+        for fam, n in self.exact_tokens.items():
+            if type(fam) is not str or not fam or type(n) is not int or n < 0:
+                raise ValueError(
+                    f"memory {self.id!r}: exact_tokens must map non-empty family names to ints >= 0, "
+                    f"got {fam!r:.40}: {n!r:.40}"
                 )
-            for fam, n in self.exact_tokens.items():
-                if type(fam) is not str or not fam or type(n) is not int or n < 0:
-                    raise ValueError(
-                        f"memory {self.id!r}: exact_tokens must map non-empty family names to ints >= 0, "
-                        f"got {fam!r:.40}: {n!r:.40}"
-                    )
-        object.__setattr__(self, "origin", MemoryOrigin(self.origin))
 
     @property
     def relevance(self) -> float:
@@ -175,6 +207,211 @@ class MemoryRecord:
     def scope(self) -> Scope:
         """The memory's (organization, agent)."""
         return Scope(self.organization_id, self.agent_id)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_counts(text: str) -> Mapping[str, int]:
+    """A stored ``exact_tokens`` JSON object, parsed once per distinct text (read-only: the
+    parsed mapping is shared by the records that carry the same text)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"exact_tokens must be a JSON object, got {text[:80]!r}")
+    return MappingProxyType(value)
+
+
+def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: int,
+            name: str) -> npt.NDArray[np.float64]:
+    if values is None:
+        return np.full(n, np.nan)
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=False)
+    else:
+        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"MemoryBatch: {name} has {arr.size} values for {n} memories")
+    if np.isinf(arr).any():
+        k = int(np.flatnonzero(np.isinf(arr))[0])
+        raise ValueError(f"MemoryBatch: {name} of memory {k} is not finite ({arr[k]})")
+    return arr
+
+
+class MemoryBatch(Sequence[MemoryRecord]):
+    """Memories of one scope as columns: what a store returns from a query.
+
+    A `Sequence` of `MemoryRecord` (a record is built the first time it is read), and
+    also the columns themselves, which the assembly gates, prices and packs as arrays
+    without building one object per memory. Numbers are float arrays in which NaN
+    stands for None; ``exact_tokens`` holds per memory a mapping, the JSON object text a
+    store keeps, or None. Every memory is of (`organization_id`, `agent_id`).
+
+    >>> b = MemoryBatch("org", "agent", ids=["m1", "m2"], texts=["likes tea", "vegan"],
+    ...                 origins=[MemoryOrigin.HOT] * 2, similarity=[0.8, None],
+    ...                 exact_tokens=['{"cl100k_base": 9}', None])
+    >>> len(b), b[1].similarity, b[0].exact_tokens["cl100k_base"], b.counts("cl100k_base").tolist()
+    (2, None, 9, [9, -1])
+
+    Raises:
+        ValueError: columns of different lengths, an empty id, an infinite number
+            (NaN is None; confidence may not be missing), an unknown origin.
+        TypeError: a text that is not a str.
+    """
+
+    __slots__ = ("organization_id", "agent_id", "ids", "texts", "origins", "similarity", "confidence",
+                 "importance", "created_at", "accessed_at", "rank", "token_count", "token_family", "token_kind",
+                 "exact_tokens", "_records")
+
+    def __init__(
+        self,
+        organization_id: str,
+        agent_id: str,
+        *,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        origins: Sequence[MemoryOrigin | str],
+        similarity: Sequence[float | None] | npt.NDArray[np.float64] | None = None,
+        confidence: Sequence[float] | npt.NDArray[np.float64] | None = None,
+        importance: Sequence[float | None] | npt.NDArray[np.float64] | None = None,
+        created_at: Sequence[float | None] | npt.NDArray[np.float64] | None = None,
+        accessed_at: Sequence[float | None] | npt.NDArray[np.float64] | None = None,
+        rank: Sequence[int | None] | None = None,
+        token_count: Sequence[int | None] | None = None,
+        token_family: Sequence[str | None] | None = None,
+        token_kind: Sequence[str | None] | None = None,
+        exact_tokens: Sequence[Mapping[str, int] | str | None] | None = None,
+    ) -> None:
+        n = len(ids)
+        self.organization_id = organization_id
+        self.agent_id = agent_id
+        self.ids = list(ids)
+        self.texts = list(texts)
+        self.origins = [o if type(o) is MemoryOrigin else MemoryOrigin(o) for o in origins]
+        if len(self.texts) != n or len(self.origins) != n:
+            raise ValueError(f"MemoryBatch: {n} ids, {len(self.texts)} texts, {len(self.origins)} origins")
+        if not all(type(i) is str and i for i in self.ids):
+            k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i)
+            raise ValueError(f"MemoryBatch: memory {k}: id must be a non-empty str, got {self.ids[k]!r:.80}")
+        if not all(type(t) is str for t in self.texts):
+            k = next(k for k, t in enumerate(self.texts) if type(t) is not str)
+            raise TypeError(f"MemoryBatch: memory {self.ids[k]!r}: text must be str, got {type(self.texts[k]).__name__}")
+        self.similarity = _nan_or(similarity, n, "similarity")
+        self.confidence = np.ones(n) if confidence is None else _nan_or(confidence, n, "confidence")
+        if np.isnan(self.confidence).any():
+            raise ValueError("MemoryBatch: confidence may not be missing")
+        self.importance = _nan_or(importance, n, "importance")
+        self.created_at = _nan_or(created_at, n, "created_at")
+        self.accessed_at = _nan_or(accessed_at, n, "accessed_at")
+        self.rank = list(rank) if rank is not None else [None] * n
+        self.token_count = list(token_count) if token_count is not None else [None] * n
+        self.token_family = list(token_family) if token_family is not None else [None] * n
+        self.token_kind = list(token_kind) if token_kind is not None else [None] * n
+        self.exact_tokens = list(exact_tokens) if exact_tokens is not None else [None] * n
+        for name in ("rank", "token_count", "token_family", "token_kind", "exact_tokens"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"MemoryBatch: {name} has {len(getattr(self, name))} values for {n} memories")
+        self._records: list[MemoryRecord | None] = [None] * n
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _record(self, i: int) -> MemoryRecord:
+        rec = self._records[i]
+        if rec is None:
+            def num(a: npt.NDArray[np.float64]) -> float | None:
+                v = float(a[i])
+                return None if v != v else v
+
+            counts = self.exact_tokens[i]
+            rec = MemoryRecord(
+                self.ids[i], self.organization_id, self.agent_id, self.texts[i], origin=self.origins[i],
+                similarity=num(self.similarity), confidence=float(self.confidence[i]), importance=num(self.importance),
+                created_at=num(self.created_at), accessed_at=num(self.accessed_at), rank=self.rank[i],
+                token_count=self.token_count[i], token_family=self.token_family[i], token_kind=self.token_kind[i],
+                exact_tokens=_parse_counts(counts) if isinstance(counts, str) else counts,
+            )
+            self._records[i] = rec
+        return rec
+
+    @overload
+    def __getitem__(self, i: int) -> MemoryRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[MemoryRecord]: ...
+    def __getitem__(self, i: int | slice) -> MemoryRecord | list[MemoryRecord]:
+        if isinstance(i, slice):
+            return [self._record(k) for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("MemoryBatch index out of range")
+        return self._record(i % n)
+
+    def __iter__(self) -> Iterator[MemoryRecord]:
+        return (self._record(k) for k in range(len(self)))
+
+    def counts(self, family: str) -> npt.NDArray[np.int64]:
+        """Each memory's stored exact count of `family`, -1 where it has none."""
+        out = np.full(len(self), -1, dtype=np.int64)
+        for k, c in enumerate(self.exact_tokens):
+            if c is None:
+                continue
+            got = (_parse_counts(c) if isinstance(c, str) else c).get(family)
+            if got is not None:
+                if type(got) is not int or got < 0:
+                    raise ValueError(f"memory {self.ids[k]!r}: exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
+                out[k] = got
+        return out
+
+    def __eq__(self, other: Any) -> bool:
+        """Equal to any sequence of the same records (a list a store returned before, say)."""
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MemoryBatch({self.organization_id!r}, {self.agent_id!r}, {len(self)} memories)"
+
+
+class _Chain(Sequence[MemoryRecord]):
+    """Sequences of records one after another (the hot and cold results), not copied:
+    a `MemoryBatch` among them stays columns until a record is read."""
+
+    __slots__ = ("parts", "_offsets")
+
+    def __init__(self, parts: Sequence[Sequence[MemoryRecord]]) -> None:
+        self.parts = tuple(parts)
+        self._offsets = np.cumsum([0, *(len(p) for p in self.parts)]).tolist()
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    @overload
+    def __getitem__(self, i: int) -> MemoryRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[MemoryRecord]: ...
+    def __getitem__(self, i: int | slice) -> MemoryRecord | list[MemoryRecord]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("index out of range")
+        i %= n
+        part = int(np.searchsorted(self._offsets, i, side="right")) - 1
+        rec: MemoryRecord = self.parts[part][i - self._offsets[part]]
+        return rec
+
+    def __iter__(self) -> Iterator[MemoryRecord]:
+        for p in self.parts:
+            yield from p
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 DirectiveFn = Callable[[Scope], Awaitable[str | None]]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
-from .memory import MemoryRecord, Query, Scope, Sources
+from .memory import MemoryBatch, MemoryRecord, Query, Scope, Sources, _Chain
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
 __all__ = [
@@ -78,7 +78,8 @@ class Retrieved:
 
     Attributes:
         directive: the directive text, or None (no directive, or the branch failed).
-        memories: in-scope memories, hot first then cold, in the order the sources gave.
+        memories: in-scope memories, hot first then cold, in the order the sources gave (a
+            sequence that keeps a store's `MemoryBatch` as columns until a record is read).
         out_of_scope: memories a source returned for another organization or agent:
             dropped, kept here only to be counted and traced (by id).
         branches: one record per branch, directive, hot, cold.
@@ -86,7 +87,7 @@ class Retrieved:
     """
 
     directive: str | None
-    memories: tuple[MemoryRecord, ...]
+    memories: Sequence[MemoryRecord]
     out_of_scope: tuple[MemoryRecord, ...]
     branches: tuple[BranchRecord, ...]
     wall: Wall
@@ -136,10 +137,15 @@ def _error_text(exc: BaseException) -> str:
     return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
 
 
-def _check_memories(value: object, scope: Scope) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+def _check_memories(value: object, scope: Scope) -> tuple[Sequence[MemoryRecord], list[MemoryRecord]]:
     """Split a branch's result into in-scope and out-of-scope memories; raise on anything
     that is not a sequence of `MemoryRecord` (the whole result is then an error: a
-    partial result of unknown scope is never used)."""
+    partial result of unknown scope is never used). A `MemoryBatch` (one scope) stays
+    columns: it is wholly in scope or wholly out."""
+    if type(value) is MemoryBatch:
+        if value.organization_id == scope.organization_id and value.agent_id == scope.agent_id:
+            return value, []
+        return [], list(value)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"expected a sequence of MemoryRecord, got {type(value).__name__}")
     # One C-level pass: the type of each item (MemoryRecord validates its fields when
@@ -266,14 +272,15 @@ async def retrieve(
             records.append(BranchRecord(branch, BranchStatus.SKIPPED, 0.0, reason))
     directive_outcome = outcomes.get(Branch.DIRECTIVE)
     directive = directive_outcome.value if directive_outcome and directive_outcome.record.status == BranchStatus.OK else None
-    memories: list[MemoryRecord] = []
+    parts: list[Sequence[MemoryRecord]] = []
     foreign: list[MemoryRecord] = []
     for branch in (Branch.HOT, Branch.COLD):
         o = outcomes.get(branch)
         if o is not None and o.record.status == BranchStatus.OK:
-            memories.extend(o.value)
+            if len(o.value):
+                parts.append(o.value)
             foreign.extend(o.out_of_scope)
-    return Retrieved(directive, tuple(memories), tuple(foreign), tuple(records), wall)
+    return Retrieved(directive, _Chain(parts), tuple(foreign), tuple(records), wall)
 
 
 def _has_source(sources: Sources, branch: Branch) -> bool:

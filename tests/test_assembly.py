@@ -5,6 +5,7 @@ fidelity measured with the exact cl100k_base tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Sequence
@@ -210,6 +211,61 @@ def test_records_of_a_subclass_assemble_like_the_records() -> None:
         (e.memory_id, e.reason, e.score, e.relevance, e.pricing) for e in b.trace
     ]
     assert [e.pricing for e in b.trace] == ["stored"] * 5
+
+
+def _batch_of(records: list[MemoryRecord], org: str = ORG, agent: str = AGENT) -> ctxcore.MemoryBatch:
+    return ctxcore.MemoryBatch(
+        org, agent, ids=[m.id for m in records], texts=[m.text for m in records],
+        origins=[m.origin for m in records], similarity=[m.similarity for m in records],
+        confidence=[m.confidence for m in records], importance=[m.importance for m in records],
+        exact_tokens=[json.dumps(dict(m.exact_tokens)) if m.exact_tokens else None for m in records],
+    )
+
+
+def test_a_memory_batch_assembles_like_its_records() -> None:
+    rng = random.Random(5)
+    hot = [mem(i, sim=rng.random(), confidence=rng.random(), exact_tokens={"cl100k_base": 7 + i % 5})
+           for i in range(40)]
+    cold = [mem(i, sim=rng.random(), exact_tokens={"cl100k_base": 12}) for i in range(30, 70)]
+    a = run(request(), Sources(None, memories_of(hot), memories_of(cold)))
+    b = run(request(), Sources(None, memories_of(_batch_of(hot)), memories_of(_batch_of(cold))))
+    assert a.selected_ids == b.selected_ids
+    key = [(e.memory_id, e.reason, e.score, e.relevance, e.pricing) for e in a.trace]
+    assert key == [(e.memory_id, e.reason, e.score, e.relevance, e.pricing) for e in b.trace]
+    assert {e.pricing for e in b.trace if e.tokens} == {"stored"}
+
+
+def test_a_memory_batch_is_a_sequence_of_records() -> None:
+    recs = [mem(1, sim=0.5, exact_tokens={"cl100k_base": 3}), mem(2, sim=None, importance=0.2)]
+    b = _batch_of(recs)
+    assert len(b) == 2 and list(b) == recs and b == recs and b[-1] == recs[1] and b[0:1] == recs[:1]
+    assert b.counts("cl100k_base").tolist() == [3, -1]
+    with pytest.raises(IndexError):
+        b[2]
+
+
+def test_a_batch_of_another_scope_is_dropped_whole() -> None:
+    foreign = _batch_of([mem(1), mem(2)], org="org-b")
+    ctx = run(request(), Sources(None, memories_of(foreign), memories_of([mem(3)])))
+    assert ctx.selected_ids == ("m3",)
+    assert sorted(e.memory_id for e in ctx.trace if e.reason == TraceReason.OUT_OF_SCOPE) == ["m1", "m2"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"texts": ["a"]}, "2 ids, 1 texts"),
+        ({"similarity": [0.5, float("inf")]}, "similarity of memory 1 is not finite"),
+        ({"confidence": [1.0, None]}, "confidence may not be missing"),
+        ({"importance": [0.1]}, "importance has 1 values for 2 memories"),
+        ({"origins": ["hot", "nowhere"]}, "nowhere"),
+        ({"ids": ["a", ""]}, "memory 1: id must be a non-empty str"),
+    ],
+)
+def test_a_bad_memory_batch_is_refused_by_name(kw: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {"ids": ["a", "b"], "texts": ["x", "y"], "origins": ["hot", "hot"]}
+    with pytest.raises(ValueError, match=message):
+        ctxcore.MemoryBatch(ORG, AGENT, **{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_the_trace_columns_and_entries_agree() -> None:

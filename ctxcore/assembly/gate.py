@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..memory import MemoryRecord
+from ..memory import MemoryBatch, MemoryRecord, _Chain
 from ..result import TraceReason
 from ..scoring import ScoreWeights, ScoringConfig, score_candidates
 from .config import RECENCY_HALF_LIFE_DAYS
@@ -44,7 +44,37 @@ class _Columns:
 
     @classmethod
     def of(cls, mems: Sequence[MemoryRecord], family: str) -> _Columns:
-        return cls(*_core.memory_columns(mems, MemoryRecord, family))
+        """The columns of `mems`: a `MemoryBatch` gives its own, records are read in one C
+        pass, and the parts of a chained result are joined."""
+        parts = mems.parts if isinstance(mems, _Chain) else (mems,)
+        cols = [cls._of_part(p, family) for p in parts]
+        if len(cols) == 1:
+            return cols[0]
+        if not cols:
+            return cls._of_part((), family)
+        origins = [o for c in cols for o in c.origins]
+        distinct = list(dict.fromkeys(origins))
+        code = {o: k for k, o in enumerate(distinct)}
+        def joined(f: str) -> npt.NDArray[Any]:
+            return np.concatenate([getattr(c, f) for c in cols])
+
+        return cls(
+            [i for c in cols for i in c.ids], [t for c in cols for t in c.texts], origins,
+            joined("similarity"), joined("confidence"), joined("importance"), joined("created_at"), joined("stored"),
+            distinct, np.fromiter(map(code.__getitem__, origins), dtype=np.int64, count=len(origins)),
+        )
+
+    @classmethod
+    def _of_part(cls, part: Sequence[MemoryRecord], family: str) -> _Columns:
+        if type(part) is MemoryBatch:
+            distinct = list(dict.fromkeys(part.origins))
+            code = {o: k for k, o in enumerate(distinct)}
+            return cls(
+                part.ids, part.texts, list(part.origins), part.similarity, part.confidence, part.importance,
+                part.created_at, part.counts(family), list(distinct),
+                np.fromiter(map(code.__getitem__, part.origins), dtype=np.int64, count=len(part)),
+            )
+        return cls(*_core.memory_columns(part, MemoryRecord, family))
 
 
 def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:

@@ -447,6 +447,27 @@ def _pack_to_proto(pack: Any) -> pb.PackRecord:
     return out
 
 
+_TRACE_CODES = {r: enum_to_proto(r, pb.TraceReason, "TRACE_REASON") for r in TraceReason}
+
+
+def _trace_to_proto(ctx: AssembledLike) -> list[pb.TraceEntry]:
+    """The trace, read from its columns when the context has them (`TraceTable`): one
+    wire entry per candidate, no `TraceEntry` objects in between."""
+    t = getattr(ctx, "trace_table", None)
+    if t is not None:
+        rows: Any = zip(t.memory_id, t.reason, t.origin, t.tokens, t.score, t.relevance, t.recounted)
+    else:
+        rows = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted) for e in ctx.trace)
+    entry, codes, foreign = pb.TraceEntry, _TRACE_CODES, TraceReason.OUT_OF_SCOPE
+    return [
+        # Another tenant's memory ids never cross the boundary: an out-of-scope entry says
+        # only that something was dropped, and how it was found.
+        entry(memory_id="" if r is foreign else m, reason=codes.get(r, 0), origin=str(o), tokens=k, score=s,
+              relevance=rel, recounted=rc)
+        for m, r, o, k, s, rel, rc in rows
+    ]
+
+
 def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledContext:
     """The wire form of an assembled context: every field, branch errors reduced to their
     class (see `branch_error_class`)."""
@@ -457,20 +478,7 @@ def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledC
         model=ctx.model,
         scope=pb.Scope(organization_id=ctx.scope.organization_id, agent_id=ctx.scope.agent_id),
         budget=budget_to_proto(ctx.budget),
-        trace=[
-            pb.TraceEntry(
-                # Another tenant's memory ids never cross the boundary: an out-of-scope
-                # entry says only that something was dropped, and how it was found.
-                memory_id="" if t.reason == TraceReason.OUT_OF_SCOPE else t.memory_id,
-                reason=enum_to_proto(t.reason, pb.TraceReason, "TRACE_REASON"),
-                origin=str(t.origin),
-                tokens=t.tokens,
-                score=t.score,
-                relevance=t.relevance,
-                recounted=t.recounted,
-            )
-            for t in ctx.trace
-        ],
+        trace=_trace_to_proto(ctx),
         branches=[
             pb.BranchRecord(
                 branch=enum_to_proto(b.branch, pb.Branch, "BRANCH"),

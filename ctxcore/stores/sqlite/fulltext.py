@@ -178,16 +178,26 @@ def search(
     # Terms no memory holds are skipped: they would only take the place of one that finds
     # something.
     chosen = [(d, terms[k]) for d, k in by_rarity if 0 < d <= cap][:FTS_QUERY_TERMS]
-    # One query per term, newest matches first: FTS5 stops after `limit` rows, where a
-    # single OR query ranked by bm25 would score every match of every term in the whole
-    # table first. A memory scores the IDF of each chosen term it holds.
+    if not chosen:
+        return []
+    # One statement: per term, its newest `limit` matches (FTS5 stops after `limit` rows,
+    # where a single OR query ranked by bm25 would score every match of every term in the
+    # whole table first), tagged with the term's position. A memory scores the IDF of
+    # each chosen term it holds, summed here in term order.
+    job.check()
+    sql = " UNION ALL ".join(
+        f"SELECT * FROM (SELECT rowid, {k} FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC LIMIT ?)"
+        for k in range(len(chosen))
+    )
+    args: list[object] = []
+    for _, term in chosen:
+        args += [_fts_expression(scope, [term]), limit]
+    idf = [math.log(1.0 + total / (d + 1.0)) for d, _ in chosen]
+    hits: list[list[int]] = [[] for _ in chosen]
+    for rowid, k in conn.execute(sql, args).fetchall():
+        hits[k].append(rowid)
     scores: dict[int, float] = {}
-    for d, term in chosen:
-        job.check()
-        idf = math.log(1.0 + total / (d + 1.0))
-        for (rowid,) in conn.execute(
-            "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
-            (_fts_expression(scope, [term]), limit),
-        ).fetchall():
-            scores[rowid] = scores.get(rowid, 0.0) + idf
+    for k, rows in enumerate(hits):
+        for rowid in rows:
+            scores[rowid] = scores.get(rowid, 0.0) + idf[k]
     return sorted(scores, key=lambda r: (-scores[r], -r))[:limit]

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ...memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
+from ...memory import ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ...tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ..counting import count_memory_tokens
 from ..embedding import Embedder, HashingEmbedder
@@ -487,25 +487,24 @@ class SqliteMemoryStore:
     def _directive_job(self, conn: sqlite3.Connection, job: Job, scope: Scope) -> str | None:
         return read_directive(conn, scope)
 
-    def _hot_job(self, conn: sqlite3.Connection, job: Job, scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
+    def _hot_job(self, conn: sqlite3.Connection, job: Job, scope: Scope, query: Query, limit: int) -> MemoryBatch:
         if limit == 0:
-            return []
+            return _batch(scope, [], [], np.empty(0))
         rows = conn.execute(
             f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
             "ORDER BY created_at DESC, rowid DESC LIMIT ?",
             (scope.organization_id, scope.agent_id, limit),
         ).fetchall()
         qv = self._query_vector(query)
-        out: list[MemoryRecord] = []
-        for rank, row in enumerate(rows):
-            sim = None
-            blob = row[-1]
-            if qv is not None and blob is not None:
-                v = np.frombuffer(blob, dtype=np.float32)
-                if v.size == qv.size:
-                    sim = _clip(float(v @ qv))
-            out.append(_record(row, MemoryOrigin.HOT, sim, rank))
-        return out
+        sims = np.full(len(rows), np.nan)
+        if qv is not None and rows:
+            # One product for the rows whose embedding has the query's size.
+            width = qv.size * 4
+            have = [k for k, row in enumerate(rows) if row[-1] is not None and len(row[-1]) == width]
+            if have:
+                mat = np.frombuffer(b"".join(rows[k][-1] for k in have), dtype=np.float32).reshape(len(have), qv.size)
+                sims[have] = np.clip(np.einsum("ij,j->i", mat, qv), -1.0, 1.0)
+        return _batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
     def _cold_job(
         self,
@@ -515,9 +514,9 @@ class SqliteMemoryStore:
         query: Query,
         limit: int,
         min_similarity: float,
-    ) -> list[MemoryRecord]:
+    ) -> MemoryBatch:
         if limit == 0:
-            return []
+            return _batch(scope, [], [], np.empty(0))
         qv = self._query_vector(query)
         vector_hits: list[tuple[int, float]] = []
         if qv is not None:
@@ -542,7 +541,7 @@ class SqliteMemoryStore:
                 merged.append((rid, sim))
         merged = merged[:limit]
         if not merged:
-            return []
+            return _batch(scope, [], [], np.empty(0))
         job.check()
         rows = {
             row[0]: row
@@ -552,14 +551,13 @@ class SqliteMemoryStore:
                 (json.dumps([rid for rid, _ in merged]), scope.organization_id, scope.agent_id),
             ).fetchall()
         }
-        out: list[MemoryRecord] = []
-        for rid, sim in merged:
-            row = rows.get(rid)
-            if row is None:  # not of this scope (never expected) or gone since: not returned
-                continue
-            origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
-            out.append(_record(row, origin, None if sim is None else _clip(sim), len(out)))
-        return out
+        found = [(rows[rid], sim) for rid, sim in merged if rid in rows]  # a row gone since is not returned
+        return _batch(
+            scope,
+            [row for row, _ in found],
+            [MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR for _, sim in found],
+            np.clip(np.array([np.nan if sim is None else sim for _, sim in found], dtype=np.float64), -1.0, 1.0),
+        )
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 
@@ -579,8 +577,7 @@ class SqliteMemoryStore:
         now = time.time()
         with lock:
             mine = pending.setdefault(scope, {})
-            for r in found:
-                mine[r.id] = now
+            mine.update(dict.fromkeys(found.ids if isinstance(found, MemoryBatch) else [r.id for r in found], now))
             if self.__dict__.get("_access_timer") is None and not self._closed:
                 timer = threading.Timer(ACCESS_FLUSH_SECONDS, self._flush_from_timer)
                 timer.daemon = True
@@ -853,29 +850,22 @@ class SqliteMemoryStore:
                           int(directives))
 
 
-def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, rank: int) -> MemoryRecord:
-    return MemoryRecord(
-        id=row[1],
-        organization_id=row[2],
-        agent_id=row[3],
-        text=row[4],
-        origin=origin,
-        similarity=similarity,
-        confidence=row[5],
-        importance=row[6],
-        created_at=row[7],
-        accessed_at=row[8],
-        rank=rank,
-        token_count=row[9],
-        token_family=row[10],
-        token_kind=row[11],
-        exact_tokens=json.loads(row[12]) if row[12] else None,
-    )
-
-
 def _clip(x: float) -> float:
     # float32 rounding can put a unit vector's cosine with itself a hair past 1.
     return min(1.0, max(-1.0, x))
+
+
+def _batch(scope: Scope, rows: Sequence[Sequence[Any]], origins: list[MemoryOrigin],
+           similarity: npt.NDArray[np.float64]) -> MemoryBatch:
+    """Rows of ``SELECT {_COLUMNS}`` as the columns the assembly reads (records are built
+    only if a caller reads them). Every row is of `scope`: the queries filter on it."""
+    cols = list(zip(*rows)) if rows else [()] * 13
+    return MemoryBatch(
+        scope.organization_id, scope.agent_id, ids=cols[1], texts=cols[4], origins=origins, similarity=similarity,
+        confidence=cols[5], importance=cols[6], created_at=cols[7], accessed_at=cols[8], rank=range(len(rows)),
+        token_count=cols[9],
+        token_family=cols[10], token_kind=cols[11], exact_tokens=cols[12],
+    )
 
 
 def _check_scope(scope: object) -> None:
