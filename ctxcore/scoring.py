@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ConfigError
+from .memory import FULLTEXT_RELEVANCE_SENTINEL
 
 __all__ = [
     "COMPONENTS",
@@ -53,8 +54,8 @@ INTERIM_CONFIDENCE_WEIGHT = 0.15
 #: Scoring-time relevance floor ("The default floor is 0.15").
 DEFAULT_RELEVANCE_FLOOR = 0.15
 #: Relevance of a full-text hit with no cosine score ("a fixed relevance sentinel of 0.5");
-#: the floor must stay below it.
-FULL_TEXT_RELEVANCE = 0.5
+#: the floor must stay below it. One value: `ctxcore.memory.FULLTEXT_RELEVANCE_SENTINEL`.
+FULL_TEXT_RELEVANCE = FULLTEXT_RELEVANCE_SENTINEL
 #: Retrieval-time ANN cutoff of the vector path ("min_similarity around 0.70").
 DEFAULT_MIN_SIMILARITY = 0.70
 #: The components a weighted score may combine, in a fixed order.
