@@ -103,23 +103,74 @@ void validate_candidates(const PackInput& in) {
   }
 }
 
+// ---- ordering: one stable radix sort for every order the packer needs ---------------
+// Positions 0..n-1 ordered by ascending `keys`, equal keys keeping their position order
+// (an LSD radix sort on 8-bit digits). Digits on which every key agrees are neither counted
+// nor sorted on, so small token counts cost two passes and scores at most eight. O(n) per
+// pass; on 1,000 items several times faster than a comparison sort.
+std::vector<std::size_t> stable_order(const std::vector<std::uint64_t>& keys) {
+  const std::size_t n = keys.size();
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  if (n < 2) return order;
+  std::uint64_t differ = 0;
+  for (std::uint64_t k : keys) differ |= k ^ keys[0];
+  int digits[8];
+  int passes = 0;
+  for (int d = 0; d < 8; ++d)
+    if ((differ >> (8 * d)) & 0xFFU) digits[passes++] = d;
+  if (passes == 0) return order;
+  std::vector<std::uint32_t> count(static_cast<std::size_t>(passes) * 256, 0);
+  for (std::uint64_t k : keys)
+    for (int q = 0; q < passes; ++q) ++count[static_cast<std::size_t>(q) * 256 + ((k >> (8 * digits[q])) & 0xFFU)];
+  std::vector<std::uint64_t> key(keys), key2(n);
+  std::vector<std::size_t> order2(n);
+  for (int q = 0; q < passes; ++q) {
+    std::uint32_t* c = count.data() + static_cast<std::size_t>(q) * 256;
+    std::uint32_t sum = 0;
+    for (int b = 0; b < 256; ++b) {
+      const std::uint32_t here = c[b];
+      c[b] = sum;
+      sum += here;
+    }
+    const int shift = 8 * digits[q];
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t at = c[(key[i] >> shift) & 0xFFU]++;
+      key2[at] = key[i];
+      order2[at] = order[i];
+    }
+    key.swap(key2);
+    order.swap(order2);
+  }
+  return order;
+}
+
+// A key whose unsigned order is the double's descending numeric order (-0.0 as 0.0).
+// Defined for finite doubles, which validation guarantees.
+std::uint64_t descending_key(double x) {
+  if (x == 0.0) x = 0.0;
+  std::uint64_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const std::uint64_t ascending = (bits >> 63) ? ~bits : bits | (std::uint64_t{1} << 63);
+  return ~ascending;
+}
+
 // Descending score, then ascending id (UTF-8 byte order, which is code point order).
 // Ids are unique, so this is a total order and the ranking is independent of input order.
+// Sorted on the score keys; a run of equal scores (rare) is then put in id order.
 std::vector<std::size_t> rank_candidates(const PackInput& in) {
-  // Sort (score, position) pairs in place rather than positions through an indirection:
-  // contiguous keys, and the id is only looked at on an exact score tie.
-  struct Key {
-    double score;
-    std::size_t index;
-  };
-  std::vector<Key> keys(in.ids.size);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = {in.scores[i], i};
-  std::sort(keys.begin(), keys.end(), [&](const Key& a, const Key& b) {
-    if (a.score != b.score) return a.score > b.score;
-    return in.ids[a.index] < in.ids[b.index];
-  });
-  std::vector<std::size_t> order(keys.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) order[k] = keys[k].index;
+  const std::size_t n = in.ids.size;
+  std::vector<std::uint64_t> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = descending_key(in.scores[i]);
+  std::vector<std::size_t> order = stable_order(keys);
+  for (std::size_t a = 0; a < n;) {
+    std::size_t b = a + 1;
+    while (b < n && keys[order[b]] == keys[order[a]]) ++b;
+    if (b - a > 1)
+      std::sort(order.begin() + static_cast<std::ptrdiff_t>(a), order.begin() + static_cast<std::ptrdiff_t>(b),
+                [&](std::size_t x, std::size_t y) { return in.ids[x] < in.ids[y]; });
+    a = b;
+  }
   return order;
 }
 
@@ -136,31 +187,19 @@ struct Pool {
   std::size_t size() const { return t.size(); }
 };
 
+// Score/token descending, pool position (rank) among equal densities: densities are
+// positive, so their bit patterns order them.
 void order_by_density(Pool& pool) {
-  struct Key {
-    double density;
-    std::size_t pos;  // pool position = rank order, the tie-break
-  };
-  std::vector<Key> keys(pool.size());
-  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = {pool.v[p] / static_cast<double>(pool.t[p]), p};
-  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
-    return a.density != b.density ? a.density > b.density : a.pos < b.pos;
-  });
-  pool.by_density.resize(keys.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) pool.by_density[k] = keys[k].pos;
+  std::vector<std::uint64_t> keys(pool.size());
+  for (std::size_t p = 0; p < keys.size(); ++p)
+    keys[p] = descending_key(pool.v[p] / static_cast<double>(pool.t[p]));
+  pool.by_density = stable_order(keys);
 }
 
-// Pool positions by ascending tokens, rank order among equal tokens. Tokens < 2**41 and
-// positions < 2**22 pack into one integer key, so this is one plain integer sort.
+// Pool positions by ascending tokens, rank order among equal tokens.
 std::vector<std::size_t> positions_by_tokens(const Pool& pool) {
-  static_assert(kMaxCandidates <= (std::size_t{1} << 22) && kMaxTokens < (std::int64_t{1} << 41),
-                "(tokens, position) must pack into 63 bits");
-  std::vector<std::uint64_t> keys(pool.size());
-  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = (static_cast<std::uint64_t>(pool.t[p]) << 22) | p;
-  std::sort(keys.begin(), keys.end());
-  std::vector<std::size_t> order(keys.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) order[k] = static_cast<std::size_t>(keys[k] & ((1U << 22) - 1));
-  return order;
+  std::vector<std::uint64_t> keys(pool.t.begin(), pool.t.end());  // tokens are >= 0
+  return stable_order(keys);
 }
 
 void order_by_tokens(Pool& pool) { pool.by_tokens = positions_by_tokens(pool); }
