@@ -145,6 +145,33 @@ std::vector<std::size_t> stable_order(const std::vector<std::uint64_t>& keys) {
   return order;
 }
 
+// The same order for keys that mostly differ in their high 32 bits (doubles do): radix on
+// those bits, then each run of equal high halves (a few items at most, unless the input
+// is built to collide) sorted stably by the whole key. Half the passes of the full sort.
+std::vector<std::size_t> stable_order_wide(const std::vector<std::uint64_t>& keys) {
+  std::vector<std::uint64_t> high(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) high[i] = keys[i] >> 32;
+  std::vector<std::size_t> order = stable_order(high);
+  const auto by_key = [&](std::size_t x, std::size_t y) { return keys[x] < keys[y]; };
+  for (std::size_t a = 0, n = order.size(); a < n;) {
+    std::size_t b = a + 1;
+    while (b < n && high[order[b]] == high[order[a]]) ++b;
+    if (b - a > 16) {
+      std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(a), order.begin() + static_cast<std::ptrdiff_t>(b),
+                       by_key);
+    } else {
+      for (std::size_t i = a + 1; i < b; ++i) {  // insertion sort: stable, and cheap on a short run
+        const std::size_t x = order[i];
+        std::size_t j = i;
+        for (; j > a && by_key(x, order[j - 1]); --j) order[j] = order[j - 1];
+        order[j] = x;
+      }
+    }
+    a = b;
+  }
+  return order;
+}
+
 // A key whose unsigned order is the double's descending numeric order (-0.0 as 0.0).
 // Defined for finite doubles, which validation guarantees.
 std::uint64_t descending_key(double x) {
@@ -162,7 +189,7 @@ std::vector<std::size_t> rank_candidates(const PackInput& in) {
   const std::size_t n = in.ids.size;
   std::vector<std::uint64_t> keys(n);
   for (std::size_t i = 0; i < n; ++i) keys[i] = descending_key(in.scores[i]);
-  std::vector<std::size_t> order = stable_order(keys);
+  std::vector<std::size_t> order = stable_order_wide(keys);
   for (std::size_t a = 0; a < n;) {
     std::size_t b = a + 1;
     while (b < n && keys[order[b]] == keys[order[a]]) ++b;
@@ -193,7 +220,7 @@ void order_by_density(Pool& pool) {
   std::vector<std::uint64_t> keys(pool.size());
   for (std::size_t p = 0; p < keys.size(); ++p)
     keys[p] = descending_key(pool.v[p] / static_cast<double>(pool.t[p]));
-  pool.by_density = stable_order(keys);
+  pool.by_density = stable_order_wide(keys);
 }
 
 // Pool positions by ascending tokens, rank order among equal tokens.
@@ -298,9 +325,43 @@ Fixing fix_by_bounds(const Pool& pool, double lb) {
     pt[k + 1] = pt[k] + pool.t[pool.by_density[k]];
     pv[k + 1] = pv[k] + pool.v[pool.by_density[k]];
   }
+  // Largest j with pt[j] <= cap (cap >= 0: every capacity asked for here is). The
+  // capacities differ from the pool's by one item's tokens, so j is near the break item:
+  // gallop out from it, then bisect, instead of bisecting the whole order each time.
+  std::size_t brk = 0;
+  while (brk < m && pt[brk + 1] <= pool.capacity) ++brk;
+  auto last_within = [&](std::int64_t cap) {
+    std::size_t lo = 0, hi = m + 1;  // pt[lo] <= cap < pt[hi], pt[m + 1] read as infinite
+    if (pt[brk] <= cap) {
+      lo = brk;
+      for (std::size_t step = 1;; step *= 2) {
+        if (lo + step > m) break;
+        if (pt[lo + step] > cap) {
+          hi = lo + step;
+          break;
+        }
+        lo += step;
+      }
+    } else {
+      hi = brk;
+      for (std::size_t step = 1;; step *= 2) {
+        if (step > hi) break;  // pt[0] = 0 <= cap
+        if (pt[hi - step] <= cap) {
+          lo = hi - step;
+          break;
+        }
+        hi -= step;
+      }
+    }
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (pt[mid] <= cap) lo = mid;
+      else hi = mid;
+    }
+    return lo;
+  };
   auto lp = [&](std::int64_t cap) {
-    const auto it = std::upper_bound(pt.begin(), pt.end(), cap);
-    const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
+    const std::size_t j = last_within(cap);
     double bound = pv[j];
     if (j < m) {
       const std::size_t p = pool.by_density[j];
@@ -896,12 +957,15 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
   validate_options(options);
   validate_candidates(in);
   const std::size_t n = in.ids.size;
-  const auto is_pinned = [&](std::size_t i) { return in.pinned.size != 0 && in.pinned[i] != 0; };
+  const bool any_pinned =
+      in.pinned.size != 0 && std::any_of(in.pinned.data, in.pinned.data + n, [](std::uint8_t f) { return f != 0; });
+  const auto is_pinned = [&](std::size_t i) { return any_pinned && in.pinned[i] != 0; };
 
   PackResult res;
   res.evaluated = static_cast<std::int64_t>(n);
   res.reasons.assign(n, Reason::BudgetExhausted);
-  const std::vector<std::size_t> order = rank_candidates(in);
+  // Rank order; with no budget nothing is selected and nothing needs ordering.
+  const std::vector<std::size_t> order = budget > 0 ? rank_candidates(in) : std::vector<std::size_t>();
 
   if (budget <= 0) {
     // No decision to make: nothing fits. Candidates present make this a truncation.
@@ -913,24 +977,36 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
   } else {
     // Step 2: pinned first, in rank order, each while it fits.
     std::int64_t room = std::min(budget, kBudgetClamp);
-    for (std::size_t i : order) {
-      if (!is_pinned(i)) continue;
-      if (in.tokens[i] <= room) {
-        room -= in.tokens[i];
-        res.reasons[i] = Reason::Pinned;
-      } else {
-        res.reasons[i] = Reason::PinnedOverBudget;
+    if (any_pinned) {
+      for (std::size_t i : order) {
+        if (!is_pinned(i)) continue;
+        if (in.tokens[i] <= room) {
+          room -= in.tokens[i];
+          res.reasons[i] = Reason::Pinned;
+        } else {
+          res.reasons[i] = Reason::PinnedOverBudget;
+        }
       }
     }
     Pool pool;
     pool.capacity = room;
+    pool.input.reserve(n);
+    pool.t.reserve(n);
+    pool.v.reserve(n);
     std::int64_t pool_tokens = 0;
+    // What is decided before optimizing (pinned and taken, free and positive), summed in
+    // rank order for the upper bound.
+    double fixed = 0.0;
     for (std::size_t i : order) {
-      if (is_pinned(i)) continue;
+      if (is_pinned(i)) {
+        if (res.reasons[i] == Reason::Pinned) fixed += in.scores[i];
+        continue;
+      }
       if (!(in.scores[i] > 0.0)) {
         res.reasons[i] = Reason::NonPositiveScore;
       } else if (in.tokens[i] == 0) {
         res.reasons[i] = Reason::Selected;  // free and positive: always in
+        fixed += in.scores[i];
       } else if (in.tokens[i] <= room) {
         pool.input.push_back(i);
         pool.t.push_back(in.tokens[i]);
@@ -985,16 +1061,13 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
 
     // Upper bound: what is already fixed plus the LP relaxation of the pool that dominance
     // leaves (whose optimum is the pool's).
-    double fixed = 0.0;
-    for (std::size_t i : order)
-      if (res.reasons[i] == Reason::Pinned || (res.reasons[i] == Reason::Selected && in.tokens[i] == 0))
-        fixed += in.scores[i];
     res.upper_bound = fixed + pool_bound;
   }
 
   // Step 7: emit pinned first, then the rest, each in rank order.
-  for (std::size_t i : order)
-    if (res.reasons[i] == Reason::Pinned) res.indices.push_back(static_cast<std::int64_t>(i));
+  if (any_pinned)
+    for (std::size_t i : order)
+      if (res.reasons[i] == Reason::Pinned) res.indices.push_back(static_cast<std::int64_t>(i));
   for (std::size_t i : order)
     if (res.reasons[i] == Reason::Selected) res.indices.push_back(static_cast<std::int64_t>(i));
   for (std::int64_t i : res.indices) {
