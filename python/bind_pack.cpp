@@ -30,8 +30,10 @@ ctxcore::View<T> view_1d(const py::array_t<T, py::array::c_style | py::array::fo
 }
 
 // A result that owns its vectors; `indices` and `reasons` are numpy views kept alive by it.
+// `ids` is the selected id objects themselves, in emit order, built in C++ beside the pack.
 struct PackOutput {
   ctxcore::PackResult r;
+  py::tuple ids;
 };
 
 PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
@@ -86,6 +88,13 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
     py::gil_scoped_release nogil;
     out.r = ctxcore::pack(in, budget, opt);
   }
+  // The very str objects the packer read (held in `keep`), not a second read of `ids`.
+  out.ids = py::tuple(static_cast<py::ssize_t>(out.r.indices.size()));
+  for (std::size_t k = 0; k < out.r.indices.size(); ++k) {
+    PyObject* id = keep[static_cast<std::size_t>(out.r.indices[k])].ptr();
+    Py_INCREF(id);
+    PyTuple_SET_ITEM(out.ids.ptr(), static_cast<py::ssize_t>(k), id);
+  }
   return out;
 }
 
@@ -114,6 +123,15 @@ void register_pack(py::module_& m) {
                                         reinterpret_cast<const std::uint8_t*>(v.data()), self);
             a.attr("setflags")(py::arg("write") = false);
             return a;
+          })
+      .def_property_readonly("ids", [](const PackOutput& o) { return o.ids; })
+      .def_property_readonly(
+          "summary",
+          [](const PackOutput& o) {
+            // Every scalar at once, for the wrapper: one call instead of twelve.
+            return py::make_tuple(o.r.tokens_used, o.r.total_score, o.r.upper_bound, static_cast<int>(o.r.path),
+                                  o.r.evaluated, o.r.excluded_for_budget, o.r.truncated, o.r.proven_optimal,
+                                  o.r.dp_cells, o.r.search_nodes, o.r.dominated, o.r.free_items);
           })
       .def_property_readonly("tokens_used", [](const PackOutput& o) { return o.r.tokens_used; })
       .def_property_readonly("total_score", [](const PackOutput& o) { return o.r.total_score; })
