@@ -520,7 +520,7 @@ def pack_arrays(
         search_nodes=nodes,
         dominated=dominated,
         free_items=free_items,
-        _candidate_ids=tuple(id_list),
+        _candidate_ids=out.candidate_ids,
         _tokens=_frozen(tok_arr),
         _scores=_frozen(score_arr),
         _pinned=pin_arr,

@@ -61,6 +61,28 @@ void validate_options(const PackOptions& opt) {
                                 std::to_string(opt.search_node_limit));
 }
 
+// A hash of an id for the duplicate check: eight bytes at a time, multiply-xorshift mixed
+// (ids are short; only the table's speed, never a result, depends on its quality).
+std::uint64_t id_hash(std::string_view id) {
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ULL;
+  std::uint64_t h = id.size() * kMul;
+  std::size_t at = 0;
+  for (; at + 8 <= id.size(); at += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, id.data() + at, 8);
+    h = (h ^ word) * kMul;
+    h ^= h >> 29;
+  }
+  if (at < id.size()) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, id.data() + at, id.size() - at);
+    h = (h ^ word) * kMul;
+    h ^= h >> 29;
+  }
+  h *= kMul;
+  return h ^ (h >> 32);
+}
+
 void validate_candidates(const PackInput& in) {
   const std::size_t n = in.ids.size;
   if (in.tokens.size != n || in.scores.size != n || (in.pinned.size != 0 && in.pinned.size != n)) {
@@ -88,18 +110,19 @@ void validate_candidates(const PackInput& in) {
     }
   }
   // Duplicate ids: an open-addressing table of input positions, O(n) expected.
+  static_assert(kMaxCandidates < std::numeric_limits<std::uint32_t>::max(), "positions fit in 32 bits");
   std::size_t slots = 16;
   while (slots < 2 * n) slots <<= 1;
-  std::vector<std::size_t> table(slots, n);  // n marks an empty slot
-  const std::hash<std::string_view> hasher;
+  const auto empty = static_cast<std::uint32_t>(n);
+  std::vector<std::uint32_t> table(slots, empty);
   for (std::size_t i = 0; i < n; ++i) {
-    std::size_t h = hasher(in.ids[i]) & (slots - 1);
-    while (table[h] != n) {
+    std::size_t h = static_cast<std::size_t>(id_hash(in.ids[i])) & (slots - 1);
+    while (table[h] != empty) {
       if (in.ids[table[h]] == in.ids[i])
         fail(in, i, "duplicate id (first seen at index " + std::to_string(table[h]) + ")");
       h = (h + 1) & (slots - 1);
     }
-    table[h] = i;
+    table[h] = static_cast<std::uint32_t>(i);
   }
 }
 
@@ -245,9 +268,9 @@ Pool subset(const Pool& pool, const std::vector<char>& keep, std::int64_t capaci
 }
 
 std::int64_t chosen_tokens(const Pool& pool, const std::vector<char>& chosen) {
+  // Branch-free (a selection is no pattern a branch predictor learns): vectorizes.
   std::int64_t sum = 0;
-  for (std::size_t i = 0; i < pool.size(); ++i)
-    if (chosen[i]) sum += pool.t[i];
+  for (std::size_t i = 0; i < pool.size(); ++i) sum += chosen[i] != 0 ? pool.t[i] : 0;
   return sum;
 }
 
@@ -612,9 +635,9 @@ void refill(const Pool& pool, std::vector<char>& chosen) {
 }
 
 double chosen_value(const Pool& pool, const std::vector<char>& chosen) {
+  // Branch-free, and the same sum: adding 0.0 to a sum of positive scores changes no bit.
   double sum = 0.0;
-  for (std::size_t p = 0; p < pool.size(); ++p)
-    if (chosen[p]) sum += pool.v[p];
+  for (std::size_t p = 0; p < pool.size(); ++p) sum += chosen[p] != 0 ? pool.v[p] : 0.0;
   return sum;
 }
 
