@@ -131,23 +131,27 @@ void validate_candidates(const PackInput& in) {
 // (an LSD radix sort on 8-bit digits). Digits on which every key agrees are neither counted
 // nor sorted on, so small token counts cost two passes and scores at most eight. O(n) per
 // pass; on 1,000 items several times faster than a comparison sort.
-std::vector<std::size_t> stable_order(const std::vector<std::uint64_t>& keys) {
+template <class Key>
+std::vector<std::size_t> stable_order(const std::vector<Key>& keys) {
+  constexpr std::size_t kDigits = sizeof(Key);
   const std::size_t n = keys.size();
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
   if (n < 2) return order;
-  std::uint64_t differ = 0;
-  for (std::uint64_t k : keys) differ |= k ^ keys[0];
-  int digits[8];
+  Key differ = 0;
+  for (Key k : keys) differ |= static_cast<Key>(k ^ keys[0]);
+  int digits[kDigits];
   int passes = 0;
-  for (int d = 0; d < 8; ++d)
+  for (int d = 0; d < static_cast<int>(kDigits); ++d)
     if ((differ >> (8 * d)) & 0xFFU) digits[passes++] = d;
   if (passes == 0) return order;
   std::vector<std::uint32_t> count(static_cast<std::size_t>(passes) * 256, 0);
-  for (std::uint64_t k : keys)
+  for (Key k : keys)
     for (int q = 0; q < passes; ++q) ++count[static_cast<std::size_t>(q) * 256 + ((k >> (8 * digits[q])) & 0xFFU)];
-  std::vector<std::uint64_t> key(keys), key2(n);
-  std::vector<std::size_t> order2(n);
+  // Positions < 2**22 (kMaxCandidates): 32-bit while sorting, half the memory traffic.
+  std::vector<Key> key(keys), key2(n);
+  std::vector<std::uint32_t> at_pos(n), at_pos2(n);
+  std::iota(at_pos.begin(), at_pos.end(), std::uint32_t{0});
   for (int q = 0; q < passes; ++q) {
     std::uint32_t* c = count.data() + static_cast<std::size_t>(q) * 256;
     std::uint32_t sum = 0;
@@ -160,11 +164,12 @@ std::vector<std::size_t> stable_order(const std::vector<std::uint64_t>& keys) {
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t at = c[(key[i] >> shift) & 0xFFU]++;
       key2[at] = key[i];
-      order2[at] = order[i];
+      at_pos2[at] = at_pos[i];
     }
     key.swap(key2);
-    order.swap(order2);
+    at_pos.swap(at_pos2);
   }
+  for (std::size_t i = 0; i < n; ++i) order[i] = at_pos[i];
   return order;
 }
 
@@ -172,8 +177,8 @@ std::vector<std::size_t> stable_order(const std::vector<std::uint64_t>& keys) {
 // those bits, then each run of equal high halves (a few items at most, unless the input
 // is built to collide) sorted stably by the whole key. Half the passes of the full sort.
 std::vector<std::size_t> stable_order_wide(const std::vector<std::uint64_t>& keys) {
-  std::vector<std::uint64_t> high(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) high[i] = keys[i] >> 32;
+  std::vector<std::uint32_t> high(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) high[i] = static_cast<std::uint32_t>(keys[i] >> 32);
   std::vector<std::size_t> order = stable_order(high);
   const auto by_key = [&](std::size_t x, std::size_t y) { return keys[x] < keys[y]; };
   for (std::size_t a = 0, n = order.size(); a < n;) {
