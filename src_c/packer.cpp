@@ -74,8 +74,10 @@ std::uint64_t id_hash(std::string_view id) {
     h ^= h >> 29;
   }
   if (at < id.size()) {
+    // Byte by byte: a copy of variable length is a library call and a stalled reload.
     std::uint64_t word = 0;
-    std::memcpy(&word, id.data() + at, id.size() - at);
+    for (unsigned shift = 0; at < id.size(); ++at, shift += 8)
+      word |= static_cast<std::uint64_t>(static_cast<unsigned char>(id[at])) << shift;
     h = (h ^ word) * kMul;
     h ^= h >> 29;
   }
