@@ -4,8 +4,9 @@ Each subject is timed beside a reference in the same run: an exact knapsack DP w
 numpy (row-vectorized, the usual pure-Python answer), the same DP over 16-token buckets (the
 packer's own discretization, done in numpy) and a score-descending greedy (the usual
 shortcut). Gates: ctxcore is >= 2x faster than the numpy exact DP on the same instance,
->= 12x faster than the numpy 16-token-bucket DP at 1,000 candidates and a 32k budget
-(target 20x; measured 20-40x on this shared machine), gets >= 0.999 of the exact optimum
+>= 14x faster than the numpy 16-token-bucket DP at 1,000 candidates and a 32k budget
+(target 20x; measured ~20x on the fastest calls of each side, several times that at the
+median under load), gets >= 0.999 of the exact optimum
 where the greedy shortcut does not, and p99s stay under bounds that leave room for a
 scheduler preemption on a shared 2-core machine, not for a slower packer.
 """
@@ -79,8 +80,9 @@ def test_fallback_beats_score_greedy_on_skewed_sets(benchmark) -> None:
 
 def test_p99_of_a_realistic_pack(ctxcore_gate) -> None:
     ids, tokens, scores = instance(1000, seed=42)
-    # The median is ~0.6-0.9 ms; the p99 bound leaves room for a scheduler preemption on a
-    # shared 2-core machine (one time slice is several ms), not for a slower packer.
+    # The median is ~0.13 ms (0.6-0.9 ms before the cheaper per-call pipeline); the p99 bound
+    # leaves room for a scheduler preemption on a shared 2-core machine (one time slice is
+    # several ms), not for a slower packer. At load 8 on 2 cores one run saw a p99 of 24 ms.
     ctxcore_gate.pack_arrays(ids, tokens, scores, 8000, p99_ms=10, rounds=400, reference=None)
 
 
@@ -101,14 +103,17 @@ def test_realistic_pack_at_32k_vs_numpy_bucket_dp(timed) -> None:
         f"{np.median(ref) * 1e3:.2f} ms ({speedup:.1f}x); value {res.total_score / optimum:.6f} of optimum"
     )
     assert res.proven_optimal and res.total_score >= optimum * (1 - 1e-9)
-    # Targets: p99 <= 0.3 ms and >= 20x. Measured 7.3x on a quiet machine (p50 0.39 ms
-    # against the numpy DP's 2.86 ms) and 37-54x under load, where numpy slows more: the
-    # 20x target is not met, and the gate is set under the quiet figure. The
-    # p99 bound is 10x the target, and is only asserted when the load leaves a core free,
-    # since one preemption (a time slice is several ms) sets a p99 of 1,000 calls.
-    assert speedup >= 5.0
+    # Targets: p99 <= 0.3 ms and >= 20x. Before the radix orders, the galloping bound
+    # fixing and the cheaper binding: 7.3x on a quiet machine (p50 0.39 ms against the
+    # numpy DP's 2.86 ms). After, at load 7-10 on 2 cores, same run: fastest call 0.13 ms
+    # against numpy's fastest 2.7 ms (~20x, the closest to a quiet machine's ratio there
+    # is here), medians 0.20-0.24 ms against 19-30 ms (80-150x: numpy slows more under
+    # load). The gate sits under the fastest-call ratio. The p99 bound (3x the target) is
+    # only asserted when the load leaves a core free, since one preemption (a time slice is
+    # several ms) sets a p99 of 1,000 calls; with a core free it was not observed here.
+    assert speedup >= 14.0
     if os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5:
-        assert p99 <= 3e-3
+        assert p99 <= 1e-3
 
 
 @pytest.mark.parametrize("budget", [16_000, 32_000])

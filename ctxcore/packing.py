@@ -496,28 +496,34 @@ def pack_arrays(
         id_list, tok_arr, score_arr, pin_arr, _to_int64(budget_int), _to_int64(bucket), _to_int64(ceiling), _to_int64(node_limit),
         CORE_CELL_LIMIT,
     )
-    indices = out.indices
+    (tokens_used, total_score, upper_bound, path, evaluated, excluded, truncated, proven, dp_cells, nodes, dominated,
+     free_items) = out.summary
+    if pin_arr is None:
+        pin_arr = np.zeros(n, dtype=bool)  # a fresh array: made read-only without a copy
+        pin_arr.setflags(write=False)
+    else:
+        pin_arr = _frozen(pin_arr)
     return PackResult(
-        ids=tuple(map(id_list.__getitem__, indices.tolist())),
-        indices=indices,
-        tokens_used=out.tokens_used,
-        total_score=out.total_score,
-        upper_bound=out.upper_bound,
-        path=_PATHS[out.path],
-        evaluated=out.evaluated,
-        excluded_for_budget=out.excluded_for_budget,
-        truncated=out.truncated,
-        proven_optimal=out.proven_optimal,
+        ids=out.ids,
+        indices=out.indices,
+        tokens_used=tokens_used,
+        total_score=total_score,
+        upper_bound=upper_bound,
+        path=_PATHS[path],
+        evaluated=evaluated,
+        excluded_for_budget=excluded,
+        truncated=truncated,
+        proven_optimal=proven,
         budget=budget_int,
         reasons=out.reasons,
-        dp_cells=out.dp_cells,
-        search_nodes=out.search_nodes,
-        dominated=out.dominated,
-        free_items=out.free_items,
-        _candidate_ids=tuple(id_list),
+        dp_cells=dp_cells,
+        search_nodes=nodes,
+        dominated=dominated,
+        free_items=free_items,
+        _candidate_ids=out.candidate_ids,
         _tokens=_frozen(tok_arr),
         _scores=_frozen(score_arr),
-        _pinned=_frozen(pin_arr if pin_arr is not None else np.zeros(n, dtype=bool)),
+        _pinned=pin_arr,
     )
 
 

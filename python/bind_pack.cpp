@@ -30,8 +30,11 @@ ctxcore::View<T> view_1d(const py::array_t<T, py::array::c_style | py::array::fo
 }
 
 // A result that owns its vectors; `indices` and `reasons` are numpy views kept alive by it.
+// `ids` is the selected id objects themselves, in emit order, built in C++ beside the pack.
 struct PackOutput {
   ctxcore::PackResult r;
+  py::tuple ids;
+  py::tuple candidate_ids;  // every input id, input order: the tuple the packer read
 };
 
 PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
@@ -39,17 +42,25 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
                        std::int64_t cell_ceiling, std::int64_t search_node_limit, std::int64_t core_cell_limit) {
   if (!py::isinstance<py::list>(ids) && !py::isinstance<py::tuple>(ids))
     throw py::type_error("ids must be a list or tuple of str");
-  // ids is a list or tuple (checked above), so its item array can be read directly.
-  const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(ids.ptr()));
-  PyObject** items = PySequence_Fast_ITEMS(ids.ptr());
-  // Hold a reference to each id: the UTF-8 buffers below belong to the str objects, and
-  // must outlive the GIL-free section even if another thread mutates the caller's list.
-  std::vector<py::object> keep;
+  // A tuple of the ids holds a reference to each: the UTF-8 buffers below belong to the
+  // str objects, and must outlive the GIL-free section even if another thread mutates the
+  // caller's list. A list is copied into one (a pointer copy); a tuple is used as it is.
+  py::tuple id_tuple = PyTuple_CheckExact(ids.ptr()) ? py::reinterpret_borrow<py::tuple>(ids)
+                                                     : py::reinterpret_steal<py::tuple>(PySequence_Tuple(ids.ptr()));
+  if (!id_tuple) throw py::error_already_set();
+  const std::size_t n = static_cast<std::size_t>(PyTuple_GET_SIZE(id_tuple.ptr()));
+  PyObject** items = &PyTuple_GET_ITEM(id_tuple.ptr(), 0);
   std::vector<std::string_view> views;
-  keep.reserve(n);
   views.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     PyObject* item = items[i];
+    if (PyUnicode_CheckExact(item) && PyUnicode_IS_COMPACT_ASCII(item)) {
+      // ASCII text is its own UTF-8: read the buffer in place (what PyUnicode_AsUTF8AndSize
+      // returns for such a str, without the call).
+      views.emplace_back(static_cast<const char*>(PyUnicode_DATA(item)),
+                         static_cast<std::size_t>(PyUnicode_GET_LENGTH(item)));
+      continue;
+    }
     if (!PyUnicode_Check(item)) {
       throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) + ": id must be str, got " +
                                           std::string(Py_TYPE(item)->tp_name),
@@ -64,7 +75,6 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
                                       static_cast<std::int64_t>(i), "");
     }
     views.emplace_back(utf8, static_cast<std::size_t>(size));
-    keep.push_back(py::reinterpret_borrow<py::object>(item));
   }
   ctxcore::PackInput in;
   in.ids = {views.data(), views.size()};
@@ -80,11 +90,19 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
   }
   ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit};
   PackOutput out;
+  out.candidate_ids = id_tuple;
   {
     // Safe: from here on only plain C++ data is touched. The arrays and id strings are
     // kept alive by references held above; nothing here creates or frees Python objects.
     py::gil_scoped_release nogil;
     out.r = ctxcore::pack(in, budget, opt);
+  }
+  // The very str objects the packer read (held by `id_tuple`), not a second read of `ids`.
+  out.ids = py::tuple(static_cast<py::ssize_t>(out.r.indices.size()));
+  for (std::size_t k = 0; k < out.r.indices.size(); ++k) {
+    PyObject* id = items[static_cast<std::size_t>(out.r.indices[k])];
+    Py_INCREF(id);
+    PyTuple_SET_ITEM(out.ids.ptr(), static_cast<py::ssize_t>(k), id);
   }
   return out;
 }
@@ -114,6 +132,16 @@ void register_pack(py::module_& m) {
                                         reinterpret_cast<const std::uint8_t*>(v.data()), self);
             a.attr("setflags")(py::arg("write") = false);
             return a;
+          })
+      .def_property_readonly("ids", [](const PackOutput& o) { return o.ids; })
+      .def_property_readonly("candidate_ids", [](const PackOutput& o) { return o.candidate_ids; })
+      .def_property_readonly(
+          "summary",
+          [](const PackOutput& o) {
+            // Every scalar at once, for the wrapper: one call instead of twelve.
+            return py::make_tuple(o.r.tokens_used, o.r.total_score, o.r.upper_bound, static_cast<int>(o.r.path),
+                                  o.r.evaluated, o.r.excluded_for_budget, o.r.truncated, o.r.proven_optimal,
+                                  o.r.dp_cells, o.r.search_nodes, o.r.dominated, o.r.free_items);
           })
       .def_property_readonly("tokens_used", [](const PackOutput& o) { return o.r.tokens_used; })
       .def_property_readonly("total_score", [](const PackOutput& o) { return o.r.total_score; })

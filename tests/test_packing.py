@@ -312,6 +312,39 @@ def test_results_are_deterministic_across_calls() -> None:
         assert ctxcore.pack_arrays(names, tokens, scores, 20_000) == first
 
 
+def test_emit_order_on_near_ties_and_long_runs_of_equal_scores() -> None:
+    # Scores that differ only in their last bits, long runs of equal ones, and -0.0
+    # beside 0.0: the emit order is still descending score, then id in UTF-8 byte order,
+    # and does not depend on the input order.
+    rng = np.random.default_rng(11)
+    n = 600
+    base = 0.4375
+    levels = np.array([base, np.nextafter(base, 1.0), np.nextafter(np.nextafter(base, 1.0), 1.0), 0.25, 0.0, -0.0])
+    scores = levels[rng.integers(0, levels.size, n)]
+    tokens = rng.integers(1, 60, n)
+    names = [f"{rng.integers(0, 10**6)}-{i}" for i in range(n)]
+    res = ctxcore.pack_arrays(names, tokens, scores, 4000)
+    assert res.truncated and res.tokens_used <= 4000
+    chosen = [(float(scores[i]), names[i]) for i in res.indices.tolist()]
+    assert chosen == sorted(chosen, key=lambda c: (-c[0], c[1].encode()))
+    perm = rng.permutation(n)
+    again = ctxcore.pack_arrays([names[i] for i in perm], tokens[perm], scores[perm], 4000)
+    assert again.ids == res.ids and again.record() == res.record()
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_non_ascii_and_str_subclass_ids_come_back_as_given(container: type) -> None:
+    class Tag(str):
+        pass
+
+    names = ["plain", "é", "日本語", Tag("tag"), "a\U0001f600", "A"]
+    res = ctxcore.pack_arrays(container(names), [1] * len(names), [0.5] * len(names), 100)
+    # All fit; equal scores emit in id order (UTF-8 bytes), as the very objects passed.
+    assert res.ids == tuple(sorted(names, key=str.encode))
+    assert all(res.ids[k] is names[i] for k, i in enumerate(res.indices.tolist()))
+    assert [d.id for d in res.decisions] == names
+
+
 # ---- the record, by example ---------------------------------------------------------
 
 
