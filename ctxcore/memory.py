@@ -11,6 +11,7 @@ Stores (`ctxcore.stores`) implement `MemoryStore` and give their branches with
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import json
@@ -395,7 +396,7 @@ class _Chain(Sequence[MemoryRecord]):
         if not -n <= i < n:
             raise IndexError("index out of range")
         i %= n
-        part = int(np.searchsorted(self._offsets, i, side="right")) - 1
+        part = bisect.bisect_right(self._offsets, i) - 1
         rec: MemoryRecord = self.parts[part][i - self._offsets[part]]
         return rec
 

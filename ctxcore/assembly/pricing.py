@@ -13,7 +13,7 @@ import numpy.typing as npt
 from .. import _core
 from ..counting import boundary_allowance, count_exact_batch, memory_units
 from ..formatting import _price_estimated, formatter_overhead
-from ..memory import MemoryRecord
+from ..memory import MemoryBatch, MemoryRecord, _Chain
 from ..result import (
     Pricing,
 )
@@ -156,6 +156,18 @@ def _memory_costs_exact(
     return costs, pricing, recounted
 
 
+def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | None, str | None]]:
+    """(token_count, token_family, token_kind) of each memory, read from a batch's columns
+    or the records, part by part (no per-index lookups through a chained result)."""
+    out: list[tuple[int | None, str | None, str | None]] = []
+    for part in (mems.parts if isinstance(mems, _Chain) else (mems,)):
+        if type(part) is MemoryBatch:
+            out.extend(zip(part.token_count, part.token_family, part.token_kind))
+        else:
+            out.extend((m.token_count, m.token_family, m.token_kind) for m in part)
+    return out
+
+
 def _memory_costs_estimated(
     family: str, cols: _Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
@@ -174,13 +186,14 @@ def _memory_costs_estimated(
     wrapper: int | None = None
     recounted = np.zeros(len(rows), dtype=bool)
     kind = TokenKind.ESTIMATE.value
+    stored = _store_counts(mems)
     for k, i in enumerate(rows):
-        m = mems[i]
-        if m.token_count is not None:
-            if m.token_family == family and m.token_kind == kind:
+        n, fam, how = stored[i]
+        if n is not None:
+            if fam == family and how == kind:
                 if wrapper is None:
                     wrapper = formatter_overhead((), family=family, nonce=nonce).wrapper_tokens
-                costs[k] = max(int(costs[k]), m.token_count + wrapper)
+                costs[k] = max(int(costs[k]), n + wrapper)
             else:
                 recounted[k] = True
     return costs, np.full(len(rows), _PRICING_CODE[Pricing.ESTIMATED.value], dtype=np.uint8), recounted
