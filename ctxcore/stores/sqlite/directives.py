@@ -9,13 +9,19 @@ import time
 
 from ...memory import Scope
 
-__all__ = ["DIRECTIVE_CACHE_SECONDS", "DirectiveCache", "read_directive", "write_directive"]
+__all__ = ["DIRECTIVE_CACHE_SECONDS", "DIRECTIVE_STALE_SECONDS", "DirectiveCache", "read_directive", "write_directive"]
 
 #: Seconds a directive read from the database is served from memory. The directive branch
 #: has 5 ms (the design's default) and directives change rarely: a cached one costs no
 #: thread hop. Directives set through this store are seen at once; set by another
 #: process, within this time.
 DIRECTIVE_CACHE_SECONDS = 1.0
+#: Seconds an older cached directive is still served, at once, while one read refreshes it
+#: in the background: a scope called less often than every `DIRECTIVE_CACHE_SECONDS` but
+#: at least this often never waits for the database on its directive branch. A directive
+#: set by another process is then seen from the call after the refresh (at most this long
+#: after the change for a scope that is called at all).
+DIRECTIVE_STALE_SECONDS = 60.0
 # Directive cache entries kept before the cache is emptied.
 _DIRECTIVE_CACHE_SCOPES = 100_000
 # Key of an organization-wide directive: Scope forbids empty agent ids, so no agent's own
@@ -49,22 +55,48 @@ def read_directive(conn: sqlite3.Connection, scope: Scope) -> str | None:
 
 
 class DirectiveCache:
-    """Directives read from the database, served for `ttl` seconds. A read that began
+    """Directives read from the database: fresh for `ttl` seconds, then served stale for
+    up to `stale` seconds while one background read refreshes them. A read that began
     before an `invalidate` (its `generation` is older) is not cached."""
 
-    __slots__ = ("_entries", "_ttl", "generation")
+    __slots__ = ("_entries", "_ttl", "_stale", "_refreshing", "generation")
 
-    def __init__(self, ttl: float) -> None:
+    FRESH, STALE, MISS = "fresh", "stale", "miss"
+
+    def __init__(self, ttl: float, stale: float = DIRECTIVE_STALE_SECONDS) -> None:
         self._ttl = ttl
+        self._stale = max(ttl, stale) if ttl > 0 else 0.0
         self._entries: dict[Scope, tuple[float, str | None]] = {}
+        self._refreshing: set[Scope] = set()
         self.generation = 0
 
     def get(self, scope: Scope, now: float) -> tuple[bool, str | None]:
         """(True, the directive) when `scope`'s is cached and fresh at `now`, else (False, None)."""
+        state, value = self.lookup(scope, now)
+        return (True, value) if state == self.FRESH else (False, None)
+
+    def lookup(self, scope: Scope, now: float) -> tuple[str, str | None]:
+        """(`FRESH` | `STALE` | `MISS`, the cached directive or None) at `now`."""
         hit = self._entries.get(scope)
-        if hit is not None and now - hit[0] < self._ttl:
-            return True, hit[1]
-        return False, None
+        if hit is None:
+            return self.MISS, None
+        age = now - hit[0]
+        if age < self._ttl:
+            return self.FRESH, hit[1]
+        if age < self._stale:
+            return self.STALE, hit[1]
+        return self.MISS, None
+
+    def start_refresh(self, scope: Scope) -> bool:
+        """Claim `scope`'s background refresh; False when one is already running."""
+        if scope in self._refreshing:
+            return False
+        self._refreshing.add(scope)
+        return True
+
+    def end_refresh(self, scope: Scope) -> None:
+        """The background refresh of `scope` is over (cached or failed)."""
+        self._refreshing.discard(scope)
 
     def put(self, scope: Scope, generation: int, now: float, value: str | None) -> None:
         """Cache `value`, read at `now` from generation `generation`, unless a write came since."""

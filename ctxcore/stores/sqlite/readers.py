@@ -8,7 +8,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .schema import connect
@@ -98,6 +98,14 @@ class ReaderPool:
             if job.cancel():
                 self.interrupted += 1
             raise
+
+    def submit(self, fn: Callable[..., _T], *args: Any) -> Future[_T] | None:
+        """``fn(conn, job, *args)`` on a reader thread, not awaited (a background refresh);
+        None once the pool is closed."""
+        try:
+            return self._executor.submit(self._in_thread, Job(), fn, args)
+        except RuntimeError:  # shut down
+            return None
 
     def _in_thread(self, job: Job, fn: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         conn = self.connection()
