@@ -181,28 +181,32 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
                    bool last_open, OnWord&& on_word) {
   const WordModel& w = p.words;
   const bool o200k = w.mode == kWordsO200k;
+  const std::uint64_t floor = 2 * std::uint64_t{w.cost};  // two tokens
   std::uint64_t total = 0, run = 0, last = 0, lead = 0, h = 0;
   std::size_t start = 0;
   bool in_run = false, credit = false, lower = false;
   std::uint8_t k1 = prev != 0 ? class_of(prev, w) : kClassStart;  // class of cps[i - 1]
   std::uint8_t k2 = kClassStart;                                   // class of cps[i - 2]
+  // A word found in the vocabulary is one token: the word price, never above its pairs nor
+  // below its leading character's pair cost. One not found is at least two tokens.
   const auto priced = [&](bool found) {
-    return found ? std::min(run, std::max<std::uint64_t>(w.cost, lead)) : run;
+    return found ? std::min(run, std::max<std::uint64_t>(w.cost, lead)) : std::max(run, floor);
   };
   const auto close = [&](std::size_t end, bool open) -> std::uint64_t {
-    if (!credit) return run;
+    if (!credit) return std::max(run, floor);
     if (!open) {
       const bool found = contains(w, h);
       on_word(start, end, found);
       return priced(found);
     }
     on_word(start, end, contains(w, h));
-    if (!last_open) return run;
+    if (!last_open) return std::max(run, floor);
     return priced(is_word_prefix(cps + start, end - start, w));
   };
   for (std::size_t i = 0; i < n; ++i) {
     const auto cp = static_cast<char32_t>(cps[i]);
-    const std::uint64_t c = cost(prev, cp, p);
+    std::uint64_t c = cost(prev, cp, p);
+    if (cp >= 0x80 && !(cp < kClassLimit && ((w.single[cp >> 6] >> (cp & 63)) & 1u))) c = std::max(c, floor);
     const std::uint8_t k = class_of(cp, w);
     const bool letter = is_letter(k, o200k);
     if (in_run) {
@@ -274,6 +278,7 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
   w.cost = cost;
   std::vector<std::string_view> words;
   std::vector<std::uint64_t> hashes;
+  std::vector<char32_t> single;
   std::size_t pos = 0;
   while (pos < words_utf8.size()) {
     std::size_t end = words_utf8.find('\n', pos);
@@ -296,6 +301,11 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
       throw std::invalid_argument("estimator word " + std::to_string(words.size()) + " is longer than " +
                                   std::to_string(kMaxWordCodePoints) + " code points");
     w.max_word = std::max(w.max_word, cps);
+    if (cps == 1) {
+      char32_t cp = 0;
+      decode(word, 0, cp);
+      if (cp < kClassLimit) single.push_back(cp);
+    }
     words.push_back(word);
     hashes.push_back(h);
     pos = end + 1;
@@ -314,6 +324,8 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
       }
     }
   }
+  w.single.assign(kClassLimit / 64, 0);
+  for (const char32_t cp : single) w.single[cp >> 6] |= std::uint64_t{1} << (cp & 63);
   std::sort(words.begin(), words.end());
   words.erase(std::unique(words.begin(), words.end()), words.end());
   w.offsets.reserve(words.size() + 1);
@@ -352,7 +364,8 @@ void validate(const EstimatorParams& p) {
   if (w.mode != kNoWords) {
     const std::size_t t = w.table.size();
     if ((w.mode != kWordsCl100k && w.mode != kWordsO200k) || w.classes.size() != kClassLimit || t < 2 ||
-        (t & (t - 1)) != 0 || w.offsets.empty() || w.offsets.back() != w.sorted.size())
+        (t & (t - 1)) != 0 || w.offsets.empty() || w.offsets.back() != w.sorted.size() ||
+        w.single.size() != kClassLimit / 64)
       throw std::invalid_argument("estimator word model is malformed: build it with set_words");
   }
 }
@@ -472,9 +485,10 @@ void price_units(const Unit* cps, View<std::int64_t> ends, View<std::uint8_t> an
     // for the cost after the prefix, and adds the prefix's own.
     if (p.words.mode != kNoWords) {
       // The word model: a piece's first word may continue one before it, and its last word
-      // may continue into the next piece, so neither gets the word price (which is never
-      // above the pair price): whatever joins the pieces, the whole text's words cost at
-      // most what the pieces charge for their parts.
+      // may continue into the next piece, so both are priced as words not found: the larger
+      // of their pair costs and two word prices. A word of the whole text costs at most the
+      // larger of its pair costs and two word prices, so whatever joins the pieces, it costs
+      // at most what the pieces charge for its parts.
       const auto behind_words = [&](char32_t c) {
         return finish_estimate(cost(0, c, p) + walk(piece, len, p, c, false, false, NoWords{}), true, p);
       };

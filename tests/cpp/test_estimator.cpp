@@ -219,8 +219,8 @@ TEST(EstimatorWords, VocabularyWordsCostTheWordPrice) {
   EXPECT_EQ(est("hello world", p), 2);    // "hello", " world": one token each
   EXPECT_EQ(est("hellx world", p), 5 + 1);  // not a word: its pair costs
   EXPECT_EQ(est("hello  world", p), 1 + 1 + 1);  // the second space attaches to " world"
-  EXPECT_EQ(est("b(a", p), 1 + 1);        // "(" after a word begins a chunk and attaches to "a"
-  EXPECT_EQ(est("b (a", p), 1 + 1 + 1 + 1);  // " (" is a punctuation chunk: "a" alone is no word
+  EXPECT_EQ(est("b(a", p), 2 + 1);        // "(" after a word begins a chunk and attaches to "a"
+  EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);  // " (" is a punctuation chunk: "a" alone is no word
   EXPECT_EQ(est("12x", p), 2 + 1);        // a number is never attached
   // A word never costs more than its pairs: "x" (one pair unit) stays at one.
   const auto cheap = with_words(params(4, kOne / 4, kOne / 4), ctxcore::kWordsCl100k, "x\nhello", 3 * kOne);
@@ -233,6 +233,17 @@ TEST(EstimatorWords, TheLastWordIsAWordWhileAVocabularyWordStartsWithIt) {
   EXPECT_EQ(est("hxl", p), 3);   // cannot
   EXPECT_EQ(est("hel.", p), 4);  // ended, and not a word
   EXPECT_EQ(est(std::string(200, 'h'), p), 200);
+  // A word not found is at least two tokens.
+  EXPECT_EQ(est("hx", p), 2);
+  EXPECT_EQ(est("x.", p), 3);
+}
+
+TEST(EstimatorWords, ACodePointThatIsNoTokenCostsAtLeastTwo) {
+  const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n\xE4\xB8\xAD");
+  EXPECT_EQ(est("\xE4\xB8\xAD", p), 1);          // 中 is a token
+  EXPECT_EQ(est("\xE6\x96\x87", p), 2);          // 文 is not
+  EXPECT_EQ(est("\xF0\xB0\x80\x80", p), 2);      // nor U+30000, past the class table
+  EXPECT_EQ(est(".\xE6\x96\x87\xE4\xB8\xAD", p), 1 + 2 + 1);
 }
 
 TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
@@ -243,7 +254,8 @@ TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
   EXPECT_EQ(est("helloWorld.", o2), 2 + 1);   // "hello", "World" in o200k_base
   EXPECT_EQ(est("HELLOworld.", o2), 10 + 1);  // upper then lower: one chunk, no such word
   EXPECT_EQ(est("e\xCC\x81t.", o2), 1 + 1);  // a mark is a letter in o200k_base
-  EXPECT_EQ(est("e\xCC\x81t.", cl), 3 + 1);  // and attaches to the next letter in cl100k_base
+  // cl100k_base: "e", then the mark (not a token by itself: two) attached to "t".
+  EXPECT_EQ(est("e\xCC\x81t.", cl), 2 + (2 + 1) + 1);
 }
 
 TEST(EstimatorWords, MonotoneUnderAppend) {

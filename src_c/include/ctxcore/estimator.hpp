@@ -59,10 +59,14 @@ inline constexpr unsigned kMaxPairBits = 24;
 // that chunking for letter runs (a "word": a maximal run of letters, split where the
 // family's pattern splits it, plus the single leading character the pattern attaches) and
 // looks each complete word up in a set of the family's vocabulary words. A word found there
-// costs `word_cost` units (about one token) instead of the sum of its pair costs, and never
-// more than that sum; every other code point keeps its pair cost. The text's last word,
-// which appending may still extend, gets the word price only while it is a prefix of a
-// vocabulary word (so appending never lowers the estimate). With mode kNoWords, or without a
+// costs `word_cost` units (one token) instead of the sum of its pair costs, and never more
+// than that sum; a word not found is split by the tokenizer into two tokens or more, so it
+// costs the larger of its pair costs and twice `word_cost`; every other code point keeps its
+// pair cost. The text's last word, which appending may still extend, gets the word price
+// only while it is a prefix of a vocabulary word (so appending never lowers the estimate).
+// A code point past ASCII that is not itself a vocabulary token (one of the "words" of a
+// single code point, which the vocabulary list also carries for punctuation and symbols) is
+// split into two byte-level tokens or more: it costs at least two word prices. With mode kNoWords, or without a
 // vocabulary, the estimator is the plain pair model.
 
 // Code-point classes, as the pre-tokenizer patterns distinguish them.
@@ -94,6 +98,7 @@ struct WordModel {
   std::vector<std::uint32_t> table;   // open-addressed fingerprints of the words, 0 = empty
   std::string sorted;                 // the words, UTF-8, sorted bytewise, back to back
   std::vector<std::uint32_t> offsets; // word k is sorted[offsets[k], offsets[k + 1])
+  std::vector<std::uint64_t> single;  // bit per code point below kClassLimit: a token by itself
   std::size_t max_word = 0;           // longest word, in code points
   std::uint32_t cost = 0;             // cost units of a word found in the vocabulary
 };
