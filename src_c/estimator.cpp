@@ -203,10 +203,25 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
     if (!last_open) return std::max(run, floor);
     return priced(is_word_prefix(cps + start, end - start, w));
   };
+  std::size_t digits = 0;  // ASCII digits in a row so far
   for (std::size_t i = 0; i < n; ++i) {
     const auto cp = static_cast<char32_t>(cps[i]);
     std::uint64_t c = cost(prev, cp, p);
-    if (cp >= 0x80 && !(cp < kClassLimit && ((w.single[cp >> 6] >> (cp & 63)) & 1u))) c = std::max(c, floor);
+    if (cp >= '0' && cp <= '9') {
+      // The patterns cut digits into groups of up to three, each one token: exactly one
+      // token for the first digit of every group.
+      c = digits % 3 == 0 ? std::uint64_t{w.cost} : 0;
+      ++digits;
+    } else {
+      digits = 0;
+      if (cp >= 0x80) {
+        if (!(cp < kClassLimit && ((w.single[cp >> 6] >> (cp & 63)) & 1u))) {
+          c = std::max(c, floor);  // no token by itself: two byte-level tokens or more
+        } else if (cp == prev) {
+          c = std::max<std::uint64_t>(c, w.cost);  // a repeated token: rarely merged
+        }
+      }
+    }
     const std::uint8_t k = class_of(cp, w);
     const bool letter = is_letter(k, o200k);
     if (in_run) {

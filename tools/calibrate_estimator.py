@@ -476,6 +476,7 @@ def features(texts: Sequence[str], words: WordModel) -> Features:
         PAIR_BITS, np.zeros(_core.ESTIMATOR_LATIN_PAIRS, np.uint16), np.full(1 << PAIR_BITS, 0xFFFF, np.uint32),
         np.zeros(_core.ESTIMATOR_BLOCKS, np.uint16), 1.0, 0.0, word_mode=words.mode, char_classes=words.classes,
         words=words.words, word_cost=0)
+    n_latin = _core.ESTIMATOR_LATIN_PAIRS
     pairs, blocks, starts_all, idx, masks = [], [], [], [], []
     n_words = np.zeros(len(texts))
     word_tokens = np.zeros(len(texts))
@@ -488,6 +489,8 @@ def features(texts: Sequence[str], words: WordModel) -> Features:
                 mask[b:e] = True
                 n_words[k] += 1
                 word_tokens[k] += starts[b:e].sum()
+        # ASCII digits are priced exactly (a token per group of three), not by pairs.
+        mask |= (pair & np.uint64(0xFF) >= ord("0")) & (pair & np.uint64(0xFF) <= ord("9")) & (pair < n_latin)
         pairs.append(pair)
         blocks.append(block)
         starts_all.append(starts)

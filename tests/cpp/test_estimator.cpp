@@ -221,7 +221,7 @@ TEST(EstimatorWords, VocabularyWordsCostTheWordPrice) {
   EXPECT_EQ(est("hello  world", p), 1 + 1 + 1);  // the second space attaches to " world"
   EXPECT_EQ(est("b(a", p), 2 + 1);        // "(" after a word begins a chunk and attaches to "a"
   EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);  // " (" is a punctuation chunk: "a" alone is no word
-  EXPECT_EQ(est("12x", p), 2 + 1);        // a number is never attached
+  EXPECT_EQ(est("12x", p), 1 + 1);        // a number is never attached
   // A word never costs more than its pairs: "x" (one pair unit) stays at one.
   const auto cheap = with_words(params(4, kOne / 4, kOne / 4), ctxcore::kWordsCl100k, "x\nhello", 3 * kOne);
   EXPECT_EQ(est("hello", cheap), 2);  // min(5 / 4, 3) = 1.25 -> 2
@@ -244,6 +244,19 @@ TEST(EstimatorWords, ACodePointThatIsNoTokenCostsAtLeastTwo) {
   EXPECT_EQ(est("\xE6\x96\x87", p), 2);          // 文 is not
   EXPECT_EQ(est("\xF0\xB0\x80\x80", p), 2);      // nor U+30000, past the class table
   EXPECT_EQ(est(".\xE6\x96\x87\xE4\xB8\xAD", p), 1 + 2 + 1);
+}
+
+TEST(EstimatorWords, DigitsCostOneTokenPerGroupOfThree) {
+  const auto p = with_words(params(4, kOne / 8, kOne / 8), ctxcore::kWordsCl100k, "x\n\xE4\xB8\xAD");
+  EXPECT_EQ(est("1", p), 1);
+  EXPECT_EQ(est("123", p), 1);
+  EXPECT_EQ(est("1234", p), 2);
+  EXPECT_EQ(est(std::string(3000, '7'), p), 1000);
+  EXPECT_EQ(est(std::string(301, '0'), p), 101);
+  // A repeated code point that is a token costs at least one token each time it repeats.
+  std::string rep;
+  for (int i = 0; i < 10; ++i) rep += "\xE4\xB8\xAD";
+  EXPECT_EQ(est(rep, p), 10);  // ceil(1 / 8 + 9)
 }
 
 TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {

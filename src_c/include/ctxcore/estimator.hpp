@@ -66,7 +66,9 @@ inline constexpr unsigned kMaxPairBits = 24;
 // only while it is a prefix of a vocabulary word (so appending never lowers the estimate).
 // A code point past ASCII that is not itself a vocabulary token (one of the "words" of a
 // single code point, which the vocabulary list also carries for punctuation and symbols) is
-// split into two byte-level tokens or more: it costs at least two word prices. With mode kNoWords, or without a
+// split into two byte-level tokens or more: it costs at least two word prices; one that is
+// a token, repeated, at least one. ASCII digits cost one word price for the first digit of
+// every group of three (the patterns cut numbers so, and every group is one token). With mode kNoWords, or without a
 // vocabulary, the estimator is the plain pair model.
 
 // Code-point classes, as the pre-tokenizer patterns distinguish them.
