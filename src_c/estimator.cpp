@@ -207,6 +207,7 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
   for (std::size_t i = 0; i < n; ++i) {
     const auto cp = static_cast<char32_t>(cps[i]);
     std::uint64_t c = cost(prev, cp, p);
+    const std::uint8_t k = class_of(cp, w);
     if (cp >= '0' && cp <= '9') {
       // The patterns cut digits into groups of up to three, each one token: exactly one
       // token for the first digit of every group.
@@ -220,9 +221,12 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
         } else if (cp == prev) {
           c = std::max<std::uint64_t>(c, w.cost);  // a repeated token: rarely merged
         }
+      } else if ((cp < 0x20 || cp == 0x7F) && cp != '\t' && cp != '\n' && cp != '\r') {
+        c = std::max<std::uint64_t>(c, w.cost);  // a control character: its own token
+      } else if (cp == prev && w.run_max[cp] != 0) {
+        c = std::max<std::uint64_t>(c, w.cost / w.run_max[cp]);  // a run: no token holds more
       }
     }
-    const std::uint8_t k = class_of(cp, w);
     const bool letter = is_letter(k, o200k);
     if (in_run) {
       if (letter && !(o200k && lower && k == kClassUpper)) {
@@ -294,6 +298,7 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
   std::vector<std::string_view> words;
   std::vector<std::uint64_t> hashes;
   std::vector<char32_t> single;
+  w.run_max.assign(128, 0);
   std::size_t pos = 0;
   while (pos < words_utf8.size()) {
     std::size_t end = words_utf8.find('\n', pos);
@@ -321,6 +326,9 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
       decode(word, 0, cp);
       if (cp < kClassLimit) single.push_back(cp);
     }
+    const auto first = static_cast<unsigned char>(word[0]);
+    if (first < 0x80 && word.find_first_not_of(word[0]) == std::string_view::npos)
+      w.run_max[first] = static_cast<std::uint8_t>(std::min<std::size_t>(std::max<std::size_t>(w.run_max[first], cps), 255));
     words.push_back(word);
     hashes.push_back(h);
     pos = end + 1;
@@ -380,7 +388,7 @@ void validate(const EstimatorParams& p) {
     const std::size_t t = w.table.size();
     if ((w.mode != kWordsCl100k && w.mode != kWordsO200k) || w.classes.size() != kClassLimit || t < 2 ||
         (t & (t - 1)) != 0 || w.offsets.empty() || w.offsets.back() != w.sorted.size() ||
-        w.single.size() != kClassLimit / 64)
+        w.single.size() != kClassLimit / 64 || w.run_max.size() != 128)
       throw std::invalid_argument("estimator word model is malformed: build it with set_words");
   }
 }

@@ -259,6 +259,15 @@ TEST(EstimatorWords, DigitsCostOneTokenPerGroupOfThree) {
   EXPECT_EQ(est(rep, p), 10);  // ceil(1 / 8 + 9)
 }
 
+TEST(EstimatorWords, RunsOfOneCharacterCostAtLeastATokenPerLongestRun) {
+  const auto p = with_words(params(4, kOne / 16, kOne / 16), ctxcore::kWordsCl100k, "&&\n--------\nx\nqq");
+  EXPECT_EQ(est(std::string(377, 'q') + ".", p), 189);  // ceil(1 / 16 + 376 / 2 + 1 / 16)
+  EXPECT_EQ(est(std::string(395, '&'), p), 198);  // ceil(1 / 16 + 394 / 2)
+  EXPECT_EQ(est(std::string(81, '-'), p), 11);    // ceil(1 / 16 + 80 / 8)
+  EXPECT_EQ(est(std::string(100, '='), p), 7);    // no run of "=" is a token: the pair costs
+  EXPECT_EQ(est(std::string(50, '\x01'), p), 50);  // a control character is its own token
+}
+
 TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
   const std::string words = "hello\nWorld\nhelloWorld\ne\xCC\x81t";
   const auto cl = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, words);

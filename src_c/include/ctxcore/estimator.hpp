@@ -67,7 +67,10 @@ inline constexpr unsigned kMaxPairBits = 24;
 // A code point past ASCII that is not itself a vocabulary token (one of the "words" of a
 // single code point, which the vocabulary list also carries for punctuation and symbols) is
 // split into two byte-level tokens or more: it costs at least two word prices; one that is
-// a token, repeated, at least one. ASCII digits cost one word price for the first digit of
+// a token, repeated, at least one, and so does an ASCII control character other than tab,
+// CR and LF (each is its own token). An ASCII character (digits aside) that repeats the one
+// before it costs at least a token over the longest run of it the vocabulary holds as one
+// token (its "words" list carries those runs): 395 "&" are 198 tokens, 377 "q" 189. ASCII digits cost one word price for the first digit of
 // every group of three (the patterns cut numbers so, and every group is one token). With mode kNoWords, or without a
 // vocabulary, the estimator is the plain pair model.
 
@@ -101,6 +104,7 @@ struct WordModel {
   std::string sorted;                 // the words, UTF-8, sorted bytewise, back to back
   std::vector<std::uint32_t> offsets; // word k is sorted[offsets[k], offsets[k + 1])
   std::vector<std::uint64_t> single;  // bit per code point below kClassLimit: a token by itself
+  std::vector<std::uint8_t> run_max;  // 128 entries: longest vocabulary run of one ASCII character
   std::size_t max_word = 0;           // longest word, in code points
   std::uint32_t cost = 0;             // cost units of a word found in the vocabulary
 };
