@@ -301,7 +301,7 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
   w.run_max.assign(128, 0);
   std::size_t pos = 0;
   while (pos < words_utf8.size()) {
-    std::size_t end = words_utf8.find('\n', pos);
+    std::size_t end = words_utf8.find('\0', pos);
     if (end == std::string_view::npos) end = words_utf8.size();
     const std::string_view word = words_utf8.substr(pos, end - pos);
     if (word.empty())

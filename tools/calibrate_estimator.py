@@ -414,7 +414,7 @@ def vocabulary_words(classes: npt.NDArray[np.uint8]) -> list[str]:
             tok = raw.decode("utf-8")
         except UnicodeDecodeError:
             continue
-        if not tok or len(tok) > MAX_WORD_CODE_POINTS or "\n" in tok:
+        if not tok or len(tok) > MAX_WORD_CODE_POINTS or "\x00" in tok:
             continue
         if len(tok) == 1:  # every single-code-point token: the estimator's "is a token" set
             out.append(tok)
@@ -442,12 +442,12 @@ def vocabulary_words(classes: npt.NDArray[np.uint8]) -> list[str]:
 class WordModel:
     mode: int
     classes: npt.NDArray[np.uint8]
-    words: bytes  # UTF-8, "\n" between words
+    words: bytes  # UTF-8, NUL between words
 
 
 def word_model() -> WordModel:
     classes = char_classes()
-    return WordModel(WORD_MODES[FAMILY], classes, "\n".join(vocabulary_words(classes)).encode("utf-8"))
+    return WordModel(WORD_MODES[FAMILY], classes, "\x00".join(vocabulary_words(classes)).encode("utf-8"))
 
 
 def compiled(tables: Tables, words: WordModel, scale: float = 1.0, spread: float = 0.0) -> object:

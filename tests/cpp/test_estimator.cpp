@@ -204,7 +204,10 @@ std::vector<std::uint8_t> ascii_classes() {
   return c;
 }
 
-EstimatorParams with_words(EstimatorParams p, unsigned mode, const std::string& words, std::uint32_t cost = kOne) {
+// `words` separated by '\n' here for legibility; set_words takes them separated by NUL.
+EstimatorParams with_words(EstimatorParams p, unsigned mode, std::string words, std::uint32_t cost = kOne) {
+  for (char& c : words)
+    if (c == '\n') c = '\0';
   ctxcore::set_words(p, mode, ascii_classes(), words, cost);
   ctxcore::validate(p);
   return p;
@@ -266,6 +269,10 @@ TEST(EstimatorWords, RunsOfOneCharacterCostAtLeastATokenPerLongestRun) {
   EXPECT_EQ(est(std::string(81, '-'), p), 11);    // ceil(1 / 16 + 80 / 8)
   EXPECT_EQ(est(std::string(100, '='), p), 7);    // no run of "=" is a token: the pair costs
   EXPECT_EQ(est(std::string(50, '\x01'), p), 50);  // a control character is its own token
+  // Runs of newlines: the words may hold them (NUL separates words).
+  auto nl = params(4, kOne / 16, kOne / 16);
+  ctxcore::set_words(nl, ctxcore::kWordsCl100k, ascii_classes(), std::string("\n\n\n\n\0x", 6), kOne);
+  EXPECT_EQ(est(std::string(401, '\n'), nl), 101);  // ceil(1 / 16 + 400 / 4)
 }
 
 TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
@@ -339,8 +346,8 @@ TEST(EstimatorWords, SetWordsRejectsBadInput) {
   auto bad = ascii_classes();
   bad[5] = 9;
   EXPECT_THROW(ctxcore::set_words(p, 1, bad, "a", kOne), std::invalid_argument);
-  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), "a\n\nb", kOne), std::invalid_argument);
-  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), "a\n\xFF", kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string("a\0\0b", 4), kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string("a\0\xFF", 3), kOne), std::invalid_argument);
   EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string(129, 'a'), kOne), std::invalid_argument);
   EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), "a", 65 * kOne), std::invalid_argument);
   EXPECT_NO_THROW(ctxcore::set_words(p, 0, {}, "", 0));

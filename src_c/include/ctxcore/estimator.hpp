@@ -121,7 +121,7 @@ struct EstimatorParams {
 };
 
 // Sets `params.words`: mode, the class of every code point below kClassLimit, the vocabulary
-// words as UTF-8 separated by '\n', and the cost of a word found there (cost units, at most
+// words as UTF-8 separated by NUL bytes (a word never holds U+0000), and the cost of a word found there (cost units, at most
 // 64 tokens). Throws std::invalid_argument naming what is wrong (mode, class table size or
 // values, a word that is empty or not valid UTF-8, the cost).
 void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t> classes, std::string_view words_utf8,
