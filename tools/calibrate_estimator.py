@@ -42,9 +42,13 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from ctxcore import _core
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS_PATH = ROOT / "ctxcore" / "data" / "estimator.toml"
@@ -450,7 +454,7 @@ def word_model() -> WordModel:
     return WordModel(WORD_MODES[FAMILY], classes, "\x00".join(vocabulary_words(classes)).encode("utf-8"))
 
 
-def compiled(tables: Tables, words: WordModel, scale: float = 1.0, spread: float = 0.0) -> object:
+def compiled(tables: Tables, words: WordModel, scale: float = 1.0, spread: float = 0.0) -> "_core.Estimator":
     from ctxcore import _core
 
     return _core.Estimator(PAIR_BITS, tables.latin, tables.entries, tables.block, scale, spread,
@@ -572,7 +576,7 @@ def raw_costs(texts: Sequence[str], tables: Tables, words: WordModel) -> npt.NDA
     from ctxcore import _core
 
     est = compiled(tables, words)
-    return est.raw_batch(list(texts)).astype(np.float64) / _core.ESTIMATOR_COST_UNIT  # type: ignore[attr-defined]
+    return est.raw_batch(list(texts)).astype(np.float64) / _core.ESTIMATOR_COST_UNIT
 
 
 def apply_margin(
@@ -779,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         est_all = apply_margin(raw, np.ones(len(raw), dtype=bool), scale, spread)
         # The compiled estimator with these tables must give exactly the modelled estimates.
         final = compiled(tables, words, scale, spread)
-        mismatch = int(np.count_nonzero(final.estimate_batch(texts) != est_all))  # type: ignore[attr-defined]
+        mismatch = int(np.count_nonzero(final.estimate_batch(texts) != est_all))
         if mismatch:
             raise SystemExit(f"the compiled estimator disagrees with the fitted model on {mismatch} texts")
 
