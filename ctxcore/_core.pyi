@@ -83,6 +83,7 @@ ESTIMATOR_BLOCKS: int
 ESTIMATOR_LATIN_PAIRS: int
 ESTIMATOR_COST_UNIT: float
 ESTIMATOR_UNSEEN_PAIR: int
+ESTIMATOR_CLASS_LIMIT: int
 
 class Estimator:
     def __init__(
@@ -93,8 +94,17 @@ class Estimator:
         block_costs: npt.NDArray[np.uint16],
         scale: float,
         spread: float,
+        *,
+        word_mode: int = 0,
+        char_classes: npt.NDArray[np.uint8] = ...,
+        words: bytes = b"",
+        word_cost: int = 0,
     ) -> None: ...
     def estimate(self, text: str) -> int: ...
+    def raw_batch(self, texts: Sequence[str]) -> npt.NDArray[np.uint64]: ...
+    def words(self, text: str) -> npt.NDArray[np.int64]: ...
+    @property
+    def word_mode(self) -> int: ...
     def estimate_batch(self, texts: Sequence[str]) -> npt.NDArray[np.int64]: ...
     def price_pieces(
         self,

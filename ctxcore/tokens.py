@@ -149,6 +149,10 @@ def _estimator(family: str) -> _core.Estimator:
     raw = importlib.resources.files("ctxcore").joinpath("data", entry["tables"]).read_bytes()
     with np.load(io.BytesIO(raw), allow_pickle=False) as tables:
         latin, entries, blocks = tables["latin_costs"], tables["pair_entries"], tables["block_costs"]
+        # The word model (a family fitted with one): its vocabulary words and code-point classes.
+        has_words = "words" in tables.files
+        classes = tables["char_classes"] if has_words else np.zeros(0, dtype=np.uint8)
+        words = tables["words"].tobytes() if has_words else b""
     # Scaling the margin by `factor` scales every estimate by it (up to rounding up).
     return _core.Estimator(
         int(entry["pair_bits"]),
@@ -157,6 +161,10 @@ def _estimator(family: str) -> _core.Estimator:
         blocks,
         float(entry["scale"]) * factor,
         float(entry["spread"]) * factor,
+        word_mode=int(entry.get("word_mode", 0)) if has_words else 0,
+        char_classes=classes,
+        words=words,
+        word_cost=int(entry.get("word_cost", 0)),
     )
 
 

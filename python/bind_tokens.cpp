@@ -21,6 +21,7 @@ using U16Array = py::array_t<std::uint16_t, py::array::c_style | py::array::forc
 using U32Array = py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>;
 using I64Array = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
 using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
+using U8Array = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>;
 
 // The code points of a str, as the core reads them. CPython stores every str as fixed-width
 // units of 1, 2 or 4 bytes; lone surrogates are just code points there.
@@ -62,13 +63,16 @@ constexpr std::size_t kReleaseGilCodePoints = 16 * 1024;
 class Estimator {
  public:
   Estimator(unsigned pair_bits, const U16Array& latin_costs, const U32Array& pair_entries, const U16Array& block_costs,
-            double scale, double spread) {
+            double scale, double spread, unsigned word_mode, const U8Array& char_classes, const py::bytes& words,
+            std::uint32_t word_cost) {
     params_.pair_bits = pair_bits;
     params_.latin_costs = to_vector(latin_costs, "latin_costs");
     params_.pair_entries = to_vector(pair_entries, "pair_entries");
     params_.block_costs = to_vector(block_costs, "block_costs");
     params_.scale = scale;
     params_.spread = spread;
+    ctxcore::set_words(params_, word_mode, to_vector(char_classes, "char_classes"),
+                       static_cast<std::string_view>(words), word_cost);
     ctxcore::validate(params_);
   }
 
@@ -130,6 +134,34 @@ class Estimator {
     return out;
   }
 
+  // Each text's raw cost in cost units (before the margin). For the calibration.
+  py::array_t<std::uint64_t> raw_batch(const py::sequence& texts) const {
+    if (py::isinstance<py::str>(texts)) throw py::type_error("texts must be a sequence of str, not a str");
+    const std::size_t n = py::len(texts);
+    py::array_t<std::uint64_t> out(static_cast<py::ssize_t>(n));
+    std::uint64_t* dst = out.mutable_data();
+    for (std::size_t i = 0; i < n; ++i) {
+      py::object item = texts[i];
+      dst[i] = ctxcore::raw_cost(code_points(item, i), params_);
+    }
+    return out;
+  }
+
+  // The words the word model prices in `text`, one row (begin, end, found) each, in
+  // code-point offsets. For the calibration.
+  py::array_t<std::int64_t> words(const py::str& text) const {
+    std::vector<std::int64_t> rows;
+    ctxcore::for_each_word(code_points(text, 0), params_, [&](std::size_t b, std::size_t e, bool found) {
+      rows.push_back(static_cast<std::int64_t>(b));
+      rows.push_back(static_cast<std::int64_t>(e));
+      rows.push_back(found ? 1 : 0);
+    });
+    py::array_t<std::int64_t> out({static_cast<py::ssize_t>(rows.size() / 3), py::ssize_t{3}});
+    std::copy(rows.begin(), rows.end(), out.mutable_data());
+    return out;
+  }
+
+  unsigned word_mode() const { return params_.words.mode; }
   unsigned pair_bits() const { return params_.pair_bits; }
   double scale() const { return params_.scale; }
   double spread() const { return params_.spread; }
@@ -184,10 +216,16 @@ void register_tokens(py::module_& m) {
   m.attr("ESTIMATOR_LATIN_PAIRS") = ctxcore::kLatinPairs;
   m.attr("ESTIMATOR_COST_UNIT") = ctxcore::kCostUnit;
   m.attr("ESTIMATOR_UNSEEN_PAIR") = ctxcore::kUnseenPair;
+  m.attr("ESTIMATOR_CLASS_LIMIT") = ctxcore::kClassLimit;
   py::class_<Estimator>(m, "Estimator", "One tokenizer family's estimator. Private: use ctxcore.estimate_tokens.")
-      .def(py::init<unsigned, const U16Array&, const U32Array&, const U16Array&, double, double>(),
+      .def(py::init<unsigned, const U16Array&, const U32Array&, const U16Array&, double, double, unsigned,
+                    const U8Array&, const py::bytes&, std::uint32_t>(),
            py::arg("pair_bits"), py::arg("latin_costs"), py::arg("pair_entries"), py::arg("block_costs"),
-           py::arg("scale"), py::arg("spread"))
+           py::arg("scale"), py::arg("spread"), py::kw_only(), py::arg("word_mode") = 0,
+           py::arg("char_classes") = U8Array(0), py::arg("words") = py::bytes(""), py::arg("word_cost") = 0)
+      .def("raw_batch", &Estimator::raw_batch, py::arg("texts"))
+      .def("words", &Estimator::words, py::arg("text"))
+      .def_property_readonly("word_mode", &Estimator::word_mode)
       .def("estimate", &Estimator::estimate, py::arg("text"))
       .def("estimate_batch", &Estimator::estimate_batch, py::arg("texts"))
       .def("price_pieces", &Estimator::price_pieces, py::arg("text"), py::arg("ends"), py::arg("any_prefix"),

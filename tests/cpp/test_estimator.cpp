@@ -188,4 +188,172 @@ TEST(Estimator, SaturatesInsteadOfOverflowing) {
   EXPECT_EQ(est("abc", params(4, kOne, 0, 1e300)), static_cast<std::int64_t>(9.0e18));
 }
 
+// ---- the word model ----------------------------------------------------------------------
+
+// ASCII classes as the pre-tokenizer patterns see them; everything else is "other", except
+// U+00E9 (lower) and U+0301 (a combining mark).
+std::vector<std::uint8_t> ascii_classes() {
+  std::vector<std::uint8_t> c(ctxcore::kClassLimit, ctxcore::kClassOther);
+  for (char32_t x = 'a'; x <= 'z'; ++x) c[x] = ctxcore::kClassLower;
+  for (char32_t x = 'A'; x <= 'Z'; ++x) c[x] = ctxcore::kClassUpper;
+  for (char32_t x = '0'; x <= '9'; ++x) c[x] = ctxcore::kClassNumber;
+  c[0xE9] = ctxcore::kClassLower;
+  c[0x301] = ctxcore::kClassMark;
+  c[' '] = c['\t'] = ctxcore::kClassSpace;
+  c['\n'] = c['\r'] = ctxcore::kClassNewline;
+  return c;
+}
+
+// `words` separated by '\n' here for legibility; set_words takes them separated by NUL.
+EstimatorParams with_words(EstimatorParams p, unsigned mode, std::string words, std::uint32_t cost = kOne) {
+  for (char& c : words)
+    if (c == '\n') c = '\0';
+  ctxcore::set_words(p, mode, ascii_classes(), words, cost);
+  ctxcore::validate(p);
+  return p;
+}
+
+std::int64_t est32(const std::u32string& s, const EstimatorParams& p) {
+  return ctxcore::estimate_tokens(ctxcore::CodePoints{s.data(), s.size(), 4}, p);
+}
+
+TEST(EstimatorWords, VocabularyWordsCostTheWordPrice) {
+  const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n world\n(a\nx");
+  EXPECT_EQ(est("hello world", p), 2);    // "hello", " world": one token each
+  EXPECT_EQ(est("hellx world", p), 5 + 1);  // not a word: its pair costs
+  EXPECT_EQ(est("hello  world", p), 1 + 1 + 1);  // the second space attaches to " world"
+  EXPECT_EQ(est("b(a", p), 2 + 1);        // "(" after a word begins a chunk and attaches to "a"
+  EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);  // " (" is a punctuation chunk: "a" alone is no word
+  EXPECT_EQ(est("12x", p), 1 + 1);        // a number is never attached
+  // A word never costs more than its pairs: "x" (one pair unit) stays at one.
+  const auto cheap = with_words(params(4, kOne / 4, kOne / 4), ctxcore::kWordsCl100k, "x\nhello", 3 * kOne);
+  EXPECT_EQ(est("hello", cheap), 2);  // min(5 / 4, 3) = 1.25 -> 2
+}
+
+TEST(EstimatorWords, TheLastWordIsAWordWhileAVocabularyWordStartsWithIt) {
+  const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\nworld");
+  EXPECT_EQ(est("hel", p), 1);   // may still become "hello"
+  EXPECT_EQ(est("hxl", p), 3);   // cannot
+  EXPECT_EQ(est("hel.", p), 4);  // ended, and not a word
+  EXPECT_EQ(est(std::string(200, 'h'), p), 200);
+  // A word not found is at least two tokens.
+  EXPECT_EQ(est("hx", p), 2);
+  EXPECT_EQ(est("x.", p), 3);
+}
+
+TEST(EstimatorWords, ACodePointThatIsNoTokenCostsAtLeastTwo) {
+  const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n\xE4\xB8\xAD");
+  EXPECT_EQ(est("\xE4\xB8\xAD", p), 1);          // 中 is a token
+  EXPECT_EQ(est("\xE6\x96\x87", p), 2);          // 文 is not
+  EXPECT_EQ(est("\xF0\xB0\x80\x80", p), 2);      // nor U+30000, past the class table
+  EXPECT_EQ(est(".\xE6\x96\x87\xE4\xB8\xAD", p), 1 + 2 + 1);
+}
+
+TEST(EstimatorWords, DigitsCostOneTokenPerGroupOfThree) {
+  const auto p = with_words(params(4, kOne / 8, kOne / 8), ctxcore::kWordsCl100k, "x\n\xE4\xB8\xAD");
+  EXPECT_EQ(est("1", p), 1);
+  EXPECT_EQ(est("123", p), 1);
+  EXPECT_EQ(est("1234", p), 2);
+  EXPECT_EQ(est(std::string(3000, '7'), p), 1000);
+  EXPECT_EQ(est(std::string(301, '0'), p), 101);
+  // A repeated code point that is a token costs at least one token each time it repeats.
+  std::string rep;
+  for (int i = 0; i < 10; ++i) rep += "\xE4\xB8\xAD";
+  EXPECT_EQ(est(rep, p), 10);  // ceil(1 / 8 + 9)
+}
+
+TEST(EstimatorWords, RunsOfOneCharacterCostAtLeastATokenPerLongestRun) {
+  const auto p = with_words(params(4, kOne / 16, kOne / 16), ctxcore::kWordsCl100k, "&&\n--------\nx\nqq");
+  EXPECT_EQ(est(std::string(377, 'q') + ".", p), 189);  // ceil(1 / 16 + 376 / 2 + 1 / 16)
+  EXPECT_EQ(est(std::string(395, '&'), p), 198);  // ceil(1 / 16 + 394 / 2)
+  EXPECT_EQ(est(std::string(81, '-'), p), 11);    // ceil(1 / 16 + 80 / 8)
+  EXPECT_EQ(est(std::string(100, '='), p), 7);    // no run of "=" is a token: the pair costs
+  EXPECT_EQ(est(std::string(50, '\x01'), p), 50);  // a control character is its own token
+  // Runs of newlines: the words may hold them (NUL separates words).
+  auto nl = params(4, kOne / 16, kOne / 16);
+  ctxcore::set_words(nl, ctxcore::kWordsCl100k, ascii_classes(), std::string("\n\n\n\n\0x", 6), kOne);
+  EXPECT_EQ(est(std::string(401, '\n'), nl), 101);  // ceil(1 / 16 + 400 / 4)
+}
+
+TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
+  const std::string words = "hello\nWorld\nhelloWorld\ne\xCC\x81t";
+  const auto cl = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, words);
+  const auto o2 = with_words(params(4, kOne, kOne), ctxcore::kWordsO200k, words);
+  EXPECT_EQ(est("helloWorld.", cl), 1 + 1);   // one word in cl100k_base
+  EXPECT_EQ(est("helloWorld.", o2), 2 + 1);   // "hello", "World" in o200k_base
+  EXPECT_EQ(est("HELLOworld.", o2), 10 + 1);  // upper then lower: one chunk, no such word
+  EXPECT_EQ(est("e\xCC\x81t.", o2), 1 + 1);  // a mark is a letter in o200k_base
+  // cl100k_base: "e", then the mark (not a token by itself: two) attached to "t".
+  EXPECT_EQ(est("e\xCC\x81t.", cl), 2 + (2 + 1) + 1);
+}
+
+TEST(EstimatorWords, MonotoneUnderAppend) {
+  std::mt19937 rng(11);
+  auto base = params(8, 0, 0, 1.13, 1.7);
+  for (auto& c : base.latin_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
+  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  const std::vector<std::string> pieces = {"a", "b", "he", "llo", "Z", " ", "  ", "\n", "7", ",", "(", "...",
+                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xCC\x81", "\t", "\xFF"};
+  for (unsigned mode : {ctxcore::kWordsCl100k, ctxcore::kWordsO200k}) {
+    for (std::uint32_t wc : {0u, 700u, 2000u}) {
+      const auto p = with_words(base, mode, "hello\n hello\n(a\nab\nZa\na\n\xC3\xA9\xCC\x81\n,he", wc);
+      for (int trial = 0; trial < 150; ++trial) {
+        std::string s;
+        std::int64_t last = 0;
+        for (int step = 0; step < 40; ++step) {
+          s += pieces[rng() % pieces.size()];
+          const auto e = est(s, p);
+          ASSERT_GE(e, last) << s;
+          last = e;
+        }
+      }
+    }
+  }
+}
+
+TEST(EstimatorWords, PiecePricesBoundTheWholeText) {
+  std::mt19937 rng(5);
+  auto base = params(8, 0, 0, 1.2, 0.8);
+  for (auto& c : base.latin_costs) c = static_cast<std::uint16_t>(rng() % 2000);
+  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 2000);
+  const std::u32string alphabet = U"abhelo (.,\n\t7Z\u00E9\u0301\u4E2D";
+  for (unsigned mode : {ctxcore::kWordsCl100k, ctxcore::kWordsO200k}) {
+    const auto p = with_words(base, mode, "hello\n hello\n(a\nab\nZa\na\nb\n.b\nhe\n\u00E9", 300);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::u32string text;
+      const std::size_t n = 1 + rng() % 30;
+      for (std::size_t i = 0; i < n; ++i) text += alphabet[rng() % alphabet.size()];
+      std::vector<std::int64_t> ends;
+      for (std::size_t i = 1; i < n; ++i)
+        if (rng() % 3 == 0) ends.push_back(static_cast<std::int64_t>(i));
+      ends.push_back(static_cast<std::int64_t>(n));
+      const std::vector<std::uint8_t> any(ends.size(), 0);
+      std::vector<std::int64_t> out(ends.size());
+      ctxcore::price_pieces(ctxcore::CodePoints{text.data(), text.size(), 4}, {ends.data(), ends.size()},
+                            {any.data(), any.size()}, U'>', U'>', p, out.data());
+      std::int64_t sum = 0;
+      for (const auto v : out) sum += v;
+      ASSERT_GE(sum, est32(text, p)) << trial;
+    }
+  }
+}
+
+TEST(EstimatorWords, SetWordsRejectsBadInput) {
+  auto p = params(4, 1, 1);
+  EXPECT_THROW(ctxcore::set_words(p, 3, ascii_classes(), "a", kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, std::vector<std::uint8_t>(10), "a", kOne), std::invalid_argument);
+  auto bad = ascii_classes();
+  bad[5] = 9;
+  EXPECT_THROW(ctxcore::set_words(p, 1, bad, "a", kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string("a\0\0b", 4), kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string("a\0\xFF", 3), kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), std::string(129, 'a'), kOne), std::invalid_argument);
+  EXPECT_THROW(ctxcore::set_words(p, 1, ascii_classes(), "a", 65 * kOne), std::invalid_argument);
+  EXPECT_NO_THROW(ctxcore::set_words(p, 0, {}, "", 0));
+  EXPECT_NO_THROW(ctxcore::validate(p));
+  p.words.mode = ctxcore::kWordsCl100k;  // a model not built by set_words
+  EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
+}
+
 }  // namespace
