@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 import math
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,7 +55,7 @@ import numpy.typing as npt
 from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
 from . import is_postgres_url
-from ._text import normalize, words
+from ._text import _CJK_CHAR, normalize, words
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
@@ -71,7 +72,6 @@ from .sqlite import (
     _clip,
     _exact_json,
     _fts_terms,
-    _scope_token,
     _strip_diacritics,
 )
 
@@ -134,7 +134,59 @@ _SCOPE_AGENT = "current_setting('ctxcore.agent_id', true)"
 _ALL_AGENTS = "current_setting('ctxcore.all_agents', true) = 'on'"
 _ADMIN = "current_setting('ctxcore.admin', true) = 'on'"
 
-MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+# A migration step that is not one SQL statement (it computes in Python).
+_Step = Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]]
+# Memories read back per statement while the terms of an existing database are filled in.
+_BACKFILL_CHUNK = 2_000
+
+
+async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    """Migration 2: fill `memory_terms` from the memories already stored (their terms are
+    computed here, by the same code as at ingest), and give every role that may write
+    ``memories`` the same rights on the new table."""
+    await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+    last = 0
+    while True:
+        cur = await conn.execute(
+            "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
+            (last, _BACKFILL_CHUNK))
+        rows = await cur.fetchall()
+        if not rows:
+            break
+        await _insert_terms(conn, [(int(s), o, a, _doc_terms(t)) for s, o, a, t in rows])
+        last = int(rows[-1][0])
+    cur = await conn.execute(
+        "SELECT DISTINCT grantee FROM information_schema.role_table_grants WHERE table_schema = current_schema() "
+        "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user")
+    for (role,) in await cur.fetchall():
+        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON memory_terms TO {}").format(
+            sql.Identifier(role)))
+    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+
+
+async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
+                        docs: Sequence[tuple[int, str, str, Sequence[str]]]) -> None:
+    """Insert the terms of memories, given as (seq, organization_id, agent_id, terms), in
+    one statement (COPY is not allowed into a table under row-level security)."""
+    orgs: list[str] = []
+    agents: list[str] = []
+    terms: list[str] = []
+    seqs: list[int] = []
+    for seq, org, agent, ts in docs:
+        orgs += [org] * len(ts)
+        agents += [agent] * len(ts)
+        terms += ts
+        seqs += [seq] * len(ts)
+    if terms:
+        await conn.execute(
+            "INSERT INTO memory_terms (organization_id, agent_id, term, seq) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])",
+            (orgs, agents, terms, seqs))
+
+
+_BACKFILL_TERMS: _Step = _backfill_terms
+
+MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
     (
         1,
         "memories, directives, full-text and vector indexes, row-level security",
@@ -188,6 +240,35 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             f"CREATE POLICY directives_admin ON directives TO CURRENT_USER USING ({_ADMIN})",
         ),
     ),
+    (
+        2,
+        "full text on a term table (b-tree, usable under row-level security) in place of tsvector/GIN",
+        (
+            # One row per distinct search key of a memory (its words, and its pairs of
+            # adjacent CJK characters): `term = $1` is a b-tree condition with a leakproof
+            # operator, so PostgreSQL uses the index under row-level security, where the
+            # tsvector match (not leakproof) could only filter a scan of the whole scope.
+            """CREATE TABLE IF NOT EXISTS memory_terms (
+                organization_id text NOT NULL,
+                agent_id text NOT NULL,
+                term text NOT NULL,
+                seq bigint NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
+                PRIMARY KEY (organization_id, agent_id, term, seq)
+            )""",
+            # The cascade of a delete finds a memory's terms by this index.
+            "CREATE INDEX IF NOT EXISTS memory_terms_seq ON memory_terms (seq)",
+            "ALTER TABLE memory_terms ENABLE ROW LEVEL SECURITY",
+            "ALTER TABLE memory_terms FORCE ROW LEVEL SECURITY",
+            "DROP POLICY IF EXISTS memory_terms_scope ON memory_terms",
+            f"CREATE POLICY memory_terms_scope ON memory_terms USING ((organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
+            "DROP POLICY IF EXISTS memory_terms_admin ON memory_terms",
+            f"CREATE POLICY memory_terms_admin ON memory_terms TO CURRENT_USER USING ({_ADMIN})",
+            _BACKFILL_TERMS,
+            "DROP INDEX IF EXISTS memories_fts",
+            "ALTER TABLE memories DROP COLUMN IF EXISTS fts",
+        ),
+    ),
 )
 #: Version of the database layout this code writes (the highest migration).
 PG_SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -232,25 +313,49 @@ def _password_of(dsn: str) -> str | None:
     return str(pw) if pw else None
 
 
-def _fts_document(organization_id: str, agent_id: str, text: str) -> str:
-    # The scope's token (letters and digits), then the words the SQLite store's FTS5 index
-    # holds (NFKC, case folded, diacritics removed, CJK characters one word each),
-    # space-separated: the `simple` parser sees one token per word. A term is searched
-    # together with the scope's token, so the GIN index intersects the two posting lists
-    # instead of reading every scope's matches.
-    return _scope_token(organization_id, agent_id) + " " + " ".join(
-        _strip_diacritics(w) for w in words(normalize(text)))
+#: A search key longer than this many UTF-8 bytes is stored as a digest (a b-tree entry
+#: holds at most ~2.7 kB; no real word comes near).
+TERM_MAX_BYTES = 256
 
 
-def _tsquery_phrase(tokens: Sequence[str]) -> str:
-    """One full-text term as a tsquery: each token a quoted lexeme (quotes and backslashes
-    escaped, so a token can never be read as an operator), consecutive tokens a phrase.
+def _term_key(term: str) -> str:
+    # Words are letters and digits only, so neither the "#" of a digest nor the space of
+    # a character pair can make two different terms one key.
+    raw = term.encode()
+    return term if len(raw) <= TERM_MAX_BYTES else "#" + hashlib.sha256(raw).hexdigest()
 
-    >>> _tsquery_phrase(("返", "金")), _tsquery_phrase(("it's",))
-    ("'返' <-> '金'", "'it''s'")
+
+def _doc_terms(text: str) -> list[str]:
+    """The search keys of a memory's text: its distinct words as the SQLite store's FTS5
+    index holds them (NFKC, case folded, diacritics removed, every CJK character a word),
+    and each pair of adjacent CJK characters (a query's CJK run is searched as its
+    character pairs, as the FTS5 phrase "c1 c2" finds them).
+
+    >>> _doc_terms("Rückgabe: 返金は30日以内")
+    ['30', 'ruckgabe', 'は', '以', '以 内', '内', '日', '日 以', '返', '返 金', '金', '金 は']
     """
-    return " <-> ".join(
-        "'" + _strip_diacritics(tok).replace("\\", "\\\\").replace("'", "''") + "'" for tok in tokens)
+    ws = words(normalize(text))
+    keys = {_strip_diacritics(w) for w in ws}
+    for a, b in zip(ws, ws[1:]):
+        if _CJK_CHAR.fullmatch(a) and _CJK_CHAR.fullmatch(b):
+            keys.add(_strip_diacritics(a) + " " + _strip_diacritics(b))
+    keys.discard("")
+    return sorted(_term_key(k) for k in keys)
+
+
+def _query_keys(terms: Sequence[tuple[str, ...]]) -> list[str]:
+    """The search keys of a query's full-text terms (`_fts_terms`: a word, or two adjacent
+    CJK characters), in the same form as `_doc_terms`; bound as parameters, never parsed.
+
+    >>> _query_keys([("returns",), ("返", "金"), ("it's",)])
+    ['returns', '返 金', "it's"]
+    """
+    out: list[str] = []
+    for t in terms:
+        key = " ".join(_strip_diacritics(tok) for tok in t)
+        if key.strip():
+            out.append(_term_key(key))
+    return out
 
 
 def _vector_text(v: npt.NDArray[np.float32]) -> str:
@@ -467,7 +572,10 @@ class PostgresMemoryStore:
                 if version <= current:
                     continue
                 for statement in statements:
-                    await conn.execute(statement)  # constant DDL: no user input
+                    if isinstance(statement, str):
+                        await conn.execute(statement)  # constant DDL: no user input
+                    else:
+                        await statement(conn)
                 await conn.execute(
                     "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description)
                 )
@@ -481,7 +589,7 @@ class PostgresMemoryStore:
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
                 await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives TO {}").format(role))
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms TO {}").format(role))
                 await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
@@ -708,18 +816,18 @@ class PostgresMemoryStore:
         now = time.time()
         kind = "exact" if self._exact else "estimate"
         rows = [
-            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v),
-             _fts_document(m.organization_id, m.agent_id, m.text), m.confidence, m.importance,
-             now if m.created_at is None else m.created_at,
-             m.accessed_at, n, self._family, kind, ex)
+            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v), m.confidence,
+             m.importance, now if m.created_at is None else m.created_at, m.accessed_at, n, self._family, kind, ex)
             for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
+        terms = [_doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
-        self._run(self._insert(batch, rows, dim))
+        self._run(self._insert(batch, rows, terms, dim))
         self._sizes.clear()
         return [m.id for m in batch]
 
-    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], dim: int | None) -> None:
+    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
+                      dim: int | None) -> None:
         assert self._pool is not None
         by_scope: dict[tuple[str, str], list[int]] = {}
         for i, m in enumerate(batch):
@@ -743,24 +851,26 @@ class PostgresMemoryStore:
                         i = next(k for k, r in enumerate(rows) if r[4] is not None)
                         raise InvalidMemory(f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
                                             f"the store's have {self._dim}", i, batch[i].id)
-                inserted: set[str] = set()
+                inserted: dict[str, int] = {}
                 for (org, agent), idx in by_scope.items():
                     await self._set_scope(conn, org, agent)
-                    async with conn.cursor() as cur:
-                        await cur.executemany(
-                            "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, "
-                            "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
-                            "VALUES (%s, %s, %s, %s, %s::vector, to_tsvector('simple', %s), %s, %s, %s, %s, %s, %s, %s, "
-                            "%s::jsonb) "
-                            "ON CONFLICT (id) DO NOTHING RETURNING id",
-                            [rows[i] for i in idx], returning=True,
-                        )
-                        while True:
-                            r = await cur.fetchone()
-                            if r is not None:
-                                inserted.add(r[0])
-                            if not cur.nextset():
-                                break
+                    # One statement per scope: the rows as arrays, inserted in batch order (so
+                    # `seq` follows it), a taken id skipped here and named below.
+                    cols = list(zip(*(rows[i] for i in idx)))
+                    cur = await conn.execute(
+                        "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, importance, "
+                        "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                        "SELECT id, o, a, t, e::vector, c, i, ca, aa, n, f, k, x::jsonb FROM unnest("
+                        "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[], "
+                        "%s::float8[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[]) "
+                        "WITH ORDINALITY AS r(id, o, a, t, e, c, i, ca, aa, n, f, k, x, ord) ORDER BY ord "
+                        "ON CONFLICT (id) DO NOTHING RETURNING id, seq",
+                        [list(c) for c in cols],
+                    )
+                    got = {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+                    inserted.update(got)
+                    await _insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
+                                               if batch[i].id in got])
                 if len(inserted) != len(batch):
                     # Ids are unique across the whole store; which scope holds a taken id is
                     # not told (row-level security would hide it anyway).
@@ -910,8 +1020,7 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        token = _scope_token(scope.organization_id, scope.agent_id)
-        terms = [f"'{token}' & ({_tsquery_phrase(t)})" for t in _fts_terms(query.text)]
+        terms = _query_keys(_fts_terms(query.text))
         out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
         self._note(scope, out)
         return [r for _, r in out]
@@ -945,10 +1054,6 @@ class PostgresMemoryStore:
                         (_vector_text(qv), org, agent, limit, min_similarity),
                     )
                     vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
-                # Full text on the GIN index (scope token & term): the planner, blind to the
-                # scope's size, would otherwise scan the table for the first few matches.
-                await conn.execute("SELECT set_config('enable_sort', 'on', true), "
-                                   "set_config('enable_seqscan', 'off', true)")
                 text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
                 merged: list[tuple[int, float | None]] = []
                 seen: set[int] = set()
@@ -986,12 +1091,14 @@ class PostgresMemoryStore:
         if in_scope == 0:
             return []
         cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
-        # Each term's matches in the scope, at most cap + 1 of them: a term with more is a
-        # stop word of this scope and left out; for the others the count is exact.
+        # One statement for all terms: each term's newest matches in the scope off the term
+        # table's b-tree (equality on text is leakproof, so row-level security leaves the
+        # index usable), at most cap + 1 of them: a term with more is a stop word of this
+        # scope and left out; for the others the count is exact.
         cur = await conn.execute(
-            "SELECT t.k, m.seq FROM unnest(%s::tsquery[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
-            "SELECT seq FROM memories WHERE fts @@ t.q AND (organization_id = %s AND agent_id = %s) IS TRUE "
-            "LIMIT %s) m",
+            "SELECT t.k, m.seq FROM unnest(%s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL ("
+            "SELECT seq FROM memory_terms WHERE organization_id = %s AND agent_id = %s AND term = t.term "
+            "ORDER BY seq DESC LIMIT %s) m",
             (terms, org, agent, cap + 1),
         )
         hits: dict[int, list[int]] = {}
@@ -1166,10 +1273,9 @@ class PostgresMemoryStore:
             raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
                                 f"{self._dim}", -1, memory_id)
         if "text" in fields:
-            sets += ["text = %s", "fts = to_tsvector('simple', %s)", "token_count = %s", "token_family = %s",
-                     "token_kind = %s", "exact_tokens = %s::jsonb"]
-            params += [fields["text"], _fts_document(scope.organization_id, scope.agent_id, fields["text"]),
-                       self._count([fields["text"]])[0], self._family,
+            sets += ["text = %s", "token_count = %s", "token_family = %s", "token_kind = %s",
+                     "exact_tokens = %s::jsonb"]
+            params += [fields["text"], self._count([fields["text"]])[0], self._family,
                        "exact" if self._exact else "estimate", _exact_json([memory_id], [fields["text"]])[0]]
         if "text" in fields or "embedding" in fields:
             sets.append("embedding = %s::vector")
@@ -1187,10 +1293,25 @@ class PostgresMemoryStore:
             raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
                                    "first or run `ctxcore memories init --dimensions N`")
         statement = (f"UPDATE memories SET {', '.join(sets)} "  # fixed column names only
-                     "WHERE organization_id = %s AND agent_id = %s AND id = %s")
-        return self._run(self._scoped_rowcount(
-            scope.organization_id, scope.agent_id, statement,
-            (*params, scope.organization_id, scope.agent_id, memory_id))) > 0
+                     "WHERE organization_id = %s AND agent_id = %s AND id = %s RETURNING seq")
+        return self._run(self._update(
+            scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
+            _doc_terms(fields["text"]) if "text" in fields else None))
+
+    async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None) -> bool:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                cur = await conn.execute(statement, params)
+                row = await cur.fetchone()
+                if row is None:
+                    return False
+                if terms is not None:  # a new text: its terms replace the old ones
+                    await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
+                                       "AND seq = %s", (scope.organization_id, scope.agent_id, row[0]))
+                    await _insert_terms(conn, [(int(row[0]), scope.organization_id, scope.agent_id, terms)])
+                return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
         """Retention by age: delete memories created more than `max_age_seconds` before
