@@ -124,6 +124,47 @@ _COLUMNS = (
     "token_count, token_family, token_kind, exact_tokens"
 )
 
+# ---- the cold query, one statement ----------------------------------------------------------
+#
+# Vector path: the scope's `limit` nearest rows, then the ANN cutoff, before any row is
+# hydrated. Full-text path: each search key's newest matches in the scope off the term
+# table's b-tree (text equality is leakproof, so row-level security leaves the index
+# usable), at most cap + 1 of them: a key with more is a stop word of this scope and left
+# out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores the IDF of each
+# it holds (more and rarer words first, then newest). The two paths are taken in turn (the
+# k-th vector hit, then the k-th text hit; a text hit the vector path found is not repeated),
+# at most `limit` entries, and only those rows are read back.
+_COLD_TEXT = """
+hits AS MATERIALIZED (
+    SELECT t.k, m.seq FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL (
+        SELECT seq FROM memory_terms WHERE organization_id = %(org)s AND agent_id = %(agent)s AND term = t.term
+        ORDER BY seq DESC LIMIT %(cap)s + 1) m),
+chosen AS (
+    SELECT k, ln(1.0 + %(n)s::float8 / (count(*) + 1)::float8) AS idf FROM hits GROUP BY k HAVING count(*) <= %(cap)s
+    ORDER BY count(*), k LIMIT %(nterms)s),
+txt AS (
+    SELECT h.seq, row_number() OVER (ORDER BY round(sum(c.idf)::numeric, 9) DESC, h.seq DESC) AS r
+    FROM hits h JOIN chosen c USING (k) GROUP BY h.seq),
+picked AS (
+    SELECT seq, sim, r, 0 AS src FROM vec
+    UNION ALL
+    SELECT seq, NULL, r, 1 FROM txt WHERE r <= %(limit)s AND seq NOT IN (SELECT seq FROM vec)
+    ORDER BY r, src LIMIT %(limit)s)
+SELECT * FROM (
+    SELECT """ + _COLUMNS.replace("seq, ", "m.seq, ", 1) + """, p.sim, NULL::bigint AS stop, p.r, p.src
+    FROM picked p JOIN memories m ON m.seq = p.seq WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s
+    UNION ALL
+    SELECT """ + ", ".join(["NULL"] * (_COLUMNS.count(",") + 2)) + """, k, NULL, NULL FROM hits GROUP BY k
+    HAVING count(*) > %(cap)s) o
+ORDER BY r NULLS LAST, src"""
+_COLD_VECTOR = """WITH nearest AS MATERIALIZED (
+    SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
+    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY d LIMIT %(limit)s),
+vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
+""" + _COLD_TEXT
+_COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
+""" + _COLD_TEXT
+
 # ---- the schema, as versioned migrations ------------------------------------------------
 
 # Every policy reads the scope a transaction set with set_config(..., true). An unset
@@ -474,6 +515,7 @@ class PostgresMemoryStore:
         self._flusher: asyncio.Task[None] | None = None
         self._flush_sleeping = False
         self._sizes: dict[Scope, tuple[float, int]] = {}
+        self._stops: dict[Scope, tuple[float, frozenset[str]]] = {}
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -824,6 +866,7 @@ class PostgresMemoryStore:
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, terms, dim))
         self._sizes.clear()
+        self._stops.clear()
         return [m.id for m in batch]
 
     async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
@@ -955,7 +998,7 @@ class PostgresMemoryStore:
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            async with conn.transaction():
+            async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
                 cur = await conn.execute(
                     "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
@@ -984,7 +1027,7 @@ class PostgresMemoryStore:
                    limit: int) -> list[tuple[int, MemoryRecord]]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            async with conn.transaction():
+            async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
                 cur = await conn.execute(
                     f"SELECT {_COLUMNS}, 1 - (embedding <=> %s::vector) FROM memories "
@@ -1020,7 +1063,8 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        terms = _query_keys(_fts_terms(query.text))
+        stops = self._stop_words(scope)
+        terms = [k for k in _query_keys(_fts_terms(query.text)) if k not in stops]
         out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
         self._note(scope, out)
         return [r for _, r in out]
@@ -1029,88 +1073,62 @@ class PostgresMemoryStore:
                     min_similarity: float) -> list[tuple[int, MemoryRecord]]:
         assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
+        vector = qv is not None and self._dim is not None
         async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                vector_hits: list[tuple[int, float]] = []
-                if qv is not None and self._dim is not None:
-                    # A large scope walks the HNSW index (iterative scans go on until `limit`
-                    # rows of the scope are found); a small one is scanned exactly off the
-                    # scope index. Row-level security's settings hide the scope's size from
-                    # the planner, so the store says which.
-                    large = await self._scope_size(conn, scope) >= HNSW_MIN_SCOPE
-                    await conn.execute(
-                        "SELECT set_config('hnsw.ef_search', %s, true), "
-                        "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-                        "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
-                        (str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
-                    # The scope's `limit` nearest rows (HNSW, iterative scan keeps going until
-                    # enough of this scope are found), then the ANN cutoff, before hydration.
-                    cur = await conn.execute(
-                        "WITH nearest AS MATERIALIZED (SELECT seq, embedding <=> %s::vector AS d FROM memories "
-                        "WHERE organization_id = %s AND agent_id = %s AND embedding IS NOT NULL "
-                        "ORDER BY d LIMIT %s) "
-                        "SELECT seq, 1 - d FROM nearest WHERE 1 - d >= %s ORDER BY d, seq",
-                        (_vector_text(qv), org, agent, limit, min_similarity),
-                    )
-                    vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
-                text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
-                merged: list[tuple[int, float | None]] = []
-                seen: set[int] = set()
-                vector_ids = {s for s, _ in vector_hits}
-                for k in range(max(len(vector_hits), len(text_hits))):
-                    for s, sim in (
-                        (vector_hits[k] if k < len(vector_hits) else (None, None)),
-                        ((text_hits[k], None) if k < len(text_hits) else (None, None)),
-                    ):
-                        if s is None or s in seen or (sim is None and s in vector_ids):
-                            continue
-                        seen.add(s)
-                        merged.append((s, sim))
-                merged = merged[:limit]
-                if not merged:
-                    return []
+            in_scope = await self._scope_size(conn, scope)
+            if in_scope == 0:
+                return []
+            cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
+            # A large scope walks the HNSW index (iterative scans go on until `limit` rows of
+            # the scope are found); a small one is scanned exactly off the scope index.
+            # Row-level security's settings hide the scope's size from the planner, so the
+            # store says which. Both statements go out at once (pipeline mode): the scope and
+            # the plan settings, then the whole cold query, one round trip.
+            large = vector and in_scope >= HNSW_MIN_SCOPE
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
+                    "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
+                    "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                    "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
+                    (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
                 cur = await conn.execute(
-                    f"SELECT {_COLUMNS} FROM memories WHERE seq = ANY(%s) AND organization_id = %s AND agent_id = %s",
-                    ([s for s, _ in merged], org, agent),
-                )
-                rows = {row[0]: row for row in await cur.fetchall()}
+                    _COLD_VECTOR if vector else _COLD_NO_VECTOR,
+                    {"q": _vector_text(qv) if vector and qv is not None else None, "org": org, "agent": agent,
+                     "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
+                     "nterms": FTS_QUERY_TERMS})
+                rows = await cur.fetchall()
         out: list[tuple[int, MemoryRecord]] = []
-        for s, sim in merged:
-            row = rows.get(s)
-            if row is None:
+        stops: list[str] = []
+        for row in rows:
+            if row[-3] is not None:  # a stop word of this scope
+                stops.append(terms[int(row[-3]) - 1])
                 continue
+            sim = row[-4]
             origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
-            out.append((s, _record(row, origin, None if sim is None else _clip(sim), len(out))))
+            out.append((row[0], _record(row, origin, None if sim is None else _clip(float(sim)), len(out))))
+        if stops:
+            self._note_stop_words(scope, stops)
         return out
 
-    async def _fulltext(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope, terms: list[str],
-                        limit: int) -> list[int]:
-        org, agent = scope.organization_id, scope.agent_id
-        in_scope = await self._scope_size(conn, scope)
-        if in_scope == 0:
-            return []
-        cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
-        # One statement for all terms: each term's newest matches in the scope off the term
-        # table's b-tree (equality on text is leakproof, so row-level security leaves the
-        # index usable), at most cap + 1 of them: a term with more is a stop word of this
-        # scope and left out; for the others the count is exact.
-        cur = await conn.execute(
-            "SELECT t.k, m.seq FROM unnest(%s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL ("
-            "SELECT seq FROM memory_terms WHERE organization_id = %s AND agent_id = %s AND term = t.term "
-            "ORDER BY seq DESC LIMIT %s) m",
-            (terms, org, agent, cap + 1),
-        )
-        hits: dict[int, list[int]] = {}
-        for k, s in await cur.fetchall():
-            hits.setdefault(int(k), []).append(int(s))
-        chosen = sorted((len(v), k) for k, v in hits.items() if 0 < len(v) <= cap)[:FTS_QUERY_TERMS]
-        scores: dict[int, float] = {}
-        for d, k in chosen:
-            idf = math.log(1.0 + in_scope / (d + 1.0))
-            for s in hits[k]:
-                scores[s] = scores.get(s, 0.0) + idf
-        return sorted(scores, key=lambda s: (-scores[s], -s))[:limit]
+    def _stop_words(self, scope: Scope) -> frozenset[str]:
+        hit = self._stops.get(scope)
+        if hit is None or time.monotonic() - hit[0] >= SCOPE_SIZE_SECONDS:
+            return frozenset()
+        return hit[1]
+
+    def _note_stop_words(self, scope: Scope, stops: list[str]) -> None:
+        # A word in more than FTS_MAX_DOC_FRACTION of the scope stays one while the scope's
+        # size is reused (SCOPE_SIZE_SECONDS, or until a write through this store): later
+        # queries leave it out without reading its cap + 1 matches again.
+        hit = self._stops.get(scope)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
+            self._stops[scope] = (hit[0], hit[1] | frozenset(stops))
+            return
+        if len(self._stops) >= _DIRECTIVE_CACHE_SCOPES:
+            self._stops.clear()
+        self._stops[scope] = (now, frozenset(stops))
 
     async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
         # The scope's memory count sets the stop-word threshold and the vector plan; it is
@@ -1120,9 +1138,11 @@ class PostgresMemoryStore:
         now = time.monotonic()
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
             return hit[1]
-        cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
-                                 (scope.organization_id, scope.agent_id))
-        row = await cur.fetchone()
+        async with conn.transaction():
+            await self._set_scope(conn, scope.organization_id, scope.agent_id)
+            cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
+                                     (scope.organization_id, scope.agent_id))
+            row = await cur.fetchone()
         n = int(row[0]) if row else 0
         if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
             self._sizes.clear()
@@ -1208,6 +1228,7 @@ class PostgresMemoryStore:
     async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1228,6 +1249,7 @@ class PostgresMemoryStore:
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1344,6 +1366,7 @@ class PostgresMemoryStore:
     async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._as_admin(conn, "retention")
