@@ -225,3 +225,37 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
         assert conn.execute("SELECT count(*) FROM memory_terms t WHERE NOT EXISTS "
                             "(SELECT 1 FROM memories m WHERE m.seq = t.seq)").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM memory_terms WHERE organization_id = 'globex'").fetchone()[0] > 0
+
+
+def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) -> None:
+    # Under row-level security PostgreSQL only uses a condition as an index condition when
+    # its operator is leakproof; text equality is, so the term lookup of the cold query is
+    # an index scan for the app role (with sequential scans priced out, a condition the
+    # index may not take would show as a Seq Scan here).
+    from ctxcore.stores.postgres import _COLD_NO_VECTOR, _query_keys
+    from ctxcore.stores.sqlite import _fts_terms
+
+    db = pg_server.new_database()
+    with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
+        s.add_many(NewMemory(f"m{k}", f"org{k % 3}", "support", f"note {k}" + (" refund 返金" if k % 10 == 1 else ""))
+                   for k in range(300))
+    with psycopg.connect(db.owner_url, autocommit=True) as conn:
+        conn.execute("ANALYZE memory_terms")
+    with psycopg.connect(db.app_url) as conn:
+        conn.execute("SELECT set_config('ctxcore.organization_id', 'org1', true), "
+                     "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)")
+        params = {"org": "org1", "agent": "support", "limit": 10, "terms": _query_keys(_fts_terms("refund 返金")),
+                  "cap": 30, "n": 100.0, "nterms": 8}
+        (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + _COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
+
+        def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            yield n
+            for child in n.get("Plans", []):
+                yield from nodes(child)
+
+        on_terms = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "memory_terms"]
+        assert on_terms and all(n["Node Type"] in ("Index Only Scan", "Index Scan") for n in on_terms)
+        assert all("term =" in n["Index Cond"] for n in on_terms)
+        rows = conn.execute(_COLD_NO_VECTOR, params).fetchall()
+        found = [r[1] for r in rows if r[1] is not None]  # and the statement finds the scope's refund notes
+        assert sorted(found) == sorted(f"m{k}" for k in range(300) if k % 30 == 1)

@@ -6,10 +6,12 @@ database that any number of ``ctxcore serve`` replicas read and write:
 
 - cold retrieval merges pgvector hits (cosine distance, an HNSW index; the ANN cutoff
   ``min_similarity`` is applied in SQL to the scope's nearest rows before any row is
-  hydrated) with full-text hits (a ``tsvector`` of the ``simple`` configuration over the
-  same normalized words as the SQLite store's FTS5 index, CJK characters one word each, a
-  GIN index; relevance = the 0.5 full-text sentinel). User text only reaches the database
-  as bound parameters and as the words of ``phraseto_tsquery``, never as query syntax;
+  hydrated) with full-text hits (a term table on a b-tree holding the same normalized
+  words as the SQLite store's FTS5 index, CJK characters one word each, and pairs of
+  adjacent CJK characters; relevance = the 0.5 full-text sentinel), in one statement.
+  A b-tree on text equality, unlike a ``tsvector`` match on GIN, stays usable under
+  row-level security (its operator is leakproof). User text only reaches the database as
+  bound parameters, never as query syntax;
 - hot retrieval is the agent's newest memories off an index;
 - directives per organization and agent, with the same short in-memory cache;
 - every statement is parameterized and filtered by organization *and* agent, and the
