@@ -1082,6 +1082,8 @@ class PostgresMemoryStore:
         assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
         vector = qv is not None and self._dim is not None
+        if not vector and not terms:
+            return []
         async with self._pool.connection() as conn:
             in_scope = await self._scope_size(conn, scope)
             if in_scope == 0:
@@ -1152,6 +1154,8 @@ class PostgresMemoryStore:
                                      (scope.organization_id, scope.agent_id))
             row = await cur.fetchone()
         n = int(row[0]) if row else 0
+        if n == 0:  # not remembered: another replica's first write there is seen at once
+            return 0
         if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
             self._sizes.clear()
         self._sizes[scope] = (now, n)
