@@ -259,6 +259,25 @@ def test_directives_and_their_cache(make: Factory) -> None:
     assert run(make(reopen=True, directive_cache_seconds=0).directive(A2)) == "Never share card numbers."
 
 
+def test_words_in_most_memories_are_left_out_and_that_follows_writes(make: Factory) -> None:
+    # 40 memories, one scope: a word in more than max(8, 3%) of them says nothing and is
+    # left out of full-text search; a rare word is searched. What is common changes with
+    # writes, and the next query follows (no stale stop-word list).
+    s = make()
+    s.add_many(NewMemory(f"n{k}", "acme", "support", f"the note number {k}" + (" kettle" if k == 7 else ""))
+               for k in range(40))
+    for _ in range(2):  # the second time from whatever the store remembered
+        assert run(s.cold(A, Query("the"), 10, 0.7)) == []
+        assert [r.id for r in run(s.cold(A, Query("the kettle"), 10, 0.7))] == ["n7"]
+    s.add_many(NewMemory(f"k{k}", "acme", "support", f"kettle descaling step {k}") for k in range(20))
+    assert run(s.cold(A, Query("kettle"), 10, 0.7)) == []  # now in 21 of 60 memories
+    assert s.delete(A, [f"n{k}" for k in range(34)]) == 34
+    assert s.delete(A, [f"k{k}" for k in range(20)]) == 20
+    # 6 memories left: nothing is pruned below 8 matches.
+    assert sorted(r.id for r in run(s.cold(A, Query("the"), 10, 0.7))) == [f"n{k}" for k in range(34, 40)]
+    assert run(s.cold(A, Query("kettle"), 10, 0.7)) == []  # n7 was deleted
+
+
 # ---- scope isolation -------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -51,9 +52,19 @@ def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
         conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
         assert conn.execute("SELECT id FROM memories").fetchall() == [("a1",)]
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor can it write elsewhere
-            conn.execute("INSERT INTO memories (id, organization_id, agent_id, text, fts, confidence, created_at, "
-                         "token_count, token_family, token_kind) VALUES ('x', 'globex', 'support', 't', '', 1, 0, 1, "
+            conn.execute("INSERT INTO memories (id, organization_id, agent_id, text, confidence, created_at, "
+                         "token_count, token_family, token_kind) VALUES ('x', 'globex', 'support', 't', 1, 0, 1, "
                          "'cl100k_base', 'exact')")
+        conn.rollback()
+        # The full-text term table is behind the same wall.
+        assert conn.execute("SELECT count(*) FROM memory_terms").fetchone() == (0,)
+        conn.execute("SELECT set_config('ctxcore.organization_id', 'acme', true), "
+                     "set_config('ctxcore.agent_id', 'support', true)")
+        assert conn.execute("SELECT DISTINCT organization_id, agent_id FROM memory_terms").fetchall() == [
+            ("acme", "support")]
+        assert conn.execute("SELECT count(*) FROM memory_terms WHERE term = 'globex'").fetchone() == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO memory_terms SELECT 'globex', 'support', 'planted', seq FROM memories")
         conn.rollback()
         # The scope was transaction-local: the next transaction sees nothing again.
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (0,)
@@ -72,10 +83,11 @@ def test_migrations_are_versioned_and_idempotent(pg_server: PgServer) -> None:
     for _ in range(2):  # a second open applies nothing
         PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64)).close()
     with psycopg.connect(db.owner_url) as conn:
-        assert conn.execute("SELECT version FROM ctxcore_migrations").fetchall() == [(PG_SCHEMA_VERSION,)]
+        assert conn.execute("SELECT version FROM ctxcore_migrations ORDER BY version").fetchall() == [
+            (v,) for v in range(1, PG_SCHEMA_VERSION + 1)]
         assert conn.execute("SELECT value FROM ctxcore_meta WHERE key = 'embedding_dim'").fetchone() == ("64",)
         idx = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
-        assert {"memories_embedding", "memories_fts", "memories_recent"} <= idx
+        assert {"memories_embedding", "memories_recent"} <= idx
         conn.execute("INSERT INTO ctxcore_migrations VALUES (99, 'from the future')")
         conn.commit()
     with pytest.raises(MemoryStoreError, match="schema version 99 is newer"):
@@ -129,3 +141,118 @@ def test_nul_characters_are_named_at_ingest(pg_server: PgServer) -> None:
         with pytest.raises(InvalidMemory, match=r"'b' \(index 1\): text contains NUL"):
             s.add_many([NewMemory("a", "o", "x", "fine"), NewMemory("b", "o", "x", "bad\x00")])
         assert asyncio.run(s.hot(Scope("o", "x"), Query(""), 5)) == []
+
+
+def _v1_database(pg_server: PgServer, memories: list[NewMemory], embedder: HashingEmbedder) -> Any:
+    """A database as version 1 of the schema left it (tsvector + GIN full text), written
+    with version 1's own statements, the app role granted what version 1 granted."""
+    from ctxcore.stores.postgres import MIGRATIONS
+
+    db = pg_server.new_database()
+    with psycopg.connect(db.owner_url) as conn:
+        conn.execute("CREATE TABLE ctxcore_migrations (version integer PRIMARY KEY, description text NOT NULL, "
+                     "applied_at timestamptz NOT NULL DEFAULT now())")
+        version, description, statements = MIGRATIONS[0]
+        assert version == 1
+        for statement in statements:
+            assert isinstance(statement, str)
+            conn.execute(statement)
+        conn.execute("INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description))
+        conn.execute(f"ALTER TABLE memories ALTER COLUMN embedding TYPE vector({embedder.dim})")
+        conn.execute("CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_cosine_ops)")
+        conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s), ('embedder', %s)",
+                     (str(embedder.dim), embedder.name))
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives TO {db.app}")
+        conn.execute(f"GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {db.app}")
+        conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+        for k, m in enumerate(memories):
+            vec = embedder.embed(m.text)
+            conn.execute(
+                "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, created_at, "
+                "token_count, token_family, token_kind) VALUES (%s, %s, %s, %s, %s::vector, "
+                "to_tsvector('simple', %s), 1, %s, 1, 'cl100k_base', 'estimate')",
+                (m.id, m.organization_id, m.agent_id, m.text, "[" + ",".join(map(str, vec.tolist())) + "]",
+                 m.text, 1.7e9 + k))
+    return db
+
+
+def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer) -> None:
+    embedder = HashingEmbedder(64)
+    a, b = Scope("acme", "support"), Scope("globex", "support")
+    texts = ["Refund in five business days", "Rückgabe innerhalb von 30 Tagen möglich",
+             "返金は30日以内に処理されます", "Shipping to Canada costs extra", "退款多久可以到账", "refund desk hours"]
+    mems = [NewMemory(f"m{k}", a.organization_id, a.agent_id, t) for k, t in enumerate(texts)]
+    mems.append(NewMemory("g0", b.organization_id, b.agent_id, "GLOBEX refund secret"))
+    db = _v1_database(pg_server, mems, embedder)
+    with pytest.raises(MemoryStoreError, match="schema version 1, this ctxcore needs"):
+        PostgresMemoryStore(db.app_url, migrate=False)
+    PostgresMemoryStore(db.owner_url).close()  # the owner migrates
+    with psycopg.connect(db.owner_url) as conn:
+        assert conn.execute("SELECT max(version) FROM ctxcore_migrations").fetchone() == (PG_SCHEMA_VERSION,)
+        cols = {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'memories'")}
+        assert "fts" not in cols
+        idx = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
+        assert "memories_fts" not in idx
+    fresh = pg_server.new_database()
+    queries = ["refund", "Ruckgabe tagen", "返金", "退款", "canada shipping", "secret"]
+    results = {}
+    for name, target in (("migrated", db), ("fresh", fresh)):
+        if name == "fresh":
+            with PostgresMemoryStore(target.owner_url, embedder=embedder, grant_to=target.app) as s:
+                s.add_many(mems)
+        # The app role was granted v1's tables only: the migration gave it the term table.
+        with PostgresMemoryStore(target.app_url, migrate=False) as app:
+            results[name] = [
+                [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
+                 if r.similarity is None] for q in queries]
+            app.add(NewMemory(f"new-{name}", a.organization_id, a.agent_id, "a refund note added later"))
+            assert "new-" + name in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
+            assert app.delete(a, ["m0"]) == 1
+            assert "m0" not in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
+    assert results["migrated"] == results["fresh"]
+    hits = dict(zip(queries, results["migrated"]))
+    assert {i for i, _ in hits["refund"]} == {"m0", "m5"}
+    assert {i for i, _ in hits["返金"]} == {"m2"} and {i for i, _ in hits["退款"]} == {"m4"}
+    assert {i for i, _ in hits["Ruckgabe tagen"]} == {"m1"}
+    assert hits["secret"] == []  # the other scope's memory stays there
+    # Deleting a memory removes its terms (the foreign key cascades, under row-level security).
+    with psycopg.connect(db.owner_url) as conn:
+        conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+        assert conn.execute("SELECT count(*) FROM memory_terms t WHERE NOT EXISTS "
+                            "(SELECT 1 FROM memories m WHERE m.seq = t.seq)").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM memory_terms WHERE organization_id = 'globex'").fetchone()[0] > 0
+
+
+def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) -> None:
+    # Under row-level security PostgreSQL only uses a condition as an index condition when
+    # its operator is leakproof; text equality is, so the term lookup of the cold query is
+    # an index scan for the app role (with sequential scans priced out, a condition the
+    # index may not take would show as a Seq Scan here).
+    from ctxcore.stores.postgres import _COLD_NO_VECTOR, _query_keys
+    from ctxcore.stores.sqlite import _fts_terms
+
+    db = pg_server.new_database()
+    with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
+        s.add_many(NewMemory(f"m{k}", f"org{k % 3}", "support", f"note {k}" + (" refund 返金" if k % 10 == 1 else ""))
+                   for k in range(300))
+    with psycopg.connect(db.owner_url, autocommit=True) as conn:
+        conn.execute("ANALYZE memory_terms")
+    with psycopg.connect(db.app_url) as conn:
+        conn.execute("SELECT set_config('ctxcore.organization_id', 'org1', true), "
+                     "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)")
+        params = {"org": "org1", "agent": "support", "limit": 10, "terms": _query_keys(_fts_terms("refund 返金")),
+                  "cap": 30, "n": 100.0, "nterms": 8}
+        (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + _COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
+
+        def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            yield n
+            for child in n.get("Plans", []):
+                yield from nodes(child)
+
+        on_terms = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "memory_terms"]
+        assert on_terms and all(n["Node Type"] in ("Index Only Scan", "Index Scan") for n in on_terms)
+        assert all("term =" in n["Index Cond"] for n in on_terms)
+        rows = conn.execute(_COLD_NO_VECTOR, params).fetchall()
+        found = [r[1] for r in rows if r[1] is not None]  # and the statement finds the scope's refund notes
+        assert sorted(found) == sorted(f"m{k}" for k in range(300) if k % 30 == 1)

@@ -6,10 +6,12 @@ database that any number of ``ctxcore serve`` replicas read and write:
 
 - cold retrieval merges pgvector hits (cosine distance, an HNSW index; the ANN cutoff
   ``min_similarity`` is applied in SQL to the scope's nearest rows before any row is
-  hydrated) with full-text hits (a ``tsvector`` of the ``simple`` configuration over the
-  same normalized words as the SQLite store's FTS5 index, CJK characters one word each, a
-  GIN index; relevance = the 0.5 full-text sentinel). User text only reaches the database
-  as bound parameters and as the words of ``phraseto_tsquery``, never as query syntax;
+  hydrated) with full-text hits (a term table on a b-tree holding the same normalized
+  words as the SQLite store's FTS5 index, CJK characters one word each, and pairs of
+  adjacent CJK characters; relevance = the 0.5 full-text sentinel), in one statement.
+  A b-tree on text equality, unlike a ``tsvector`` match on GIN, stays usable under
+  row-level security (its operator is leakproof). User text only reaches the database as
+  bound parameters, never as query syntax;
 - hot retrieval is the agent's newest memories off an index;
 - directives per organization and agent, with the same short in-memory cache;
 - every statement is parameterized and filtered by organization *and* agent, and the
@@ -39,13 +41,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 import math
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -53,8 +56,8 @@ import numpy.typing as npt
 
 from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
+from ._text import _CJK_CHAR, normalize, words
 from .urls import is_postgres_url
-from ._text import normalize, words
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
@@ -71,7 +74,6 @@ from .sqlite import (
     _clip,
     _exact_json,
     _fts_terms,
-    _scope_token,
     _strip_diacritics,
 )
 
@@ -124,6 +126,53 @@ _COLUMNS = (
     "token_count, token_family, token_kind, exact_tokens"
 )
 
+# ---- the cold query, one statement ----------------------------------------------------------
+#
+# Vector path: the scope's `limit` nearest rows, then the ANN cutoff, before any row is
+# hydrated. Full-text path: each search key's newest matches in the scope off the term
+# table's b-tree (text equality is leakproof, so row-level security leaves the index
+# usable), at most cap + 1 of them: a key with more is a stop word of this scope and left
+# out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores the IDF of each
+# it holds (more and rarer words first, then newest). The two paths are taken in turn (the
+# k-th vector hit, then the k-th text hit; a text hit the vector path found is not repeated),
+# at most `limit` entries, and only those rows are read back.
+_COLD_TEXT = """
+hits AS MATERIALIZED (
+    SELECT t.k, m.seq FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL (
+        SELECT seq FROM memory_terms WHERE organization_id = %(org)s AND agent_id = %(agent)s AND term = t.term
+        ORDER BY seq DESC LIMIT %(cap)s + 1) m),
+chosen AS (
+    SELECT k, ln(1.0 + %(n)s::float8 / (count(*) + 1)::float8) AS idf FROM hits GROUP BY k HAVING count(*) <= %(cap)s
+    ORDER BY count(*), k LIMIT %(nterms)s),
+txt AS (
+    SELECT h.seq, row_number() OVER (ORDER BY round(sum(c.idf)::numeric, 9) DESC, h.seq DESC) AS r
+    FROM hits h JOIN chosen c USING (k) GROUP BY h.seq),
+picked AS (
+    SELECT seq, sim, r, 0 AS src FROM vec
+    UNION ALL
+    SELECT seq, NULL, r, 1 FROM txt WHERE r <= %(limit)s AND seq NOT IN (SELECT seq FROM vec)
+    ORDER BY r, src LIMIT %(limit)s)
+SELECT * FROM (
+    SELECT """ + _COLUMNS.replace("seq, ", "m.seq, ", 1) + """, p.sim, NULL::bigint AS stop, p.r, p.src
+    FROM picked p JOIN memories m ON m.seq = p.seq WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s
+    UNION ALL
+    SELECT """ + ", ".join(["NULL"] * (_COLUMNS.count(",") + 2)) + """, k, NULL, NULL FROM hits GROUP BY k
+    HAVING count(*) > %(cap)s) o
+ORDER BY r NULLS LAST, src"""
+_COLD_VECTOR = """WITH nearest AS MATERIALIZED (
+    SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
+    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY {order} LIMIT %(limit)s),
+vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
+""" + _COLD_TEXT
+# A large scope walks the HNSW index (ordered by the distance operator itself); a small
+# one is scanned exactly off the scope index: ordered by an expression no index serves,
+# since otherwise the planner, which cannot see the scope's size through row-level
+# security, walks the HNSW index for a scope of 1% of the table (~200 ms at 100,000).
+_COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vector")
+_COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
+_COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
+""" + _COLD_TEXT
+
 # ---- the schema, as versioned migrations ------------------------------------------------
 
 # Every policy reads the scope a transaction set with set_config(..., true). An unset
@@ -134,7 +183,59 @@ _SCOPE_AGENT = "current_setting('ctxcore.agent_id', true)"
 _ALL_AGENTS = "current_setting('ctxcore.all_agents', true) = 'on'"
 _ADMIN = "current_setting('ctxcore.admin', true) = 'on'"
 
-MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+# A migration step that is not one SQL statement (it computes in Python).
+_Step = Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]]
+# Memories read back per statement while the terms of an existing database are filled in.
+_BACKFILL_CHUNK = 2_000
+
+
+async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    """Migration 2: fill `memory_terms` from the memories already stored (their terms are
+    computed here, by the same code as at ingest), and give every role that may write
+    ``memories`` the same rights on the new table."""
+    await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+    last = 0
+    while True:
+        cur = await conn.execute(
+            "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
+            (last, _BACKFILL_CHUNK))
+        rows = await cur.fetchall()
+        if not rows:
+            break
+        await _insert_terms(conn, [(int(s), o, a, _doc_terms(t)) for s, o, a, t in rows])
+        last = int(rows[-1][0])
+    cur = await conn.execute(
+        "SELECT DISTINCT grantee FROM information_schema.role_table_grants WHERE table_schema = current_schema() "
+        "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user")
+    for (role,) in await cur.fetchall():
+        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON memory_terms TO {}").format(
+            sql.Identifier(role)))
+    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+
+
+async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
+                        docs: Sequence[tuple[int, str, str, Sequence[str]]]) -> None:
+    """Insert the terms of memories, given as (seq, organization_id, agent_id, terms), in
+    one statement (COPY is not allowed into a table under row-level security)."""
+    orgs: list[str] = []
+    agents: list[str] = []
+    terms: list[str] = []
+    seqs: list[int] = []
+    for seq, org, agent, ts in docs:
+        orgs += [org] * len(ts)
+        agents += [agent] * len(ts)
+        terms += ts
+        seqs += [seq] * len(ts)
+    if terms:
+        await conn.execute(
+            "INSERT INTO memory_terms (organization_id, agent_id, term, seq) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])",
+            (orgs, agents, terms, seqs))
+
+
+_BACKFILL_TERMS: _Step = _backfill_terms
+
+MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
     (
         1,
         "memories, directives, full-text and vector indexes, row-level security",
@@ -188,6 +289,35 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             f"CREATE POLICY directives_admin ON directives TO CURRENT_USER USING ({_ADMIN})",
         ),
     ),
+    (
+        2,
+        "full text on a term table (b-tree, usable under row-level security) in place of tsvector/GIN",
+        (
+            # One row per distinct search key of a memory (its words, and its pairs of
+            # adjacent CJK characters): `term = $1` is a b-tree condition with a leakproof
+            # operator, so PostgreSQL uses the index under row-level security, where the
+            # tsvector match (not leakproof) could only filter a scan of the whole scope.
+            """CREATE TABLE IF NOT EXISTS memory_terms (
+                organization_id text NOT NULL,
+                agent_id text NOT NULL,
+                term text NOT NULL,
+                seq bigint NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
+                PRIMARY KEY (organization_id, agent_id, term, seq)
+            )""",
+            # The cascade of a delete finds a memory's terms by this index.
+            "CREATE INDEX IF NOT EXISTS memory_terms_seq ON memory_terms (seq)",
+            "ALTER TABLE memory_terms ENABLE ROW LEVEL SECURITY",
+            "ALTER TABLE memory_terms FORCE ROW LEVEL SECURITY",
+            "DROP POLICY IF EXISTS memory_terms_scope ON memory_terms",
+            f"CREATE POLICY memory_terms_scope ON memory_terms USING ((organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
+            "DROP POLICY IF EXISTS memory_terms_admin ON memory_terms",
+            f"CREATE POLICY memory_terms_admin ON memory_terms TO CURRENT_USER USING ({_ADMIN})",
+            _BACKFILL_TERMS,
+            "DROP INDEX IF EXISTS memories_fts",
+            "ALTER TABLE memories DROP COLUMN IF EXISTS fts",
+        ),
+    ),
 )
 #: Version of the database layout this code writes (the highest migration).
 PG_SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -232,25 +362,49 @@ def _password_of(dsn: str) -> str | None:
     return str(pw) if pw else None
 
 
-def _fts_document(organization_id: str, agent_id: str, text: str) -> str:
-    # The scope's token (letters and digits), then the words the SQLite store's FTS5 index
-    # holds (NFKC, case folded, diacritics removed, CJK characters one word each),
-    # space-separated: the `simple` parser sees one token per word. A term is searched
-    # together with the scope's token, so the GIN index intersects the two posting lists
-    # instead of reading every scope's matches.
-    return _scope_token(organization_id, agent_id) + " " + " ".join(
-        _strip_diacritics(w) for w in words(normalize(text)))
+#: A search key longer than this many UTF-8 bytes is stored as a digest (a b-tree entry
+#: holds at most ~2.7 kB; no real word comes near).
+TERM_MAX_BYTES = 256
 
 
-def _tsquery_phrase(tokens: Sequence[str]) -> str:
-    """One full-text term as a tsquery: each token a quoted lexeme (quotes and backslashes
-    escaped, so a token can never be read as an operator), consecutive tokens a phrase.
+def _term_key(term: str) -> str:
+    # Words are letters and digits only, so neither the "#" of a digest nor the space of
+    # a character pair can make two different terms one key.
+    raw = term.encode()
+    return term if len(raw) <= TERM_MAX_BYTES else "#" + hashlib.sha256(raw).hexdigest()
 
-    >>> _tsquery_phrase(("返", "金")), _tsquery_phrase(("it's",))
-    ("'返' <-> '金'", "'it''s'")
+
+def _doc_terms(text: str) -> list[str]:
+    """The search keys of a memory's text: its distinct words as the SQLite store's FTS5
+    index holds them (NFKC, case folded, diacritics removed, every CJK character a word),
+    and each pair of adjacent CJK characters (a query's CJK run is searched as its
+    character pairs, as the FTS5 phrase "c1 c2" finds them).
+
+    >>> _doc_terms("Rückgabe: 返金は30日以内")
+    ['30', 'ruckgabe', 'は', '以', '以 内', '内', '日', '日 以', '返', '返 金', '金', '金 は']
     """
-    return " <-> ".join(
-        "'" + _strip_diacritics(tok).replace("\\", "\\\\").replace("'", "''") + "'" for tok in tokens)
+    ws = words(normalize(text))
+    keys = {_strip_diacritics(w) for w in ws}
+    for a, b in zip(ws, ws[1:]):
+        if _CJK_CHAR.fullmatch(a) and _CJK_CHAR.fullmatch(b):
+            keys.add(_strip_diacritics(a) + " " + _strip_diacritics(b))
+    keys.discard("")
+    return sorted(_term_key(k) for k in keys)
+
+
+def _query_keys(terms: Sequence[tuple[str, ...]]) -> list[str]:
+    """The search keys of a query's full-text terms (`_fts_terms`: a word, or two adjacent
+    CJK characters), in the same form as `_doc_terms`; bound as parameters, never parsed.
+
+    >>> _query_keys([("returns",), ("返", "金"), ("it's",)])
+    ['returns', '返 金', "it's"]
+    """
+    out: list[str] = []
+    for t in terms:
+        key = " ".join(_strip_diacritics(tok) for tok in t)
+        if key.strip():
+            out.append(_term_key(key))
+    return out
 
 
 def _vector_text(v: npt.NDArray[np.float32]) -> str:
@@ -369,6 +523,7 @@ class PostgresMemoryStore:
         self._flusher: asyncio.Task[None] | None = None
         self._flush_sleeping = False
         self._sizes: dict[Scope, tuple[float, int]] = {}
+        self._stops: dict[Scope, tuple[float, frozenset[str]]] = {}
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -467,7 +622,10 @@ class PostgresMemoryStore:
                 if version <= current:
                     continue
                 for statement in statements:
-                    await conn.execute(statement)  # constant DDL: no user input
+                    if isinstance(statement, str):
+                        await conn.execute(statement)  # constant DDL: no user input
+                    else:
+                        await statement(conn)
                 await conn.execute(
                     "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description)
                 )
@@ -481,7 +639,7 @@ class PostgresMemoryStore:
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
                 await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives TO {}").format(role))
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms TO {}").format(role))
                 await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
@@ -708,18 +866,19 @@ class PostgresMemoryStore:
         now = time.time()
         kind = "exact" if self._exact else "estimate"
         rows = [
-            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v),
-             _fts_document(m.organization_id, m.agent_id, m.text), m.confidence, m.importance,
-             now if m.created_at is None else m.created_at,
-             m.accessed_at, n, self._family, kind, ex)
+            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v), m.confidence,
+             m.importance, now if m.created_at is None else m.created_at, m.accessed_at, n, self._family, kind, ex)
             for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
+        terms = [_doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
-        self._run(self._insert(batch, rows, dim))
+        self._run(self._insert(batch, rows, terms, dim))
         self._sizes.clear()
+        self._stops.clear()
         return [m.id for m in batch]
 
-    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], dim: int | None) -> None:
+    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
+                      dim: int | None) -> None:
         assert self._pool is not None
         by_scope: dict[tuple[str, str], list[int]] = {}
         for i, m in enumerate(batch):
@@ -743,24 +902,26 @@ class PostgresMemoryStore:
                         i = next(k for k, r in enumerate(rows) if r[4] is not None)
                         raise InvalidMemory(f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
                                             f"the store's have {self._dim}", i, batch[i].id)
-                inserted: set[str] = set()
+                inserted: dict[str, int] = {}
                 for (org, agent), idx in by_scope.items():
                     await self._set_scope(conn, org, agent)
-                    async with conn.cursor() as cur:
-                        await cur.executemany(
-                            "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, "
-                            "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
-                            "VALUES (%s, %s, %s, %s, %s::vector, to_tsvector('simple', %s), %s, %s, %s, %s, %s, %s, %s, "
-                            "%s::jsonb) "
-                            "ON CONFLICT (id) DO NOTHING RETURNING id",
-                            [rows[i] for i in idx], returning=True,
-                        )
-                        while True:
-                            r = await cur.fetchone()
-                            if r is not None:
-                                inserted.add(r[0])
-                            if not cur.nextset():
-                                break
+                    # One statement per scope: the rows as arrays, inserted in batch order (so
+                    # `seq` follows it), a taken id skipped here and named below.
+                    cols = list(zip(*(rows[i] for i in idx)))
+                    cur = await conn.execute(
+                        "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, importance, "
+                        "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
+                        "SELECT id, o, a, t, e::vector, c, i, ca, aa, n, f, k, x::jsonb FROM unnest("
+                        "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[], "
+                        "%s::float8[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[]) "
+                        "WITH ORDINALITY AS r(id, o, a, t, e, c, i, ca, aa, n, f, k, x, ord) ORDER BY ord "
+                        "ON CONFLICT (id) DO NOTHING RETURNING id, seq",
+                        [list(c) for c in cols],
+                    )
+                    got = {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+                    inserted.update(got)
+                    await _insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
+                                               if batch[i].id in got])
                 if len(inserted) != len(batch):
                     # Ids are unique across the whole store; which scope holds a taken id is
                     # not told (row-level security would hide it anyway).
@@ -845,7 +1006,7 @@ class PostgresMemoryStore:
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            async with conn.transaction():
+            async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
                 cur = await conn.execute(
                     "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
@@ -874,7 +1035,7 @@ class PostgresMemoryStore:
                    limit: int) -> list[tuple[int, MemoryRecord]]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            async with conn.transaction():
+            async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
                 cur = await conn.execute(
                     f"SELECT {_COLUMNS}, 1 - (embedding <=> %s::vector) FROM memories "
@@ -910,8 +1071,8 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        token = _scope_token(scope.organization_id, scope.agent_id)
-        terms = [f"'{token}' & ({_tsquery_phrase(t)})" for t in _fts_terms(query.text)]
+        stops = self._stop_words(scope)
+        terms = [k for k in _query_keys(_fts_terms(query.text)) if k not in stops]
         out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
         self._note(scope, out)
         return [r for _, r in out]
@@ -920,90 +1081,64 @@ class PostgresMemoryStore:
                     min_similarity: float) -> list[tuple[int, MemoryRecord]]:
         assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
+        vector = qv is not None and self._dim is not None
+        if not vector and not terms:
+            return []
         async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                vector_hits: list[tuple[int, float]] = []
-                if qv is not None and self._dim is not None:
-                    # A large scope walks the HNSW index (iterative scans go on until `limit`
-                    # rows of the scope are found); a small one is scanned exactly off the
-                    # scope index. Row-level security's settings hide the scope's size from
-                    # the planner, so the store says which.
-                    large = await self._scope_size(conn, scope) >= HNSW_MIN_SCOPE
-                    await conn.execute(
-                        "SELECT set_config('hnsw.ef_search', %s, true), "
-                        "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-                        "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
-                        (str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
-                    # The scope's `limit` nearest rows (HNSW, iterative scan keeps going until
-                    # enough of this scope are found), then the ANN cutoff, before hydration.
-                    cur = await conn.execute(
-                        "WITH nearest AS MATERIALIZED (SELECT seq, embedding <=> %s::vector AS d FROM memories "
-                        "WHERE organization_id = %s AND agent_id = %s AND embedding IS NOT NULL "
-                        "ORDER BY d LIMIT %s) "
-                        "SELECT seq, 1 - d FROM nearest WHERE 1 - d >= %s ORDER BY d, seq",
-                        (_vector_text(qv), org, agent, limit, min_similarity),
-                    )
-                    vector_hits = [(int(s), float(sim)) for s, sim in await cur.fetchall()]
-                # Full text on the GIN index (scope token & term): the planner, blind to the
-                # scope's size, would otherwise scan the table for the first few matches.
-                await conn.execute("SELECT set_config('enable_sort', 'on', true), "
-                                   "set_config('enable_seqscan', 'off', true)")
-                text_hits = await self._fulltext(conn, scope, terms, limit) if terms else []
-                merged: list[tuple[int, float | None]] = []
-                seen: set[int] = set()
-                vector_ids = {s for s, _ in vector_hits}
-                for k in range(max(len(vector_hits), len(text_hits))):
-                    for s, sim in (
-                        (vector_hits[k] if k < len(vector_hits) else (None, None)),
-                        ((text_hits[k], None) if k < len(text_hits) else (None, None)),
-                    ):
-                        if s is None or s in seen or (sim is None and s in vector_ids):
-                            continue
-                        seen.add(s)
-                        merged.append((s, sim))
-                merged = merged[:limit]
-                if not merged:
-                    return []
+            in_scope = await self._scope_size(conn, scope)
+            if in_scope == 0:
+                return []
+            cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
+            # A large scope walks the HNSW index (iterative scans go on until `limit` rows of
+            # the scope are found); a small one is scanned exactly off the scope index.
+            # Row-level security's settings hide the scope's size from the planner, so the
+            # store says which. Both statements go out at once (pipeline mode): the scope and
+            # the plan settings, then the whole cold query, one round trip.
+            large = vector and in_scope >= HNSW_MIN_SCOPE
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
+                    "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
+                    "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                    "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true)",
+                    (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
                 cur = await conn.execute(
-                    f"SELECT {_COLUMNS} FROM memories WHERE seq = ANY(%s) AND organization_id = %s AND agent_id = %s",
-                    ([s for s, _ in merged], org, agent),
-                )
-                rows = {row[0]: row for row in await cur.fetchall()}
+                    (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if vector else _COLD_NO_VECTOR,
+                    {"q": _vector_text(qv) if vector and qv is not None else None, "org": org, "agent": agent,
+                     "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
+                     "nterms": FTS_QUERY_TERMS})
+                rows = await cur.fetchall()
         out: list[tuple[int, MemoryRecord]] = []
-        for s, sim in merged:
-            row = rows.get(s)
-            if row is None:
+        stops: list[str] = []
+        for row in rows:
+            if row[-3] is not None:  # a stop word of this scope
+                stops.append(terms[int(row[-3]) - 1])
                 continue
+            sim = row[-4]
             origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
-            out.append((s, _record(row, origin, None if sim is None else _clip(sim), len(out))))
+            out.append((row[0], _record(row, origin, None if sim is None else _clip(float(sim)), len(out))))
+        if stops:
+            self._note_stop_words(scope, stops)
         return out
 
-    async def _fulltext(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope, terms: list[str],
-                        limit: int) -> list[int]:
-        org, agent = scope.organization_id, scope.agent_id
-        in_scope = await self._scope_size(conn, scope)
-        if in_scope == 0:
-            return []
-        cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
-        # Each term's matches in the scope, at most cap + 1 of them: a term with more is a
-        # stop word of this scope and left out; for the others the count is exact.
-        cur = await conn.execute(
-            "SELECT t.k, m.seq FROM unnest(%s::tsquery[]) WITH ORDINALITY AS t(q, k) CROSS JOIN LATERAL ("
-            "SELECT seq FROM memories WHERE fts @@ t.q AND (organization_id = %s AND agent_id = %s) IS TRUE "
-            "LIMIT %s) m",
-            (terms, org, agent, cap + 1),
-        )
-        hits: dict[int, list[int]] = {}
-        for k, s in await cur.fetchall():
-            hits.setdefault(int(k), []).append(int(s))
-        chosen = sorted((len(v), k) for k, v in hits.items() if 0 < len(v) <= cap)[:FTS_QUERY_TERMS]
-        scores: dict[int, float] = {}
-        for d, k in chosen:
-            idf = math.log(1.0 + in_scope / (d + 1.0))
-            for s in hits[k]:
-                scores[s] = scores.get(s, 0.0) + idf
-        return sorted(scores, key=lambda s: (-scores[s], -s))[:limit]
+    def _stop_words(self, scope: Scope) -> frozenset[str]:
+        hit = self._stops.get(scope)
+        if hit is None or time.monotonic() - hit[0] >= SCOPE_SIZE_SECONDS:
+            return frozenset()
+        return hit[1]
+
+    def _note_stop_words(self, scope: Scope, stops: list[str]) -> None:
+        # A word in more than FTS_MAX_DOC_FRACTION of the scope stays one while the scope's
+        # size is reused (SCOPE_SIZE_SECONDS, or until a write through this store): later
+        # queries leave it out without reading its cap + 1 matches again.
+        hit = self._stops.get(scope)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
+            self._stops[scope] = (hit[0], hit[1] | frozenset(stops))
+            return
+        if len(self._stops) >= _DIRECTIVE_CACHE_SCOPES:
+            self._stops.clear()
+        self._stops[scope] = (now, frozenset(stops))
 
     async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
         # The scope's memory count sets the stop-word threshold and the vector plan; it is
@@ -1013,10 +1148,14 @@ class PostgresMemoryStore:
         now = time.monotonic()
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
             return hit[1]
-        cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
-                                 (scope.organization_id, scope.agent_id))
-        row = await cur.fetchone()
+        async with conn.transaction():
+            await self._set_scope(conn, scope.organization_id, scope.agent_id)
+            cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
+                                     (scope.organization_id, scope.agent_id))
+            row = await cur.fetchone()
         n = int(row[0]) if row else 0
+        if n == 0:  # not remembered: another replica's first write there is seen at once
+            return 0
         if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
             self._sizes.clear()
         self._sizes[scope] = (now, n)
@@ -1101,6 +1240,7 @@ class PostgresMemoryStore:
     async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1121,6 +1261,7 @@ class PostgresMemoryStore:
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1166,10 +1307,9 @@ class PostgresMemoryStore:
             raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
                                 f"{self._dim}", -1, memory_id)
         if "text" in fields:
-            sets += ["text = %s", "fts = to_tsvector('simple', %s)", "token_count = %s", "token_family = %s",
-                     "token_kind = %s", "exact_tokens = %s::jsonb"]
-            params += [fields["text"], _fts_document(scope.organization_id, scope.agent_id, fields["text"]),
-                       self._count([fields["text"]])[0], self._family,
+            sets += ["text = %s", "token_count = %s", "token_family = %s", "token_kind = %s",
+                     "exact_tokens = %s::jsonb"]
+            params += [fields["text"], self._count([fields["text"]])[0], self._family,
                        "exact" if self._exact else "estimate", _exact_json([memory_id], [fields["text"]])[0]]
         if "text" in fields or "embedding" in fields:
             sets.append("embedding = %s::vector")
@@ -1187,10 +1327,25 @@ class PostgresMemoryStore:
             raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
                                    "first or run `ctxcore memories init --dimensions N`")
         statement = (f"UPDATE memories SET {', '.join(sets)} "  # fixed column names only
-                     "WHERE organization_id = %s AND agent_id = %s AND id = %s")
-        return self._run(self._scoped_rowcount(
-            scope.organization_id, scope.agent_id, statement,
-            (*params, scope.organization_id, scope.agent_id, memory_id))) > 0
+                     "WHERE organization_id = %s AND agent_id = %s AND id = %s RETURNING seq")
+        return self._run(self._update(
+            scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
+            _doc_terms(fields["text"]) if "text" in fields else None))
+
+    async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None) -> bool:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                cur = await conn.execute(statement, params)
+                row = await cur.fetchone()
+                if row is None:
+                    return False
+                if terms is not None:  # a new text: its terms replace the old ones
+                    await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
+                                       "AND seq = %s", (scope.organization_id, scope.agent_id, row[0]))
+                    await _insert_terms(conn, [(int(row[0]), scope.organization_id, scope.agent_id, terms)])
+                return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
         """Retention by age: delete memories created more than `max_age_seconds` before
@@ -1223,6 +1378,7 @@ class PostgresMemoryStore:
     async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
+        self._stops.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._as_admin(conn, "retention")
