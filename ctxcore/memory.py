@@ -236,6 +236,13 @@ def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: 
     return arr
 
 
+def _same_records(records: Sequence[MemoryRecord], other: Any) -> bool:
+    """``==`` of a sequence of records with any other sequence: the same records in order."""
+    if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+        return len(records) == len(other) and all(a == b for a, b in zip(records, other))
+    return NotImplemented  # type: ignore[no-any-return]
+
+
 class MemoryBatch(Sequence[MemoryRecord]):
     """Memories of one scope as columns: what a store returns from a query.
 
@@ -362,9 +369,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
 
     def __eq__(self, other: Any) -> bool:
         """Equal to any sequence of the same records (a list a store returned before, say)."""
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
+        return _same_records(self, other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -405,9 +410,7 @@ class _Chain(Sequence[MemoryRecord]):
             yield from p
 
     def __eq__(self, other: Any) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
+        return _same_records(self, other)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -61,13 +61,13 @@ from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory
+from .sqlite.ingest import check_batch
 from .sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
     FTS_MAX_DOC_FRACTION,
     FTS_PRUNE_MIN_DOCS,
     FTS_QUERY_TERMS,
-    _at_index,
     _check_limit,
     _check_query,
     _check_scope,
@@ -449,6 +449,13 @@ class _Loop:
             self.loop.close()
 
 
+
+def _check_nul(mem: NewMemory, i: int) -> None:
+    for name in ("id", "organization_id", "agent_id", "text"):
+        if "\x00" in getattr(mem, name):
+            raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
+                                "PostgreSQL text cannot hold", i, mem.id)
+
 class PostgresMemoryStore:
     """A memory store in a PostgreSQL database with pgvector; implements
     `ctxcore.memory.MemoryStore` and `ctxcore.memory.MemoryLifecycle`.
@@ -828,24 +835,7 @@ class PostgresMemoryStore:
                 dimension than the store's.
         """
         self._check_open()
-        if isinstance(memories, (str, bytes, Mapping, NewMemory)):
-            raise TypeError("add_many takes an iterable of memories; use add for one")
-        batch: list[NewMemory] = []
-        seen: dict[str, int] = {}
-        for i, m in enumerate(memories):
-            try:
-                mem = m if isinstance(m, NewMemory) else NewMemory.from_mapping(m)
-            except InvalidMemory as exc:
-                raise InvalidMemory(_at_index(str(exc), i), i, exc.memory_id) from None
-            if mem.id in seen:
-                raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i,
-                                    mem.id)
-            seen[mem.id] = i
-            for name in ("id", "organization_id", "agent_id", "text"):
-                if "\x00" in getattr(mem, name):
-                    raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
-                                        "PostgreSQL text cannot hold", i, mem.id)
-            batch.append(mem)
+        batch, _ = check_batch(memories, _check_nul)
         if not batch:
             return []
         counts = self._count([m.text for m in batch])

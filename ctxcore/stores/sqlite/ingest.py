@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -43,9 +43,13 @@ _INSERT = (
 )
 
 
-def check_batch(memories: Iterable[NewMemory | Mapping[str, Any]]) -> tuple[list[NewMemory], dict[str, int]]:
+def check_batch(
+    memories: Iterable[NewMemory | Mapping[str, Any]],
+    check: Callable[[NewMemory, int], None] | None = None,
+) -> tuple[list[NewMemory], dict[str, int]]:
     """The memories as `NewMemory` records and each id's index; `InvalidMemory` names the
-    first bad one (its index and id), an id used twice included."""
+    first bad one (its index and id), an id used twice included. `check(memory, index)`
+    adds a store's own rule, raising `InvalidMemory` for a memory it refuses."""
     if isinstance(memories, (str, bytes, Mapping, NewMemory)):
         raise TypeError("add_many takes an iterable of memories; use add for one")
     batch: list[NewMemory] = []
@@ -58,6 +62,8 @@ def check_batch(memories: Iterable[NewMemory | Mapping[str, Any]]) -> tuple[list
         if mem.id in seen:
             raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
         seen[mem.id] = i
+        if check is not None:
+            check(mem, i)
         batch.append(mem)
     return batch, seen
 
