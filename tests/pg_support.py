@@ -81,6 +81,18 @@ class PgServer:
             os.chown(self.dir, uid, gid)
             os.chown(self.sock, uid, gid)
             os.chmod(self.dir, 0o755)
+            if subprocess.run(_as_server_user(["test", "-x", str(bin_dir / "initdb")])).returncode != 0:
+                # The environment sits under a directory the server user cannot enter (a
+                # checkout in /root or in a 0700 temporary directory): run a copy of the
+                # installation from the server's own directory (~35 MB), laid out as in
+                # site-packages for the binaries' rpath ($ORIGIN/../../../<pkg>.libs).
+                pkg = bin_dir.parent.parent
+                copy = self.dir / "pg" / pkg.name
+                shutil.copytree(bin_dir.parent, copy / "pginstall", symlinks=True)
+                libs = pkg.parent / f"{pkg.name}.libs"
+                if libs.is_dir():
+                    shutil.copytree(libs, copy.parent / libs.name, symlinks=True)
+                bin_dir = copy / "pginstall" / "bin"
         subprocess.run(
             _as_server_user([str(bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
                              "-E", "UTF8", "--locale=C", "--no-sync"]),
