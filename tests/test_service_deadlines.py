@@ -61,18 +61,20 @@ def test_deadlines_hold_at_p99() -> None:
                 await client.assemble(req, timeout=1.0)  # warm the channel
                 for ms in (5, 20, 50, 200):
                     lat: list[float] = []
-                    late: list[float] = []
-
-                    async def timer() -> None:
-                        t0 = time.perf_counter()
-                        await asyncio.sleep(ms / 1000)
-                        late.append((time.perf_counter() - t0) * 1000 - ms)
-
+                    # How far past its own deadline timer each call ended: a timer started
+                    # with the call fires late by as much as the process was stalled, so
+                    # stalls of a shared machine count for both and cancel out.
+                    over: list[float] = []
                     codes: dict[str, int] = {}
                     walls: dict[int, int] = {}
 
-                    async def one() -> None:
+                    async def timer(ms: float = ms) -> float:
+                        await asyncio.sleep(ms / 1000)
+                        return time.perf_counter()
+
+                    async def one(ms: float = ms) -> None:
                         t0 = time.perf_counter()
+                        fired = asyncio.ensure_future(timer())
                         try:
                             r = await client.assemble(req, timeout=ms / 1000)
                             code = "OK"
@@ -80,22 +82,24 @@ def test_deadlines_hold_at_p99() -> None:
                             assert r.wall.limit_ms <= min(40.0, ms)
                         except grpc.aio.AioRpcError as exc:
                             code = exc.code().name
-                        lat.append((time.perf_counter() - t0) * 1000)
+                        t1 = time.perf_counter()
+                        lat.append((t1 - t0) * 1000)
+                        over.append((t1 - await fired) * 1000)
                         codes[code] = codes.get(code, 0) + 1
 
                     for _ in range(n // 4):
-                        await asyncio.gather(*(one() for _ in range(4)), timer())
+                        await asyncio.gather(*(one() for _ in range(4)))
                     out[ms] = {"p50": sorted(lat)[len(lat) // 2], "p99": _p99(lat), "codes": codes, "walls": walls,
-                               "timer_late_p99": max(0.0, _p99(late))}
+                               "over_p99": _p99(over)}
         return out
 
     res = asyncio.run(main())
     print()
     for ms, r in res.items():
-        print(f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (timer lateness p99 "
-              f"{r['timer_late_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}")
+        print(f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer, p99 "
+              f"{r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}")
         assert set(r["codes"]) <= {"OK", "DEADLINE_EXCEEDED"}, r
-        assert r["p99"] <= ms + 5 + r["timer_late_p99"], (ms, r)
+        assert r["over_p99"] <= 5, (ms, r)
     # 5 ms leaves no time for retrieval after the headrooms: refused at once
     assert res[5]["codes"] == {"DEADLINE_EXCEEDED": n}
     # 20 ms: the caller's deadline sets the wall; 200 ms: the server's 40 ms wall does
