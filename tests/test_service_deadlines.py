@@ -90,16 +90,21 @@ def test_deadlines_hold_at_p99() -> None:
                     for _ in range(n // 4):
                         await asyncio.gather(*(one() for _ in range(4)))
                     out[ms] = {"p50": sorted(lat)[len(lat) // 2], "p99": _p99(lat), "codes": codes, "walls": walls,
-                               "over_p99": _p99(over)}
+                               "over_p95": sorted(over)[int(0.95 * len(over))], "over_p99": _p99(over)}
         return out
 
     res = asyncio.run(main())
     print()
     for ms, r in res.items():
-        print(f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer, p99 "
-              f"{r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}")
+        print(f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer: p95 "
+              f"{r['over_p95']:.2f} ms, p99 {r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}")
         assert set(r["codes"]) <= {"OK", "DEADLINE_EXCEEDED"}, r
-        assert r["over_p99"] <= 5, (ms, r)
+        # A call that ignored its deadline would end 20-40 ms past the timer (the server's
+        # own wall). After a stall of the whole process (50-100 ms on this shared VM), the
+        # timer is the first callback to run and a call's completion comes a few loop
+        # iterations later, so the tail keeps room for that catch-up.
+        assert r["over_p95"] <= 5, (ms, r)
+        assert r["over_p99"] <= 15, (ms, r)
     # 5 ms leaves no time for retrieval after the headrooms: refused at once
     assert res[5]["codes"] == {"DEADLINE_EXCEEDED": n}
     # 20 ms: the caller's deadline sets the wall; 200 ms: the server's 40 ms wall does
