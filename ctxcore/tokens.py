@@ -165,6 +165,7 @@ def _estimator(family: str) -> _core.Estimator:
         char_classes=classes,
         words=words,
         word_cost=int(entry.get("word_cost", 0)),
+        word_scale=float(entry.get("word_scale", 1.0)) * factor,
     )
 
 

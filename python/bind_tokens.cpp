@@ -64,13 +64,14 @@ class Estimator {
  public:
   Estimator(unsigned pair_bits, const U16Array& latin_costs, const U32Array& pair_entries, const U16Array& block_costs,
             double scale, double spread, unsigned word_mode, const U8Array& char_classes, const py::bytes& words,
-            std::uint32_t word_cost) {
+            std::uint32_t word_cost, double word_scale) {
     params_.pair_bits = pair_bits;
     params_.latin_costs = to_vector(latin_costs, "latin_costs");
     params_.pair_entries = to_vector(pair_entries, "pair_entries");
     params_.block_costs = to_vector(block_costs, "block_costs");
     params_.scale = scale;
     params_.spread = spread;
+    params_.word_scale = word_scale;
     ctxcore::set_words(params_, word_mode, to_vector(char_classes, "char_classes"),
                        static_cast<std::string_view>(words), word_cost);
     ctxcore::validate(params_);
@@ -134,15 +135,18 @@ class Estimator {
     return out;
   }
 
-  // Each text's raw cost in cost units (before the margin). For the calibration.
+  // Each text's raw cost in cost units (before the margin), one row (units, sure) each:
+  // the whole cost and the part of it priced as whole vocabulary words. For the calibration.
   py::array_t<std::uint64_t> raw_batch(const py::sequence& texts) const {
     if (py::isinstance<py::str>(texts)) throw py::type_error("texts must be a sequence of str, not a str");
     const std::size_t n = py::len(texts);
-    py::array_t<std::uint64_t> out(static_cast<py::ssize_t>(n));
+    py::array_t<std::uint64_t> out({static_cast<py::ssize_t>(n), py::ssize_t{2}});
     std::uint64_t* dst = out.mutable_data();
     for (std::size_t i = 0; i < n; ++i) {
       py::object item = texts[i];
-      dst[i] = ctxcore::raw_cost(code_points(item, i), params_);
+      const ctxcore::RawCost r = ctxcore::raw_cost(code_points(item, i), params_);
+      dst[2 * i] = r.units;
+      dst[2 * i + 1] = r.sure;
     }
     return out;
   }
@@ -165,6 +169,7 @@ class Estimator {
   unsigned pair_bits() const { return params_.pair_bits; }
   double scale() const { return params_.scale; }
   double spread() const { return params_.spread; }
+  double word_scale() const { return params_.word_scale; }
 
  private:
   ctxcore::EstimatorParams params_;
@@ -219,10 +224,11 @@ void register_tokens(py::module_& m) {
   m.attr("ESTIMATOR_CLASS_LIMIT") = ctxcore::kClassLimit;
   py::class_<Estimator>(m, "Estimator", "One tokenizer family's estimator. Private: use ctxcore.estimate_tokens.")
       .def(py::init<unsigned, const U16Array&, const U32Array&, const U16Array&, double, double, unsigned,
-                    const U8Array&, const py::bytes&, std::uint32_t>(),
+                    const U8Array&, const py::bytes&, std::uint32_t, double>(),
            py::arg("pair_bits"), py::arg("latin_costs"), py::arg("pair_entries"), py::arg("block_costs"),
            py::arg("scale"), py::arg("spread"), py::kw_only(), py::arg("word_mode") = 0,
-           py::arg("char_classes") = U8Array(0), py::arg("words") = py::bytes(""), py::arg("word_cost") = 0)
+           py::arg("char_classes") = U8Array(0), py::arg("words") = py::bytes(""), py::arg("word_cost") = 0,
+           py::arg("word_scale") = 1.0)
       .def("raw_batch", &Estimator::raw_batch, py::arg("texts"))
       .def("words", &Estimator::words, py::arg("text"))
       .def_property_readonly("word_mode", &Estimator::word_mode)
@@ -232,7 +238,8 @@ void register_tokens(py::module_& m) {
            py::arg("prefix_a"), py::arg("prefix_b"))
       .def_property_readonly("pair_bits", &Estimator::pair_bits)
       .def_property_readonly("scale", &Estimator::scale)
-      .def_property_readonly("spread", &Estimator::spread);
+      .def_property_readonly("spread", &Estimator::spread)
+      .def_property_readonly("word_scale", &Estimator::word_scale);
   m.def("estimator_buckets", &estimator_buckets, py::arg("text"), py::arg("bits"),
         "Per code point: packed pair number and block. Private: used by the calibration.");
 }

@@ -177,12 +177,15 @@ struct NoWords {
 // `last_open`: the last word may still be extended by text that follows (the end of a whole
 // text: word price while it is a vocabulary-word prefix); else it is priced by its pairs.
 template <class Unit, class OnWord>
-std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t prev, bool first_credit,
-                   bool last_open, OnWord&& on_word) {
+RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t prev, bool first_credit,
+             bool last_open, OnWord&& on_word) {
   const WordModel& w = p.words;
   const bool o200k = w.mode == kWordsO200k;
   const std::uint64_t floor = 2 * std::uint64_t{w.cost};  // two tokens
   std::uint64_t total = 0, run = 0, last = 0, lead = 0, h = 0;
+  // The part of `total` priced as whole vocabulary words (with the leading character each
+  // takes along): one token each whatever surrounds them, known rather than estimated.
+  std::uint64_t sure = 0;
   std::size_t start = 0;
   bool in_run = false, credit = false, lower = false;
   std::uint8_t k1 = prev != 0 ? class_of(prev, w) : kClassStart;  // class of cps[i - 1]
@@ -194,14 +197,21 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
   };
   const auto close = [&](std::size_t end, bool open) -> std::uint64_t {
     if (!credit) return std::max(run, floor);
+    bool found;
     if (!open) {
-      const bool found = contains(w, h);
+      found = contains(w, h);
       on_word(start, end, found);
-      return priced(found);
+    } else {
+      on_word(start, end, contains(w, h));
+      if (!last_open) return std::max(run, floor);
+      found = is_word_prefix(cps + start, end - start, w);
     }
-    on_word(start, end, contains(w, h));
-    if (!last_open) return std::max(run, floor);
-    return priced(is_word_prefix(cps + start, end - start, w));
+    const std::uint64_t price = priced(found);
+    // A vocabulary word is one token whatever surrounds it: known, not estimated. A
+    // vocabulary word's prefix ending the text is priced the same way, so that the text
+    // growing into the word leaves the estimate as it was.
+    if (found) sure += price;
+    return price;
   };
   std::size_t digits = 0;  // ASCII digits in a row so far
   for (std::size_t i = 0; i < n; ++i) {
@@ -266,8 +276,17 @@ std::uint64_t walk(const Unit* cps, std::size_t n, const EstimatorParams& p, cha
     prev = cp;
     last = c;
   }
-  if (in_run) total += close(n, true);
-  return total;
+  if (in_run) {
+    total += close(n, true);
+  } else if (n > 0 && attachable(k1, o200k) && (k1 == kClassSpace || ends_chunk(k2, o200k))) {
+    // A character that a following letter would take into its word ends the text (or the
+    // piece): priced as sure, so that the letter moving it into a vocabulary word (sure)
+    // does not lower the estimate. Appending anything else moves it back to the estimated
+    // part, which costs at least as much (scale >= word_scale). A piece is priced the way
+    // its text alone would be, the piece after it not knowing the word it may join.
+    sure += last;
+  }
+  return RawCost{total, sure};
 }
 
 }  // namespace
@@ -383,6 +402,13 @@ void validate(const EstimatorParams& p) {
     throw std::invalid_argument("estimator scale must be finite and >= 0, got " + std::to_string(p.scale));
   if (!std::isfinite(p.spread) || p.spread < 0.0)
     throw std::invalid_argument("estimator spread must be finite and >= 0, got " + std::to_string(p.spread));
+  if (!std::isfinite(p.word_scale) || p.word_scale < 0.0)
+    throw std::invalid_argument("estimator word_scale must be finite and >= 0, got " + std::to_string(p.word_scale));
+  // What is sure is never priced above what is estimated: else a text growing a word out
+  // of estimated characters could lower its estimate.
+  if (p.word_scale > p.scale)
+    throw std::invalid_argument("estimator word_scale must be at most scale (" + std::to_string(p.scale) + "), got " +
+                                std::to_string(p.word_scale));
   const WordModel& w = p.words;
   if (w.mode != kNoWords) {
     const std::size_t t = w.table.size();
@@ -394,7 +420,7 @@ void validate(const EstimatorParams& p) {
 }
 
 template <class Unit>
-std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
+RawCost raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
   if (params.words.mode != kNoWords) return walk(cps, n, params, 0, true, true, NoWords{});
   if constexpr (sizeof(Unit) == 1) {
     // Latin-1 text: every pair is a direct entry, no hashing.
@@ -407,7 +433,7 @@ std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& pa
       total += c != kUnseenPair ? c : params.block_costs[cp >> kBlockShift];
       prev = cp;
     }
-    return total;
+    return RawCost{total, 0};
   }
   std::uint64_t total = 0;
   char32_t prev = 0;
@@ -416,15 +442,15 @@ std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& pa
     total += cost(prev, cp, params);
     prev = cp;
   }
-  return total;
+  return RawCost{total, 0};
 }
 
-template std::uint64_t raw_cost<std::uint8_t>(const std::uint8_t*, std::size_t, const EstimatorParams&) noexcept;
-template std::uint64_t raw_cost<std::uint16_t>(const std::uint16_t*, std::size_t, const EstimatorParams&) noexcept;
-template std::uint64_t raw_cost<std::uint32_t>(const std::uint32_t*, std::size_t, const EstimatorParams&) noexcept;
-template std::uint64_t raw_cost<char32_t>(const char32_t*, std::size_t, const EstimatorParams&) noexcept;
+template RawCost raw_cost<std::uint8_t>(const std::uint8_t*, std::size_t, const EstimatorParams&) noexcept;
+template RawCost raw_cost<std::uint16_t>(const std::uint16_t*, std::size_t, const EstimatorParams&) noexcept;
+template RawCost raw_cost<std::uint32_t>(const std::uint32_t*, std::size_t, const EstimatorParams&) noexcept;
+template RawCost raw_cost<char32_t>(const char32_t*, std::size_t, const EstimatorParams&) noexcept;
 
-std::uint64_t raw_cost_utf8(std::string_view utf8, const EstimatorParams& params) {
+RawCost raw_cost_utf8(std::string_view utf8, const EstimatorParams& params) {
   if (params.words.mode != kNoWords) {
     std::u32string cps;
     cps.reserve(utf8.size());
@@ -437,13 +463,15 @@ std::uint64_t raw_cost_utf8(std::string_view utf8, const EstimatorParams& params
     total += cost(prev, cp, params);
     prev = cp;
   });
-  return total;
+  return RawCost{total, 0};
 }
 
-std::int64_t finish_estimate(std::uint64_t raw_units, bool nonempty, const EstimatorParams& params) noexcept {
+std::int64_t finish_estimate(RawCost raw_cost, bool nonempty, const EstimatorParams& params) noexcept {
   if (!nonempty) return 0;
-  const double raw = static_cast<double>(raw_units) / kCostUnit;
-  const double est = std::ceil(params.scale * raw + params.spread * std::sqrt(raw));
+  const std::uint64_t sure_units = std::min(raw_cost.sure, raw_cost.units);
+  const double sure = static_cast<double>(sure_units) / kCostUnit;
+  const double rest = static_cast<double>(raw_cost.units - sure_units) / kCostUnit;
+  const double est = std::ceil(params.word_scale * sure + params.scale * rest + params.spread * std::sqrt(rest));
   // Only reachable with absurd parameters on absurdly long text: saturate, never overflow.
   constexpr double kMax = 9.0e18;
   if (!(est < kMax)) return static_cast<std::int64_t>(kMax);
@@ -454,7 +482,7 @@ std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& param
   return finish_estimate(raw_cost_utf8(utf8, params), !utf8.empty(), params);
 }
 
-std::uint64_t raw_cost(const CodePoints& t, const EstimatorParams& params) noexcept {
+RawCost raw_cost(const CodePoints& t, const EstimatorParams& params) noexcept {
   switch (t.width) {
     case 1:
       return raw_cost(static_cast<const std::uint8_t*>(t.data), t.size, params);
@@ -513,7 +541,9 @@ void price_units(const Unit* cps, View<std::int64_t> ends, View<std::uint8_t> an
       // larger of its pair costs and two word prices, so whatever joins the pieces, it costs
       // at most what the pieces charge for its parts.
       const auto behind_words = [&](char32_t c) {
-        return finish_estimate(cost(0, c, p) + walk(piece, len, p, c, false, false, NoWords{}), true, p);
+        RawCost r = walk(piece, len, p, c, false, false, NoWords{});
+        r.units += cost(0, c, p);
+        return finish_estimate(r, true, p);
       };
       if (begin == 0) {
         out[k] = finish_estimate(walk(piece, len, p, 0, true, false, NoWords{}), len > 0, p);
@@ -525,14 +555,14 @@ void price_units(const Unit* cps, View<std::int64_t> ends, View<std::uint8_t> an
       begin = end;
       continue;
     }
-    const std::uint64_t body = raw_cost(piece, len, p);
+    const RawCost body = raw_cost(piece, len, p);  // no words here: nothing is sure
     const auto behind = [&](char32_t c) {
-      std::uint64_t raw = body + cost(0, c, p);
+      std::uint64_t raw = body.units + cost(0, c, p);
       if (len > 0) {
         const auto first = static_cast<char32_t>(piece[0]);
         raw = raw + cost(c, first, p) - cost(0, first, p);
       }
-      return finish_estimate(raw, true, p);
+      return finish_estimate(RawCost{raw, 0}, true, p);
     };
     if (begin == 0) {
       out[k] = finish_estimate(body, len > 0, p);

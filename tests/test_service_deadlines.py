@@ -10,7 +10,6 @@ bytes, huge messages, absurd budgets and empty ids get typed statuses and crash 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import random

@@ -241,6 +241,24 @@ TEST(EstimatorWords, TheLastWordIsAWordWhileAVocabularyWordStartsWithIt) {
   EXPECT_EQ(est("x.", p), 3);
 }
 
+TEST(EstimatorWords, TheMarginCoversWhatIsEstimatedOnly) {
+  // scale 2, spread 0: a vocabulary word is priced at word_scale (1) x one token, every
+  // other code point at 2 x its pair cost.
+  auto p = with_words(params(4, kOne, kOne, 2.0, 0.0), ctxcore::kWordsCl100k, "hello\n world");
+  EXPECT_EQ(est("hello", p), 1);                // a vocabulary word, open at the end
+  EXPECT_EQ(est("hello world", p), 2);          // " world" takes its space along
+  EXPECT_EQ(est("hello.\n", p), 1 + 2 + 2);    // "." and "\n" are estimated: 2 x 1 each
+  // A character that a word could still take along ends the text: sure until something
+  // other than a letter follows it.
+  EXPECT_EQ(est("hello.", p), 1 + 1);
+  EXPECT_EQ(est("hello ", p), 1 + 1);
+  EXPECT_EQ(est("hx", p), 4);                   // not a word: 2 x two tokens
+  p.word_scale = 1.5;
+  EXPECT_EQ(est("hello world", p), 3);          // ceil(1.5 x 2)
+  p.word_scale = 2.5;                           // above scale: a growing text could drop
+  EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
+}
+
 TEST(EstimatorWords, ACodePointThatIsNoTokenCostsAtLeastTwo) {
   const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n\xE4\xB8\xAD");
   EXPECT_EQ(est("\xE4\xB8\xAD", p), 1);          // 中 is a token

@@ -11,10 +11,12 @@
 // 16-bit tag of the pair they were learned from, so that a pair landing on another pair's
 // entry is recognized as unseen rather than given that pair's cost. A
 // pair the table has never seen falls back to the average of the code point's
-// 32-code-point block (`block_costs`), which stands in for its script. The sum `raw`
-// becomes the estimate ceil(scale * raw + spread * sqrt(raw)), at least 1 for non-empty
-// text: a margin relatively wide for short texts (where a sum of averages strays
-// furthest) and narrow for long ones. Tables, scale and spread are calibrated per
+// 32-code-point block (`block_costs`), which stands in for its script. The sum `raw`, of
+// which `sure` is priced as whole vocabulary words (one token each, known) and `rest` by
+// averages, becomes the estimate ceil(word_scale * sure + scale * rest + spread *
+// sqrt(rest)), at least 1 for non-empty text: a margin on what is estimated only,
+// relatively wide for short texts (where a sum of averages strays furthest) and narrow
+// for long ones. Tables, scale and spread are calibrated per
 // tokenizer family and passed in by the caller: the core holds none of them.
 //
 // Properties that hold for any parameters that pass validate(): empty text costs exactly
@@ -22,7 +24,8 @@
 // lowers it (each code point's cost depends only on it and its predecessor, so a prefix's
 // costs are a subset of the whole's, and every cost is >= 0; a word, below, costs at least
 // its leading character's pair cost, and the last word is priced as a word only while some
-// vocabulary word still starts with it, so no completion costs less).
+// vocabulary word still starts with it, so no completion costs less; cost moves from the
+// sure part to the estimated one only, never back, and word_scale <= scale).
 #pragma once
 
 #include <cstddef>
@@ -117,7 +120,16 @@ struct EstimatorParams {
   std::vector<std::uint16_t> block_costs;  // kBlocks entries, cost units
   double scale = 1.0;                      // >= 0
   double spread = 0.0;                     // >= 0
+  double word_scale = 1.0;                 // >= 0: the factor on whole vocabulary words
   WordModel words;                         // optional (mode kNoWords: none)
+};
+
+// A text's raw cost in cost units, and the part of it priced as whole vocabulary words
+// (`sure`, at most `units`): those are one token each whatever surrounds them, so the
+// margin for the estimate's error applies to the rest only.
+struct RawCost {
+  std::uint64_t units = 0;
+  std::uint64_t sure = 0;
 };
 
 // Sets `params.words`: mode, the class of every code point below kClassLimit, the vocabulary
@@ -127,7 +139,7 @@ struct EstimatorParams {
 void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t> classes, std::string_view words_utf8,
                std::uint32_t cost);
 
-// Throws std::invalid_argument naming what is wrong (sizes, bits, scale, spread).
+// Throws std::invalid_argument naming what is wrong (sizes, bits, scale, spread, word_scale).
 void validate(const EstimatorParams& params);
 
 // Where the pair (prev, cp) lives: a direct index into latin_costs when both are below
@@ -160,13 +172,13 @@ struct CodePoints {
 // The raw cost (in cost units) of a text given as code points in fixed-width units:
 // std::uint8_t (Latin-1), std::uint16_t (UCS-2) or char32_t / std::uint32_t (UCS-4).
 template <class Unit>
-std::uint64_t raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept;
+RawCost raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept;
 
 // The same for UTF-8; a byte that is not part of valid UTF-8 counts as one U+FFFD.
-std::uint64_t raw_cost_utf8(std::string_view utf8, const EstimatorParams& params);
+RawCost raw_cost_utf8(std::string_view utf8, const EstimatorParams& params);
 
 // The raw cost of code points in fixed-width units (width 1, 2 or 4), as estimate_tokens sums it.
-std::uint64_t raw_cost(const CodePoints& text, const EstimatorParams& params) noexcept;
+RawCost raw_cost(const CodePoints& text, const EstimatorParams& params) noexcept;
 
 // Calls on_word(begin, end, found) for each word of `text` (code-point offsets; the leading
 // character the pattern attaches included) that the word model prices: `found` when it is a
@@ -174,8 +186,9 @@ std::uint64_t raw_cost(const CodePoints& text, const EstimatorParams& params) no
 void for_each_word(const CodePoints& text, const EstimatorParams& params,
                    const std::function<void(std::size_t, std::size_t, bool)>& on_word);
 
-// ceil(scale * raw + spread * sqrt(raw)) in tokens, at least 1 when `nonempty`.
-std::int64_t finish_estimate(std::uint64_t raw_units, bool nonempty, const EstimatorParams& params) noexcept;
+// ceil(word_scale * sure + scale * rest + spread * sqrt(rest)) in tokens, where `rest` is the
+// raw cost not priced as whole vocabulary words; at least 1 when `nonempty`.
+std::int64_t finish_estimate(RawCost raw, bool nonempty, const EstimatorParams& params) noexcept;
 
 // The estimate for one UTF-8 text. `params` must have passed validate().
 std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& params);
