@@ -306,12 +306,23 @@ py::str to_str(const ctxcore::FormattedText& r) {
 
 using Spans = std::vector<std::tuple<int, std::size_t, std::size_t>>;
 using Pieces = std::vector<std::tuple<int, std::size_t>>;
+using Formatted = std::tuple<py::str, Spans, std::int64_t, Pieces>;
 
-std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object& directive,
-                                                                 const py::object& history,
-                                                                 const py::object& memories,
-                                                                 const py::object& tools_json, const py::str& nonce,
-                                                                 bool memories_frame, bool record_pieces) {
+// What both format functions return: the text, its section spans and piece ends (code
+// points), and how many characters were replaced.
+Formatted to_python(const ctxcore::FormattedText& r) {
+  py::str text = to_str(r);
+  Spans spans;
+  for (const auto& sp : r.sections)
+    spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
+  Pieces pieces;
+  for (const auto& p : r.pieces) pieces.emplace_back(static_cast<int>(p.kind), p.end.code_point);
+  return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
+}
+
+Formatted format_context(const py::object& directive, const py::object& history, const py::object& memories,
+                         const py::object& tools_json, const py::str& nonce, bool memories_frame,
+                         bool record_pieces) {
   Buffers buf(8);
   ctxcore::FormatInput in;
   in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
@@ -333,26 +344,18 @@ std::tuple<py::str, Spans, std::int64_t, Pieces> format_context(const py::object
     r = ctxcore::format_context(in, opt);
   }
 
-  py::str text = to_str(r);
-  Spans spans;
-  for (const auto& sp : r.sections)
-    spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
-  Pieces pieces;
-  for (const auto& p : r.pieces) pieces.emplace_back(static_cast<int>(p.kind), p.end.code_point);
-  return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
+  return to_python(r);
 }
 
 // The columnar form of format_context for the assembly: memory k of the context is row
 // order[k] of (ids, texts, scores, sources), its score rounded to four decimal places so
 // that the text carries no float noise. The columns come from validated records
 // (ctxcore.MemoryRecord); their types are checked again here all the same.
-std::tuple<py::str, Spans, std::int64_t, Pieces> format_columns(const py::object& directive, const py::object& history,
-                                                        const py::list& ids, const py::list& texts,
-                                                        const py::array_t<double, py::array::c_style>& scores,
-                                                        const py::list& sources,
-                                                        const py::array_t<std::int64_t, py::array::c_style>& order,
-                                                        const py::object& tools_json, const py::str& nonce,
-                                                        bool memories_frame, bool record_pieces) {
+Formatted format_columns(const py::object& directive, const py::object& history, const py::list& ids,
+                         const py::list& texts, const py::array_t<double, py::array::c_style>& scores,
+                         const py::list& sources, const py::array_t<std::int64_t, py::array::c_style>& order,
+                         const py::object& tools_json, const py::str& nonce, bool memories_frame,
+                         bool record_pieces) {
   const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
   if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
       static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
@@ -402,13 +405,7 @@ std::tuple<py::str, Spans, std::int64_t, Pieces> format_columns(const py::object
     py::gil_scoped_release nogil;  // as in format_context: only C++ data from here on
     r = ctxcore::format_context(in, opt);
   }
-  py::str text = to_str(r);
-  Spans spans;
-  for (const auto& sp : r.sections)
-    spans.emplace_back(static_cast<int>(sp.section), sp.begin.code_point, sp.end.code_point);
-  Pieces pieces;
-  for (const auto& p : r.pieces) pieces.emplace_back(static_cast<int>(p.kind), p.end.code_point);
-  return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
+  return to_python(r);
 }
 
 }  // namespace
