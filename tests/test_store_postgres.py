@@ -6,6 +6,9 @@ test_store_conformance.py."""
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,6 +209,7 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
             results[name] = [
                 [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
                  if r.similarity is None] for q in queries]
+            assert app.flush_accesses() > 0  # and the read-time table
             app.add(NewMemory(f"new-{name}", a.organization_id, a.agent_id, "a refund note added later"))
             assert "new-" + name in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
             assert app.delete(a, ["m0"]) == 1
@@ -256,3 +260,139 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
         rows = conn.execute(_COLD_NO_VECTOR, params).fetchall()
         found = [r[1] for r in rows if r[1] is not None]  # and the statement finds the scope's refund notes
         assert sorted(found) == sorted(f"m{k}" for k in range(300) if k % 30 == 1)
+
+
+def _row_versions(db: Any) -> list[tuple[str, str, str]]:
+    with psycopg.connect(db.owner_url) as conn:
+        conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+        return conn.execute("SELECT id, xmin::text, ctid::text FROM memories ORDER BY id").fetchall()
+
+
+def test_read_times_never_rewrite_a_memory_row(pg_server: PgServer) -> None:
+    # A rewritten row (new version, new entries in every index, the HNSW one included)
+    # per memory read would make every read a write to the vector index.
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64), grant_to=db.app) as s:
+        s.add_many(NewMemory(f"m{k:02d}", "acme", "support", f"note {k}", created_at=1.7e9 + k,
+                             accessed_at=1.7e9 + 100 if k == 0 else None) for k in range(20))
+    before = _row_versions(db)
+    with PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600) as app:
+        first = {r.id: r.accessed_at for r in asyncio.run(app.hot(scope, Query(""), 20))}
+        assert first["m00"] == 1.7e9 + 100 and first["m01"] is None  # the times given at ingest
+        t0 = time.time()
+        asyncio.run(app.hot(scope, Query(""), 20))
+        assert app.flush_accesses() == 20
+        assert app.flush_accesses() == 0  # nothing noted since
+        again = asyncio.run(app.hot(scope, Query(""), 20))
+    assert all(r.accessed_at is not None and r.accessed_at >= t0 - 1 for r in again)
+    assert _row_versions(db) == before
+
+
+def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -> None:
+    # Two replicas that read the same memories in different orders write their read times
+    # at the same moment, round after round: every flush commits, and the later read wins.
+    db = pg_server.new_database()
+    scopes = [Scope("acme", "support"), Scope("acme", "sales")]
+    with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
+        s.add_many(NewMemory(f"{sc.agent_id}-{k}", sc.organization_id, sc.agent_id, f"t{k}")
+                   for sc in scopes for k in range(120))
+    replicas = [PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600) for _ in range(2)]
+    rng = random.Random(7)
+    errors: list[BaseException] = []
+    written: list[int] = []
+    try:
+        for _ in range(12):
+            for r in replicas:
+                order = list(scopes)
+                rng.shuffle(order)
+                for sc in order:
+                    ks = rng.sample(range(120), 120)
+                    for j in range(0, 120, 8):  # every memory, in an order of its own
+                        found = asyncio.run(r.cold(sc, Query(" ".join(f"t{k}" for k in ks[j:j + 8])), 8, 0.99))
+                        assert len(found) == 8
+            barrier = threading.Barrier(2)
+
+            def flush(r: PostgresMemoryStore) -> None:
+                barrier.wait()
+                try:
+                    written.append(r.flush_accesses())
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=flush, args=(r,)) for r in replicas]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert errors == []
+        assert written == [240] * 24
+        last = time.time()
+        for sc in scopes:
+            assert all(m.accessed_at is not None and m.accessed_at <= last
+                       for m in asyncio.run(replicas[0].hot(sc, Query(""), 120)))
+    finally:
+        for r in replicas:
+            r.close()
+
+
+def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
+    # Once a scope's search keys have been counted, a store sends only the rarest of a
+    # long query's keys (and none of its stop words): the results are those of a store
+    # that counts everything afresh, and a key that had no match is still searched.
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    rng = random.Random(11)
+    vocab = [f"w{k}" for k in range(60)]
+    weights = [1.0 / (k + 1) for k in range(60)]
+    mems = [NewMemory(f"m{k:03d}", "acme", "support", " ".join(rng.choices(vocab, weights, k=8)), created_at=1.7e9 + k)
+            for k in range(400)]
+    with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
+        s.add_many(mems)
+    queries = [" ".join(rng.sample(vocab, 14)) + " absent" for _ in range(12)]
+
+    def results(store: PostgresMemoryStore, q: str) -> list[str]:
+        return [r.id for r in asyncio.run(store.cold(scope, Query(q), 20, 0.99))]
+
+    with PostgresMemoryStore(db.app_url, migrate=False) as warm, \
+            PostgresMemoryStore(db.app_url, migrate=False) as writer:
+        for q in queries:
+            results(warm, q)  # counts noted
+        for q in queries:
+            with PostgresMemoryStore(db.app_url, migrate=False) as fresh:
+                assert results(warm, q) == results(fresh, q), q
+        # A key counted with no match, then written through another replica, is found.
+        writer.add(NewMemory("late", "acme", "support", "absent", created_at=1.8e9))
+        assert "late" in results(warm, queries[0])
+
+
+def test_the_vector_walk_goes_on_while_every_row_is_a_hit(pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A large scope's walk takes the VECTOR_PROBE nearest rows first; when all of them are
+    # hits it walks again to the limit, so the hits found do not depend on the probe.
+    from ctxcore.stores import postgres
+
+    monkeypatch.setattr(postgres, "HNSW_MIN_SCOPE", 50)  # this scope walks the HNSW index
+    rng = random.Random(3)
+    dim = 16
+    q = [1.0] + [0.0] * (dim - 1)
+
+    def near(k: int) -> list[float]:
+        return [1.0] + [rng.uniform(-0.1, 0.1) for _ in range(dim - 1)]
+
+    def far(k: int) -> list[float]:
+        return [rng.uniform(-0.2, 0.2)] + [rng.uniform(-1, 1) for _ in range(dim - 1)]
+
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    mems = [NewMemory(f"near{k}", "acme", "support", f"n {k}", embedding=near(k)) for k in range(40)]
+    mems += [NewMemory(f"far{k}", "acme", "support", f"f {k}", embedding=far(k)) for k in range(160)]
+    mems += [NewMemory(f"other{k}", "globex", f"a{k % 4}", f"o {k}", embedding=near(k)) for k in range(400)]
+    with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
+        s.add_many(mems)
+    with PostgresMemoryStore(db.app_url, migrate=False) as app:
+        for limit, expected in ((64, 40), (40, 40), (20, 20), (3, 3)):
+            got = asyncio.run(app.cold(scope, Query("", tuple(q)), limit, 0.9))
+            assert len(got) == expected and all(r.id.startswith("near") and r.similarity is not None for r in got)
+            sims = [r.similarity for r in got]
+            assert sims == sorted(sims, reverse=True)
+        assert postgres.VECTOR_PROBE < 40

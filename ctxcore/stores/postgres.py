@@ -107,6 +107,9 @@ DEFAULT_POOL_SIZE = 8
 #: Scopes with at least this many memories search the HNSW index; smaller ones are scanned
 #: exactly (a few thousand cosines cost less than an index walk filtered to one scope).
 HNSW_MIN_SCOPE = 2_000
+#: Rows of a large scope the vector walk takes first (at most half the limit); the walk
+#: goes on to the limit only when all of them pass the similarity cutoff.
+VECTOR_PROBE = 16
 #: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
 SCOPE_SIZE_SECONDS = 60.0
 #: Reads note the memories they return; ``accessed_at`` is written for all of them in one
@@ -114,6 +117,8 @@ SCOPE_SIZE_SECONDS = 60.0
 ACCESS_FLUSH_SECONDS = 1.0
 # Directive cache entries kept before the cache is emptied.
 _DIRECTIVE_CACHE_SCOPES = 100_000
+# A search key's noted count when it is a stop word of the scope.
+_STOP_WORD = -1
 # Key of an organization-wide directive (Scope forbids empty agent ids).
 _ORG_WIDE = ""
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
@@ -121,10 +126,15 @@ _ORG_WIDE = ""
 _EF_SEARCH = 64
 _T = TypeVar("_T")
 
+# A memory as read back from its `memories` row `m`; the read time is the later of the one
+# given at ingest and the last read written (`memory_reads`, one key lookup per row read
+# back: a join would let the planner hash the whole scope).
 _COLUMNS = (
-    "seq, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
-    "token_count, token_family, token_kind, exact_tokens"
+    "m.seq, m.id, m.organization_id, m.agent_id, m.text, m.confidence, m.importance, m.created_at, "
+    "greatest(m.accessed_at, (SELECT r.accessed_at FROM memory_reads r WHERE r.seq = m.seq)), "
+    "m.token_count, m.token_family, m.token_kind, m.exact_tokens"
 )
+_COLUMN_COUNT = 13
 
 # ---- the cold query, one statement ----------------------------------------------------------
 #
@@ -133,7 +143,8 @@ _COLUMNS = (
 # table's b-tree (text equality is leakproof, so row-level security leaves the index
 # usable), at most cap + 1 of them: a key with more is a stop word of this scope and left
 # out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores the IDF of each
-# it holds (more and rarer words first, then newest). The two paths are taken in turn (the
+# it holds, in millionths (integers: a sum that does not depend on the order it is taken
+# in), more and rarer words first, then newest; each key's count is returned as well. The two paths are taken in turn (the
 # k-th vector hit, then the k-th text hit; a text hit the vector path found is not repeated),
 # at most `limit` entries, and only those rows are read back.
 _COLD_TEXT = """
@@ -141,28 +152,44 @@ hits AS MATERIALIZED (
     SELECT t.k, m.seq FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL (
         SELECT seq FROM memory_terms WHERE organization_id = %(org)s AND agent_id = %(agent)s AND term = t.term
         ORDER BY seq DESC LIMIT %(cap)s + 1) m),
+counts AS (SELECT k, count(*) AS n FROM hits GROUP BY k),
 chosen AS (
-    SELECT k, ln(1.0 + %(n)s::float8 / (count(*) + 1)::float8) AS idf FROM hits GROUP BY k HAVING count(*) <= %(cap)s
-    ORDER BY count(*), k LIMIT %(nterms)s),
+    SELECT k, ln(1.0 + %(n)s::float8 / (n + 1)::float8) AS idf FROM counts WHERE n <= %(cap)s
+    ORDER BY n, k LIMIT %(nterms)s),
+weights AS (
+    SELECT array_agg(coalesce(round(c.idf * 1e6)::integer, 0) ORDER BY g.k) AS w
+    FROM generate_series(1, cardinality(%(terms)s::text[])) AS g(k) LEFT JOIN chosen c ON c.k = g.k),
 txt AS (
-    SELECT h.seq, row_number() OVER (ORDER BY round(sum(c.idf)::numeric, 9) DESC, h.seq DESC) AS r
-    FROM hits h JOIN chosen c USING (k) GROUP BY h.seq),
+    SELECT h.seq, row_number() OVER (ORDER BY sum(w.w[h.k]) DESC, h.seq DESC) AS r
+    FROM hits h CROSS JOIN weights w WHERE w.w[h.k] > 0 GROUP BY h.seq),
 picked AS (
     SELECT seq, sim, r, 0 AS src FROM vec
     UNION ALL
     SELECT seq, NULL, r, 1 FROM txt WHERE r <= %(limit)s AND seq NOT IN (SELECT seq FROM vec)
     ORDER BY r, src LIMIT %(limit)s)
 SELECT * FROM (
-    SELECT """ + _COLUMNS.replace("seq, ", "m.seq, ", 1) + """, p.sim, NULL::bigint AS stop, p.r, p.src
+    SELECT """ + _COLUMNS + """, p.sim, NULL::bigint AS stop, p.r, p.src
     FROM picked p JOIN memories m ON m.seq = p.seq WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s
     UNION ALL
-    SELECT """ + ", ".join(["NULL"] * (_COLUMNS.count(",") + 2)) + """, k, NULL, NULL FROM hits GROUP BY k
-    HAVING count(*) > %(cap)s) o
+    SELECT """ + ", ".join(["NULL"] * (_COLUMN_COUNT + 1)) + """, k, n, NULL FROM counts) o
 ORDER BY r NULLS LAST, src"""
+# The vector walk first takes the scope's `probe` nearest rows; only when every one of them
+# passes the cutoff (more hits may follow) does a second walk take the `limit` nearest. A
+# filtered HNSW walk costs in proportion to the rows it must find (a scope of 10% of the
+# table: ten index entries visited per row of the scope), and most queries have a few
+# hits or none.
 _COLD_VECTOR = """WITH nearest AS MATERIALIZED (
     SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
-    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY {order} LIMIT %(limit)s),
-vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
+    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY {order} LIMIT %(probe)s),
+further AS MATERIALIZED (
+    SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
+    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL
+    AND %(probe)s < %(limit)s AND (SELECT count(*) FROM nearest WHERE 1 - d >= %(min)s) >= %(probe)s
+    ORDER BY {order} LIMIT %(limit)s),
+vec AS (
+    SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r
+    FROM (SELECT * FROM further UNION ALL SELECT * FROM nearest WHERE NOT EXISTS (SELECT FROM further)) n
+    WHERE 1 - d >= %(min)s),
 """ + _COLD_TEXT
 # A large scope walks the HNSW index (ordered by the distance operator itself); a small
 # one is scanned exactly off the scope index: ordered by an expression no index serves,
@@ -204,13 +231,23 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
             break
         await _insert_terms(conn, [(int(s), o, a, _doc_terms(t)) for s, o, a, t in rows])
         last = int(rows[-1][0])
+    await _grant_as_on_memories(conn, "memory_terms")
+    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+
+
+async def _grant_as_on_memories(conn: psycopg.AsyncConnection[TupleRow], table: str) -> None:
+    """Give every role that may write ``memories`` the same rights on a new `table`."""
     cur = await conn.execute(
         "SELECT DISTINCT grantee FROM information_schema.role_table_grants WHERE table_schema = current_schema() "
         "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user")
     for (role,) in await cur.fetchall():
-        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON memory_terms TO {}").format(
-            sql.Identifier(role)))
-    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+            sql.Identifier(table), sql.Identifier(role)))
+
+
+async def _grant_reads(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    """Migration 3: the app roles of an existing database get rights on `memory_reads`."""
+    await _grant_as_on_memories(conn, "memory_reads")
 
 
 async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
@@ -234,6 +271,7 @@ async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
 
 
 _BACKFILL_TERMS: _Step = _backfill_terms
+_GRANT_READS: _Step = _grant_reads
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
     (
@@ -316,6 +354,32 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
             _BACKFILL_TERMS,
             "DROP INDEX IF EXISTS memories_fts",
             "ALTER TABLE memories DROP COLUMN IF EXISTS fts",
+        ),
+    ),
+    (
+        3,
+        "read times in their own table: writing them never makes a new version of a memory's row",
+        (
+            # An UPDATE of `memories` that finds no room on the row's page writes the new
+            # version elsewhere and inserts it into every index, the HNSW index included
+            # (milliseconds per row, and dead entries every vector search then walks past).
+            # Read times change on every read, so they live in a narrow table of their own;
+            # `memories.accessed_at` keeps the time given at ingest, and a read returns the
+            # later of the two.
+            """CREATE TABLE IF NOT EXISTS memory_reads (
+                seq bigint PRIMARY KEY REFERENCES memories (seq) ON DELETE CASCADE,
+                organization_id text NOT NULL,
+                agent_id text NOT NULL,
+                accessed_at double precision NOT NULL
+            )""",
+            "ALTER TABLE memory_reads ENABLE ROW LEVEL SECURITY",
+            "ALTER TABLE memory_reads FORCE ROW LEVEL SECURITY",
+            "DROP POLICY IF EXISTS memory_reads_scope ON memory_reads",
+            f"CREATE POLICY memory_reads_scope ON memory_reads USING ((organization_id = {_SCOPE_ORG} "
+            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
+            "DROP POLICY IF EXISTS memory_reads_admin ON memory_reads",
+            f"CREATE POLICY memory_reads_admin ON memory_reads TO CURRENT_USER USING ({_ADMIN})",
+            _GRANT_READS,
         ),
     ),
 )
@@ -530,7 +594,9 @@ class PostgresMemoryStore:
         self._flusher: asyncio.Task[None] | None = None
         self._flush_sleeping = False
         self._sizes: dict[Scope, tuple[float, int]] = {}
-        self._stops: dict[Scope, tuple[float, frozenset[str]]] = {}
+        # Per scope: when first noted, then each search key's match count read, or
+        # _STOP_WORD for a key in more of the scope's memories than the threshold.
+        self._stops: dict[Scope, tuple[float, dict[str, int]]] = {}
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -646,7 +712,8 @@ class PostgresMemoryStore:
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
                 await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms TO {}").format(role))
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads TO {}"
+                ).format(role))
                 await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
@@ -1028,8 +1095,8 @@ class PostgresMemoryStore:
             async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
                 cur = await conn.execute(
-                    f"SELECT {_COLUMNS}, 1 - (embedding <=> %s::vector) FROM memories "
-                    "WHERE organization_id = %s AND agent_id = %s ORDER BY created_at DESC, seq DESC LIMIT %s",
+                    f"SELECT {_COLUMNS}, 1 - (m.embedding <=> %s::vector) FROM memories m "
+                    "WHERE m.organization_id = %s AND m.agent_id = %s ORDER BY m.created_at DESC, m.seq DESC LIMIT %s",
                     (None if qv is None else _vector_text(qv), scope.organization_id, scope.agent_id, limit),
                 )
                 rows = await cur.fetchall()
@@ -1061,8 +1128,7 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        stops = self._stop_words(scope)
-        terms = [k for k in _query_keys(_fts_terms(query.text)) if k not in stops]
+        terms = self._search_keys(scope, _query_keys(_fts_terms(query.text)))
         out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
         self._note(scope, out)
         return [r for _, r in out]
@@ -1095,40 +1161,52 @@ class PostgresMemoryStore:
                 cur = await conn.execute(
                     (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if vector else _COLD_NO_VECTOR,
                     {"q": _vector_text(qv) if vector and qv is not None else None, "org": org, "agent": agent,
-                     "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
+                     "limit": limit, "probe": max(1, min(VECTOR_PROBE, limit // 2)) if large else limit,
+                     "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
                      "nterms": FTS_QUERY_TERMS})
                 rows = await cur.fetchall()
         out: list[tuple[int, MemoryRecord]] = []
-        stops: list[str] = []
+        counts: dict[str, int] = {}
         for row in rows:
-            if row[-3] is not None:  # a stop word of this scope
-                stops.append(terms[int(row[-3]) - 1])
+            if row[-3] is not None:  # a search key's match count (at most cap + 1: a stop word)
+                n = int(row[-2])
+                counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
                 continue
             sim = row[-4]
             origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
             out.append((row[0], _record(row, origin, None if sim is None else _clip(float(sim)), len(out))))
-        if stops:
-            self._note_stop_words(scope, stops)
+        self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
         return out
 
-    def _stop_words(self, scope: Scope) -> frozenset[str]:
+    def _search_keys(self, scope: Scope, keys: list[str]) -> list[str]:
+        """The query's search keys worth sending, in query order: not the scope's known
+        stop words; every key with no match noted (it may have some by now: the statement
+        counts it); and of the keys with a count, only the FTS_QUERY_TERMS rarest. The
+        statement then chooses the keys it would choose from all of them, without reading
+        the matches of the others."""
         hit = self._stops.get(scope)
         if hit is None or time.monotonic() - hit[0] >= SCOPE_SIZE_SECONDS:
-            return frozenset()
-        return hit[1]
+            return keys
+        known = hit[1]
+        live = [k for k in keys if known.get(k, 0) != _STOP_WORD]
+        counted = [i for i, k in enumerate(live) if known.get(k, 0) > 0]
+        if len(counted) <= FTS_QUERY_TERMS:
+            return live
+        dropped = set(sorted(counted, key=lambda i: (known[live[i]], i))[FTS_QUERY_TERMS:])
+        return [k for i, k in enumerate(live) if i not in dropped]
 
-    def _note_stop_words(self, scope: Scope, stops: list[str]) -> None:
-        # A word in more than FTS_MAX_DOC_FRACTION of the scope stays one while the scope's
-        # size is reused (SCOPE_SIZE_SECONDS, or until a write through this store): later
-        # queries leave it out without reading its cap + 1 matches again.
+    def _note_counts(self, scope: Scope, counts: dict[str, int]) -> None:
+        # A key's count (and so whether it is a stop word) is reused while the scope's size
+        # is (SCOPE_SIZE_SECONDS, or until a write through this store): later queries leave
+        # stop words out and send only the rarest keys, without reading their matches again.
         hit = self._stops.get(scope)
         now = time.monotonic()
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
-            self._stops[scope] = (hit[0], hit[1] | frozenset(stops))
+            hit[1].update(counts)
             return
         if len(self._stops) >= _DIRECTIVE_CACHE_SCOPES:
             self._stops.clear()
-        self._stops[scope] = (now, frozenset(stops))
+        self._stops[scope] = (now, dict(counts))
 
     async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
         # The scope's memory count sets the stop-word threshold and the vector plan; it is
@@ -1181,6 +1259,10 @@ class PostgresMemoryStore:
         finally:
             if self._flusher is asyncio.current_task():
                 self._flusher = None
+                with self._accessed_lock:
+                    again = bool(self._accessed) and not self._closed
+                if again:  # what a failed flush kept, or reads noted while it ran
+                    self._start_flusher()
 
     async def _flush(self) -> int:
         with self._accessed_lock:
@@ -1189,18 +1271,39 @@ class PostgresMemoryStore:
             return 0
         assert self._pool is not None
         n = 0
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                for scope, seqs in pending.items():
-                    await self._set_scope(conn, scope.organization_id, scope.agent_id)
-                    cur = await conn.execute(
-                        "UPDATE memories AS m SET accessed_at = greatest(coalesce(m.accessed_at, 0), a.at) "
-                        "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) "
-                        "WHERE m.seq = a.seq AND m.organization_id = %s AND m.agent_id = %s",
-                        (list(seqs), list(seqs.values()), scope.organization_id, scope.agent_id),
-                    )
-                    n += cur.rowcount
+        scopes = sorted(pending, key=lambda sc: (sc.organization_id, sc.agent_id))
+        try:
+            async with self._pool.connection() as conn:
+                for k, scope in enumerate(scopes):
+                    seqs = sorted(pending[scope].items())
+                    # One transaction per scope, its rows taken in `seq` order: flushes of
+                    # several replicas (or a flush and `close`) that meet on the same rows
+                    # wait for each other instead of deadlocking.
+                    async with conn.transaction():
+                        await self._set_scope(conn, scope.organization_id, scope.agent_id)
+                        cur = await conn.execute(
+                            "INSERT INTO memory_reads AS r (seq, organization_id, agent_id, accessed_at) "
+                            "SELECT m.seq, m.organization_id, m.agent_id, a.at "
+                            "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) JOIN memories m ON m.seq = a.seq "
+                            "WHERE m.organization_id = %s AND m.agent_id = %s ORDER BY m.seq "
+                            "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)",
+                            ([s for s, _ in seqs], [t for _, t in seqs], scope.organization_id, scope.agent_id),
+                        )
+                        n += cur.rowcount
+                    del pending[scope]
+        finally:
+            if pending:  # not written (an error): kept for the next flush, never dropped
+                self._requeue(pending)
         return n
+
+    def _requeue(self, pending: dict[Scope, dict[int, float]]) -> None:
+        with self._accessed_lock:
+            for scope, seqs in pending.items():
+                now = self._accessed.setdefault(scope, {})
+                for s, t in seqs.items():
+                    now[s] = max(t, now.get(s, t))
+            if self._accessed and self._flusher is None and not self._closed:
+                self._loop.loop.call_soon_threadsafe(self._start_flusher)
 
     def flush_accesses(self) -> int:
         """Write the read times noted since the last flush as ``accessed_at`` (one
