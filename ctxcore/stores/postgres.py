@@ -107,9 +107,6 @@ DEFAULT_POOL_SIZE = 8
 #: Scopes with at least this many memories search the HNSW index; smaller ones are scanned
 #: exactly (a few thousand cosines cost less than an index walk filtered to one scope).
 HNSW_MIN_SCOPE = 2_000
-#: Rows of a large scope the vector walk takes first (at most half the limit); the walk
-#: goes on to the limit only when all of them pass the similarity cutoff.
-VECTOR_PROBE = 16
 #: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
 SCOPE_SIZE_SECONDS = 60.0
 #: Reads note the memories they return; ``accessed_at`` is written for all of them in one
@@ -173,23 +170,10 @@ SELECT * FROM (
     UNION ALL
     SELECT """ + ", ".join(["NULL"] * (_COLUMN_COUNT + 1)) + """, k, n, NULL FROM counts) o
 ORDER BY r NULLS LAST, src"""
-# The vector walk first takes the scope's `probe` nearest rows; only when every one of them
-# passes the cutoff (more hits may follow) does a second walk take the `limit` nearest. A
-# filtered HNSW walk costs in proportion to the rows it must find (a scope of 10% of the
-# table: ten index entries visited per row of the scope), and most queries have a few
-# hits or none.
 _COLD_VECTOR = """WITH nearest AS MATERIALIZED (
     SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
-    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY {order} LIMIT %(probe)s),
-further AS MATERIALIZED (
-    SELECT seq, embedding <=> %(q)s::vector AS d FROM memories
-    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL
-    AND %(probe)s < %(limit)s AND (SELECT count(*) FROM nearest WHERE 1 - d >= %(min)s) >= %(probe)s
-    ORDER BY {order} LIMIT %(limit)s),
-vec AS (
-    SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r
-    FROM (SELECT * FROM further UNION ALL SELECT * FROM nearest WHERE NOT EXISTS (SELECT FROM further)) n
-    WHERE 1 - d >= %(min)s),
+    WHERE organization_id = %(org)s AND agent_id = %(agent)s AND embedding IS NOT NULL ORDER BY {order} LIMIT %(limit)s),
+vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
 """ + _COLD_TEXT
 # A large scope walks the HNSW index (ordered by the distance operator itself); a small
 # one is scanned exactly off the scope index: ordered by an expression no index serves,
@@ -1161,8 +1145,7 @@ class PostgresMemoryStore:
                 cur = await conn.execute(
                     (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if vector else _COLD_NO_VECTOR,
                     {"q": _vector_text(qv) if vector and qv is not None else None, "org": org, "agent": agent,
-                     "limit": limit, "probe": max(1, min(VECTOR_PROBE, limit // 2)) if large else limit,
-                     "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
+                     "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
                      "nterms": FTS_QUERY_TERMS})
                 rows = await cur.fetchall()
         out: list[tuple[int, MemoryRecord]] = []
