@@ -54,13 +54,13 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..memory import ForgetReport, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
+from ..memory import ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
 from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ._text import _CJK_CHAR, normalize, words
 from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
-from .records import Directive, NewMemory
+from .records import Directive, NewMemory, rows_to_batch
 from .sqlite.ingest import check_batch
 from .sqlite import (
     DEFAULT_TOKEN_FAMILY,
@@ -71,7 +71,6 @@ from .sqlite import (
     _check_limit,
     _check_query,
     _check_scope,
-    _clip,
     _exact_json,
     _fts_terms,
     _strip_diacritics,
@@ -129,7 +128,7 @@ _T = TypeVar("_T")
 _COLUMNS = (
     "m.seq, m.id, m.organization_id, m.agent_id, m.text, m.confidence, m.importance, m.created_at, "
     "greatest(m.accessed_at, (SELECT r.accessed_at FROM memory_reads r WHERE r.seq = m.seq)), "
-    "m.token_count, m.token_family, m.token_kind, m.exact_tokens"
+    "m.token_count, m.token_family, m.token_kind, m.exact_tokens::text"
 )
 _COLUMN_COUNT = 13
 
@@ -1068,12 +1067,12 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             qv = None
-        out = await self._call(self._hot(scope, qv, limit))
-        self._note(scope, out)
-        return [r for _, r in out]
+        seqs, batch = await self._call(self._hot(scope, qv, limit))
+        self._note(scope, seqs)
+        return batch
 
     async def _hot(self, scope: Scope, qv: npt.NDArray[np.float32] | None,
-                   limit: int) -> list[tuple[int, MemoryRecord]]:
+                   limit: int) -> tuple[list[int], MemoryBatch]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
@@ -1084,8 +1083,8 @@ class PostgresMemoryStore:
                     (None if qv is None else _vector_text(qv), scope.organization_id, scope.agent_id, limit),
                 )
                 rows = await cur.fetchall()
-        return [(row[0], _record(row, MemoryOrigin.HOT, None if row[-1] is None else _clip(float(row[-1])), rank))
-                for rank, row in enumerate(rows)]
+        sims = np.clip(np.array([np.nan if r[-1] is None else r[-1] for r in rows], dtype=np.float64), -1.0, 1.0)
+        return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
@@ -1113,21 +1112,21 @@ class PostgresMemoryStore:
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
         terms = self._search_keys(scope, _query_keys(_fts_terms(query.text)))
-        out = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
-        self._note(scope, out)
-        return [r for _, r in out]
+        seqs, batch = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
+        self._note(scope, seqs)
+        return batch
 
     async def _cold(self, scope: Scope, qv: npt.NDArray[np.float32] | None, terms: list[str], limit: int,
-                    min_similarity: float) -> list[tuple[int, MemoryRecord]]:
+                    min_similarity: float) -> tuple[list[int], MemoryBatch]:
         assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
         vector = qv is not None and self._dim is not None
         if not vector and not terms:
-            return []
+            return [], rows_to_batch(scope, [], [], np.empty(0))
         async with self._pool.connection() as conn:
             in_scope = await self._scope_size(conn, scope)
             if in_scope == 0:
-                return []
+                return [], rows_to_batch(scope, [], [], np.empty(0))
             cap = int(max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope))
             # A large scope walks the HNSW index (iterative scans go on until `limit` rows of
             # the scope are found); a small one is scanned exactly off the scope index.
@@ -1148,18 +1147,18 @@ class PostgresMemoryStore:
                      "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
                      "nterms": FTS_QUERY_TERMS})
                 rows = await cur.fetchall()
-        out: list[tuple[int, MemoryRecord]] = []
+        found = []
         counts: dict[str, int] = {}
         for row in rows:
             if row[-3] is not None:  # a search key's match count (at most cap + 1: a stop word)
                 n = int(row[-2])
                 counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
-                continue
-            sim = row[-4]
-            origin = MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR
-            out.append((row[0], _record(row, origin, None if sim is None else _clip(float(sim)), len(out))))
+            else:
+                found.append(row)
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
-        return out
+        sims = np.clip(np.array([np.nan if r[-4] is None else r[-4] for r in found], dtype=np.float64), -1.0, 1.0)
+        origins = [MemoryOrigin.FULLTEXT if r[-4] is None else MemoryOrigin.VECTOR for r in found]
+        return [r[0] for r in found], rows_to_batch(scope, found, origins, sims)
 
     def _search_keys(self, scope: Scope, keys: list[str]) -> list[str]:
         """The query's search keys worth sending, in query order: not the scope's known
@@ -1214,14 +1213,13 @@ class PostgresMemoryStore:
 
     # ---- accessed_at, batched --------------------------------------------------------------
 
-    def _note(self, scope: Scope, found: Sequence[tuple[int, MemoryRecord]]) -> None:
-        if not found:
+    def _note(self, scope: Scope, seqs: Sequence[int]) -> None:
+        if not seqs:
             return
         now = time.time()
         with self._accessed_lock:
             pending = self._accessed.setdefault(scope, {})
-            for s, _ in found:
-                pending[s] = now
+            pending.update(dict.fromkeys(seqs, now))
             if self._flusher is None and not self._closed:
                 self._loop.loop.call_soon_threadsafe(self._start_flusher)
 
@@ -1491,15 +1489,6 @@ class PostgresMemoryStore:
                 drow = await cur.fetchone()
         scopes = tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in mrows)
         return StoreStats(scopes, int(drow[0]) if drow else 0)
-
-
-def _record(row: Sequence[Any], origin: MemoryOrigin, similarity: float | None, rank: int) -> MemoryRecord:
-    return MemoryRecord(
-        id=row[1], organization_id=row[2], agent_id=row[3], text=row[4], origin=origin, similarity=similarity,
-        confidence=row[5], importance=row[6], created_at=row[7], accessed_at=row[8], rank=rank,
-        token_count=row[9], token_family=row[10], token_kind=row[11],
-        exact_tokens={str(k): int(v) for k, v in row[12].items()} if row[12] else None,
-    )
 
 
 def _ids(ids: Iterable[str]) -> list[str]:

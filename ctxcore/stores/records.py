@@ -4,7 +4,7 @@
 signals); `Directive` is the operator directive of an organization (all its agents) or of
 one agent. Both validate on construction and name the bad record; `from_mapping` reads
 the JSON form used by ``ctxcore memories add FILE.jsonl`` and the shipped demo dataset.
-Retrieval hands back `ctxcore.memory.MemoryRecord`s, never these.
+Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never these.
 """
 
 from __future__ import annotations
@@ -18,9 +18,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..memory import MemoryBatch, MemoryOrigin, Scope
 from .errors import InvalidMemory
 
-__all__ = ["Directive", "NewMemory"]
+__all__ = ["Directive", "NewMemory", "rows_to_batch"]
+
+#: The columns both stores read a memory back as, in this order (a store's statement may
+#: add its own after them).
+STORED_COLUMNS = (
+    "seq", "id", "organization_id", "agent_id", "text", "confidence", "importance", "created_at", "accessed_at",
+    "token_count", "token_family", "token_kind", "exact_tokens",
+)
 
 _MEMORY_KEYS = frozenset(
     {"id", "organization_id", "agent_id", "text", "embedding", "confidence", "importance", "created_at",
@@ -205,3 +213,15 @@ class Directive:
         if missing:
             raise InvalidMemory(f"directive: missing field(s) {', '.join(map(repr, missing))}")
         return cls(m["organization_id"], m.get("agent_id"), m["text"])
+
+
+def rows_to_batch(scope: Scope, rows: Sequence[Sequence[Any]], origins: Sequence[MemoryOrigin],
+                  similarity: npt.NDArray[np.float64]) -> MemoryBatch:
+    """Rows of `STORED_COLUMNS` as the columns the assembly reads (records are built only
+    if a caller reads them). Every row is of `scope`: the stores' queries filter on it."""
+    cols = list(zip(*rows)) if rows else [()] * len(STORED_COLUMNS)
+    return MemoryBatch(
+        scope.organization_id, scope.agent_id, ids=cols[1], texts=cols[4], origins=origins, similarity=similarity,
+        confidence=cols[5], importance=cols[6], created_at=cols[7], accessed_at=cols[8], rank=range(len(rows)),
+        token_count=cols[9], token_family=cols[10], token_kind=cols[11], exact_tokens=cols[12],
+    )

@@ -22,6 +22,7 @@ from ..counting import count_memory_tokens
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..records import Directive, NewMemory
+from ..records import rows_to_batch as _batch
 from . import fulltext
 from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
 from .fulltext import FTS_MAX_DOC_FRACTION, FTS_QUERY_TERMS, DocFrequencies
@@ -877,19 +878,6 @@ class SqliteMemoryStore:
 def _clip(x: float) -> float:
     # float32 rounding can put a unit vector's cosine with itself a hair past 1.
     return min(1.0, max(-1.0, x))
-
-
-def _batch(scope: Scope, rows: Sequence[Sequence[Any]], origins: list[MemoryOrigin],
-           similarity: npt.NDArray[np.float64]) -> MemoryBatch:
-    """Rows of ``SELECT {_COLUMNS}`` as the columns the assembly reads (records are built
-    only if a caller reads them). Every row is of `scope`: the queries filter on it."""
-    cols = list(zip(*rows)) if rows else [()] * 13
-    return MemoryBatch(
-        scope.organization_id, scope.agent_id, ids=cols[1], texts=cols[4], origins=origins, similarity=similarity,
-        confidence=cols[5], importance=cols[6], created_at=cols[7], accessed_at=cols[8], rank=range(len(rows)),
-        token_count=cols[9],
-        token_family=cols[10], token_kind=cols[11], exact_tokens=cols[12],
-    )
 
 
 def _check_scope(scope: object) -> None:
