@@ -259,6 +259,21 @@ def test_directives_and_their_cache(make: Factory) -> None:
     assert run(make(reopen=True, directive_cache_seconds=0).directive(A2)) == "Never share card numbers."
 
 
+def test_a_stale_directive_is_served_at_once_and_refreshed_in_the_background(make: Factory) -> None:
+    # Past its fresh time a cached directive is still served without waiting for the
+    # database, and one background read brings another replica's change.
+    s = make(directive_cache_seconds=0.05)
+    fill(s)
+    assert run(s.directive(A2)) == "Never share card numbers."
+    make(reopen=True).set_directive("acme", "sales", "Sell.")
+    time.sleep(0.06)
+    assert run(s.directive(A2)) == "Never share card numbers."  # stale, at once
+    deadline = time.monotonic() + 5
+    while run(s.directive(A2)) != "Never share card numbers.\n\nSell.":
+        assert time.monotonic() < deadline, "the stale directive was never refreshed"
+        time.sleep(0.01)
+
+
 def test_words_in_most_memories_are_left_out_and_that_follows_writes(make: Factory) -> None:
     # 40 memories, one scope: a word in more than max(8, 3%) of them says nothing and is
     # left out of full-text search; a rare word is searched. What is common changes with

@@ -62,6 +62,7 @@ from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory, rows_to_batch
 from .sqlite.ingest import check_batch
+from .sqlite.directives import DirectiveCache
 from .sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
@@ -568,9 +569,7 @@ class PostgresMemoryStore:
         self._family = token_family
         self._exact = token_family in exact_families()
         self._dim: int | None = dimensions
-        self._directive_ttl = float(directive_cache_seconds)
-        self._directives: dict[Scope, tuple[float, str | None]] = {}
-        self._directive_generation = 0
+        self._directives = DirectiveCache(float(directive_cache_seconds))
         self._flush_every = float(access_flush_seconds)
         self._accessed: dict[Scope, dict[int, float]] = {}
         self._accessed_lock = threading.Lock()
@@ -977,8 +976,7 @@ class PostgresMemoryStore:
         if any("\x00" in v for v in (organization_id, agent_id or "", text or "")):
             raise InvalidMemory("directive: contains NUL (U+0000), which PostgreSQL text cannot hold")
         self._run(self._set_directive(organization_id, agent_id, text))
-        self._directive_generation += 1
-        self._directives.clear()
+        self._directives.invalidate()
 
     async def _set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
         assert self._pool is not None
@@ -1029,19 +1027,37 @@ class PostgresMemoryStore:
 
     async def directive(self, scope: Scope) -> str | None:
         """The organization's directive followed by the agent's (a blank line between),
-        or whichever exists, or None. Served from memory for `directive_cache_seconds`."""
+        or whichever exists, or None. Served from memory for `directive_cache_seconds`,
+        then (as in the SQLite store) served at once for up to a minute more while one
+        background read refreshes it."""
         _check_scope(scope)
         now = time.monotonic()
-        hit = self._directives.get(scope)
-        if hit is not None and now - hit[0] < self._directive_ttl:
-            return hit[1]
-        generation = self._directive_generation
+        state, cached = self._directives.lookup(scope, now)
+        if state == DirectiveCache.FRESH:
+            return cached
+        if state == DirectiveCache.STALE:
+            self._refresh_directive(scope, now)
+            return cached
+        generation = self._directives.generation
         value = await self._call(self._directive(scope))
-        if generation == self._directive_generation:
-            if len(self._directives) >= _DIRECTIVE_CACHE_SCOPES:
-                self._directives.clear()
-            self._directives[scope] = (now, value)
+        self._directives.put(scope, generation, now, value)
         return value
+
+    def _refresh_directive(self, scope: Scope, now: float) -> None:
+        """Re-read `scope`'s directive on the store's loop, not awaited; one per scope."""
+        cache = self._directives
+        if self._closed or not cache.start_refresh(scope):
+            return
+        generation = cache.generation
+
+        def done(f: concurrent.futures.Future[str | None]) -> None:
+            try:
+                if not f.cancelled() and f.exception() is None:
+                    cache.put(scope, generation, now, f.result())
+            finally:
+                cache.end_refresh(scope)
+
+        asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop).add_done_callback(done)
 
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None
@@ -1328,8 +1344,7 @@ class PostgresMemoryStore:
         self._check_open()
         Directive(organization_id, agent_id, "-")  # validates the ids
         report = self._run(self._forget(organization_id, agent_id))
-        self._directive_generation += 1
-        self._directives.clear()
+        self._directives.invalidate()
         return report
 
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
