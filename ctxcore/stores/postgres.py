@@ -1031,33 +1031,9 @@ class PostgresMemoryStore:
         then (as in the SQLite store) served at once for up to a minute more while one
         background read refreshes it."""
         _check_scope(scope)
-        now = time.monotonic()
-        state, cached = self._directives.lookup(scope, now)
-        if state == DirectiveCache.FRESH:
-            return cached
-        if state == DirectiveCache.STALE:
-            self._refresh_directive(scope, now)
-            return cached
-        generation = self._directives.generation
-        value = await self._call(self._directive(scope))
-        self._directives.put(scope, generation, now, value)
-        return value
-
-    def _refresh_directive(self, scope: Scope, now: float) -> None:
-        """Re-read `scope`'s directive on the store's loop, not awaited; one per scope."""
-        cache = self._directives
-        if self._closed or not cache.start_refresh(scope):
-            return
-        generation = cache.generation
-
-        def done(f: concurrent.futures.Future[str | None]) -> None:
-            try:
-                if not f.cancelled() and f.exception() is None:
-                    cache.put(scope, generation, now, f.result())
-            finally:
-                cache.end_refresh(scope)
-
-        asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop).add_done_callback(done)
+        return await self._directives.fetch(
+            scope, lambda: self._call(self._directive(scope)),
+            lambda: None if self._closed else asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop))
 
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 
 from ...memory import Scope
 
@@ -104,6 +106,41 @@ class DirectiveCache:
             if len(self._entries) >= _DIRECTIVE_CACHE_SCOPES:
                 self._entries.clear()
             self._entries[scope] = (now, value)
+
+    async def fetch(self, scope: Scope, read: Callable[[], Awaitable[str | None]],
+                    start_read: Callable[[], Future[str | None] | None]) -> str | None:
+        """`scope`'s directive: from the cache while fresh; from the cache while stale, with
+        one background read begun by `start_read` (None: none could start); else awaited
+        from `read` and cached."""
+        now = time.monotonic()
+        state, cached = self.lookup(scope, now)
+        if state == self.FRESH:
+            return cached
+        if state == self.STALE:
+            self._refresh(scope, now, start_read)
+            return cached
+        generation = self.generation
+        value = await read()
+        self.put(scope, generation, now, value)
+        return value
+
+    def _refresh(self, scope: Scope, now: float, start_read: Callable[[], Future[str | None] | None]) -> None:
+        if not self.start_refresh(scope):
+            return
+        generation = self.generation
+        fut = start_read()
+        if fut is None:
+            self.end_refresh(scope)
+            return
+
+        def done(f: Future[str | None]) -> None:
+            try:
+                if not f.cancelled() and f.exception() is None:
+                    self.put(scope, generation, now, f.result())
+            finally:
+                self.end_refresh(scope)
+
+        fut.add_done_callback(done)
 
     def invalidate(self) -> None:
         """Forget every cached directive (after a write, or a write rolled back)."""

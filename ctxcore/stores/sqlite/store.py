@@ -10,7 +10,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import numpy as np
@@ -419,37 +418,8 @@ class SqliteMemoryStore:
         ('Be brief.', None)
         """
         _check_scope(scope)
-        now = time.monotonic()
-        state, cached = self._directives.lookup(scope, now)
-        if state == DirectiveCache.FRESH:
-            return cached
-        if state == DirectiveCache.STALE:
-            self._refresh_directive(scope, now)
-            return cached
-        generation = self._directives.generation
-        value = await self._run(self._directive_job, scope)
-        self._directives.put(scope, generation, now, value)
-        return value
-
-    def _refresh_directive(self, scope: Scope, now: float) -> None:
-        """Re-read `scope`'s directive on a reader thread, not awaited; at most one per scope."""
-        cache = self._directives
-        if not cache.start_refresh(scope):
-            return
-        generation = cache.generation
-        fut = self._readers.submit(self._directive_job, scope)
-        if fut is None:
-            cache.end_refresh(scope)
-            return
-
-        def done(f: Future[str | None]) -> None:
-            try:
-                if not f.cancelled() and f.exception() is None:
-                    cache.put(scope, generation, now, f.result())
-            finally:
-                cache.end_refresh(scope)
-
-        fut.add_done_callback(done)
+        return await self._directives.fetch(scope, lambda: self._run(self._directive_job, scope),
+                                            lambda: self._readers.submit(self._directive_job, scope))
 
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`. Each carries
