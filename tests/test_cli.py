@@ -196,8 +196,12 @@ def test_ctrl_c_exits_quietly_with_130(tmp_path: Path) -> None:
     big.write_text("".join(MEMORY.format(id=f"m{i}", text=f"memory number {i} about refunds and shoes " * 4)
                            for i in range(200_000)))
     db = tmp_path / "big.db"
+    # The child starts with SIGINT's default action whatever this process was started with
+    # (a background job of a non-interactive shell ignores SIGINT, and a child inherits
+    # that; Python then installs no KeyboardInterrupt handler).
     proc = subprocess.Popen([sys.executable, "-m", "ctxcore", "memories", "add", str(big), "--db", str(db)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Interrupt once the ingest is under way (the database exists once the file is parsed).
     deadline = time.monotonic() + 90
     while not db.exists() and proc.poll() is None and time.monotonic() < deadline:
