@@ -227,7 +227,7 @@ def test_postgres_beside_sqlite_latency(benchmark, timed, store_100k, pg_100k, w
     assert vector_hits > 0
     if which == "large":
         assert size >= STORE_LARGE_SCOPE_MEMORIES_FOR_PG
-        assert rows["postgres"][1] <= COLD_P99_GATE_S
+        assert rows["postgres"][1] <= 0.020  # the target, gated as such (not run in CI)
     assert rows["postgres"][3] <= HOT_P99_GATE_S
 
 
