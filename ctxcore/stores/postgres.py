@@ -578,7 +578,7 @@ class PostgresMemoryStore:
         self._sizes: dict[Scope, tuple[float, int]] = {}
         # Per scope: when first noted, then each search key's match count read, or
         # _STOP_WORD for a key in more of the scope's memories than the threshold.
-        self._stops: dict[Scope, tuple[float, dict[str, int]]] = {}
+        self._key_counts: dict[Scope, tuple[float, dict[str, int]]] = {}
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
@@ -913,7 +913,7 @@ class PostgresMemoryStore:
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, terms, dim))
         self._sizes.clear()
-        self._stops.clear()
+        self._key_counts.clear()
         return [m.id for m in batch]
 
     async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
@@ -1158,7 +1158,7 @@ class PostgresMemoryStore:
         counts it); and of the keys with a count, only the FTS_QUERY_TERMS rarest. The
         statement then chooses the keys it would choose from all of them, without reading
         the matches of the others."""
-        hit = self._stops.get(scope)
+        hit = self._key_counts.get(scope)
         if hit is None or time.monotonic() - hit[0] >= SCOPE_SIZE_SECONDS:
             return keys
         known = hit[1]
@@ -1173,14 +1173,14 @@ class PostgresMemoryStore:
         # A key's count (and so whether it is a stop word) is reused while the scope's size
         # is (SCOPE_SIZE_SECONDS, or until a write through this store): later queries leave
         # stop words out and send only the rarest keys, without reading their matches again.
-        hit = self._stops.get(scope)
+        hit = self._key_counts.get(scope)
         now = time.monotonic()
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
             hit[1].update(counts)
             return
-        if len(self._stops) >= _DIRECTIVE_CACHE_SCOPES:
-            self._stops.clear()
-        self._stops[scope] = (now, dict(counts))
+        if len(self._key_counts) >= _DIRECTIVE_CACHE_SCOPES:
+            self._key_counts.clear()
+        self._key_counts[scope] = (now, dict(counts))
 
     async def _scope_size(self, conn: psycopg.AsyncConnection[TupleRow], scope: Scope) -> int:
         # The scope's memory count sets the stop-word threshold and the vector plan; it is
@@ -1306,7 +1306,7 @@ class PostgresMemoryStore:
     async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
-        self._stops.clear()
+        self._key_counts.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1326,7 +1326,7 @@ class PostgresMemoryStore:
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
         assert self._pool is not None
         self._sizes.clear()
-        self._stops.clear()
+        self._key_counts.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
@@ -1443,7 +1443,7 @@ class PostgresMemoryStore:
     async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
         self._sizes.clear()
-        self._stops.clear()
+        self._key_counts.clear()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._as_admin(conn, "retention")
