@@ -159,6 +159,7 @@ async def run_load(
     errors: dict[str, int] = {}
     degraded = 0
     walls: dict[str, int] = {}
+    branches: dict[str, int] = {}
     sent = 0
     await wait_serving(hosts)
     async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
@@ -183,6 +184,11 @@ async def run_load(
                     continue
                 lat.append((time.perf_counter() - t0) * 1000)
                 degraded += r.degraded
+                for b in r.branches:
+                    if b.status not in (pb.BRANCH_STATUS_OK, pb.BRANCH_STATUS_SKIPPED):
+                        key = f"{pb.Branch.Name(b.branch).removeprefix('BRANCH_').lower()}_" \
+                              f"{pb.BranchStatus.Name(b.status).removeprefix('BRANCH_STATUS_').lower()}"
+                        branches[key] = branches.get(key, 0) + 1
                 w = pb.WallSource.Name(r.wall.source).removeprefix("WALL_SOURCE_").lower()
                 walls[w] = walls.get(w, 0) + 1
 
@@ -205,6 +211,7 @@ async def run_load(
         "max_ms": round(lat[-1], 3) if lat else float("nan"),
         "errors": errors,
         "degraded": degraded,
+        "degraded_branches": dict(sorted(branches.items())),
         "walls": walls,
     }
 
