@@ -430,6 +430,64 @@ def test_accessed_at_is_written_in_batches(make: Factory) -> None:
         raise AssertionError("accessed_at was never flushed")
 
 
+class CountingEmbedder(HashingEmbedder):
+    """The store's embedder, counting the texts it is asked for (slow enough that the hot
+    and cold branches of one request ask at the same time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def embed(self, text: str) -> np.ndarray:
+        with self._lock:
+            self.calls[text] = self.calls.get(text, 0) + 1
+        time.sleep(0.02)
+        return super().embed(text)
+
+
+def test_a_query_is_embedded_once_for_both_branches(make: Factory) -> None:
+    e = CountingEmbedder()
+    s = make(embedder=e)
+    fill(s)
+    e.calls.clear()
+    q = Query("refunds within 30 days")
+
+    async def both() -> tuple[Any, Any]:
+        return await asyncio.gather(s.hot(A, q, 6), s.cold(A, q, 6, 0.5))
+
+    hot, cold = run(both())
+    assert e.calls == {q.text: 1}
+    assert any(r.similarity is not None for r in hot) and any(r.similarity is not None for r in cold)
+    assert [r.id for r in run(s.cold(A, q, 6, 0.5))] == [r.id for r in cold]  # the same answer
+    assert e.calls == {q.text: 1}  # and asked again, not embedded again
+
+
+def test_a_memory_read_again_within_the_resolution_is_written_once(make: Factory) -> None:
+    s = make(embedder=HashingEmbedder())
+    fill(s)
+    newest = run(s.hot(A, Query(""), 3))
+    found = run(s.cold(A, Query(newest[0].text), 3, 0.7))
+    noted = {r.id for r in newest} | {r.id for r in found}
+    assert s.flush_accesses() == len(noted)
+    times = {r.id: r.accessed_at for r in run(s.hot(A, Query(""), 3))}
+    for _ in range(5):  # read by every request: noted once per resolution, not per flush
+        run(s.hot(A, Query(""), 3))
+        run(s.cold(A, Query(newest[0].text), 3, 0.7))
+    assert s.flush_accesses() == 0
+    assert {r.id: r.accessed_at for r in run(s.hot(A, Query(""), 3))} == times
+    # Memories not read before are noted at their first read.
+    unread = {r.id for r in run(s.hot(A, Query(""), 6))} - noted
+    assert unread and s.flush_accesses() == len(unread)
+    # With a resolution of 0 every read is written again.
+    every = make(reopen=True, access_resolution_seconds=0)
+    for _ in range(3):
+        run(every.hot(A, Query(""), 3))
+        assert every.flush_accesses() == 3
+    with pytest.raises(ValueError, match="access_resolution_seconds"):
+        make(reopen=True, access_resolution_seconds=-1)
+
+
 def test_retention_by_age(make: Factory) -> None:
     s = make()
     s.add_many([NewMemory("old", "acme", "support", "old note", created_at=100),

@@ -297,7 +297,8 @@ def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
         s.add_many(NewMemory(f"{sc.agent_id}-{k}", sc.organization_id, sc.agent_id, f"t{k}")
                    for sc in scopes for k in range(120))
-    replicas = [PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600) for _ in range(2)]
+    replicas = [PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600, access_resolution_seconds=0)
+                for _ in range(2)]
     rng = random.Random(7)
     errors: list[BaseException] = []
     written: list[int] = []

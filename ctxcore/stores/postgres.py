@@ -61,8 +61,10 @@ from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
 from .records import Directive, NewMemory, rows_to_batch
+from .reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from .sqlite.ingest import check_batch
 from .sqlite.directives import DirectiveCache
+from .sqlite.vectors import QueryVectors, embed
 from .sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
@@ -527,6 +529,8 @@ class PostgresMemoryStore:
         pool_size: connections at most in the pool.
         directive_cache_seconds: how long a directive is served from memory.
         access_flush_seconds: how often the noted reads are written as ``accessed_at``.
+        access_resolution_seconds: a memory read again within this long of its last
+            noted read keeps that ``accessed_at`` (0: every read is written).
 
     Raises:
         MemoryStoreError: the server cannot be reached, pgvector is missing, the schema
@@ -546,6 +550,7 @@ class PostgresMemoryStore:
         pool_size: int = DEFAULT_POOL_SIZE,
         directive_cache_seconds: float = DIRECTIVE_CACHE_SECONDS,
         access_flush_seconds: float = ACCESS_FLUSH_SECONDS,
+        access_resolution_seconds: float = ACCESS_RESOLUTION_SECONDS,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
             raise ValueError("PostgresMemoryStore needs a postgresql:// URL or a libpq connection string")
@@ -557,7 +562,8 @@ class PostgresMemoryStore:
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
         for name, value in (("directive_cache_seconds", directive_cache_seconds),
-                            ("access_flush_seconds", access_flush_seconds)):
+                            ("access_flush_seconds", access_flush_seconds),
+                            ("access_resolution_seconds", access_resolution_seconds)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if embedder is not None and not isinstance(embedder, Embedder):
@@ -571,7 +577,8 @@ class PostgresMemoryStore:
         self._dim: int | None = dimensions
         self._directives = DirectiveCache(float(directive_cache_seconds))
         self._flush_every = float(access_flush_seconds)
-        self._accessed: dict[Scope, dict[int, float]] = {}
+        self._reads: ReadTimes[int] = ReadTimes(float(access_resolution_seconds))
+        self._query_vectors = QueryVectors()
         self._accessed_lock = threading.Lock()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_sleeping = False
@@ -1007,21 +1014,10 @@ class PostgresMemoryStore:
 
     def _embed(self, text: str) -> npt.NDArray[np.float32] | None:
         assert self._embedder is not None
-        v = np.asarray(self._embedder.embed(text), dtype=np.float64)
-        if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
-            raise MemoryStoreError(
-                f"embedder {self._embedder.name!r} returned {v.shape} values, not a 1-D vector of finite numbers")
-        norm = float(np.sqrt(v @ v))
-        return None if norm == 0.0 else (v / norm).astype(np.float32)
+        return embed(self._embedder, text)
 
     def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
-        if query.embedding is not None:
-            v = np.asarray(query.embedding, dtype=np.float64)
-            norm = float(np.sqrt(v @ v))
-            return None if norm == 0.0 else (v / norm).astype(np.float32)
-        if self._embedder is not None and query.text:
-            return self._embed(query.text)
-        return None
+        return self._query_vectors.get(self._embedder, query)
 
     # ---- retrieval (the MemoryStore protocol) ------------------------------------------------
 
@@ -1208,10 +1204,9 @@ class PostgresMemoryStore:
     def _note(self, scope: Scope, seqs: Sequence[int]) -> None:
         if not seqs:
             return
-        now = time.time()
+        if not self._reads.note(scope, seqs):
+            return  # each was noted within the access resolution
         with self._accessed_lock:
-            pending = self._accessed.setdefault(scope, {})
-            pending.update(dict.fromkeys(seqs, now))
             if self._flusher is None and not self._closed:
                 self._loop.loop.call_soon_threadsafe(self._start_flusher)
 
@@ -1232,14 +1227,12 @@ class PostgresMemoryStore:
         finally:
             if self._flusher is asyncio.current_task():
                 self._flusher = None
-                with self._accessed_lock:
-                    again = bool(self._accessed) and not self._closed
+                again = bool(self._reads) and not self._closed
                 if again:  # what a failed flush kept, or reads noted while it ran
                     self._start_flusher()
 
     async def _flush(self) -> int:
-        with self._accessed_lock:
-            pending, self._accessed = self._accessed, {}
+        pending = self._reads.take()
         if not pending:
             return 0
         assert self._pool is not None
@@ -1270,12 +1263,9 @@ class PostgresMemoryStore:
         return n
 
     def _requeue(self, pending: dict[Scope, dict[int, float]]) -> None:
+        self._reads.requeue(pending)
         with self._accessed_lock:
-            for scope, seqs in pending.items():
-                now = self._accessed.setdefault(scope, {})
-                for s, t in seqs.items():
-                    now[s] = max(t, now.get(s, t))
-            if self._accessed and self._flusher is None and not self._closed:
+            if self._reads and self._flusher is None and not self._closed:
                 self._loop.loop.call_soon_threadsafe(self._start_flusher)
 
     def flush_accesses(self) -> int:

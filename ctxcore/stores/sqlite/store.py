@@ -21,6 +21,7 @@ from ..counting import count_memory_tokens
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..records import Directive, NewMemory
+from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import rows_to_batch as _batch
 from . import fulltext
 from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
@@ -37,7 +38,7 @@ from .ingest import (
 )
 from .readers import DEFAULT_READERS, Job, ReaderPool
 from .schema import _COLUMNS, connect, init_schema, stored_dim
-from .vectors import DEFAULT_CACHE_BYTES, VectorCache, embed, nearest, unit
+from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
 
 __all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
 
@@ -68,6 +69,9 @@ class SqliteMemoryStore:
             scopes are dropped first).
         directive_cache_seconds: how long a directive is served from memory (0: always
             read); directives set through this store are seen at once regardless.
+        access_resolution_seconds: a memory read again within this long of its last
+            noted read keeps that ``accessed_at`` (0: every read is written), so a memory
+            that every request reads costs one write per resolution.
 
     The ingest methods (`add`, `add_many`, `set_directive`) block; from async code call
     them through ``asyncio.to_thread``. `close` (or ``with``) releases the threads and
@@ -90,6 +94,7 @@ class SqliteMemoryStore:
         readers: int = DEFAULT_READERS,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         directive_cache_seconds: float = DIRECTIVE_CACHE_SECONDS,
+        access_resolution_seconds: float = ACCESS_RESOLUTION_SECONDS,
     ) -> None:
         self._path = os.fspath(path)
         if self._path in ("", ":memory:") or self._path.startswith("file:"):
@@ -108,13 +113,21 @@ class SqliteMemoryStore:
             or not 0 <= directive_cache_seconds < float("inf")
         ):
             raise ValueError(f"directive_cache_seconds must be a number >= 0, got {directive_cache_seconds!r}")
+        if (
+            isinstance(access_resolution_seconds, bool)
+            or not isinstance(access_resolution_seconds, (int, float))
+            or not 0 <= access_resolution_seconds < float("inf")
+        ):
+            raise ValueError(f"access_resolution_seconds must be a number >= 0, got {access_resolution_seconds!r}")
         self._directives = DirectiveCache(float(directive_cache_seconds))
+        self._reads: ReadTimes[str] = ReadTimes(float(access_resolution_seconds))
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._embedder: Embedder | None = embedder
         self._family = token_family
         self._exact = token_family in exact_families()
         self._vectors_cache = VectorCache(cache_bytes)
+        self._query_vectors = QueryVectors()
         self._state_lock = threading.Lock()
         self._df = DocFrequencies()
         self._closed = False
@@ -305,6 +318,8 @@ class SqliteMemoryStore:
             finally:
                 if directives:  # written or rolled back: either way no cached read stays valid
                     self._directives.invalidate()
+                if on_conflict == "replace":  # a replaced memory is noted at its next read
+                    self._reads.reset()
         return [m.id for m in batch]
 
     def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
@@ -473,11 +488,7 @@ class SqliteMemoryStore:
         return out
 
     def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
-        if query.embedding is not None:
-            return unit(np.asarray(query.embedding, dtype=np.float64))
-        if self._embedder is not None and query.text:
-            return embed(self._embedder, query.text)
-        return None
+        return self._query_vectors.get(self._embedder, query)
 
     def _directive_job(self, conn: sqlite3.Connection, job: Job, scope: Scope) -> str | None:
         return read_directive(conn, scope)
@@ -556,23 +567,15 @@ class SqliteMemoryStore:
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 
-    def _access_state(self) -> tuple[threading.Lock, dict[Scope, dict[str, float]]]:
-        state: tuple[threading.Lock, dict[Scope, dict[str, float]]] | None = self.__dict__.get("_access")
-        if state is None:
-            with self._state_lock:
-                state = self.__dict__.setdefault("_access", (threading.Lock(), {}))
-        return state
-
     def _note_access(self, scope: Scope, found: Sequence[MemoryRecord]) -> None:
-        # Reads only note what they returned; `flush_accesses` writes the times in one
-        # statement per scope, from a timer thread, at most every ACCESS_FLUSH_SECONDS.
+        # Reads only note what they returned (a memory at most once per access
+        # resolution); `flush_accesses` writes the times in one statement per scope, from
+        # a timer thread, at most every ACCESS_FLUSH_SECONDS.
         if not found:
             return
-        lock, pending = self._access_state()
-        now = time.time()
-        with lock:
-            mine = pending.setdefault(scope, {})
-            mine.update(dict.fromkeys(found.ids if isinstance(found, MemoryBatch) else [r.id for r in found], now))
+        if not self._reads.note(scope, found.ids if isinstance(found, MemoryBatch) else [r.id for r in found]):
+            return
+        with self._state_lock:
             if self.__dict__.get("_access_timer") is None and not self._closed:
                 timer = threading.Timer(ACCESS_FLUSH_SECONDS, self._flush_from_timer)
                 timer.daemon = True
@@ -580,17 +583,15 @@ class SqliteMemoryStore:
                 timer.start()
 
     def _flush_from_timer(self) -> None:
-        lock, _ = self._access_state()
-        with lock:
+        with self._state_lock:
             self.__dict__["_access_timer"] = None
         try:
             self.flush_accesses()
         except (sqlite3.Error, MemoryStoreError):
-            pass  # the database is busy or closing: the times are lost, nothing else
+            pass  # the database is busy or closing: the times wait for the next flush
 
     def _flush_at_close(self) -> None:
-        lock, _ = self._access_state()
-        with lock:
+        with self._state_lock:
             timer = self.__dict__.get("_access_timer")
             self.__dict__["_access_timer"] = None
         if timer is not None:
@@ -603,7 +604,9 @@ class SqliteMemoryStore:
     def flush_accesses(self) -> int:
         """Write the read times noted since the last flush as ``accessed_at`` (one
         statement per scope); returns how many memories were updated. Runs by itself at
-        most `ACCESS_FLUSH_SECONDS` after a read, and at `close`.
+        most `ACCESS_FLUSH_SECONDS` after a read, and at `close`. A memory read again
+        within the store's ``access_resolution_seconds`` of its last noted read keeps
+        that time.
 
         >>> import asyncio, tempfile, os
         >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
@@ -614,17 +617,14 @@ class SqliteMemoryStore:
         """
         if self._closed:
             return 0
-        lock, pending = self._access_state()
-        with lock:
-            batch = dict(pending)
-            pending.clear()
+        batch = self._reads.take()
         if not batch:
             return 0
         n = 0
         with self._write_lock:
             conn = self._writer
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 for scope, times in batch.items():
                     cur = conn.executemany(
                         "UPDATE memories SET accessed_at = max(coalesce(accessed_at, 0), ?) "
@@ -636,6 +636,7 @@ class SqliteMemoryStore:
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                self._reads.requeue(batch)  # kept for the next flush, never dropped
                 raise
         return n
 
@@ -653,6 +654,7 @@ class SqliteMemoryStore:
                 raise
         with self._state_lock:
             self._df.clear()
+        self._reads.reset()
         return out
 
     def delete(self, scope: Scope, ids: Iterable[str]) -> int:
