@@ -580,3 +580,34 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         c.execute("PRAGMA user_version = 99")
     with pytest.raises(MemoryStoreError, match="newer than this ctxcore understands"):
         SqliteMemoryStore(db)
+
+
+def test_hot_reads_follow_every_write_by_another_process_at_once(tmp_path: Path) -> None:
+    # The reading store keeps each scope's newest memories until the scope is written; a
+    # second store on the same file writes as another process would (its own connections).
+    path = tmp_path / "m.db"
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader, \
+            SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer:
+        writer.add_many(NewMemory(f"m{k}", "o", "a", f"note {k} about tea", created_at=k) for k in range(5))
+
+        def hot(limit: int = 3) -> list[tuple[str, str]]:
+            return [(r.id, r.text) for r in run(reader.hot(scope, Query("tea"), limit))]
+
+        assert hot() == hot() == [("m4", "note 4 about tea"), ("m3", "note 3 about tea"), ("m2", "note 2 about tea")]
+        assert [i for i, _ in hot(2)] == ["m4", "m3"]
+        writer.add(NewMemory("m5", "o", "a", "note 5", created_at=10))
+        assert [i for i, _ in hot()] == ["m5", "m4", "m3"]
+        writer.delete(scope, ["m5"])
+        assert [i for i, _ in hot()] == ["m4", "m3", "m2"]
+        writer.update(scope, "m4", text="coffee now")
+        assert hot()[0] == ("m4", "coffee now")
+        writer.add_many([NewMemory("m3", "o", "a", "replaced", created_at=3)], on_conflict="replace")
+        assert ("m3", "replaced") in hot()
+        assert writer.expire(1.0, now=1e12) == 5
+        assert hot() == []
+        writer.add(NewMemory("m9", "o", "a", "back", created_at=20))
+        assert hot() == [("m9", "back")]
+        writer.forget("o", "a")
+        assert hot() == []
+        assert run(reader.hot(Scope("o", "nobody"), Query(""), 3)) == []

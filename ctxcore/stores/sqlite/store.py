@@ -36,6 +36,7 @@ from .ingest import (
     remove_rows,
     remove_where,
 )
+from .hot import DEFAULT_HOT_CACHE_BYTES, HotCache
 from .readers import DEFAULT_READERS, Job, ReaderPool
 from .schema import _COLUMNS, connect, init_schema, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
@@ -66,7 +67,9 @@ class SqliteMemoryStore:
             every count is stored with its family and kind.
         readers: reader threads (one connection each) that async queries run on.
         cache_bytes: bound on the in-memory embedding matrices (least recently used
-            scopes are dropped first).
+            scopes are dropped first). Recently read scopes' newest memories are kept
+            too (``DEFAULT_HOT_CACHE_BYTES``), each until the scope is written, by any
+            process; 0 keeps neither.
         directive_cache_seconds: how long a directive is served from memory (0: always
             read); directives set through this store are seen at once regardless.
         access_resolution_seconds: a memory read again within this long of its last
@@ -128,6 +131,7 @@ class SqliteMemoryStore:
         self._exact = token_family in exact_families()
         self._vectors_cache = VectorCache(cache_bytes)
         self._query_vectors = QueryVectors()
+        self._hot_rows = HotCache(DEFAULT_HOT_CACHE_BYTES if cache_bytes else 0)
         self._state_lock = threading.Lock()
         self._df = DocFrequencies()
         self._closed = False
@@ -389,6 +393,14 @@ class SqliteMemoryStore:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.executemany("UPDATE memories SET exact_tokens = ? WHERE rowid = ?", params)
+                    # The scopes' write counters move: kept hot rows (in every process)
+                    # are read again with their counts.
+                    conn.execute(
+                        "UPDATE scopes SET version = version + 1 WHERE EXISTS (SELECT 1 FROM memories m "
+                        "WHERE m.rowid IN (SELECT value FROM json_each(?)) "
+                        "AND m.organization_id = scopes.organization_id AND m.agent_id = scopes.agent_id)",
+                        (json.dumps([p[1] for p in params]),),
+                    )
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -496,19 +508,28 @@ class SqliteMemoryStore:
     def _hot_job(self, conn: sqlite3.Connection, job: Job, scope: Scope, query: Query, limit: int) -> MemoryBatch:
         if limit == 0:
             return _batch(scope, [], [], np.empty(0))
-        rows = conn.execute(
-            f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
-            "ORDER BY created_at DESC, rowid DESC LIMIT ?",
-            (scope.organization_id, scope.agent_id, limit),
-        ).fetchall()
+        # The scope's write counter first: rows read after it are at least as new.
+        counter = conn.execute(
+            "SELECT version FROM scopes WHERE organization_id = ? AND agent_id = ?",
+            (scope.organization_id, scope.agent_id),
+        ).fetchone()
+        if counter is None:  # nothing was ever written to the scope
+            return _batch(scope, [], [], np.empty(0))
+        hot = self._hot_rows.get(scope, limit, counter[0])
+        if hot is None:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
+                "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (scope.organization_id, scope.agent_id, limit),
+            ).fetchall()
+            hot = self._hot_rows.put(scope, limit, counter[0], rows)
+        rows = hot.rows
         qv = self._query_vector(query)
         sims = np.full(len(rows), np.nan)
         if qv is not None and rows:
             # One product for the rows whose embedding has the query's size.
-            width = qv.size * 4
-            have = [k for k, row in enumerate(rows) if row[-1] is not None and len(row[-1]) == width]
+            have, mat = hot.matrix(qv.size)
             if have:
-                mat = np.frombuffer(b"".join(rows[k][-1] for k in have), dtype=np.float32).reshape(len(have), qv.size)
                 sims[have] = np.clip(np.einsum("ij,j->i", mat, qv), -1.0, 1.0)
         return _batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
@@ -633,6 +654,10 @@ class SqliteMemoryStore:
                     )
                     n += cur.rowcount
                 conn.execute("COMMIT")
+                # The rows changed without a write-counter move: this store's kept hot
+                # rows of those scopes go (other processes see the times at the scope's
+                # next write).
+                self._hot_rows.drop(batch)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")

@@ -1,0 +1,109 @@
+"""Hot reads in the SQLite store: each recently read scope's newest memories, kept as read
+at the scope's write counter (``scopes.version``, moved by every write of the scope's
+memories, in any process), so a hot read that finds the counter unchanged reads one row
+instead of the newest memories with their embeddings. Least recently read scopes are
+dropped beyond a byte bound."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ...memory import Scope
+
+__all__ = ["DEFAULT_HOT_CACHE_BYTES", "HotCache", "HotRows"]
+
+#: Upper bound on the kept rows, all scopes together (64 rows with 384-dimension
+#: embeddings are ~110 KB: ~600 scopes).
+DEFAULT_HOT_CACHE_BYTES = 64 << 20
+# Bytes counted per row beside its text and embedding (the row tuple and its values).
+_ROW_OVERHEAD = 400
+
+
+@dataclass(slots=True)
+class HotRows:
+    """A scope's newest rows (``STORED_COLUMNS`` + embedding) at `version`, with their
+    embeddings as one matrix per width, built on first use."""
+
+    version: int
+    rows: Sequence[Sequence[Any]]
+    nbytes: int
+    _matrices: dict[int, tuple[list[int], npt.NDArray[np.float32]]] = field(default_factory=dict)
+
+    def matrix(self, dim: int) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The positions of the rows whose embedding has `dim` dimensions, and those
+        embeddings (read-only)."""
+        got = self._matrices.get(dim)
+        if got is None:
+            width = dim * 4
+            have = [k for k, row in enumerate(self.rows) if row[-1] is not None and len(row[-1]) == width]
+            mat = np.frombuffer(b"".join(self.rows[k][-1] for k in have), dtype=np.float32).reshape(len(have), dim)
+            got = self._matrices[dim] = (have, mat)
+        return got
+
+
+class HotCache:
+    """`HotRows` per (scope, limit), valid while the scope's write counter is unchanged.
+
+    Thread-safe. `drop` the scopes whose rows changed without a counter move (read times
+    written by this store).
+
+    >>> c = HotCache(1 << 20)
+    >>> _ = c.put(Scope("o", "a"), 2, 7, [(1, "m1", "o", "a", "tea", None)])
+    >>> c.get(Scope("o", "a"), 2, 7).version, c.get(Scope("o", "a"), 2, 8)
+    (7, None)
+    """
+
+    __slots__ = ("_lock", "_kept", "_bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int = DEFAULT_HOT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[Scope, int], HotRows] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, scope: Scope, limit: int, version: int) -> HotRows | None:
+        """The kept rows of `scope` if read at `version`, else None."""
+        key = (scope, limit)
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is None or hit.version != version:
+                return None
+            self._kept.move_to_end(key)
+            return hit
+
+    def put(self, scope: Scope, limit: int, version: int, rows: Sequence[Sequence[Any]]) -> HotRows:
+        """Keep `rows`, read at `version` or later, and return them."""
+        nbytes = sum(len(r[4]) + (len(r[-1]) if r[-1] is not None else 0) + _ROW_OVERHEAD for r in rows)
+        hot = HotRows(version, rows, nbytes)
+        if self.max_bytes <= 0 or nbytes > self.max_bytes:
+            return hot
+        key = (scope, limit)
+        with self._lock:
+            old = self._kept.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._kept[key] = hot
+            self._bytes += nbytes
+            while self._bytes > self.max_bytes:
+                _, gone = self._kept.popitem(last=False)
+                self._bytes -= gone.nbytes
+        return hot
+
+    def drop(self, scopes: Iterable[Scope]) -> None:
+        """Forget the rows of `scopes` (every limit)."""
+        wanted = set(scopes)
+        with self._lock:
+            for key in [k for k in self._kept if k[0] in wanted]:
+                self._bytes -= self._kept.pop(key).nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
