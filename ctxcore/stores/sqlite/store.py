@@ -517,12 +517,12 @@ class SqliteMemoryStore:
             return _batch(scope, [], [], np.empty(0))
         hot = self._hot_rows.get(scope, limit, counter[0])
         if hot is None:
-            rows = conn.execute(
+            fetched = conn.execute(
                 f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
                 "ORDER BY created_at DESC, rowid DESC LIMIT ?",
                 (scope.organization_id, scope.agent_id, limit),
             ).fetchall()
-            hot = self._hot_rows.put(scope, limit, counter[0], rows)
+            hot = self._hot_rows.put(scope, limit, counter[0], fetched)
         rows = hot.rows
         qv = self._query_vector(query)
         sims = np.full(len(rows), np.nan)
