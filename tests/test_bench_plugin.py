@@ -101,8 +101,11 @@ def test_plain():
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # A user's own pytest run: none of this run's settings, nor pytest-xdist's worker
+    # variables (pytest-benchmark turns itself off inside an xdist worker).
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH", "PYTEST_PLUGINS")}
+           if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH", "PYTEST_PLUGINS")
+           and not k.startswith("PYTEST_XDIST")}
     env["COLUMNS"] = "1000"  # whole lines in the short summary
     env.update(extra)
     return env
