@@ -57,11 +57,12 @@ def cycle(loop: asyncio.AbstractEventLoop, make: Callable[[str], object], texts:
 
 def hydrate_all_reference(store: SqliteMemoryStore, scope: Scope, text: str) -> list[tuple[str, float]]:
     import sqlite3
+    from contextlib import closing
 
     embedder = store.embedder
     assert embedder is not None
     q = embedder.embed(text)
-    with sqlite3.connect(store.path) as conn:
+    with closing(sqlite3.connect(store.path)) as conn:
         rows = conn.execute(
             "SELECT id, text, confidence, importance, created_at, token_count, embedding FROM memories "
             "WHERE organization_id = ? AND agent_id = ? AND embedding IS NOT NULL",

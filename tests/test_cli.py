@@ -171,8 +171,9 @@ def test_memories_add_on_conflict_and_stdin(tmp_path: Path) -> None:
 
 def texts(db: Path) -> dict[str, str]:
     import sqlite3
+    from contextlib import closing
 
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn:
         return dict(conn.execute("SELECT id, text FROM memories ORDER BY id").fetchall())
 
 

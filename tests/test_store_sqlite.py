@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import sqlite3
+from contextlib import closing
 import subprocess
 import sys
 import time
@@ -72,7 +73,7 @@ def test_is_a_memory_store_in_a_wal_file(store: SqliteMemoryStore, tmp_path: Pat
     assert isinstance(store, MemoryStore)
     assert store.journal_mode() == "wal"
     assert Path(store.path).is_file()
-    with sqlite3.connect(store.path) as raw:
+    with closing(sqlite3.connect(store.path)) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     sources = Sources.from_store(store)
     assert run(sources.directive(SCOPES[0])) == "acme policy\n\nacme/support role"  # type: ignore[misc]
@@ -471,7 +472,7 @@ def test_cli_memories_add(tmp_path: Path) -> None:
 
 def test_demo_dataset(tmp_path: Path) -> None:
     with load_demo(tmp_path / "demo.db") as s:
-        with sqlite3.connect(s.path) as raw:
+        with closing(sqlite3.connect(s.path)) as raw:
             rows = raw.execute("SELECT organization_id, agent_id, text FROM memories").fetchall()
         assert len(rows) >= 200
         assert len({r[0] for r in rows}) >= 5 and len({(r[0], r[1]) for r in rows}) >= 10
@@ -556,7 +557,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s)))
         assert {e.pricing for e in ctx.trace} == {"counted"}
         s.add(NewMemory("new", "o", "a", "a fresh memory"))
-    with sqlite3.connect(db) as c:
+    with closing(sqlite3.connect(db)) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == 2
 
     out = cli("memories", "recount", "--db", str(db), "--json")
@@ -576,7 +577,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "future.db"
-    with sqlite3.connect(db) as c:
+    with closing(sqlite3.connect(db)) as c:
         c.execute("PRAGMA user_version = 99")
     with pytest.raises(MemoryStoreError, match="newer than this ctxcore understands"):
         SqliteMemoryStore(db)
