@@ -694,7 +694,7 @@ class PostgresMemoryStore:
                 _log.info("applied migration %d (%s) to %s", version, description, self._shown)
             dim = await self._meta(conn, "embedding_dim")
             if dim is None and self._dim is None and self._embedder is not None:
-                probe = self._embed("dimension probe")
+                probe = embed(self._embedder, "dimension probe")
                 self._dim = None if probe is None else int(probe.size)
             if dim is None and self._dim is not None:
                 await self._set_dim(conn, self._dim)
@@ -1009,12 +1009,8 @@ class PostgresMemoryStore:
         if m.embedding is not None:
             return np.asarray(m.embedding, dtype=np.float32)
         if self._embedder is not None:
-            return self._embed(m.text)
+            return embed(self._embedder, m.text)
         return None
-
-    def _embed(self, text: str) -> npt.NDArray[np.float32] | None:
-        assert self._embedder is not None
-        return embed(self._embedder, text)
 
     def _query_vector(self, query: Query) -> npt.NDArray[np.float32] | None:
         return self._query_vectors.get(self._embedder, query)
@@ -1357,7 +1353,7 @@ class PostgresMemoryStore:
         if "embedding" in fields:
             new_vec = np.asarray(fields["embedding"], dtype=np.float32)
         elif "text" in fields and self._embedder is not None:
-            new_vec = self._embed(fields["text"])
+            new_vec = embed(self._embedder, fields["text"])
         if new_vec is not None and self._dim is not None and new_vec.size != self._dim:
             raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
                                 f"{self._dim}", -1, memory_id)

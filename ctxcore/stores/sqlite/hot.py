@@ -102,8 +102,3 @@ class HotCache:
         with self._lock:
             for key in [k for k in self._kept if k[0] in wanted]:
                 self._bytes -= self._kept.pop(key).nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-            self._bytes = 0

@@ -110,18 +110,10 @@ class SqliteMemoryStore:
             raise ValueError(f"readers must be an int >= 1, got {readers!r}")
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
-        if (
-            isinstance(directive_cache_seconds, bool)
-            or not isinstance(directive_cache_seconds, (int, float))
-            or not 0 <= directive_cache_seconds < float("inf")
-        ):
-            raise ValueError(f"directive_cache_seconds must be a number >= 0, got {directive_cache_seconds!r}")
-        if (
-            isinstance(access_resolution_seconds, bool)
-            or not isinstance(access_resolution_seconds, (int, float))
-            or not 0 <= access_resolution_seconds < float("inf")
-        ):
-            raise ValueError(f"access_resolution_seconds must be a number >= 0, got {access_resolution_seconds!r}")
+        for name, value in (("directive_cache_seconds", directive_cache_seconds),
+                            ("access_resolution_seconds", access_resolution_seconds)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         self._directives = DirectiveCache(float(directive_cache_seconds))
         self._reads: ReadTimes[str] = ReadTimes(float(access_resolution_seconds))
         if embedder is not None and not isinstance(embedder, Embedder):
@@ -654,15 +646,14 @@ class SqliteMemoryStore:
                     )
                     n += cur.rowcount
                 conn.execute("COMMIT")
-                # The rows changed without a write-counter move: this store's kept hot
-                # rows of those scopes go (other processes see the times at the scope's
-                # next write).
-                self._hot_rows.drop(batch)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 self._reads.requeue(batch)  # kept for the next flush, never dropped
                 raise
+        # The rows changed without a write-counter move: this store's kept hot rows of
+        # those scopes go (other processes see the times at the scope's next write).
+        self._hot_rows.drop(batch)
         return n
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
