@@ -5,8 +5,8 @@ numpy (row-vectorized, the usual pure-Python answer), the same DP over 16-token 
 packer's own discretization, done in numpy) and a score-descending greedy (the usual
 shortcut). Gates: ctxcore is >= 2x faster than the numpy exact DP on the same instance,
 >= 14x faster than the numpy 16-token-bucket DP at 1,000 candidates and a 32k budget
-(target 20x; measured ~20x on the fastest calls of each side, several times that at the
-median under load), gets >= 0.999 of the exact optimum
+(target 20x; the reference's rounds interleaved with the packer's, the median ratio
+measured 18.8-31.6x at load 1 to 3), gets >= 0.999 of the exact optimum
 where the greedy shortcut does not, and p99s stay under bounds that leave room for a
 scheduler preemption on a shared 2-core machine, not for a slower packer.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import ctxcore
+from ctxcore.benchmarking.gates import measure
 from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp
 from ctxcore.benchmarking.instances import memory_instance, pack_instance
 
@@ -86,17 +87,22 @@ def test_p99_of_a_realistic_pack(ctxcore_gate) -> None:
     ctxcore_gate.pack_arrays(ids, tokens, scores, 8000, p99_ms=10, rounds=400, reference=None)
 
 
-def test_realistic_pack_at_32k_vs_numpy_bucket_dp(timed) -> None:
+def test_realistic_pack_at_32k_vs_numpy_bucket_dp() -> None:
     # 1,000 memory-sized candidates, a 32k budget: the table would be 1,000 x 2,001 buckets;
     # the exact reductions leave ~14 free items, solved by an exact DP.
     ids, tokens, scores = instance(1000, seed=42)
     budget = 32_000
     res = ctxcore.pack_arrays(ids, tokens, scores, budget)
-    ref = timed(lambda: numpy_bucket_dp(tokens, scores, budget), rounds=15, warmup=1)
-    # Two samples of 1,000 calls; the p99 is the better of the two (a slower packer raises
-    # both, another process's burst on the shared machine seldom lands in both).
-    samples = [timed(lambda: ctxcore.pack_arrays(ids, tokens, scores, budget), rounds=1000, warmup=20)
-               for _ in range(2)]
+    # Two samples of 1,000 calls, each with 15 reference rounds spread among them, so that
+    # both sides see the same load (timed one after the other, a burst of another process
+    # during either side moved the ratio between 11x and 35x in one minute). The p99 is the
+    # better of the two samples (a slower packer raises both, another process's burst on the
+    # shared machine seldom lands in both).
+    runs = [measure(lambda: ctxcore.pack_arrays(ids, tokens, scores, budget), rounds=1000, warmup=20,
+                    reference=lambda: numpy_bucket_dp(tokens, scores, budget), reference_rounds=15)
+            for _ in range(2)]
+    samples = [t for t, _ in runs]
+    ref = np.concatenate([r for _, r in runs if r is not None])
     times = np.concatenate(samples)
     p50 = float(np.percentile(times, 50))
     p99 = min(float(np.percentile(s, 99)) for s in samples)
@@ -113,7 +119,8 @@ def test_realistic_pack_at_32k_vs_numpy_bucket_dp(timed) -> None:
     # numpy DP's 2.86 ms). After, at load 7-10 on 2 cores, same run: fastest call 0.13 ms
     # against numpy's fastest 2.7 ms (~20x, the closest to a quiet machine's ratio there
     # is here), medians 0.20-0.24 ms against 19-30 ms (80-150x: numpy slows more under
-    # load). The gate sits under the fastest-call ratio. The p99 bound (3x the target) is
+    # load). Interleaved, the median ratio measured 18.8-31.6x in eight samples at load 1
+    # and with two busy loops beside it; the gate sits under those. The p99 bound (3x the target) is
     # only asserted when the load leaves a core free, since one preemption (a time slice is
     # several ms) sets a p99 of 1,000 calls. With a core free by this VM's load average,
     # two clean-clone runs still measured p99s of 1.26 and 1.07 ms in one sample (p50 0.27
