@@ -27,7 +27,7 @@ from ctxcore.stores import (
     is_postgres_url,
     open_store,
 )
-from ctxcore.stores.postgres import PG_SCHEMA_VERSION, redact_dsn
+from ctxcore.stores.postgres import PG_SCHEMA_VERSION, VECTOR_PARTITIONS, redact_dsn
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,18 @@ def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO memory_terms SELECT 'globex', 'support', 'planted', seq FROM memories")
         conn.rollback()
+        # So is the vector table; its partitions grant the app role nothing (reading one
+        # directly would skip the partitioned table's policies).
+        assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone() == (0,)
+        conn.execute("SELECT set_config('ctxcore.organization_id', 'acme', true), "
+                     "set_config('ctxcore.agent_id', 'support', true)")
+        assert conn.execute("SELECT DISTINCT organization_id, agent_id FROM memory_vectors").fetchall() == [
+            ("acme", "support")]
+        conn.rollback()
+        for k in range(VECTOR_PARTITIONS):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"SELECT count(*) FROM memory_vectors_{k:02d}")
+            conn.rollback()
         # The scope was transaction-local: the next transaction sees nothing again.
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (0,)
     # FORCE ROW LEVEL SECURITY: the table owner is bound too (outside its admin flag).
@@ -90,7 +102,14 @@ def test_migrations_are_versioned_and_idempotent(pg_server: PgServer) -> None:
             (v,) for v in range(1, PG_SCHEMA_VERSION + 1)]
         assert conn.execute("SELECT value FROM ctxcore_meta WHERE key = 'embedding_dim'").fetchone() == ("64",)
         idx = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
-        assert {"memories_embedding", "memories_recent"} <= idx
+        assert "memories_recent" in idx and "memories_embedding" not in idx
+        # Embeddings live in VECTOR_PARTITIONS partitions by scope, each with its own HNSW index.
+        parts = conn.execute(
+            "SELECT c.relname, (SELECT count(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_am a ON a.oid = i.relam WHERE x.indrelid = c.oid AND a.amname = 'hnsw') "
+            "FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid "
+            "WHERE h.inhparent = 'memory_vectors'::regclass").fetchall()
+        assert len(parts) == VECTOR_PARTITIONS and all(n == 1 for _, n in parts)
         conn.execute("INSERT INTO ctxcore_migrations VALUES (99, 'from the future')")
         conn.commit()
     with pytest.raises(MemoryStoreError, match="schema version 99 is newer"):
@@ -209,12 +228,22 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
             results[name] = [
                 [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
                  if r.similarity is None] for q in queries]
+            # The stored embeddings moved to the partitioned vector table (migration 4), which
+            # the app role was given too: the same vector hits and hot similarities.
+            results[name + " vectors"] = [
+                [(r.id, round(float(r.similarity), 5)) for r in asyncio.run(app.cold(a, Query(t), 10, 0.3))
+                 if r.similarity is not None] for t in texts]
+            results[name + " hot"] = [(r.id, round(float(r.similarity), 5))
+                                      for r in asyncio.run(app.hot(a, Query(texts[0]), 10))]
             assert app.flush_accesses() > 0  # and the read-time table
             app.add(NewMemory(f"new-{name}", a.organization_id, a.agent_id, "a refund note added later"))
             assert "new-" + name in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
             assert app.delete(a, ["m0"]) == 1
             assert "m0" not in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
     assert results["migrated"] == results["fresh"]
+    assert results["migrated vectors"] == results["fresh vectors"]
+    assert [hits[0] for hits in results["migrated vectors"]] == [(f"m{k}", 1.0) for k in range(len(texts))]
+    assert results["migrated hot"] == results["fresh hot"] and len(results["migrated hot"]) == len(texts)
     hits = dict(zip(queries, results["migrated"]))
     assert {i for i, _ in hits["refund"]} == {"m0", "m5"}
     assert {i for i, _ in hits["返金"]} == {"m2"} and {i for i, _ in hits["退款"]} == {"m4"}
@@ -226,6 +255,10 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
         assert conn.execute("SELECT count(*) FROM memory_terms t WHERE NOT EXISTS "
                             "(SELECT 1 FROM memories m WHERE m.seq = t.seq)").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM memory_terms WHERE organization_id = 'globex'").fetchone()[0] > 0
+        # and its embedding
+        assert conn.execute("SELECT count(*) FROM memory_vectors v WHERE NOT EXISTS "
+                            "(SELECT 1 FROM memories m WHERE m.seq = v.seq)").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone() == (len(mems),)
 
 
 def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) -> None:
