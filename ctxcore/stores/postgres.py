@@ -1316,14 +1316,17 @@ class PostgresMemoryStore:
                     seqs = sorted(pending[scope].items())
                     # One transaction per scope, its rows taken in `seq` order: flushes of
                     # several replicas (or a flush and `close`) that meet on the same rows
-                    # wait for each other instead of deadlocking.
+                    # wait for each other instead of deadlocking. Each row read is looked up
+                    # by key (memories deleted since are left out); a join let the planner
+                    # hash the whole scope (10,000 rows: 6.6 ms of a 30 ms flush of 945).
                     async with conn.transaction():
                         await self._set_scope(conn, scope.organization_id, scope.agent_id)
                         cur = await conn.execute(
                             "INSERT INTO memory_reads AS r (seq, organization_id, agent_id, accessed_at) "
                             "SELECT m.seq, m.organization_id, m.agent_id, a.at "
-                            "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) JOIN memories m ON m.seq = a.seq "
-                            "WHERE m.organization_id = %s AND m.agent_id = %s ORDER BY m.seq "
+                            "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) CROSS JOIN LATERAL ("
+                            "SELECT seq, organization_id, agent_id FROM memories "
+                            "WHERE seq = a.seq AND organization_id = %s AND agent_id = %s LIMIT 1) m ORDER BY m.seq "
                             "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)",
                             ([s for s, _ in seqs], [t for _, t in seqs], scope.organization_id, scope.agent_id),
                         )
