@@ -430,3 +430,27 @@ def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(pg_server: PgServer,
             assert len(got) == expected and all(r.id.startswith("near") and r.similarity is not None for r in got)
             sims = [r.similarity for r in got]
             assert sims == sorted(sims, reverse=True)
+
+
+def test_warm_runs_the_reads_once_per_connection_without_reading_anything(pg_server: PgServer) -> None:
+    # warm() opens pooled connections and prepares the read statements on each (a statement
+    # run with `limit` 0 in a scope of its own): answers are unchanged and no read is noted.
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    with PostgresMemoryStore(db.owner_url) as bare:  # no dimension yet: the vector reads are skipped
+        assert bare.warm() == 0
+        assert asyncio.run(bare.cold(scope, Query("refund"), 5, 0.5)) == []
+    with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64)) as s:
+        s.add_many([NewMemory(f"m{k}", "acme", "support", t) for k, t in enumerate(
+            ["refund in five business days", "shipping to Canada costs extra", "refund desk hours"])])
+
+        def answers() -> list[list[tuple[str, float | None]]]:
+            return [[(r.id, r.similarity) for r in asyncio.run(read)] for read in (
+                s.cold(scope, Query("refund"), 5, 0.5), s.hot(scope, Query("refund"), 5))]
+
+        before = answers()
+        assert s.flush_accesses() > 0
+        for _ in range(2):
+            assert s.warm() == 0
+            assert s.flush_accesses() == 0  # warming read nothing
+            assert answers() == before

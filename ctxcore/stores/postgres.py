@@ -183,6 +183,15 @@ vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM 
 # security, walks the HNSW index for a scope of 1% of the table (~200 ms at 100,000).
 _COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vector")
 _COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
+# The hot query: the scope's newest rows, each with the similarity of its embedding (looked
+# up by key in the scope's own partition) to the query's.
+_HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
+        "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
+        "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
+        "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s")
+#: The scope the pool's connections are warmed in (statements run with `limit` 0: nothing
+#: is read back, nothing noted).
+_WARM_SCOPE = "ctxcore-warm"
 _COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
 """ + _COLD_TEXT
 
@@ -865,9 +874,24 @@ class PostgresMemoryStore:
         try:
             for _ in range(min(4, self._pool.max_size)):
                 conns.append(await self._pool.getconn())
+            for conn in conns:
+                await self._prepare_reads(conn)
         finally:
             for c in conns:
                 await self._pool.putconn(c)
+
+    async def _prepare_reads(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        # Each read statement, run once with `limit` 0 and prepared at once: a connection's
+        # first run of a statement loads its catalog caches and plans it (the cold
+        # statement's generic plan over the 16 vector partitions: ~20 ms), which a request
+        # would otherwise pay on each pooled connection, at whatever call first takes it.
+        w = _WARM_SCOPE
+        q = None if self._dim is None else _vector_text(np.zeros(self._dim, dtype=np.float32))
+        vectors = [] if q is None else [q]
+        for vec, large in [*((v, big) for v in vectors for big in (True, False)), (None, False)]:
+            await self._cold_rows(conn, w, w, vec, large, [w], 0, 1.0, 1, 1, prepare=True)
+        for vec in [*vectors, None]:
+            await self._hot_rows(conn, w, w, vec, 0, prepare=True)
 
     def close(self) -> None:
         """Write pending ``accessed_at`` times, close the pool and stop the loop. Idempotent."""
@@ -1127,20 +1151,17 @@ class PostgresMemoryStore:
                    limit: int) -> tuple[list[int], MemoryBatch]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            async with conn.pipeline(), conn.transaction():  # one round trip
-                await self._set_scope(conn, scope.organization_id, scope.agent_id)
-                # The embedding of each row returned, by key, in the scope's own partition.
-                cur = await conn.execute(
-                    f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
-                    "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
-                    "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
-                    "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s",
-                    {"q": None if qv is None else _vector_text(qv), "org": scope.organization_id,
-                     "agent": scope.agent_id, "limit": limit},
-                )
-                rows = await cur.fetchall()
+            rows = await self._hot_rows(conn, scope.organization_id, scope.agent_id,
+                                        None if qv is None else _vector_text(qv), limit)
         sims = np.clip(np.array([np.nan if r[-1] is None else r[-1] for r in rows], dtype=np.float64), -1.0, 1.0)
         return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
+
+    async def _hot_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
+                        limit: int, prepare: bool | None = None) -> list[TupleRow]:
+        async with conn.pipeline(), conn.transaction():  # one round trip
+            await self._set_scope(conn, org, agent)
+            cur = await conn.execute(_HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
+            return await cur.fetchall()
 
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
@@ -1193,20 +1214,8 @@ class PostgresMemoryStore:
             # reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
             # partition is chosen at run time.
             large = vector and in_scope >= HNSW_MIN_SCOPE
-            async with conn.pipeline(), conn.transaction():
-                await conn.execute(
-                    "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-                    "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
-                    "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-                    "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
-                    "set_config('plan_cache_mode', 'force_generic_plan', true)",
-                    (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
-                cur = await conn.execute(
-                    (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if vector else _COLD_NO_VECTOR,
-                    {"q": _vector_text(qv) if vector and qv is not None else None, "org": org, "agent": agent,
-                     "limit": limit, "min": min_similarity, "terms": terms, "cap": cap, "n": float(in_scope),
-                     "nterms": FTS_QUERY_TERMS})
-                rows = await cur.fetchall()
+            rows = await self._cold_rows(conn, org, agent, _vector_text(qv) if vector and qv is not None else None,
+                                         large, terms, limit, min_similarity, cap, in_scope)
         found = []
         counts: dict[str, int] = {}
         for row in rows:
@@ -1219,6 +1228,24 @@ class PostgresMemoryStore:
         sims = np.clip(np.array([np.nan if r[-4] is None else r[-4] for r in found], dtype=np.float64), -1.0, 1.0)
         origins = [MemoryOrigin.FULLTEXT if r[-4] is None else MemoryOrigin.VECTOR for r in found]
         return [r[0] for r in found], rows_to_batch(scope, found, origins, sims)
+
+    @staticmethod
+    async def _cold_rows(conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None, large: bool,
+                         terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
+                         prepare: bool | None = None) -> list[TupleRow]:
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute(
+                "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
+                "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
+                "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
+                "set_config('plan_cache_mode', 'force_generic_plan', true)",
+                (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
+            cur = await conn.execute(
+                (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if q is not None else _COLD_NO_VECTOR,
+                {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
+                 "cap": cap, "n": float(in_scope), "nterms": FTS_QUERY_TERMS}, prepare=prepare)
+            return await cur.fetchall()
 
     def _search_keys(self, scope: Scope, keys: list[str]) -> list[str]:
         """The query's search keys worth sending, in query order: not the scope's known
