@@ -272,7 +272,8 @@ async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
 #: Fixed when the table is created.
 VECTOR_PARTITIONS = 16
 # The HNSW index (cosine), created on every partition once the dimension is fixed.
-_VECTOR_INDEX = "CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors USING hnsw (embedding vector_cosine_ops)"
+_VECTOR_INDEX = ("CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors "
+                 "USING hnsw (embedding vector_cosine_ops)")
 
 
 async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -772,8 +773,8 @@ class PostgresMemoryStore:
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
                 await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, memory_vectors "
-                    "TO {}"
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, "
+                    "memory_vectors TO {}"
                 ).format(role))
                 await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
 
@@ -887,11 +888,10 @@ class PostgresMemoryStore:
         # would otherwise pay on each pooled connection, at whatever call first takes it.
         w = _WARM_SCOPE
         q = None if self._dim is None else _vector_text(np.zeros(self._dim, dtype=np.float32))
-        vectors = [] if q is None else [q]
-        for vec, large in [*((v, big) for v in vectors for big in (True, False)), (None, False)]:
+        for vec, large in [(q, True), (q, False), (None, False)] if q is not None else [(None, False)]:
             await self._cold_rows(conn, w, w, vec, large, [w], 0, 1.0, 1, 1, prepare=True)
-        for vec in [*vectors, None]:
-            await self._hot_rows(conn, w, w, vec, 0, prepare=True)
+        # One hot statement whatever the query vector (a missing one binds the same types).
+        await self._hot_rows(conn, w, w, q, 0, prepare=True)
 
     def close(self) -> None:
         """Write pending ``accessed_at`` times, close the pool and stop the loop. Idempotent."""
@@ -1209,9 +1209,9 @@ class PostgresMemoryStore:
             # the scope are found); a small one is scanned exactly off the scope index.
             # Row-level security's settings hide the scope's size from the planner, so the
             # store says which. Both statements go out at once (pipeline mode): the scope and
-            # the plan settings, then the whole cold query, one round trip. Once psycopg has
-            # prepared the statement (its fifth run on a connection), its generic plan is
-            # reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
+            # the plan settings, then the whole cold query, one round trip. Once the
+            # statement is prepared on a connection (by `warm`, or by psycopg after five
+            # runs), its generic plan is reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
             # partition is chosen at run time.
             large = vector and in_scope >= HNSW_MIN_SCOPE
             rows = await self._cold_rows(conn, org, agent, _vector_text(qv) if vector and qv is not None else None,
@@ -1512,8 +1512,8 @@ class PostgresMemoryStore:
                                            "VALUES (%s, %s, %s, %s::vector)", (org, agent, row[0], vector))
                 if terms is not None:  # a new text: its terms replace the old ones
                     await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
-                                       "AND seq = %s", (scope.organization_id, scope.agent_id, row[0]))
-                    await _insert_terms(conn, [(int(row[0]), scope.organization_id, scope.agent_id, terms)])
+                                       "AND seq = %s", (org, agent, row[0]))
+                    await _insert_terms(conn, [(int(row[0]), org, agent, terms)])
                 return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
