@@ -160,6 +160,28 @@ def test_a_word_first_missing_is_found_once_stored(tmp_path: Path) -> None:
         assert run(s.cold(scope, Query("zebra"), 5, 0.7)) == []
         s.add(NewMemory("z", "o", "a", "the zebra crossing by the depot"))
         assert [r.id for r in run(s.cold(scope, Query("zebra"), 5, 0.7))] == ["z"]
+        # Written by another store on the file (another process): seen at the next read.
+        assert run(s.cold(scope, Query("okapi"), 5, 0.7)) == []
+        with SqliteMemoryStore(tmp_path / "m.db") as other:
+            other.add(NewMemory("k", "o", "a", "an okapi in the depot"))
+        assert [r.id for r in run(s.cold(scope, Query("okapi"), 5, 0.7))] == ["k"]
+
+
+def test_hot_reads_after_a_flush_carry_the_times_written(tmp_path: Path) -> None:
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db", access_resolution_seconds=0) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"memory {k}", created_at=1.7e9 + k) for k in range(10))
+        first = run(s.hot(scope, Query(""), 5))
+        assert all(r.accessed_at is None for r in first)
+        for _ in range(3):
+            run(s.hot(scope, Query(""), 5))
+            run(s.cold(scope, Query("memory 7"), 3, 0.7))
+            assert s.flush_accesses() > 0
+            kept = {r.id: r.accessed_at for r in run(s.hot(scope, Query(""), 5))}
+            with closing(sqlite3.connect(tmp_path / "m.db")) as db:
+                written = dict(db.execute("SELECT id, accessed_at FROM memories WHERE id IN (%s)"
+                                          % ",".join("?" * len(kept)), list(kept)).fetchall())
+            assert kept == written and all(v is not None for v in kept.values())
 
 
 HOSTILE = [

@@ -45,6 +45,8 @@ FTS_QUERY_TERMS = 8
 # and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
+# A term's IDF weight in the ranking, in these units (integers sum exactly).
+_IDF_UNITS = 1_000_000
 
 
 def _scope_token(organization_id: str, agent_id: str) -> str:
@@ -118,24 +120,38 @@ class DocFrequencies:
 
     Looking a token up in the vocabulary reads its whole doclist (~1 ms for a stop word at
     100k memories), so counts are cached until the store has grown by a tenth since they
-    were read. Absent tokens are not cached (a miss is a cheap probe, and a memory added
-    later may hold the token). `clear` after deletes."""
+    were read. A token no memory holds is remembered as absent only until the store is
+    written again (any scope's write counter moves, or the memory count changes), so a
+    memory added later that holds it is searched for it at once. `clear` after deletes."""
 
-    __slots__ = ("_cache",)
+    __slots__ = ("_cache", "_absent", "_absent_state")
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[int, int]] = {}
+        self._absent: set[str] = set()
+        self._absent_state: tuple[int, int] | None = None
 
     def clear(self) -> None:
         self._cache.clear()
+        self._absent.clear()
+        self._absent_state = None
 
-    def lookup(self, conn: sqlite3.Connection, tokens: set[str], total: int) -> dict[str, int]:
+    def lookup(self, conn: sqlite3.Connection, tokens: set[str], total: int, writes: int | None = None) -> dict[str, int]:
+        """Each token's count of memories, `total` memories in the store; `writes` (the
+        sum of the scopes' write counters, None: unknown) keys the absent tokens."""
+        state = None if writes is None else (total, writes)
+        if state is None or state != self._absent_state:
+            self._absent = set()
+            self._absent_state = state
+        absent = self._absent
         out: dict[str, int] = {}
         missing = []
         for tok in tokens:
             hit = self._cache.get(tok)
             if hit is not None and total <= hit[1] * _DF_CACHE_GROWTH:
                 out[tok] = hit[0]
+            elif tok in absent:
+                out[tok] = 0
             else:
                 missing.append(tok)
         if missing:
@@ -147,10 +163,14 @@ class DocFrequencies:
             )
             if len(self._cache) + len(missing) > _DF_CACHE_TERMS:
                 self._cache.clear()
+            if len(absent) + len(missing) > _DF_CACHE_TERMS:
+                absent.clear()
             for tok in missing:
                 out[tok] = int(found.get(tok, 0))
                 if out[tok]:
                     self._cache[tok] = (out[tok], total)
+                elif state is not None:
+                    absent.add(tok)
         return out
 
 
@@ -164,14 +184,14 @@ def search(
         return []
     counts = conn.execute(
         "SELECT (SELECT memories FROM scopes WHERE organization_id = ? AND agent_id = ?), "
-        "(SELECT sum(memories) FROM scopes)",
+        "sum(memories), sum(version) FROM scopes",
         (scope.organization_id, scope.agent_id),
     ).fetchone()
-    in_scope, total = int(counts[0] or 0), int(counts[1] or 0)
+    in_scope, total, writes = int(counts[0] or 0), int(counts[1] or 0), int(counts[2] or 0)
     if in_scope == 0:
         return []
     keys = {tok: _strip_diacritics(tok) for t in terms for tok in t}
-    freq = df.lookup(conn, set(keys.values()), total)
+    freq = df.lookup(conn, set(keys.values()), total, writes)
     cap = max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * total)
     # A phrase is in no more memories than its rarest token.
     by_rarity = sorted((min(freq[keys[tok]] for tok in t), k) for k, t in enumerate(terms))
@@ -182,22 +202,19 @@ def search(
         return []
     # One statement: per term, its newest `limit` matches (FTS5 stops after `limit` rows,
     # where a single OR query ranked by bm25 would score every match of every term in the
-    # whole table first), tagged with the term's position. A memory scores the IDF of
-    # each chosen term it holds, summed here in term order.
+    # whole table first), each carrying its term's IDF; a memory scores the IDFs of the
+    # chosen terms it holds. The ranking runs inside SQLite, so only the `limit` rows
+    # returned cross into Python (each row fetched re-takes the GIL, which under load
+    # waits behind the other threads). The IDFs are summed as integers (micro-units), so
+    # the order the rows are added in cannot change a sum or break a tie differently.
     job.check()
-    sql = " UNION ALL ".join(
-        f"SELECT * FROM (SELECT rowid, {k} FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC LIMIT ?)"
-        for k in range(len(chosen))
+    hits = " UNION ALL ".join(
+        "SELECT * FROM (SELECT rowid AS r, ? AS w FROM memories_fts WHERE memories_fts MATCH ? "
+        "ORDER BY rowid DESC LIMIT ?)"
+        for _ in chosen
     )
     args: list[object] = []
-    for _, term in chosen:
-        args += [_fts_expression(scope, [term]), limit]
-    idf = [math.log(1.0 + total / (d + 1.0)) for d, _ in chosen]
-    hits: list[list[int]] = [[] for _ in chosen]
-    for rowid, k in conn.execute(sql, args).fetchall():
-        hits[k].append(rowid)
-    scores: dict[int, float] = {}
-    for k, rows in enumerate(hits):
-        for rowid in rows:
-            scores[rowid] = scores.get(rowid, 0.0) + idf[k]
-    return sorted(scores, key=lambda r: (-scores[r], -r))[:limit]
+    for d, term in chosen:
+        args += [round(_IDF_UNITS * math.log(1.0 + total / (d + 1.0))), _fts_expression(scope, [term]), limit]
+    sql = f"SELECT r FROM ({hits}) GROUP BY r ORDER BY sum(w) DESC, r DESC LIMIT ?"
+    return [r for (r,) in conn.execute(sql, [*args, limit]).fetchall()]

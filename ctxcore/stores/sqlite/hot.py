@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +16,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ...memory import Scope
+from ..records import STORED_COLUMNS
 
 __all__ = ["DEFAULT_HOT_CACHE_BYTES", "HotCache", "HotRows"]
 
 #: Upper bound on the kept rows, all scopes together (64 rows with 384-dimension
 #: embeddings are ~110 KB: ~600 scopes).
 DEFAULT_HOT_CACHE_BYTES = 64 << 20
+_ID = STORED_COLUMNS.index("id")
+_ACCESSED_AT = STORED_COLUMNS.index("accessed_at")
 # Bytes counted per row beside its text and embedding (the row tuple and its values).
 _ROW_OVERHEAD = 400
 
@@ -51,8 +54,8 @@ class HotRows:
 class HotCache:
     """`HotRows` per (scope, limit), valid while the scope's write counter is unchanged.
 
-    Thread-safe. `drop` the scopes whose rows changed without a counter move (read times
-    written by this store).
+    Thread-safe. Read times this store writes (no counter move) are written into the
+    kept rows with `touch`.
 
     >>> c = HotCache(1 << 20)
     >>> _ = c.put(Scope("o", "a"), 2, 7, [(1, "m1", "o", "a", "tea", None)])
@@ -96,9 +99,19 @@ class HotCache:
                 self._bytes -= gone.nbytes
         return hot
 
-    def drop(self, scopes: Iterable[Scope]) -> None:
-        """Forget the rows of `scopes` (every limit)."""
-        wanted = set(scopes)
+    def touch(self, times: Mapping[Scope, Mapping[str, float]]) -> None:
+        """Write read times (memory id -> time, per scope) into the kept rows as the store
+        writes them to the database: ``accessed_at`` becomes the later of the two. The
+        rows stay kept (their version is unchanged: read times do not move the counter)."""
         with self._lock:
-            for key in [k for k in self._kept if k[0] in wanted]:
-                self._bytes -= self._kept.pop(key).nbytes
+            for key, hot in list(self._kept.items()):
+                new = times.get(key[0])
+                if not new:
+                    continue
+                rows = [
+                    row if (at := new.get(row[_ID])) is None
+                    else (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1:])
+                    for row in hot.rows
+                ]
+                # A new entry, not the kept one changed: a reader may be reading that now.
+                self._kept[key] = HotRows(hot.version, rows, hot.nbytes, hot._matrices)

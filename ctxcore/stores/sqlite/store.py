@@ -652,8 +652,9 @@ class SqliteMemoryStore:
                 self._reads.requeue(batch)  # kept for the next flush, never dropped
                 raise
         # The rows changed without a write-counter move: this store's kept hot rows of
-        # those scopes go (other processes see the times at the scope's next write).
-        self._hot_rows.drop(batch)
+        # those scopes take the same times (other processes see them at the scope's next
+        # write).
+        self._hot_rows.touch(batch)
         return n
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
