@@ -220,6 +220,21 @@ def _parse_counts(text: str) -> Mapping[str, int]:
     return MappingProxyType(value)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _stored_count(text: str, family: str) -> int:
+    """`family`'s count in a stored ``exact_tokens`` JSON text, -1 when it has none (the
+    texts repeat: counts are small numbers, so one parse serves many memories)."""
+    try:
+        got = _parse_counts(text).get(family)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"exact_tokens is not JSON ({exc})") from None
+    if got is None:
+        return -1
+    if type(got) is not int or got < 0:
+        raise ValueError(f"exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
+    return got
+
+
 def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: int,
             name: str) -> npt.NDArray[np.float64]:
     if values is None:
@@ -357,14 +372,21 @@ class MemoryBatch(Sequence[MemoryRecord]):
     def counts(self, family: str) -> npt.NDArray[np.int64]:
         """Each memory's stored exact count of `family`, -1 where it has none."""
         out = np.full(len(self), -1, dtype=np.int64)
-        for k, c in enumerate(self.exact_tokens):
-            if c is None:
-                continue
-            got = (_parse_counts(c) if isinstance(c, str) else c).get(family)
-            if got is not None:
-                if type(got) is not int or got < 0:
-                    raise ValueError(f"memory {self.ids[k]!r}: exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
-                out[k] = got
+        k = 0
+        try:
+            for k, c in enumerate(self.exact_tokens):
+                if c is None:
+                    continue
+                if type(c) is str:
+                    out[k] = _stored_count(c, family)
+                    continue
+                got = c.get(family)
+                if got is not None:
+                    if type(got) is not int or got < 0:
+                        raise ValueError(f"exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
+                    out[k] = got
+        except ValueError as exc:
+            raise ValueError(f"memory {self.ids[k]!r}: {exc}") from None
         return out
 
     def __eq__(self, other: Any) -> bool:

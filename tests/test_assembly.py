@@ -244,6 +244,19 @@ def test_a_memory_batch_is_a_sequence_of_records() -> None:
         b[2]
 
 
+@pytest.mark.parametrize("stored, message", [
+    ('{"cl100k_base": -1}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int >= 0, got -1"),
+    ('{"cl100k_base": 2.5}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int >= 0, got 2.5"),
+    ("[3]", r"memory 'm2': exact_tokens must be a JSON object"),
+    ("{3", r"memory 'm2': exact_tokens is not JSON"),
+])
+def test_a_batchs_bad_stored_count_is_named(stored: str, message: str) -> None:
+    b = ctxcore.MemoryBatch("org", "agent", ids=["m1", "m2"], texts=["a", "b"], origins=[ctxcore.MemoryOrigin.HOT] * 2,
+                            exact_tokens=['{"cl100k_base": 3, "o200k_base": 2}', stored])
+    with pytest.raises(ValueError, match=message):
+        b.counts("cl100k_base")
+
+
 def test_a_batch_of_another_scope_is_dropped_whole() -> None:
     foreign = _batch_of([mem(1), mem(2)], org="org-b")
     ctx = run(request(), Sources(None, memories_of(foreign), memories_of([mem(3)])))
