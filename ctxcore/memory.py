@@ -377,7 +377,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
             for k, c in enumerate(self.exact_tokens):
                 if c is None:
                     continue
-                if type(c) is str:
+                if isinstance(c, str):
                     out[k] = _stored_count(c, family)
                     continue
                 got = c.get(family)
