@@ -179,9 +179,33 @@ def test_hot_reads_after_a_flush_carry_the_times_written(tmp_path: Path) -> None
             assert s.flush_accesses() > 0
             kept = {r.id: r.accessed_at for r in run(s.hot(scope, Query(""), 5))}
             with closing(sqlite3.connect(tmp_path / "m.db")) as db:
-                written = dict(db.execute("SELECT id, accessed_at FROM memories WHERE id IN (%s)"
+                written = dict(db.execute("SELECT id, accessed_at FROM memory_reads WHERE id IN (%s)"
                                           % ",".join("?" * len(kept)), list(kept)).fetchall())
             assert kept == written and all(v is not None for v in kept.values())
+
+
+def test_read_times_go_to_their_own_table_and_the_later_time_wins(tmp_path: Path) -> None:
+    scope = Scope("o", "a")
+    path = tmp_path / "m.db"
+    with SqliteMemoryStore(path, access_resolution_seconds=0) as s:
+        s.add_many([NewMemory("given", "o", "a", "read long ago", accessed_at=1.0e9),
+                    NewMemory("later", "o", "a", "read in the future", accessed_at=4.0e9)])
+        run(s.hot(scope, Query(""), 5))
+        assert s.flush_accesses() == 2
+    with closing(sqlite3.connect(path)) as db:
+        # The memory rows are not rewritten by a read: their ingest-time values stay.
+        assert dict(db.execute("SELECT id, accessed_at FROM memories").fetchall()) == {"given": 1.0e9, "later": 4.0e9}
+        # A version of ctxcore without the table writes the memory's own column.
+        db.execute("UPDATE memories SET accessed_at = 4.5e9 WHERE id = 'given'")
+        db.commit()
+    with SqliteMemoryStore(path) as s:
+        got = {r.id: r.accessed_at for r in run(s.hot(scope, Query(""), 5))}
+        assert got["given"] == 4.5e9 and got["later"] == 4.0e9
+        s.delete(scope, ["given"])
+        s.update(scope, "later", importance=0.5)  # a new row: the time goes with it
+        assert [r.accessed_at for r in run(s.hot(scope, Query(""), 5))] == [4.0e9]
+    with closing(sqlite3.connect(path)) as db:  # a deleted memory's read time goes with it
+        assert [r[0] for r in db.execute("SELECT id FROM memory_reads")] == ["later"]
 
 
 HOSTILE = [

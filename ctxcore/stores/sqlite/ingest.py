@@ -148,6 +148,8 @@ def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, in
     # stored count).
     ids = json.dumps([r[0] for r in rows])
     conn.execute("DELETE FROM memories_fts WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+    conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT id FROM memories WHERE rowid IN "
+                 "(SELECT value FROM json_each(?)))", (ids,))
     conn.execute("DELETE FROM memories WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
     drops: dict[tuple[str, str], list[int]] = {}
     for _, org, agent, emb in rows:
@@ -201,6 +203,7 @@ def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
         (json.dumps(list(ids)),),
     ).fetchall()
     conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(ids)),))
     conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
     conn.executemany(
         "UPDATE scopes SET version = version + 1, memories = memories - 1, embedded = embedded - ? "

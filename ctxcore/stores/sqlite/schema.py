@@ -14,11 +14,21 @@ __all__ = ["SCHEMA_VERSION", "connect", "init_schema", "stored_dim"]
 #: added ``memories.exact_tokens``: the exact token counts of each memory as the formatter
 #: emits it, per tokenizer family (JSON object); a version 1 file is migrated when opened
 #: (the column is added, empty) and ``ctxcore memories recount --db PATH`` fills it.
+#: The read times the store writes are kept in ``memory_reads``, one narrow row per memory
+#: id, so a read time costs a few bytes of write instead of a rewrite of the memory's row
+#: (text and embedding); a memory's ``accessed_at`` is the later of its own (given at
+#: ingest) and its read row's. The table is created when a file is opened: older versions
+#: of ctxcore still open the file (they read and write ``memories.accessed_at`` only).
 SCHEMA_VERSION = 2
 # How long a writer waits for another writer's lock before giving up (ms).
 _BUSY_TIMEOUT_MS = 5000
 
-_SCHEMA = """
+_READS_TABLE = """CREATE TABLE IF NOT EXISTS memory_reads (
+    id TEXT PRIMARY KEY,
+    accessed_at REAL NOT NULL
+) WITHOUT ROWID"""
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS memories (
     rowid INTEGER PRIMARY KEY,
@@ -53,15 +63,22 @@ CREATE TABLE IF NOT EXISTS directives (
     updated_at REAL NOT NULL,
     PRIMARY KEY (organization_id, agent_id)
 ) WITHOUT ROWID;
+{_READS_TABLE};
 CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
     scope, body, tokenize = 'unicode61 remove_diacritics 2'
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS memories_vocab USING fts5vocab(memories_fts, 'row');
 """
 
+#: A memory's ``accessed_at``: the later of the ingest-time value and the read row's.
+_ACCESSED_AT = (
+    "coalesce(max(memories.accessed_at, memory_reads.accessed_at), memories.accessed_at, memory_reads.accessed_at)"
+)
+#: The memories with their read rows: what `_COLUMNS` reads from.
+_FROM = "memories LEFT JOIN memory_reads ON memory_reads.id = memories.id"
 _COLUMNS = (
-    "rowid, id, organization_id, agent_id, text, confidence, importance, created_at, accessed_at, "
-    "token_count, token_family, token_kind, exact_tokens"
+    "memories.rowid, memories.id, organization_id, agent_id, text, confidence, importance, created_at, "
+    f"{_ACCESSED_AT}, token_count, token_family, token_kind, exact_tokens"
 )
 
 # Migrations from each older version to the next, run in the same transaction as the check.
@@ -107,6 +124,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
                 conn.execute(statement)
             version += 1
             conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(_READS_TABLE)
         row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
         if embedder is None and row is not None:
             # Opened without an embedder: use the one the database was built with,

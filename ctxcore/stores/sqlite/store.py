@@ -38,7 +38,7 @@ from .ingest import (
 )
 from .hot import DEFAULT_HOT_CACHE_BYTES, HotCache
 from .readers import DEFAULT_READERS, Job, ReaderPool
-from .schema import _COLUMNS, connect, init_schema, stored_dim
+from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
 
 __all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
@@ -510,8 +510,8 @@ class SqliteMemoryStore:
         hot = self._hot_rows.get(scope, limit, counter[0])
         if hot is None:
             fetched = conn.execute(
-                f"SELECT {_COLUMNS}, embedding FROM memories WHERE organization_id = ? AND agent_id = ? "
-                "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                f"SELECT {_COLUMNS}, embedding FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+                "ORDER BY created_at DESC, memories.rowid DESC LIMIT ?",
                 (scope.organization_id, scope.agent_id, limit),
             ).fetchall()
             hot = self._hot_rows.put(scope, limit, counter[0], fetched)
@@ -565,7 +565,7 @@ class SqliteMemoryStore:
         rows = {
             row[0]: row
             for row in conn.execute(
-                f"SELECT {_COLUMNS} FROM memories WHERE rowid IN (SELECT value FROM json_each(?)) "
+                f"SELECT {_COLUMNS} FROM {_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
                 "AND organization_id = ? AND agent_id = ?",
                 (json.dumps([rid for rid, _ in merged]), scope.organization_id, scope.agent_id),
             ).fetchall()
@@ -639,9 +639,12 @@ class SqliteMemoryStore:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for scope, times in batch.items():
+                    # A narrow row per memory (the memory's own row, text and embedding,
+                    # is not rewritten); the later time wins.
                     cur = conn.executemany(
-                        "UPDATE memories SET accessed_at = max(coalesce(accessed_at, 0), ?) "
-                        "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                        "INSERT INTO memory_reads (id, accessed_at) SELECT id, ? FROM memories "
+                        "WHERE id = ? AND organization_id = ? AND agent_id = ? "
+                        "ON CONFLICT (id) DO UPDATE SET accessed_at = max(accessed_at, excluded.accessed_at)",
                         [(at, mid, scope.organization_id, scope.agent_id) for mid, at in times.items()],
                     )
                     n += cur.rowcount
@@ -772,9 +775,9 @@ class SqliteMemoryStore:
 
         def run(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
-                "SELECT rowid, text, embedding, confidence, importance, created_at, accessed_at, token_count, "
-                "token_family, token_kind, exact_tokens FROM memories "
-                "WHERE id = ? AND organization_id = ? AND agent_id = ?",
+                "SELECT memories.rowid, text, embedding, confidence, importance, created_at, "
+                f"{_ACCESSED_AT}, token_count, token_family, token_kind, exact_tokens FROM {_FROM} "
+                "WHERE memories.id = ? AND organization_id = ? AND agent_id = ?",
                 (memory_id, scope.organization_id, scope.agent_id),
             ).fetchone()
             if row is None:
