@@ -22,7 +22,9 @@ from service_support import FakeSources, make_tenants, open_config, running
 from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
-from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel
+from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
+from ctxcore.errors import ConfigError
+from ctxcore.service.config import ServiceConfig, load_service_config
 
 TENANTS = make_tenants(2)
 T = TENANTS[0]
@@ -153,3 +155,87 @@ def test_admission_decisions() -> None:
     for _ in range(3):
         adm.release(0, 20.0, 10.0)
     assert adm.admitted == 0
+
+
+def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
+    async def main() -> None:
+        t = Turns(2)
+        assert [await t.take(None), await t.take(None)] == [True, True]
+        order: list[int] = []
+
+        async def wait(k: int, timeout: float | None) -> bool:
+            got = await t.take(timeout)
+            if got:
+                order.append(k)
+            return got
+
+        waiters = [asyncio.ensure_future(wait(k, None)) for k in range(3)]
+        late = asyncio.ensure_future(wait(9, 0.02))
+        cancelled = asyncio.ensure_future(wait(8, None))
+        await asyncio.sleep(0.05)
+        assert late.done() and late.result() is False  # its time ran out in line
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        assert (t.running, t.waiting) == (2, 3)  # neither left a turn behind nor stayed in line
+        for _ in range(5):
+            t.give_back()
+            await asyncio.sleep(0)
+        assert order == [0, 1, 2] and all(w.result() for w in waiters)
+        assert (t.running, t.waiting) == (0, 0)
+        assert await t.take(0) is True  # a free turn needs no waiting
+        assert await t.take(0) is True and await t.take(0) is False
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="limit"):
+        Turns(0)
+
+
+def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_before_work() -> None:
+    gate = asyncio.Event()
+    entered = 0
+
+    async def held(request: Any, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        nonlocal entered
+        entered += 1
+        await gate.wait()
+        return await assemble(request, **kw)
+
+    async def main() -> None:
+        cfg = open_config(max_running=1)
+        async with running(cfg, sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
+                first = asyncio.ensure_future(client.assemble(REQ))
+                second = asyncio.ensure_future(client.assemble(REQ))
+                until = time.monotonic() + 10
+                while (entered < 1 or svc.turns is None or svc.turns.waiting < 1) and time.monotonic() < until:
+                    await asyncio.sleep(0.01)
+                assert svc.turns is not None and svc.turns.waiting == 1
+                assert entered == 1  # the second waits its turn without starting
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await client.assemble(REQ, timeout=0.2)
+                assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
+                assert "server.max_running" in (ei.value.details() or "")
+                assert entered == 1  # refused in line: no work done
+                gate.set()
+                for f in (first, second):
+                    assert (await f).scope.organization_id == T.scope.organization_id
+                assert entered == 2
+                assert (svc.turns.running, svc.turns.waiting, svc.admission.admitted) == (0, 0, 0)
+                reg = svc.metrics.registry
+                assert reg.get_sample_value("ctxcore_admission_refused_total", {"reason": "refused-wait"}) == 1
+                assert reg.get_sample_value("ctxcore_admission_waiting") == 0
+
+    asyncio.run(main())
+
+
+def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:
+    path = tmp_path / "serve.toml"
+    path.write_text('[server]\nmax_running = 2\n[store]\ndb = "m.db"\n')
+    assert load_service_config(path).max_running == 2
+    assert ServiceConfig().max_running == 0  # no limit unless asked for
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="server.max_running"):
+            ServiceConfig(max_running=bad)  # type: ignore[arg-type]

@@ -19,13 +19,19 @@ else is done for it:
   estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
+- **turns** (``max_running``, off unless set): at most that many ordinary assemblies run at
+  once; the others wait their turn in arrival order, each only as long as its deadline
+  leaves room for a retrieval and the estimated tail, and is then refused with
+  DEADLINE_EXCEEDED (``refused-wait``) without having done any work. On a host where the
+  assemblies are CPU-bound, one that runs alone finishes its retrieval inside its wall,
+  where several sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
   tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
   and every call admitted now delays the arrival of the next ones; new calls get
   DEADLINE_EXCEEDED (with a retry hint) until the admitted ones have drained the backlog.
 
 Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``,
-``refused-queue`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
+``refused-queue``, ``refused-wait`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
 of time, and the metrics count them by reason.
 """
 
@@ -35,6 +41,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "Admission",
     "Decision",
     "TailModel",
+    "Turns",
 ]
 
 #: Trailing-metadata key that marks a refusal at arrival, with its reason as the value.
@@ -284,3 +292,74 @@ class Admission:
         self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
         if retrieval_ms is not None:
             self.model.observe(ahead, max(0.0, sojourn_ms - retrieval_ms))
+
+
+class Turns:
+    """At most `limit` holders at a time; the others wait in arrival order. A turn given
+    back passes straight to the first waiter. Waiting can be bounded (`take` with a
+    timeout) or cancelled without losing a turn. Use from one event loop.
+
+    >>> async def demo():
+    ...     t = Turns(1)
+    ...     first = await t.take(None)
+    ...     late = await t.take(0.01)  # the only turn is held: no turn within 10 ms
+    ...     waiter = asyncio.ensure_future(t.take(1.0))
+    ...     await asyncio.sleep(0)
+    ...     t.give_back()  # straight to the waiter
+    ...     return first, late, await waiter, t.running, t.waiting
+    >>> asyncio.run(demo())
+    (True, False, True, 1, 0)
+    """
+
+    __slots__ = ("limit", "running", "_waiting")
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        self.limit = limit
+        self.running = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """How many wait for a turn."""
+        return len(self._waiting)
+
+    async def take(self, timeout: float | None) -> bool:
+        """Wait for a turn, at most `timeout` seconds (None: as long as it takes). True
+        once the caller holds one (it must `give_back`), False when none came in time."""
+        if self.running < self.limit and not self._waiting:
+            self.running += 1
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+            return True
+        except TimeoutError:
+            self._leave(fut)
+            return False
+        except BaseException:
+            self._leave(fut)
+            raise
+
+    def _leave(self, fut: asyncio.Future[None]) -> None:
+        # A waiter that stops waiting: out of the line, or, if the turn reached it in the
+        # meantime, the turn goes on to the next.
+        if fut.done() and not fut.cancelled():
+            self.give_back()
+        else:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(fut)
+
+    def give_back(self) -> None:
+        """End a turn: the first waiter gets it, else one more is free."""
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.running = max(0, self.running - 1)

@@ -71,6 +71,8 @@ def add_subcommands(sub: Any) -> None:
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
     t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
+    t.add_argument("--max-running", type=int, metavar="N",
+                   help="ordinary assemblies run at a time, the others wait their turn (0: no limit)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=_cmd_serve)
 
@@ -88,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     cfg = load_service_config(args.config) if args.config else ServiceConfig()
     top: dict[str, Any] = {}
     for name in ("bind", "metrics_port", "metrics_bind", "deadline_headroom_ms", "min_retrieval_ms",
-                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers"):
+                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
         v = getattr(args, name)
         if v is not None:
             top[name] = v

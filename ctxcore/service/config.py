@@ -13,6 +13,7 @@ binds, with a message that names the key. The shape (every key optional)::
     drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused
     max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
     cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
+    max_running = 0                 # ordinary assemblies run at a time, others wait (0: no limit)
     reflection = "auto"             # auto (loopback binds only) | false
     catalog = "models.toml"         # a capability catalog instead of the shipped one
 
@@ -111,6 +112,10 @@ DEFAULT_MAX_QUEUE = 64
 DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
+#: Ordinary assemblies that run at once (0: no limit; see ctxcore.service.admission.Turns).
+#: Off by default; on a host where assemblies are CPU-bound, 1 per two cores lets each
+#: finish its retrieval inside its wall instead of all sharing the cores and degrading.
+DEFAULT_MAX_RUNNING = 0
 
 #: The [assembly] settings, in their order: the number fields of ctxcore.AssemblyConfig.
 ASSEMBLY_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(AssemblyConfig) if f.type in ("float", float))
@@ -216,6 +221,7 @@ class ServiceConfig:
     drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
     max_queue: int = DEFAULT_MAX_QUEUE
     cpu_workers: int = DEFAULT_CPU_WORKERS
+    max_running: int = DEFAULT_MAX_RUNNING
     reflection: bool | None = None
     assembly: Mapping[str, float] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -235,6 +241,8 @@ class ServiceConfig:
                 raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
         if self.cpu_workers > MAX_CPU_WORKERS:
             raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
+        if isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 0:
+            raise ConfigError(f"server.max_running must be an integer >= 0 (0: no limit), got {self.max_running!r}")
         if self.metrics_port is not None and (
             isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
             or not 0 <= self.metrics_port <= 65535
@@ -331,7 +339,7 @@ def is_loopback_bind(bind: str) -> bool:
 _SECTIONS: dict[str, set[str]] = {
     "server": {
         "bind", "max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog", "max_queue", "cpu_workers",
+        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog", "max_queue", "cpu_workers", "max_running",
     },
     "store": {"db"},
     "assembly": set(ASSEMBLY_KEYS),
@@ -456,7 +464,7 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
             if k in srv:
                 kw[k] = _str(f"server.{k}", srv[k])
         for k in ("max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers"):
+                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
             if k in srv:
                 kw[k] = srv[k]
         if "reflection" in srv:

@@ -62,10 +62,12 @@ class ServiceMetrics:
             "ctxcore_memories_out_of_scope", "Memories dropped because their scope did not match.", registry=r
         )
         self.refused = Counter(
-            "ctxcore_admission_refused", "Calls refused at arrival by admission control, by reason.", ["reason"],
+            "ctxcore_admission_refused", "Calls refused by admission control before any work, by reason.", ["reason"],
             registry=r,
         )
         self.admitted = Gauge("ctxcore_admission_admitted", "Assemblies admitted and not yet finished.", registry=r)
+        self.waiting = Gauge("ctxcore_admission_waiting",
+                             "Admitted assemblies waiting for their turn to run (server.max_running).", registry=r)
         self.admitted_calls = Counter("ctxcore_admission_admitted_calls",
                                       "Assemblies admitted (with a deadline), by whether they ended inside it.",
                                       ["in_time"], registry=r)

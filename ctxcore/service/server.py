@@ -44,7 +44,7 @@ from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, Tokenizer
 from ..memory import MemoryRecord, Query, Scope, Sources
 from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
-from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission
+from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
 from .auth import Authenticator, Principal
 from .config import ServiceConfig
 from .errors import ServiceError
@@ -272,6 +272,8 @@ class ContextService:
             response_headroom_ms=config.deadline_headroom_ms,
             floor_tail_ms=self._packing_headroom_ms,
         )
+        #: Ordinary assemblies running at once, at most `config.max_running` (None: no limit).
+        self.turns = Turns(config.max_running) if config.max_running else None
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -493,6 +495,36 @@ class ContextService:
         m.admitted.set(self.admission.admitted)
         return remaining_ms, d.tail_ms
 
+    async def _take_turn(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float,
+                         call: _CallState | None) -> Turns:
+        """Wait for a turn to run (`server.max_running`), for as long as the deadline
+        leaves room for a retrieval and the estimated tail; else refuse the call,
+        DEADLINE_EXCEEDED (``refused-wait``), before it has done any work."""
+        turns = self.turns
+        assert turns is not None
+        cfg = self.config
+        need_ms = cfg.min_retrieval_ms + max(tail_ms, self._packing_headroom_ms) + cfg.deadline_headroom_ms
+        remaining = context.time_remaining()
+        t0 = time.perf_counter()
+        self.metrics.waiting.inc()
+        try:
+            got = await turns.take(None if remaining is None else remaining - need_ms / 1000.0)
+        finally:
+            self.metrics.waiting.dec()
+        if got:
+            return turns
+        waited_ms = (time.perf_counter() - t0) * 1000.0
+        if call is not None:
+            call.fields["admission"] = "refused-wait"
+        self.metrics.refused.labels("refused-wait").inc()
+        left = "" if remaining is None else f"{remaining * 1000.0 - waited_ms:.2f} ms left"
+        raise ServiceError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"waited {waited_ms:.1f} ms for one of the {turns.limit} running assemblies (server.max_running) "
+            f"to finish, {turns.waiting} still waiting; {left}, an assembly needs about {need_ms:.2f} ms",
+            ((ADMISSION_KEY, "refused-wait"),),
+        )
+
     @staticmethod
     def _authorize(principal: Principal, req: AssemblyRequest, call: _CallState | None) -> Scope:
         if call is not None:
@@ -541,11 +573,19 @@ class ContextService:
         # from the end of retrieval, or from its wall when retrieval overran it, to the answer.
         t_asm = 0.0
         retrieval_ms: float | None = None
+        turn: Turns | None = None
+        waited_in_vain = False
         try:
             if req is None or scope is None:
                 # Linear, but long enough to hold up every other call if run on the loop.
                 req = await asyncio.get_running_loop().run_in_executor(self._executor, request_from_proto, request)
                 scope = self._authorize(principal, req, call)
+            elif self.turns is not None:
+                # An ordinary call runs in its turn; a large one (rare, and long) does not
+                # hold up the ordinary ones behind it.
+                waited_in_vain = True  # until a turn comes
+                turn = await self._take_turn(context, tail_ms, call)
+                waited_in_vain = False
             deadline = self._wall_deadline(context, tail_ms)
             assert self._sources is not None
             kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
@@ -586,11 +626,13 @@ class ContextService:
             return await asyncio.get_running_loop().run_in_executor(self._executor, assembled_to_proto, ctx,
                                                                     principal.name)
         finally:
+            if turn is not None:
+                turn.give_back()
             t_end = time.perf_counter()
             self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0,
                                    retrieval_ms if typical else None)
             self.metrics.admitted.set(self.admission.admitted)
-            if remaining_ms is not None:
+            if remaining_ms is not None and not waited_in_vain:  # a call refused in line did no work
                 in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
                 self.metrics.admitted_calls.labels("yes" if in_time else "no").inc()
 
