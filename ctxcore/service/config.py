@@ -113,8 +113,9 @@ DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
 #: Ordinary assemblies that run at once (0: no limit; see ctxcore.service.admission.Turns).
-#: Off by default; on a host where assemblies are CPU-bound, 1 per two cores lets each
-#: finish its retrieval inside its wall instead of all sharing the cores and degrading.
+#: Off by default. Where assemblies are CPU-bound, 1 lets each finish its retrieval inside
+#: its wall instead of all sharing the cores (and the GIL) and degrading; more cores are
+#: used by more replicas, each with its turn.
 DEFAULT_MAX_RUNNING = 0
 
 #: The [assembly] settings, in their order: the number fields of ctxcore.AssemblyConfig.
