@@ -35,23 +35,30 @@ def _marks(exc: grpc.aio.AioRpcError) -> dict[str, str]:
     return {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}
 
 
-def test_the_queue_is_bounded_and_refusals_carry_a_retry_hint() -> None:
-    gate = asyncio.Event()
-    entered = 0
+class _Held:
+    """An assembly function that counts the calls entering it and holds each until `gate`
+    is set."""
 
-    async def held(request: Any, **kw: Any) -> Any:
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, request: Any, **kw: Any) -> Any:
         from ctxcore.assembly import assemble
 
-        nonlocal entered
-        entered += 1
-        await gate.wait()
+        self.entered += 1
+        await self.gate.wait()
         return await assemble(request, **kw)
+
+
+def test_the_queue_is_bounded_and_refusals_carry_a_retry_hint() -> None:
+    held = _Held()
 
     async def main() -> None:
         async with running(open_config(max_queue=2), sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
                 first = [asyncio.ensure_future(client.assemble(REQ)) for _ in range(2)]
-                while entered < 2:
+                while held.entered < 2:
                     await asyncio.sleep(0.01)
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
                     await client.assemble(REQ)
@@ -60,8 +67,8 @@ def test_the_queue_is_bounded_and_refusals_carry_a_retry_hint() -> None:
                 assert marks[ADMISSION_KEY] == "refused-queue"
                 assert int(marks[RETRY_PUSHBACK_KEY]) >= 1
                 assert "max_queue = 2" in (ei.value.details() or "")
-                assert entered == 2  # the refused call did no work
-                gate.set()
+                assert held.entered == 2  # the refused call did no work
+                held.gate.set()
                 for f in first:
                     assert (await f).scope.organization_id == T.scope.organization_id
                 assert (await client.assemble(REQ)).scope.organization_id == T.scope.organization_id
@@ -191,16 +198,7 @@ def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
 
 
 def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_before_work() -> None:
-    gate = asyncio.Event()
-    entered = 0
-
-    async def held(request: Any, **kw: Any) -> Any:
-        from ctxcore.assembly import assemble
-
-        nonlocal entered
-        entered += 1
-        await gate.wait()
-        return await assemble(request, **kw)
+    held = _Held()
 
     async def main() -> None:
         cfg = open_config(max_running=1)
@@ -209,20 +207,20 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
                 first = asyncio.ensure_future(client.assemble(REQ))
                 second = asyncio.ensure_future(client.assemble(REQ))
                 until = time.monotonic() + 10
-                while (entered < 1 or svc.turns is None or svc.turns.waiting < 1) and time.monotonic() < until:
+                while (held.entered < 1 or svc.turns is None or svc.turns.waiting < 1) and time.monotonic() < until:
                     await asyncio.sleep(0.01)
                 assert svc.turns is not None and svc.turns.waiting == 1
-                assert entered == 1  # the second waits its turn without starting
+                assert held.entered == 1  # the second waits its turn without starting
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
                     await client.assemble(REQ, timeout=0.2)
                 assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
                 assert "server.max_running" in (ei.value.details() or "")
-                assert entered == 1  # refused in line: no work done
-                gate.set()
+                assert held.entered == 1  # refused in line: no work done
+                held.gate.set()
                 for f in (first, second):
                     assert (await f).scope.organization_id == T.scope.organization_id
-                assert entered == 2
+                assert held.entered == 2
                 assert (svc.turns.running, svc.turns.waiting, svc.admission.admitted) == (0, 0, 0)
                 reg = svc.metrics.registry
                 assert reg.get_sample_value("ctxcore_admission_refused_total", {"reason": "refused-wait"}) == 1

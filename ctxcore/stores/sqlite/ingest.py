@@ -197,13 +197,14 @@ def _at_index(message: str, index: int) -> str:
 def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
     """Delete stored memories (inside the caller's transaction), their full-text rows and
     their share of the scope counters; the scope version moves so caches reload."""
+    wanted = json.dumps(list(ids))
     rows = conn.execute(
         "SELECT rowid, organization_id, agent_id, embedding IS NOT NULL FROM memories "
         "WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(list(ids)),),
+        (wanted,),
     ).fetchall()
     conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
-    conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(ids)),))
+    conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT value FROM json_each(?))", (wanted,))
     conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
     conn.executemany(
         "UPDATE scopes SET version = version + 1, memories = memories - 1, embedded = embedded - ? "
