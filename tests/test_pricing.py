@@ -18,6 +18,11 @@ from hypothesis import strategies as st
 import ctxcore
 from ctxcore.stores.counting import count_memory_tokens
 
+
+# Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
+ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
+                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+
 NONCE = "0123456789abcdef" * 2
 
 
@@ -102,7 +107,7 @@ def _assemble(family: str, mems: list[ctxcore.MemoryRecord], **kw: object) -> ct
     req = ctxcore.AssemblyRequest(
         "o", "a", MODEL_OF[family], ctxcore.Query("q"), options=ctxcore.AssemblyOptions(max_memories=1000), **kw  # type: ignore[arg-type]
     )
-    return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot)))
+    return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), config=ROOMY))
 
 
 def _records(family: str, pairs: list[tuple[str, str]], sims: list[float]) -> list[ctxcore.MemoryRecord]:
@@ -160,7 +165,7 @@ def test_exact_prompt_price_bounds_the_whole_prompt(family, directive, history, 
     msgs = tuple(ctxcore.Message(r, c) for r, c in history) + (ctxcore.Message("user", "q"),)
     tools = ({"name": "t", "description": tool_text},) if tool_text is not None else ()
     req = ctxcore.AssemblyRequest("o", "a", MODEL_OF[family], ctxcore.Query("q"), messages=msgs, tools=tools)
-    ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(directive=directive_fn, hot=hot)))
+    ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(directive=directive_fn, hot=hot), config=ROOMY))
     assert ctx.prompt_tokens is not None
     assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value
 
@@ -208,7 +213,7 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
 
         req = ctxcore.AssemblyRequest("o", "a", "rec-model", ctxcore.Query("q"), messages=(ctxcore.Message("user", "hi"),))
         seen.clear()
-        ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat))
+        ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
         assert len(ctx.selected_ids) == 50 and {e.pricing for e in ctx.trace} == {"stored"}
         assert ctx.budget.estimate_kind == ctxcore.TokenKind.EXACT
         assert seen, "the request's own pieces (messages, frame) are counted"
@@ -220,7 +225,7 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
             return bare
 
         seen.clear()
-        ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot_bare), catalog=cat))
+        ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot_bare), catalog=cat, config=ROOMY))
         assert {e.pricing for e in ctx.trace} == {"counted"}
         assert sum(any(t in s for t in texts) for s in seen) == 50
         # A registered family's splitting is unknown: each cut carries an allowance, so the

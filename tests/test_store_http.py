@@ -20,6 +20,11 @@ from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
 from ctxcore.stores import HttpMemorySource, MemoryServiceError
 from ctxcore.stores.http import MAX_RESPONSE_BYTES, parse_memories
 
+
+# Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
+ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
+                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+
 SCOPE = Scope("acme", "support")
 
 
@@ -130,7 +135,7 @@ def test_exact_counts_travel_with_the_memory_and_missing_ones_are_counted(server
     async def go() -> ctxcore.AssembledContext:
         async with HttpMemorySource(server.url, timeout=2.0) as src:
             req = ctxcore.AssemblyRequest("acme", "support", "gpt-4", Query("q"))
-            return await ctxcore.assemble(req, sources=ctxcore.Sources(cold=src.cold))
+            return await ctxcore.assemble(req, sources=ctxcore.Sources(cold=src.cold), config=ROOMY)
 
     ctx = asyncio.run(go())
     assert {e.memory_id: e.pricing for e in ctx.trace} == {"m1": "stored", "m2": "counted"}

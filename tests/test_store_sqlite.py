@@ -31,6 +31,11 @@ from ctxcore.stores import (
     load_demo,
 )
 
+
+# Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
+ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
+                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+
 ORGS = ("acme", "globex")
 AGENTS = ("support", "billing")
 SCOPES = [Scope(o, a) for o in ORGS for a in AGENTS]
@@ -600,7 +605,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         assert (recs[0].token_count, recs[0].token_kind) == (3, "exact")
         # Assembling from it works, counting on the request path (the trace says so).
         req = ctxcore.AssemblyRequest("o", "a", "gpt-4o", Query("q"), options=ctxcore.AssemblyOptions(max_memories=50))
-        ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s)))
+        ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s), config=ROOMY))
         assert {e.pricing for e in ctx.trace} == {"counted"}
         s.add(NewMemory("new", "o", "a", "a fresh memory"))
     with closing(sqlite3.connect(db)) as c:
@@ -615,7 +620,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         for k, exp in enumerate(_expected_counts([f"old-{k}" for k in range(len(TEXTS))], list(TEXTS))):
             assert recs[f"old-{k}"].exact_tokens == exp
         req = ctxcore.AssemblyRequest("o", "a", "gpt-4o", Query("q"), options=ctxcore.AssemblyOptions(max_memories=50))
-        ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s)))
+        ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s), config=ROOMY))
         assert {e.pricing for e in ctx.trace} == {"stored"}
     missing = cli("memories", "recount", "--db", str(tmp_path / "nope.db"))
     assert missing.returncode == 1 and "no database" in missing.stderr
