@@ -3,10 +3,13 @@
 
 Every fenced ``python`` block of README.md becomes one module (``readme_block_<line>.py``,
 the line its fence opens on) in a temporary directory, and mypy checks them all against
-the installed ctxcore, so an example that stops matching the public API fails CI. Run it
-with the interpreter of the environment where ctxcore and mypy are installed:
+ctxcore, so an example that stops matching the public API fails CI. Run it with the
+interpreter of an environment where mypy and ctxcore's dependencies are installed; mypy
+finds ctxcore installed there, or in the checkout when MYPYPATH names it (tools/run-tests
+does that, before the wheel is built):
 
     python tools/check_readme_types.py [README.md]
+    MYPYPATH=. python tools/check_readme_types.py README.md
 
 A block whose fence reads ```` ```python no-check ```` is skipped (for fragments that are
 not meant to stand alone). Exit status: mypy's.
