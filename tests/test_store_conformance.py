@@ -206,6 +206,19 @@ def test_fulltext_leaves_out_words_most_memories_share(make: Factory) -> None:
     assert [r.id for r in run(s.cold(A, Query("3 kettle refund depot"), 5, 0.7))] == ["r", "m3"]
 
 
+def test_a_cjk_pair_rare_in_its_scope_is_searched_though_its_characters_are_common(make: Factory) -> None:
+    # 退 and 款 are each in 14 of the scope's 26 memories (more than the pruning cap), the
+    # pair 退款 ("refund") in 2: the pair is counted as a pair, kept and searched.
+    s = make()
+    s.add_many(NewMemory(f"r{k}", "acme", "support", f"退货单{k}已经处理") for k in range(12))
+    s.add_many(NewMemory(f"p{k}", "acme", "support", f"付款单{k}已经处理") for k in range(12))
+    s.add(NewMemory("x1", "acme", "support", "退款七天内原路返回"))
+    s.add(NewMemory("x2", "acme", "support", "退款需要主管审批"))
+    assert {r.id for r in run(s.cold(A, Query("退款"), 50, 0.7))} == {"x1", "x2"}
+    # A pair no memory of the scope holds finds nothing, though both characters are there.
+    assert run(s.cold(A, Query("款退"), 50, 0.7)) == []
+
+
 HOSTILE = [
     'refunds" OR body:x* NEAR(a b)',
     "refunds' & !email | <-> :* (",

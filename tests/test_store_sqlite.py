@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sqlite3
 from contextlib import closing
@@ -30,6 +31,7 @@ from ctxcore.stores import (
     fts_match_expression,
     load_demo,
 )
+from ctxcore.stores.sqlite import SCHEMA_VERSION
 
 
 # Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
@@ -242,9 +244,13 @@ def test_hostile_query_text_is_only_ever_words(store: SqliteMemoryStore, text: s
     assert {r.scope for r in recs} <= {SCOPES[0]}
     assert run(store.hot(SCOPES[0], Query(text), 20))  # the store still serves
     expr = fts_match_expression(SCOPES[0], text)
-    if expr is not None:  # every user word is inside a quoted string
-        body = expr.split(" AND ", 1)[1]
-        assert body.startswith("body : (") and body.endswith(")")
+    if expr is not None:
+        # Every user word is inside a quoted string, after the scope's tag: quoted strings
+        # joined by OR and nothing else.
+        assert re.fullmatch(r'"(?:[^"]|"")*"(?: OR "(?:[^"]|"")*")*', expr)
+        tag = expr[1:18]
+        for phrase in re.findall(r'"((?:[^"]|"")*)"', expr):
+            assert all(word.startswith(tag) for word in phrase.split(" "))
 
 
 def test_hostile_memory_text_is_stored_and_returned_verbatim(tmp_path: Path) -> None:
@@ -583,6 +589,33 @@ def test_ingest_stores_exact_counts_for_every_installed_family(tmp_path: Path) -
         assert recs[i].token_family == "cl100k_base" and recs[i].token_kind == "exact"
 
 
+def test_a_version_2_database_is_reindexed_under_its_scopes(tmp_path: Path) -> None:
+    db = tmp_path / "v2.db"
+    with SqliteMemoryStore(db) as s:
+        for k, text in enumerate(TEXTS):
+            for scope in (SCOPES[0], SCOPES[1]):
+                s.add(NewMemory(f"{scope.agent_id}-{k}", scope.organization_id, scope.agent_id, text))
+    # Back to version 2's layout: words and scopes indexed apart.
+    with closing(sqlite3.connect(db)) as c:
+        c.executescript("""
+            DROP TABLE memory_words_vocab;
+            DROP TABLE memory_words;
+            CREATE VIRTUAL TABLE memories_fts USING fts5(scope, body, tokenize = 'unicode61 remove_diacritics 2');
+            CREATE VIRTUAL TABLE memories_vocab USING fts5vocab(memories_fts, 'row');
+            INSERT INTO memories_fts (rowid, scope, body) SELECT rowid, agent_id, text FROM memories;
+            PRAGMA user_version = 2;
+        """)
+    with SqliteMemoryStore(db) as s:
+        for scope in (SCOPES[0], SCOPES[1]):
+            for word, k in (("remboursements", 2), ("Lieferung", 5), ("退款", 4)):
+                assert [r.id for r in run(s.cold(scope, Query(word), 5, 0.7))] == [f"{scope.agent_id}-{k}"]
+        s.add(NewMemory("later", SCOPES[0].organization_id, SCOPES[0].agent_id, "Remboursements en magasin."))
+        assert {r.id for r in run(s.cold(SCOPES[0], Query("remboursements"), 5, 0.7))} == {"later", f"{SCOPES[0].agent_id}-2"}
+    with closing(sqlite3.connect(db)) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
+
+
 def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
@@ -608,8 +641,11 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         ctx = run(ctxcore.assemble(req, sources=Sources.from_store(s), config=ROOMY))
         assert {e.pricing for e in ctx.trace} == {"counted"}
         s.add(NewMemory("new", "o", "a", "a fresh memory"))
+        # The words were indexed under the scope on the way (version 3).
+        assert [r.id for r in run(s.cold(Scope("o", "a"), Query("remboursements"), 5, 0.7))] == ["old-2"]
     with closing(sqlite3.connect(db)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
 
     out = cli("memories", "recount", "--db", str(db), "--json")
     assert out.returncode == 0, out.stderr

@@ -38,7 +38,7 @@ from .vectors import DEFAULT_CACHE_BYTES
 
 # The helpers the PostgreSQL store shares with this one (ctxcore.stores.postgres imports
 # them from here).
-from .fulltext import _fts_terms as _fts_terms, _scope_token as _scope_token
+from .fulltext import _fts_terms as _fts_terms
 from .fulltext import _strip_diacritics as _strip_diacritics
 from .ingest import _at_index as _at_index, exact_json
 from .store import _check_limit as _check_limit, _check_query as _check_query

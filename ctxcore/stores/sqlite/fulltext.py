@@ -1,19 +1,31 @@
 """Full-text retrieval in the SQLite store: how text becomes FTS5 terms and MATCH
 expressions (user text only ever as quoted strings), which terms are worth searching
-(document frequencies, cached), and the search itself."""
+(document frequencies, cached), and the search itself.
+
+Every word is indexed under its scope: the FTS5 table ``memory_words`` holds, for each
+memory, its words each prefixed with the scope's tag (``s`` and 16 hex digits of a hash of
+the scope), so a term's doclist is that scope's memories holding the word. A query looks
+up only its own scope's tagged terms, never intersecting a term with a whole scope's
+doclist (three times cheaper on the 100k benchmark store), and the vocabulary gives each
+term's count of memories in the scope.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import sqlite3
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ...memory import Scope
-from .._text import CJK_RUN, cjk_spaced, normalize, raw_words
-from .readers import Job
+from .._text import CJK_RUN, normalize, raw_words, words
+
+if TYPE_CHECKING:
+    from .readers import Job
 
 __all__ = [
     "FTS_MAX_DOC_FRACTION",
@@ -28,36 +40,42 @@ __all__ = [
 #: At most this many distinct query terms go into a full-text query, so a long query text
 #: cannot make one arbitrarily expensive.
 MAX_FTS_TERMS = 32
-#: A query term found in more than this fraction of all memories says little about any of
-#: them (function words: "to", "the", "der", "的") and is left out of the full-text query;
-#: every hit it alone would bring carries the 0.5 relevance sentinel, which passes the
-#: relevance floor. 3% removes the function words of the shipped demo dataset (258
-#: memories, seven languages) and of the 100k benchmark corpus while keeping topic words
-#: such as "refund" (2.3% of the benchmark corpus).
+#: A query term found in more than this fraction of the scope's memories says little
+#: about any of them (function words: "to", "the", "der", "的") and is left out of the
+#: full-text query; every hit it alone would bring carries the 0.5 relevance sentinel,
+#: which passes the relevance floor. 3% removes the function words of the 100k benchmark
+#: corpus while keeping topic words such as "refund" (2.3% of it). Both stores count
+#: within the scope.
 FTS_MAX_DOC_FRACTION = 0.03
-#: Terms are pruned only when they are in more than this many memories, so a small store
-#: keeps its terms.
+#: Terms are pruned only when they are in more than this many of the scope's memories, so
+#: a small scope keeps its terms.
 FTS_PRUNE_MIN_DOCS = 8
 #: Full-text retrieval searches the query's rarest this-many informative terms. Each is
 #: one indexed query that stops after `limit` rows (~0.1-0.5 ms), so this bounds the cost.
 FTS_QUERY_TERMS = 8
-# Document-frequency cache: entries are re-read once the store has grown by this factor,
-# and the cache is emptied beyond this many terms.
+# Document-frequency cache: entries are re-read once their scope has grown by this
+# factor, and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
 # A term's IDF weight in the ranking, in these units (integers sum exactly).
 _IDF_UNITS = 1_000_000
 
 
-def _scope_token(organization_id: str, agent_id: str) -> str:
-    # One FTS5 token per scope (hex: letters and digits only), so a full-text query is
-    # intersected with its scope inside the index instead of ranking every scope's hits.
+@functools.lru_cache(maxsize=4096)
+def _scope_tag(organization_id: str, agent_id: str) -> str:
+    # The prefix of every indexed word of a scope: letters and digits only, so the tagged
+    # word is one FTS5 token wherever the word itself is. Two scopes sharing a tag (64
+    # bits) would only share ranking slots: the rows a search returns are read back
+    # within the scope.
     digest = hashlib.sha256(f"{organization_id}\x00{agent_id}".encode()).hexdigest()
-    return "s" + digest[:40]
+    return "s" + digest[:16]
 
 
-def _fts_body(text: str) -> str:
-    return cjk_spaced(normalize(text))
+def _fts_body(organization_id: str, agent_id: str, text: str) -> str:
+    """What `memory_words` indexes for a memory: its words (every CJK character a word of
+    its own), each prefixed with the scope's tag."""
+    tag = _scope_tag(organization_id, agent_id)
+    return " ".join([tag + w for w in words(normalize(text))])
 
 
 def _quote(term: str) -> str:
@@ -90,8 +108,8 @@ def _fts_terms(text: str) -> list[tuple[str, ...]]:
 
 
 def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
-    body = " OR ".join(_quote(" ".join(t)) for t in terms)
-    return f"scope : {_quote(_scope_token(scope.organization_id, scope.agent_id))} AND body : ({body})"
+    tag = _scope_tag(scope.organization_id, scope.agent_id)
+    return " OR ".join(_quote(" ".join(tag + tok for tok in t)) for t in terms)
 
 
 def fts_match_expression(scope: Scope, text: str) -> str | None:
@@ -100,14 +118,16 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
 
     Every word of `text` becomes a quoted FTS5 string (so no user text is ever read as
     FTS5 syntax: operators, column filters, prefixes and parentheses are just characters
-    that the tokenizer drops), the words are OR-ed, and the expression is intersected
-    with the scope's token. CJK runs become overlapping two-character phrases. At most
-    `MAX_FTS_TERMS` distinct terms are used. None when `text` has no words.
+    that the tokenizer drops) of the word prefixed with the scope's tag, so it can only
+    match words of that scope's memories; the words are OR-ed. CJK runs become
+    overlapping two-character phrases. At most `MAX_FTS_TERMS` distinct terms are used.
+    None when `text` has no words.
 
-    >>> fts_match_expression(Scope("o", "a"), 'refund" OR body:x*').split(" AND ")[1]
-    'body : ("refund" OR "or" OR "body" OR "x")'
-    >>> fts_match_expression(Scope("o", "a"), "返金ポリシー").split(" AND ")[1]
-    'body : ("返 金" OR "金 ポ" OR "ポ リ" OR "リ シ" OR "シ ー")'
+    >>> tag = _scope_tag("o", "a")
+    >>> fts_match_expression(Scope("o", "a"), 'refund" OR body:x*').replace(tag, "<o/a>")
+    '"<o/a>refund" OR "<o/a>or" OR "<o/a>body" OR "<o/a>x"'
+    >>> fts_match_expression(Scope("o", "a"), "返金ポリ").replace(tag, "<o/a>")
+    '"<o/a>返 <o/a>金" OR "<o/a>金 <o/a>ポ" OR "<o/a>ポ <o/a>リ"'
     >>> fts_match_expression(Scope("o", "a"), "?!") is None
     True
     """
@@ -116,13 +136,14 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
 
 
 class DocFrequencies:
-    """How many memories (all scopes) hold each token, read from the FTS5 vocabulary.
+    """How many memories of a scope hold each of its tagged tokens, read from the FTS5
+    vocabulary of `memory_words`.
 
-    Looking a token up in the vocabulary reads its whole doclist (~1 ms for a stop word at
-    100k memories), so counts are cached until the store has grown by a tenth since they
-    were read. A token no memory holds is remembered as absent only until the store is
-    written again (any scope's write counter moves, or the memory count changes), so a
-    memory added later that holds it is searched for it at once. `clear` after deletes."""
+    Looking a token up in the vocabulary reads its doclist, so counts are cached until
+    the token's scope has grown by a tenth since they were read. A token no memory holds
+    is remembered as absent only until the store is written again (any scope's write
+    counter moves, or the memory count changes), so a memory added later that holds it is
+    searched for it at once. `clear` after deletes."""
 
     __slots__ = ("_cache", "_absent", "_absent_state")
 
@@ -136,41 +157,67 @@ class DocFrequencies:
         self._absent.clear()
         self._absent_state = None
 
-    def lookup(self, conn: sqlite3.Connection, tokens: set[str], total: int, writes: int | None = None) -> dict[str, int]:
-        """Each token's count of memories, `total` memories in the store; `writes` (the
-        sum of the scopes' write counters, None: unknown) keys the absent tokens."""
-        state = None if writes is None else (total, writes)
+    def lookup(
+        self, conn: sqlite3.Connection, tokens: set[str], size: int, state: tuple[int, int] | None = None
+    ) -> dict[str, int]:
+        """Each token's count of memories, the tokens' scope holding `size` memories;
+        `state` (the store's memory count and the sum of the scopes' write counters;
+        None: unknown) keys the absent tokens."""
+        def read(missing: list[str]) -> dict[str, int]:
+            return dict(
+                conn.execute(
+                    "SELECT term, doc FROM memory_words_vocab WHERE term IN (SELECT value FROM json_each(?))",
+                    (json.dumps(sorted(missing), ensure_ascii=False),),
+                ).fetchall()
+            )
+
+        return self._counts(tokens, size, state, read)
+
+    def phrases(
+        self, conn: sqlite3.Connection, expressions: set[str], size: int, state: tuple[int, int] | None = None
+    ) -> dict[str, int]:
+        """Each phrase's count of memories (a phrase as its MATCH expression, one quoted
+        string of tagged tokens: a CJK bigram), counted in the index (one scope's
+        doclists, small), cached like `lookup`'s tokens."""
+        def read(missing: list[str]) -> dict[str, int]:
+            sql = " UNION ALL ".join(
+                "SELECT ?, count(*) FROM memory_words WHERE memory_words MATCH ?" for _ in missing
+            )
+            return dict(conn.execute(sql, [v for e in missing for v in (e, e)]).fetchall())
+
+        return self._counts(expressions, size, state, read)
+
+    def _counts(
+        self, keys: set[str], size: int, state: tuple[int, int] | None,
+        read: Callable[[list[str]], dict[str, int]],
+    ) -> dict[str, int]:
+        """The counts of `keys` from the cache, the rest from `read` (then cached)."""
         if state is None or state != self._absent_state:
             self._absent = set()
             self._absent_state = state
         absent = self._absent
         out: dict[str, int] = {}
         missing = []
-        for tok in tokens:
-            hit = self._cache.get(tok)
-            if hit is not None and total <= hit[1] * _DF_CACHE_GROWTH:
-                out[tok] = hit[0]
-            elif tok in absent:
-                out[tok] = 0
+        for key in keys:
+            hit = self._cache.get(key)
+            if hit is not None and size <= hit[1] * _DF_CACHE_GROWTH:
+                out[key] = hit[0]
+            elif key in absent:
+                out[key] = 0
             else:
-                missing.append(tok)
+                missing.append(key)
         if missing:
-            found = dict(
-                conn.execute(
-                    "SELECT term, doc FROM memories_vocab WHERE term IN (SELECT value FROM json_each(?))",
-                    (json.dumps(sorted(missing), ensure_ascii=False),),
-                ).fetchall()
-            )
+            found = read(missing)
             if len(self._cache) + len(missing) > _DF_CACHE_TERMS:
                 self._cache.clear()
             if len(absent) + len(missing) > _DF_CACHE_TERMS:
                 absent.clear()
-            for tok in missing:
-                out[tok] = int(found.get(tok, 0))
-                if out[tok]:
-                    self._cache[tok] = (out[tok], total)
+            for key in missing:
+                out[key] = int(found.get(key, 0))
+                if out[key]:
+                    self._cache[key] = (out[key], size)
                 elif state is not None:
-                    absent.add(tok)
+                    absent.add(key)
         return out
 
 
@@ -190,31 +237,43 @@ def search(
     in_scope, total, writes = int(counts[0] or 0), int(counts[1] or 0), int(counts[2] or 0)
     if in_scope == 0:
         return []
-    keys = {tok: _strip_diacritics(tok) for t in terms for tok in t}
-    freq = df.lookup(conn, set(keys.values()), total, writes)
-    cap = max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * total)
-    # A phrase is in no more memories than its rarest token.
-    by_rarity = sorted((min(freq[keys[tok]] for tok in t), k) for k, t in enumerate(terms))
+    tag = _scope_tag(scope.organization_id, scope.agent_id)
+    state = (total, writes)
+    keys = {tok: tag + _strip_diacritics(tok) for t in terms for tok in t}
+    freq = df.lookup(conn, set(keys.values()), in_scope, state)
+    # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
+    # in the scope while the pair is rare. One with a token no memory holds is not counted.
+    phrases = {k: _fts_expression(scope, [t]) for k, t in enumerate(terms)
+               if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
+    pfreq = df.phrases(conn, set(phrases.values()), in_scope, state) if phrases else {}
+
+    def count(k: int, term: tuple[str, ...]) -> int:
+        if len(term) == 1:
+            return freq[keys[term[0]]]
+        return pfreq[phrases[k]] if k in phrases else 0
+
+    cap = max(FTS_PRUNE_MIN_DOCS, FTS_MAX_DOC_FRACTION * in_scope)
+    by_rarity = sorted((count(k, t), k) for k, t in enumerate(terms))
     # Terms no memory holds are skipped: they would only take the place of one that finds
     # something.
     chosen = [(d, terms[k]) for d, k in by_rarity if 0 < d <= cap][:FTS_QUERY_TERMS]
     if not chosen:
         return []
-    # One statement: per term, its newest `limit` matches (FTS5 stops after `limit` rows,
-    # where a single OR query ranked by bm25 would score every match of every term in the
-    # whole table first), each carrying its term's IDF; a memory scores the IDFs of the
-    # chosen terms it holds. The ranking runs inside SQLite, so only the `limit` rows
+    # One statement: per term, its newest `limit` matches in the scope (FTS5 stops after
+    # `limit` rows, where a single OR query ranked by bm25 would score every match of
+    # every term first), each carrying its term's IDF in the scope; a memory scores the
+    # IDFs of the chosen terms it holds. The ranking runs inside SQLite, so only the `limit` rows
     # returned cross into Python (each row fetched re-takes the GIL, which under load
     # waits behind the other threads). The IDFs are summed as integers (micro-units), so
     # the order the rows are added in cannot change a sum or break a tie differently.
     job.check()
     hits = " UNION ALL ".join(
-        "SELECT * FROM (SELECT rowid AS r, ? AS w FROM memories_fts WHERE memories_fts MATCH ? "
+        "SELECT * FROM (SELECT rowid AS r, ? AS w FROM memory_words WHERE memory_words MATCH ? "
         "ORDER BY rowid DESC LIMIT ?)"
         for _ in chosen
     )
     args: list[object] = []
     for d, term in chosen:
-        args += [round(_IDF_UNITS * math.log(1.0 + total / (d + 1.0))), _fts_expression(scope, [term]), limit]
+        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), _fts_expression(scope, [term]), limit]
     sql = f"SELECT r FROM ({hits}) GROUP BY r ORDER BY sum(w) DESC, r DESC LIMIT ?"
     return [r for (r,) in conn.execute(sql, [*args, limit]).fetchall()]

@@ -16,7 +16,7 @@ from ...tokens import exact_families
 from ..counting import count_memory_tokens
 from ..errors import InvalidMemory
 from ..records import NewMemory
-from .fulltext import _fts_body, _scope_token
+from .fulltext import _fts_body
 from .schema import stored_dim
 
 __all__ = [
@@ -73,8 +73,8 @@ def insert_memory(conn: sqlite3.Connection, values: tuple[Any, ...]) -> None:
     full-text entry."""
     cur = conn.execute(_INSERT, values)
     conn.execute(
-        "INSERT INTO memories_fts (rowid, scope, body) VALUES (?, ?, ?)",
-        (cur.lastrowid, _scope_token(values[1], values[2]), _fts_body(values[3])),
+        "INSERT INTO memory_words (rowid, body) VALUES (?, ?)",
+        (cur.lastrowid, _fts_body(values[1], values[2], values[3])),
     )
 
 
@@ -147,7 +147,7 @@ def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, in
     # matrix of the scope is rebuilt (its cached rows + new rows no longer add up to the
     # stored count).
     ids = json.dumps([r[0] for r in rows])
-    conn.execute("DELETE FROM memories_fts WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
+    conn.execute("DELETE FROM memory_words WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
     conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT id FROM memories WHERE rowid IN "
                  "(SELECT value FROM json_each(?)))", (ids,))
     conn.execute("DELETE FROM memories WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
@@ -203,7 +203,7 @@ def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
         "WHERE id IN (SELECT value FROM json_each(?))",
         (wanted,),
     ).fetchall()
-    conn.executemany("DELETE FROM memories_fts WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany("DELETE FROM memory_words WHERE rowid = ?", [(r[0],) for r in rows])
     conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT value FROM json_each(?))", (wanted,))
     conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])
     conn.executemany(
