@@ -12,6 +12,7 @@ import sqlite3
 from contextlib import closing
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -614,6 +615,26 @@ def test_a_version_2_database_is_reindexed_under_its_scopes(tmp_path: Path) -> N
     with closing(sqlite3.connect(db)) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == 3
         assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
+
+
+def test_opening_waits_for_another_process_holding_the_file_longer_than_a_write_would(tmp_path: Path) -> None:
+    # Another process migrating a large file holds the write lock for as long as that
+    # takes (seconds): opening waits for it instead of failing after a writer's 5 s.
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db) as s:
+        s.add(NewMemory("m1", "o", "a", "Refunds within 30 days."))
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(6.0, holder.execute, ("COMMIT",))
+    release.start()
+    t0 = time.monotonic()
+    try:
+        with SqliteMemoryStore(db) as s:
+            assert time.monotonic() - t0 >= 5.5
+            assert [r.id for r in run(s.cold(Scope("o", "a"), Query("refunds"), 5, 0.7))] == ["m1"]
+    finally:
+        release.join()
+        holder.close()
 
 
 def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ how a connection is opened and the schema checked or created on it."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable
 
@@ -28,6 +29,11 @@ __all__ = ["SCHEMA_VERSION", "connect", "init_schema", "stored_dim"]
 SCHEMA_VERSION = 3
 # How long a writer waits for another writer's lock before giving up (ms).
 _BUSY_TIMEOUT_MS = 5000
+# How long opening a file waits for another process that holds the write lock to set up or
+# migrate the schema (re-indexing a million memories takes about a minute and a half).
+_SCHEMA_WAIT_MS = 300_000
+
+_log = logging.getLogger("ctxcore.stores.sqlite")
 
 _READS_TABLE = """CREATE TABLE IF NOT EXISTS memory_reads (
     id TEXT PRIMARY KEY,
@@ -93,6 +99,8 @@ _COLUMNS = (
 def _index_words(conn: sqlite3.Connection) -> None:
     """Version 2 to 3: every memory's words indexed under its scope (`memory_words`), and
     the table that indexed words and scopes apart dropped."""
+    (n,) = conn.execute("SELECT count(*) FROM memories").fetchone()
+    _log.info("indexing the words of %d memories under their scopes (schema version 2 -> 3)", n)
     conn.execute(_WORDS_TABLE)
     conn.execute(_WORDS_VOCAB)
     cur = conn.execute("SELECT rowid, organization_id, agent_id, text FROM memories")
@@ -131,7 +139,13 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
     against the one the file was built with (the caller holds the write lock). Returns
     the embedder the store uses: `embedder`, or the recorded one when `embedder` is None
     and the file names one ctxcore can rebuild."""
-    conn.execute("BEGIN IMMEDIATE")
+    # Another process may be setting up or migrating the file: wait for it (the check
+    # below then finds the file current).
+    conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
