@@ -57,6 +57,8 @@ FTS_QUERY_TERMS = 8
 # factor, and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
+# Absent tokens are remembered for at most this many scopes at a time.
+_DF_ABSENT_SCOPES = 4096
 # A term's IDF weight in the ranking, in these units (integers sum exactly).
 _IDF_UNITS = 1_000_000
 
@@ -140,29 +142,29 @@ class DocFrequencies:
     vocabulary of `memory_words`.
 
     Looking a token up in the vocabulary reads its doclist, so counts are cached until
-    the token's scope has grown by a tenth since they were read. A token no memory holds
-    is remembered as absent only until the store is written again (any scope's write
-    counter moves, or the memory count changes), so a memory added later that holds it is
-    searched for it at once. `clear` after deletes."""
+    the token's scope has grown by a tenth since they were read. A token no memory of its
+    scope holds is remembered as absent only until that scope is written again (its
+    write counter moves: a write by any process), so a memory added later that holds it is
+    searched for it at once; writes to other scopes leave it be. `clear` after deletes."""
 
-    __slots__ = ("_cache", "_absent", "_absent_state")
+    __slots__ = ("_cache", "_absent")
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[int, int]] = {}
-        self._absent: set[str] = set()
-        self._absent_state: tuple[int, int] | None = None
+        # Per scope tag: the scope's (memory count, write counter) when its absent tokens
+        # were read, and those tokens.
+        self._absent: dict[str, tuple[tuple[int, int], set[str]]] = {}
 
     def clear(self) -> None:
         self._cache.clear()
         self._absent.clear()
-        self._absent_state = None
 
     def lookup(
-        self, conn: sqlite3.Connection, tokens: set[str], size: int, state: tuple[int, int] | None = None
+        self, conn: sqlite3.Connection, tokens: set[str], size: int, state: tuple[str, int, int] | None = None
     ) -> dict[str, int]:
         """Each token's count of memories, the tokens' scope holding `size` memories;
-        `state` (the store's memory count and the sum of the scopes' write counters;
-        None: unknown) keys the absent tokens."""
+        `state` (the scope's tag, memory count and write counter; None: unknown) keys the
+        absent tokens."""
         def read(missing: list[str]) -> dict[str, int]:
             return dict(
                 conn.execute(
@@ -174,7 +176,7 @@ class DocFrequencies:
         return self._counts(tokens, size, state, read)
 
     def phrases(
-        self, conn: sqlite3.Connection, expressions: set[str], size: int, state: tuple[int, int] | None = None
+        self, conn: sqlite3.Connection, expressions: set[str], size: int, state: tuple[str, int, int] | None = None
     ) -> dict[str, int]:
         """Each phrase's count of memories (a phrase as its MATCH expression, one quoted
         string of tagged tokens: a CJK bigram), counted in the index (one scope's
@@ -188,14 +190,19 @@ class DocFrequencies:
         return self._counts(expressions, size, state, read)
 
     def _counts(
-        self, keys: set[str], size: int, state: tuple[int, int] | None,
+        self, keys: set[str], size: int, state: tuple[str, int, int] | None,
         read: Callable[[list[str]], dict[str, int]],
     ) -> dict[str, int]:
         """The counts of `keys` from the cache, the rest from `read` (then cached)."""
-        if state is None or state != self._absent_state:
-            self._absent = set()
-            self._absent_state = state
-        absent = self._absent
+        absent: set[str] = set()
+        if state is not None:
+            tag, now = state[0], (state[1], state[2])
+            entry = self._absent.get(tag)
+            if entry is None or entry[0] != now:
+                if entry is None and len(self._absent) >= _DF_ABSENT_SCOPES:
+                    self._absent.clear()
+                entry = self._absent[tag] = (now, set())
+            absent = entry[1]
         out: dict[str, int] = {}
         missing = []
         for key in keys:
@@ -229,16 +236,15 @@ def search(
     terms = _fts_terms(text)
     if not terms:
         return []
-    counts = conn.execute(
-        "SELECT (SELECT memories FROM scopes WHERE organization_id = ? AND agent_id = ?), "
-        "sum(memories), sum(version) FROM scopes",
+    row = conn.execute(
+        "SELECT memories, version FROM scopes WHERE organization_id = ? AND agent_id = ?",
         (scope.organization_id, scope.agent_id),
     ).fetchone()
-    in_scope, total, writes = int(counts[0] or 0), int(counts[1] or 0), int(counts[2] or 0)
-    if in_scope == 0:
+    if row is None or not row[0]:
         return []
+    in_scope = int(row[0])
     tag = _scope_tag(scope.organization_id, scope.agent_id)
-    state = (total, writes)
+    state = (tag, in_scope, int(row[1]))
     keys = {tok: tag + _strip_diacritics(tok) for t in terms for tok in t}
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
