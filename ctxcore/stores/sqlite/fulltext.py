@@ -6,7 +6,7 @@ Every word is indexed under its scope: the FTS5 table ``memory_words`` holds, fo
 memory, its words each prefixed with the scope's tag (``s`` and 16 hex digits of a hash of
 the scope), so a term's doclist is that scope's memories holding the word. A query looks
 up only its own scope's tagged terms, never intersecting a term with a whole scope's
-doclist (three times cheaper on the 100k benchmark store), and the vocabulary gives each
+doclist (2-2.5 times cheaper per search on the 100k benchmark store), and the vocabulary gives each
 term's count of memories in the scope.
 """
 
