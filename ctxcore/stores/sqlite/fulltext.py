@@ -6,8 +6,8 @@ Every word is indexed under its scope: the FTS5 table ``memory_words`` holds, fo
 memory, its words each prefixed with the scope's tag (``s`` and 16 hex digits of a hash of
 the scope), so a term's doclist is that scope's memories holding the word. A query looks
 up only its own scope's tagged terms, never intersecting a term with a whole scope's
-doclist (2-2.5 times cheaper per search on the 100k benchmark store), and the vocabulary gives each
-term's count of memories in the scope.
+doclist (2-2.5 times cheaper per search on the 100k benchmark store), and the vocabulary
+gives each term's count of memories in the scope.
 """
 
 from __future__ import annotations
@@ -249,8 +249,8 @@ def search(
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
     # in the scope while the pair is rare. One with a token no memory holds is not counted.
-    phrases = {k: _fts_expression(scope, [t]) for k, t in enumerate(terms)
-               if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
+    exprs = {k: _fts_expression(scope, [t]) for k, t in enumerate(terms)}
+    phrases = {k: exprs[k] for k, t in enumerate(terms) if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
     pfreq = df.phrases(conn, set(phrases.values()), in_scope, state) if phrases else {}
 
     def count(k: int, term: tuple[str, ...]) -> int:
@@ -262,7 +262,7 @@ def search(
     by_rarity = sorted((count(k, t), k) for k, t in enumerate(terms))
     # Terms no memory holds are skipped: they would only take the place of one that finds
     # something.
-    chosen = [(d, terms[k]) for d, k in by_rarity if 0 < d <= cap][:FTS_QUERY_TERMS]
+    chosen = [(d, k) for d, k in by_rarity if 0 < d <= cap][:FTS_QUERY_TERMS]
     if not chosen:
         return []
     # One statement: per term, its newest `limit` matches in the scope (FTS5 stops after
@@ -279,7 +279,7 @@ def search(
         for _ in chosen
     )
     args: list[object] = []
-    for d, term in chosen:
-        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), _fts_expression(scope, [term]), limit]
+    for d, k in chosen:
+        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), exprs[k], limit]
     sql = f"SELECT r FROM ({hits}) GROUP BY r ORDER BY sum(w) DESC, r DESC LIMIT ?"
     return [r for (r,) in conn.execute(sql, [*args, limit]).fetchall()]
