@@ -148,7 +148,9 @@ def _show(name: str, r: dict[str, Any]) -> None:
 
 
 def test_served_throughput_against_in_process(db: Path, store_100k: Any, servers: list[Server]) -> None:
-    servers.append(Server(db))
+    # Like for like: the in-process reference runs its 16 assemblies at once, so the served
+    # side runs without a turn limit too (the default takes turns with the SQLite store).
+    servers.append(Server(db, "--max-running", "0"))
     target = f"127.0.0.1:{servers[0].port}"
     asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=200, timeout_ms=GENEROUS_TIMEOUT_MS))
     # Interleaved rounds, so that whatever else the machine runs weighs on both sides.
@@ -399,7 +401,7 @@ def test_turns_keep_answers_whole_at_4_in_flight(db: Path, servers: list[Server]
     interleaved rounds: with turns, an assembly runs alone and finishes its retrieval
     inside its wall, where four sharing the two cores (and the GIL) run out of it and
     answer degraded."""
-    servers.extend([Server(db), Server(db, "--max-running", "1"), Server(db, "--max-running", "1")])
+    servers.extend([Server(db, "--max-running", "0"), Server(db, "--max-running", "1"), Server(db, "--max-running", "1")])
     plain, turns, second = (f"127.0.0.1:{s.port}" for s in servers)
     configs = (("no limit", plain), ("max_running 1", turns), ("2 replicas, max_running 1", f"{turns},{second}"))
     for _, target in configs:

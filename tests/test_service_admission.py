@@ -233,7 +233,58 @@ def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:
     path = tmp_path / "serve.toml"
     path.write_text('[server]\nmax_running = 2\n[store]\ndb = "m.db"\n')
     assert load_service_config(path).max_running == 2
-    assert ServiceConfig().max_running == 0  # no limit unless asked for
-    for bad in (-1, 1.5, True):
+    path.write_text('[server]\nmax_running = "auto"\n[store]\ndb = "m.db"\n')
+    assert load_service_config(path).max_running is None
+    assert ServiceConfig().max_running is None  # auto unless asked for
+    for bad in (-1, 1.5, True, "two"):
         with pytest.raises(ConfigError, match="server.max_running"):
             ServiceConfig(max_running=bad)  # type: ignore[arg-type]
+    path.write_text('[server]\nmax_running = "some"\n')
+    with pytest.raises(ConfigError, match="server.max_running"):
+        load_service_config(path)
+
+
+def test_max_running_on_the_command_line_is_a_count_or_auto_and_overrides_the_file(tmp_path: Any) -> None:
+    from ctxcore.cli import build_parser
+    from ctxcore.service.cli import config_from_args
+
+    path = tmp_path / "serve.toml"
+    path.write_text('[server]\nmax_running = 3\n')
+    parser = build_parser()
+
+    def limit(*flags: str) -> int | None:
+        return config_from_args(parser.parse_args(["serve", "--config", str(path), *flags])).max_running
+
+    assert limit() == 3
+    assert limit("--max-running", "0") == 0
+    assert limit("--max-running", "auto") is None
+    for bad in ("-1", "many", "1.5"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--max-running", bad])
+
+
+def test_by_default_assemblies_over_the_sqlite_store_take_turns_and_other_sources_do_not(tmp_path: Any) -> None:
+    """Auto: one assembly at a time when this process reads the SQLite store (its
+    assemblies are CPU-bound here), no limit for sources handed in (a remote store waits
+    on another process); an explicit setting wins either way."""
+    from ctxcore.stores import NewMemory, SqliteMemoryStore
+
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db) as store:
+        store.add_many([NewMemory("m1", T.scope.organization_id, T.scope.agent_id, "marker note")])
+
+    async def main() -> None:
+        async with running(open_config(db=db)) as svc:
+            assert svc.turns is not None and svc.turns.limit == 1
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
+                calls = await asyncio.gather(*(client.assemble(REQ) for _ in range(4)))
+            assert all("marker note" in c.text and not c.degraded for c in calls)
+            assert (svc.turns.running, svc.turns.waiting) == (0, 0)
+        async with running(open_config(db=db, max_running=0)) as svc:
+            assert svc.turns is None
+        async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
+            assert svc.turns is None
+        async with running(open_config(max_running=2), sources=FakeSources(TENANTS).sources()) as svc:
+            assert svc.turns is not None and svc.turns.limit == 2
+
+    asyncio.run(main())

@@ -19,12 +19,15 @@ else is done for it:
   estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
-- **turns** (``max_running``, off unless set): at most that many ordinary assemblies run at
-  once; the others wait their turn in arrival order, each only as long as its deadline
-  leaves room for a retrieval and the estimated tail, and is then refused with
-  DEADLINE_EXCEEDED (``refused-wait``) without having done any work. On a host where the
-  assemblies are CPU-bound, one that runs alone finishes its retrieval inside its wall,
-  where several sharing the cores (and the GIL) all run out of it and answer degraded;
+- **turns** (``max_running``; by default one with the SQLite store read in the server's
+  own process, see ``ctxcore.service.config.DEFAULT_MAX_RUNNING``): at most that many
+  ordinary assemblies run at once; the others wait their turn in arrival order, each only
+  as long as its deadline leaves room for a retrieval and the estimated tail, and is then
+  refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
+  whose deadline the waiters ahead of it are expected to outlast (at recent calls' time
+  each) is refused so at once. On a host where the assemblies are
+  CPU-bound, one that runs alone finishes its retrieval inside its wall, where several
+  sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
   tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
   and every call admitted now delays the arrival of the next ones; new calls get
@@ -289,9 +292,16 @@ class Admission:
         """A call admitted with `ahead` calls before it ended after `sojourn_ms`, of which
         `retrieval_ms` went to retrieval (None when it never got that far)."""
         self.admitted = max(0, self.admitted - 1)
-        self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
+        if sojourn_ms > 0:  # a call refused before it started says nothing of the time one takes
+            self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
         if retrieval_ms is not None:
             self.model.observe(ahead, max(0.0, sojourn_ms - retrieval_ms))
+
+    @property
+    def sojourn_ms(self) -> float:
+        """Recent admitted calls' time from their start to their end, in ms
+        (exponentially weighted; 0 before any)."""
+        return self._sojourn_ms
 
 
 class Turns:

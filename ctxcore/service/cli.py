@@ -32,6 +32,19 @@ __all__ = ["add_subcommands", "config_from_args"]
 _ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
 
 
+def _max_running(text: str) -> int | str:
+    """``--max-running``: a count >= 0, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer >= 0, got {text!r}")
+    return n
+
+
 def add_subcommands(sub: Any) -> None:
     """Register ``serve`` and ``api-key`` on the ``ctxcore`` subparsers."""
     s = sub.add_parser(
@@ -71,8 +84,9 @@ def add_subcommands(sub: Any) -> None:
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
     t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
-    t.add_argument("--max-running", type=int, metavar="N",
-                   help="ordinary assemblies run at a time, the others wait their turn (0: no limit)")
+    t.add_argument("--max-running", type=_max_running, metavar="N|auto",
+                   help="ordinary assemblies run at a time, the others wait their turn (0: no limit; "
+                        "auto, the default: 1 with the SQLite store, no limit with PostgreSQL)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=_cmd_serve)
 
@@ -93,7 +107,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
         v = getattr(args, name)
         if v is not None:
-            top[name] = v
+            top[name] = None if v == "auto" else v  # max_running: auto
     for name in ("db", "catalog"):
         if getattr(args, name):
             top[name] = Path(getattr(args, name))

@@ -13,7 +13,8 @@ binds, with a message that names the key. The shape (every key optional)::
     drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused
     max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
     cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
-    max_running = 0                 # ordinary assemblies run at a time, others wait (0: no limit)
+    max_running = "auto"            # ordinary assemblies run at a time, others wait (0: no limit;
+                                    # auto: 1 with the SQLite store, no limit with PostgreSQL)
     reflection = "auto"             # auto (loopback binds only) | false
     catalog = "models.toml"         # a capability catalog instead of the shipped one
 
@@ -113,10 +114,15 @@ DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
 #: Ordinary assemblies that run at once (0: no limit; see ctxcore.service.admission.Turns).
-#: Off by default. Where assemblies are CPU-bound, 1 lets each finish its retrieval inside
-#: its wall instead of all sharing the cores (and the GIL) and degrading; more cores are
-#: used by more replicas, each with its turn.
-DEFAULT_MAX_RUNNING = 0
+#: None ("auto", the default) is `AUTO_MAX_RUNNING_EMBEDDED` when the server reads the
+#: SQLite store in its own process, where an assembly is CPU-bound: one that runs alone
+#: finishes its retrieval inside its wall, where several share the cores (and the GIL) and
+#: all degrade; more cores are used by more replicas, each with its turn. With any other
+#: store (PostgreSQL, a store or sources handed to the server) retrieval mostly waits on
+#: another process, and there is no limit.
+DEFAULT_MAX_RUNNING: int | None = None
+#: The auto limit with the embedded SQLite store.
+AUTO_MAX_RUNNING_EMBEDDED = 1
 
 #: The [assembly] settings, in their order: the number fields of ctxcore.AssemblyConfig.
 ASSEMBLY_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(AssemblyConfig) if f.type in ("float", float))
@@ -222,7 +228,7 @@ class ServiceConfig:
     drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
     max_queue: int = DEFAULT_MAX_QUEUE
     cpu_workers: int = DEFAULT_CPU_WORKERS
-    max_running: int = DEFAULT_MAX_RUNNING
+    max_running: int | None = DEFAULT_MAX_RUNNING  #: None: auto (`DEFAULT_MAX_RUNNING`)
     reflection: bool | None = None
     assembly: Mapping[str, float] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -242,8 +248,12 @@ class ServiceConfig:
                 raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
         if self.cpu_workers > MAX_CPU_WORKERS:
             raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
-        if isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 0:
-            raise ConfigError(f"server.max_running must be an integer >= 0 (0: no limit), got {self.max_running!r}")
+        if self.max_running is not None and (
+            isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 0
+        ):
+            raise ConfigError(
+                f"server.max_running must be \"auto\" or an integer >= 0 (0: no limit), got {self.max_running!r}"
+            )
         if self.metrics_port is not None and (
             isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
             or not 0 <= self.metrics_port <= 65535
@@ -266,6 +276,20 @@ class ServiceConfig:
     def reflection_enabled(self) -> bool:
         """Reflection is served on loopback binds only, and never when turned off."""
         return self.loopback and self.reflection is not False
+
+    def running_limit(self, embedded_store: bool) -> int:
+        """Ordinary assemblies run at once (0: no limit): `max_running`, or when it is auto,
+        `AUTO_MAX_RUNNING_EMBEDDED` for a server that reads the SQLite store in its own
+        process (`embedded_store`) and no limit otherwise.
+
+        >>> ServiceConfig().running_limit(True), ServiceConfig().running_limit(False)
+        (1, 0)
+        >>> ServiceConfig(max_running=0).running_limit(True)
+        0
+        """
+        if self.max_running is not None:
+            return self.max_running
+        return AUTO_MAX_RUNNING_EMBEDDED if embedded_store else 0
 
     def check_start(self) -> None:
         """Fail closed: refuse configurations that would expose data without authentication.
@@ -468,6 +492,8 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
                   "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
             if k in srv:
                 kw[k] = srv[k]
+        if kw.get("max_running") == "auto":
+            kw["max_running"] = None
         if "reflection" in srv:
             r = srv["reflection"]
             if r not in ("auto", False):

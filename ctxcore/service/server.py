@@ -272,8 +272,11 @@ class ContextService:
             response_headroom_ms=config.deadline_headroom_ms,
             floor_tail_ms=self._packing_headroom_ms,
         )
-        #: Ordinary assemblies running at once, at most `config.max_running` (None: no limit).
-        self.turns = Turns(config.max_running) if config.max_running else None
+        # The SQLite store read in this process: its assemblies are CPU-bound here.
+        embedded = sources is None and store_opener is None and config.db_url is None
+        limit = config.running_limit(embedded)
+        #: Ordinary assemblies running at once, at most `config.running_limit` (None: no limit).
+        self.turns = Turns(limit) if limit else None
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -503,12 +506,22 @@ class ContextService:
         turns = self.turns
         assert turns is not None
         cfg = self.config
+        adm = self.admission
         need_ms = cfg.min_retrieval_ms + max(tail_ms, self._packing_headroom_ms) + cfg.deadline_headroom_ms
         remaining = context.time_remaining()
+        timeout = None if remaining is None else remaining - need_ms / 1000.0
+        line = ""
+        if remaining is not None and turns.running >= turns.limit:
+            # The waiters ahead, at recent calls' time each: when they alone are expected to
+            # outlast the deadline, waiting is in vain (refused now, before it waits).
+            ahead_ms = turns.waiting / turns.limit * adm.sojourn_ms
+            if ahead_ms >= remaining * 1000.0:
+                timeout = 0.0
+                line = f" (the line ahead is expected to take {ahead_ms:.1f} ms)"
         t0 = time.perf_counter()
         self.metrics.waiting.inc()
         try:
-            got = await turns.take(None if remaining is None else remaining - need_ms / 1000.0)
+            got = await turns.take(timeout)
         finally:
             self.metrics.waiting.dec()
         if got:
@@ -521,7 +534,7 @@ class ContextService:
         raise ServiceError(
             grpc.StatusCode.DEADLINE_EXCEEDED,
             f"waited {waited_ms:.1f} ms for one of the {turns.limit} running assemblies (server.max_running) "
-            f"to finish, {turns.waiting} still waiting; {left}, an assembly needs about {need_ms:.2f} ms",
+            f"to finish, {turns.waiting} still waiting{line}; {left}, an assembly needs about {need_ms:.2f} ms",
             ((ADMISSION_KEY, "refused-wait"),),
         )
 
