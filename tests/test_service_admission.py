@@ -229,6 +229,45 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
     asyncio.run(main())
 
 
+def test_a_request_with_few_but_long_messages_does_not_take_a_turn() -> None:
+    """A large request runs beside the ordinary ones, never in a turn they wait for:
+    pricing its text could hold the turn for seconds. While one with three 100 kB messages
+    is held, an ordinary call is answered."""
+    from ctxcore.request import Message
+
+    class HoldLarge:
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+            self.large_in = asyncio.Event()
+
+        async def __call__(self, request: Any, **kw: Any) -> Any:
+            from ctxcore.assembly import assemble
+
+            if sum(len(m.content) for m in request.messages) > 100_000:
+                self.large_in.set()
+                await self.gate.wait()
+            return await assemble(request, **kw)
+
+    held = HoldLarge()
+    big = AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
+                          messages=[Message("user", "word " * 20_000) for _ in range(3)])
+
+    async def main() -> None:
+        async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(),
+                           assemble=held) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                large = asyncio.ensure_future(client.assemble(big))
+                await asyncio.wait_for(held.large_in.wait(), 10)
+                small = await client.assemble(REQ, timeout=5.0)  # not behind the large one
+                assert small.scope.organization_id == T.scope.organization_id
+                assert not large.done()
+                held.gate.set()
+                assert (await large).scope.organization_id == T.scope.organization_id
+                assert svc.turns is not None and (svc.turns.running, svc.turns.waiting) == (0, 0)
+
+    asyncio.run(main())
+
+
 def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:
     path = tmp_path / "serve.toml"
     path.write_text('[server]\nmax_running = 2\n[store]\ndb = "m.db"\n')

@@ -75,6 +75,10 @@ OFFLOAD_ITEMS = 256
 #: AssembleContext requests larger than this are decoded on the executor too (decoding
 #: 20,000 messages takes tens of milliseconds).
 OFFLOAD_BYTES = 256 * 1024
+#: An AssembleContext request larger than this (encoded) is not an ordinary one even with
+#: few messages: pricing its text exactly can take tens of milliseconds or more, so it is
+#: decoded and validated off the loop and does not take a turn (`server.max_running`).
+TYPICAL_BYTES = 64 * 1024
 
 #: The interpreter's thread switch interval while serving (Python's default is 5 ms). The
 #: CPU-heavy stages run on executor threads and hold the GIL in their Python parts; the
@@ -571,7 +575,8 @@ class ContextService:
         # An ordinary request is validated and authorized before admission (a few
         # microseconds), so that bad input and foreign scopes get their own status under
         # any load; a large one only once admitted, and off the loop.
-        typical = len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
+        typical = (len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
+                   and request.ByteSize() <= TYPICAL_BYTES)
         call = _CALL.get(None)
         req: AssemblyRequest | None = None
         scope: Scope | None = None
