@@ -197,6 +197,38 @@ def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
         Turns(0)
 
 
+def test_a_long_line_serves_its_newest_waiter_first() -> None:
+    """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait, a turn goes to the
+    newest waiter (the oldest have least time left); a line that short again goes in
+    arrival order."""
+    from ctxcore.service.admission import LIFO_AFTER_WAITERS
+
+    async def main() -> None:
+        t = Turns(1)
+        assert await t.take(None)
+        order: list[int] = []
+
+        async def wait(k: int) -> None:
+            assert await t.take(None)
+            order.append(k)
+
+        n = LIFO_AFTER_WAITERS + 3
+        waiters = []
+        for k in range(n):
+            waiters.append(asyncio.ensure_future(wait(k)))
+            await asyncio.sleep(0)  # in line in this order
+        assert t.waiting == n
+        for _ in range(n + 1):
+            t.give_back()
+            await asyncio.sleep(0)
+        # The three over the threshold go newest first, then the line is short: in order.
+        assert order == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
+        assert (t.running, t.waiting) == (0, 0)
+        await asyncio.gather(*waiters)
+
+    asyncio.run(main())
+
+
 def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_before_work() -> None:
     held = _Held()
 

@@ -25,7 +25,9 @@ else is done for it:
   as long as its deadline leaves room for a retrieval and the estimated tail, and is then
   refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
   whose deadline the waiters ahead of it are expected to outlast (at recent calls' time
-  each) is refused so at once. On a host where the assemblies are
+  each) is refused so at once. While the line is long (more than ``LIFO_AFTER_WAITERS``
+  per turn), a turn goes to the newest waiter: the oldest have the least time left and
+  would answer late or degraded. On a host where the assemblies are
   CPU-bound, one that runs alone finishes its retrieval inside its wall, where several
   sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
@@ -304,6 +306,13 @@ class Admission:
         return self._sojourn_ms
 
 
+#: While more than this many calls per turn wait, a turn goes to the newest waiter rather
+#: than the oldest (adaptive LIFO): in a long line the oldest have little time left and
+#: would answer late or degraded, the newest have most of theirs; the oldest are refused
+#: when their time runs out. A short line is served in arrival order.
+LIFO_AFTER_WAITERS = 4
+
+
 class Turns:
     """At most `limit` holders at a time; the others wait in arrival order. A turn given
     back passes straight to the first waiter. Waiting can be bounded (`take` with a
@@ -366,9 +375,11 @@ class Turns:
                 self._waiting.remove(fut)
 
     def give_back(self) -> None:
-        """End a turn: the first waiter gets it, else one more is free."""
+        """End a turn: the first waiter gets it (the newest while more than
+        `LIFO_AFTER_WAITERS` per turn wait), else one more is free."""
         while self._waiting:
-            fut = self._waiting.popleft()
+            lifo = len(self._waiting) > LIFO_AFTER_WAITERS * self.limit
+            fut = self._waiting.pop() if lifo else self._waiting.popleft()
             if not fut.done():
                 fut.set_result(None)
                 return
