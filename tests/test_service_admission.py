@@ -197,34 +197,43 @@ def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
         Turns(0)
 
 
-def test_a_long_line_serves_its_newest_waiter_first() -> None:
-    """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait, a turn goes to the
-    newest waiter (the oldest have least time left); a line that short again goes in
-    arrival order."""
+def test_a_congested_line_serves_its_newest_waiter_first() -> None:
+    """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait and the first has
+    spent more of its time waiting than it has left, turns go to the newest waiter; a short
+    line, or one with time to spare, goes in arrival order."""
+
     from ctxcore.service.admission import LIFO_AFTER_WAITERS
 
-    async def main() -> None:
+    n = LIFO_AFTER_WAITERS + 3
+
+    async def line(timeout: float | None, wait_s: float, n: int = n) -> list[int]:
         t = Turns(1)
         assert await t.take(None)
         order: list[int] = []
 
         async def wait(k: int) -> None:
-            assert await t.take(None)
-            order.append(k)
+            if await t.take(timeout):
+                order.append(k)
+                t.give_back()
 
-        n = LIFO_AFTER_WAITERS + 3
         waiters = []
         for k in range(n):
             waiters.append(asyncio.ensure_future(wait(k)))
             await asyncio.sleep(0)  # in line in this order
         assert t.waiting == n
-        for _ in range(n + 1):
-            t.give_back()
-            await asyncio.sleep(0)
-        # The three over the threshold go newest first, then the line is short: in order.
-        assert order == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
-        assert (t.running, t.waiting) == (0, 0)
+        await asyncio.sleep(wait_s)
+        t.give_back()
         await asyncio.gather(*waiters)
+        assert (t.running, t.waiting) == (0, 0)
+        return order
+
+    async def main() -> None:
+        assert await line(None, 0.05) == list(range(n))  # no deadline: never congested
+        assert await line(10.0, 0.05) == list(range(n))  # time to spare
+        assert await line(0.4, 0.3, LIFO_AFTER_WAITERS) == list(range(LIFO_AFTER_WAITERS))  # short
+        # 0.3 of 0.4 s spent waiting in a long line: turns go to the newest until the line
+        # is short again, then in arrival order (every waiter still has time).
+        assert await line(0.4, 0.3) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
 
     asyncio.run(main())
 
@@ -257,6 +266,71 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
                 reg = svc.metrics.registry
                 assert reg.get_sample_value("ctxcore_admission_refused_total", {"reason": "refused-wait"}) == 1
                 assert reg.get_sample_value("ctxcore_admission_waiting") == 0
+
+    asyncio.run(main())
+
+
+def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes_first() -> None:
+    from ctxcore.service.admission import LIFO_AFTER_WAITERS
+
+    """Recent calls took a second each: a call with half a second left behind one waiter
+    (with time to spare) is refused at arrival, without waiting. Once the line is congested
+    (its first waiter has spent more of its time waiting than it has left) the newest goes
+    first, so the same call is not refused: it is served next."""
+    held = _Held()
+
+    async def main() -> None:
+        async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
+            svc.admission.release(0, 1000.0, None)  # the recent calls' time: a second
+            assert svc.turns is not None
+            turns = svc.turns
+
+            async def until(cond: Any) -> None:
+                stop = time.monotonic() + 10
+                while not cond() and time.monotonic() < stop:
+                    await asyncio.sleep(0.005)
+                assert cond()
+
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                first = asyncio.ensure_future(client.assemble(REQ))
+                await until(lambda: held.entered == 1)
+                spare = asyncio.ensure_future(client.assemble(REQ))  # 30 s: time to spare
+                await until(lambda: turns.waiting == 1)
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await client.assemble(REQ, timeout=0.5)
+                assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
+                assert "the line ahead is expected to take 1000.0 ms" in (ei.value.details() or "")
+                assert held.entered == 1 and not spare.done()
+                held.gate.set()
+                for f in (first, spare):
+                    assert (await f).scope.organization_id == T.scope.organization_id
+        # A congested line: 5 waiters, the first (1.5 s) having waited most of its time.
+        held2 = _Held()
+        async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held2) as svc:
+            # 0.2 s a call: the 1.5 s waiters join the line; 5 ahead would outlast 0.8 s.
+            svc.admission.release(0, 200.0, None)
+            assert svc.turns is not None
+            turns = svc.turns
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                first = asyncio.ensure_future(client.assemble(REQ))
+                await until(lambda: held2.entered == 1)
+                olds = []
+                for k in range(LIFO_AFTER_WAITERS + 1):
+                    olds.append(asyncio.ensure_future(client.assemble(REQ, timeout=1.5)))
+                    await until(lambda: turns.waiting == k + 1)
+                await asyncio.sleep(1.0)
+                assert turns.lifo
+                short = asyncio.ensure_future(client.assemble(REQ, timeout=0.8))
+                await until(lambda: turns.waiting == len(olds) + 1)  # not refused for the line
+                held2.gate.set()
+                assert (await short).scope.organization_id == T.scope.organization_id
+                assert (await first).scope.organization_id == T.scope.organization_id
+                for f in olds:
+                    try:
+                        await f  # answered after the short one, or refused in line
+                    except grpc.aio.AioRpcError as exc:
+                        assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
     asyncio.run(main())
 

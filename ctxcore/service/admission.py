@@ -25,9 +25,11 @@ else is done for it:
   as long as its deadline leaves room for a retrieval and the estimated tail, and is then
   refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
   whose deadline the waiters ahead of it are expected to outlast (at recent calls' time
-  each) is refused so at once. While the line is long (more than ``LIFO_AFTER_WAITERS``
-  per turn), a turn goes to the newest waiter: the oldest have the least time left and
-  would answer late or degraded. On a host where the assemblies are
+  each) is refused so at once. While the line is congested (more than
+  ``LIFO_AFTER_WAITERS`` per turn wait, the first having spent more of its time waiting
+  than it has left), a turn goes to the newest waiter, and a new
+  call is not refused for the line (it is served next): the oldest have the least time
+  left and would answer late or degraded; they are refused when their time runs out. On a host where the assemblies are
   CPU-bound, one that runs alone finishes its retrieval inside its wall, where several
   sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
@@ -306,17 +308,29 @@ class Admission:
         return self._sojourn_ms
 
 
-#: While more than this many calls per turn wait, a turn goes to the newest waiter rather
-#: than the oldest (adaptive LIFO): in a long line the oldest have little time left and
-#: would answer late or degraded, the newest have most of theirs; the oldest are refused
-#: when their time runs out. A short line is served in arrival order.
+#: A line is congested only when more than this many calls per turn wait (and its first
+#: waiter has spent more of its time waiting than it has left, see `Turns.lifo`): a short
+#: line goes in arrival order whatever the deadlines.
 LIFO_AFTER_WAITERS = 4
 
 
+class _Waiter:
+    """One call in line: its future, when it joined and when it gives up (None: never)."""
+
+    __slots__ = ("fut", "since", "until")
+
+    def __init__(self, fut: asyncio.Future[None], since: float, until: float | None) -> None:
+        self.fut = fut
+        self.since = since
+        self.until = until
+
+
 class Turns:
-    """At most `limit` holders at a time; the others wait in arrival order. A turn given
-    back passes straight to the first waiter. Waiting can be bounded (`take` with a
-    timeout) or cancelled without losing a turn. Use from one event loop.
+    """At most `limit` holders at a time; the others wait in line. A turn given back passes
+    straight to a waiter: the first in line, unless the first has spent more of its time
+    waiting than it has left (adaptive LIFO, see `lifo`), and then the newest. Waiting can
+    be bounded (`take` with a timeout) or cancelled without losing a turn. Use from one
+    event loop.
 
     >>> async def demo():
     ...     t = Turns(1)
@@ -337,7 +351,7 @@ class Turns:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         self.limit = limit
         self.running = 0
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._waiting: deque[_Waiter] = deque()
 
     @property
     def waiting(self) -> int:
@@ -352,35 +366,51 @@ class Turns:
             return True
         if timeout is not None and timeout <= 0:
             return False
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
+        now = time.monotonic()
+        w = _Waiter(asyncio.get_running_loop().create_future(), now, None if timeout is None else now + timeout)
+        self._waiting.append(w)
         try:
             async with asyncio.timeout(timeout):
-                await fut
+                await w.fut
             return True
         except TimeoutError:
-            self._leave(fut)
+            self._leave(w)
             return False
         except BaseException:
-            self._leave(fut)
+            self._leave(w)
             raise
 
-    def _leave(self, fut: asyncio.Future[None]) -> None:
+    def _leave(self, w: _Waiter) -> None:
         # A waiter that stops waiting: out of the line, or, if the turn reached it in the
         # meantime, the turn goes on to the next.
-        if fut.done() and not fut.cancelled():
+        if w.fut.done() and not w.fut.cancelled():
             self.give_back()
         else:
             with contextlib.suppress(ValueError):
-                self._waiting.remove(fut)
+                self._waiting.remove(w)
+
+    @property
+    def lifo(self) -> bool:
+        """Whether the next turn goes to the newest waiter: the line is congested, longer
+        than `LIFO_AFTER_WAITERS` per turn and its first waiter having spent more of its time
+        waiting than it has left. Its turn would come
+        late (the answer degraded, or late once it travels back), where the newest has most
+        of its time; the first is refused when its time runs out. A line whose waiters have
+        time to spare (a long deadline, or none) goes in arrival order."""
+        if len(self._waiting) <= LIFO_AFTER_WAITERS * self.limit:
+            return False
+        head = self._waiting[0]
+        if head.until is None:
+            return False
+        now = time.monotonic()
+        return head.until - now < now - head.since
 
     def give_back(self) -> None:
-        """End a turn: the first waiter gets it (the newest while more than
-        `LIFO_AFTER_WAITERS` per turn wait), else one more is free."""
+        """End a turn: a waiter gets it (the first, or the newest while the line is
+        congested: `lifo`), else one more is free."""
         while self._waiting:
-            lifo = len(self._waiting) > LIFO_AFTER_WAITERS * self.limit
-            fut = self._waiting.pop() if lifo else self._waiting.popleft()
-            if not fut.done():
-                fut.set_result(None)
+            w = self._waiting.pop() if self.lifo else self._waiting.popleft()
+            if not w.fut.done():
+                w.fut.set_result(None)
                 return
         self.running = max(0, self.running - 1)

@@ -515,9 +515,10 @@ class ContextService:
         remaining = context.time_remaining()
         timeout = None if remaining is None else remaining - need_ms / 1000.0
         line = ""
-        if remaining is not None and turns.running >= turns.limit:
+        if remaining is not None and turns.running >= turns.limit and not turns.lifo:
             # The waiters ahead, at recent calls' time each: when they alone are expected to
-            # outlast the deadline, waiting is in vain (refused now, before it waits).
+            # outlast the deadline, waiting is in vain (refused now, before it waits). In a
+            # congested line the newest goes first, so nobody is ahead of this call.
             ahead_ms = turns.waiting / turns.limit * adm.sojourn_ms
             if ahead_ms >= remaining * 1000.0:
                 timeout = 0.0
