@@ -419,7 +419,10 @@ def test_by_default_assemblies_over_the_sqlite_store_take_turns_and_other_source
         store.add_many([NewMemory("m1", T.scope.organization_id, T.scope.agent_id, "marker note")])
 
     async def main() -> None:
-        async with running(open_config(db=db)) as svc:
+        # Roomy branch timeouts: the answers are whole however busy the machine is.
+        roomy = {k: 5000.0 for k in ("client_timeout_ms", "server_deadline_ms", "directive_timeout_ms",
+                                     "hot_timeout_ms", "cold_timeout_ms")}
+        async with running(open_config(db=db, assembly=roomy)) as svc:
             assert svc.turns is not None and svc.turns.limit == 1
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
                 calls = await asyncio.gather(*(client.assemble(REQ) for _ in range(4)))
