@@ -230,10 +230,10 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
     async def main() -> None:
         assert await line(None, 0.05) == list(range(n))  # no deadline: never congested
         assert await line(10.0, 0.05) == list(range(n))  # time to spare
-        assert await line(0.4, 0.3, LIFO_AFTER_WAITERS) == list(range(LIFO_AFTER_WAITERS))  # short
-        # 0.3 of 0.4 s spent waiting in a long line: turns go to the newest until the line
-        # is short again, then in arrival order (every waiter still has time).
-        assert await line(0.4, 0.3) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
+        assert await line(2.0, 1.2, LIFO_AFTER_WAITERS) == list(range(LIFO_AFTER_WAITERS))  # short
+        # 1.2 of 2 s spent waiting in a long line: turns go to the newest until the line is
+        # short again, then in arrival order (every waiter still has time).
+        assert await line(2.0, 1.2) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
 
     asyncio.run(main())
 
@@ -305,10 +305,10 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
                 held.gate.set()
                 for f in (first, spare):
                     assert (await f).scope.organization_id == T.scope.organization_id
-        # A congested line: 5 waiters, the first (1.5 s) having waited most of its time.
+        # A congested line: 5 waiters, the first (3 s) having waited most of its time.
         held2 = _Held()
         async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held2) as svc:
-            # 0.2 s a call: the 1.5 s waiters join the line; 5 ahead would outlast 0.8 s.
+            # 0.2 s a call: the 3 s waiters join the line; 5 ahead would outlast 0.8 s.
             svc.admission.release(0, 200.0, None)
             assert svc.turns is not None
             turns = svc.turns
@@ -317,9 +317,9 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
                 await until(lambda: held2.entered == 1)
                 olds = []
                 for k in range(LIFO_AFTER_WAITERS + 1):
-                    olds.append(asyncio.ensure_future(client.assemble(REQ, timeout=1.5)))
+                    olds.append(asyncio.ensure_future(client.assemble(REQ, timeout=3.0)))
                     await until(lambda: turns.waiting == k + 1)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(2.0)
                 assert turns.lifo
                 short = asyncio.ensure_future(client.assemble(REQ, timeout=0.8))
                 await until(lambda: turns.waiting == len(olds) + 1)  # not refused for the line
