@@ -720,3 +720,69 @@ def test_hot_reads_follow_every_write_by_another_process_at_once(tmp_path: Path)
         writer.forget("o", "a")
         assert hot() == []
         assert run(reader.hot(Scope("o", "nobody"), Query(""), 3)) == []
+
+
+def test_cold_reads_follow_every_write_by_another_process_at_once(tmp_path: Path) -> None:
+    # Cold reads keep the rows they returned until the scope is written (the rowid
+    # lookups are skipped for those); a second store on the same file writes as another
+    # process would, and every read after a write returns the database's rows.
+    path = tmp_path / "m.db"
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader, \
+            SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer:
+        writer.add_many(NewMemory(f"m{k}", "o", "a", f"kettle note {k}", created_at=k) for k in range(5))
+
+        def cold(text: str = "kettle") -> dict[str, str]:
+            return {r.id: r.text for r in run(reader.cold(scope, Query(text), 10, 0.99))}
+
+        assert cold() == cold() == {f"m{k}": f"kettle note {k}" for k in range(5)}
+        writer.update(scope, "m4", text="kettle descaled")
+        assert cold()["m4"] == "kettle descaled"
+        writer.update(scope, "m3", importance=0.25)
+        assert [r.importance for r in run(reader.cold(scope, Query("kettle"), 10, 0.99)) if r.id == "m3"] == [0.25]
+        writer.delete(scope, ["m2"])
+        assert "m2" not in cold()
+        writer.add_many([NewMemory("m1", "o", "a", "kettle replaced", created_at=1)], on_conflict="replace")
+        assert cold()["m1"] == "kettle replaced"
+        writer.add(NewMemory("m9", "o", "a", "kettle new", created_at=20))
+        assert cold()["m9"] == "kettle new"
+        writer.forget("o", "a")
+        assert cold() == {}
+
+
+def test_cold_reads_after_a_flush_carry_the_times_written(tmp_path: Path) -> None:
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db", access_resolution_seconds=0) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"kettle {k}", created_at=1.7e9 + k) for k in range(6))
+        first = run(s.cold(scope, Query("kettle"), 10, 0.99))
+        assert len(first) == 6 and all(r.accessed_at is None for r in first)
+        for _ in range(3):
+            assert s.flush_accesses() > 0
+            kept = {r.id: r.accessed_at for r in run(s.cold(scope, Query("kettle"), 10, 0.99))}
+            with closing(sqlite3.connect(tmp_path / "m.db")) as db:
+                written = dict(db.execute("SELECT id, accessed_at FROM memory_reads").fetchall())
+            assert kept == written and all(v is not None for v in kept.values())
+
+
+def test_kept_cold_rows_stay_within_their_byte_bound() -> None:
+    from ctxcore.stores.sqlite.hot import RowCache
+
+    def rows(scope: Scope, n: int, start: int = 0) -> list[tuple[object, ...]]:
+        return [(k, f"{scope.agent_id}-{k}", scope.organization_id, scope.agent_id, "x" * 600, 1.0, None, 0.0, None)
+                for k in range(start, start + n)]
+
+    cache = RowCache(100_000)  # ~100 rows of 1 kB
+    a, b = Scope("o", "a"), Scope("o", "b")
+    cache.put(a, 1, rows(a, 60))
+    cache.put(b, 1, rows(b, 60))  # over the bound: the least recently read scope goes
+    assert cache.get(a, 1, [0]) == ({}, [0])
+    assert len(cache.get(b, 1, list(range(60)))[0]) == 60
+    cache.put(b, 1, rows(b, 100, start=60))  # one scope alone over it: its oldest rows go
+    found, missing = cache.get(b, 1, list(range(160)))
+    assert 0 < len(found) <= 100 and missing[0] == 0 and 159 in found
+    # Rows read at an older counter than the kept ones are not kept; a newer one replaces them.
+    cache.put(b, 0, rows(b, 1, start=500))
+    assert cache.get(b, 1, [500]) == ({}, [500])
+    cache.put(b, 2, rows(b, 1, start=500))
+    assert list(cache.get(b, 2, [159, 500])[0]) == [500]
+    assert RowCache(0).get(a, 1, [1]) == ({}, [1])

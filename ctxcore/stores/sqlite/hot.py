@@ -1,8 +1,13 @@
-"""Hot reads in the SQLite store: each recently read scope's newest memories, kept as read
-at the scope's write counter (``scopes.version``, moved by every write of the scope's
-memories, in any process), so a hot read that finds the counter unchanged reads one row
-instead of the newest memories with their embeddings. Least recently read scopes are
-dropped beyond a byte bound."""
+"""Rows the SQLite store keeps in memory, each valid while its scope's write counter
+(``scopes.version``, moved by every write of the scope's memories, in any process) is
+unchanged:
+
+- `HotCache`: each recently read scope's newest memories, so a hot read that finds the
+  counter unchanged reads one row instead of the newest memories with their embeddings;
+- `RowCache`: the rows cold reads returned, so a cold read looks up by rowid only the
+  memories it has not returned since the scope's last write.
+
+Least recently read scopes are dropped beyond a byte bound."""
 
 from __future__ import annotations
 
@@ -18,15 +23,22 @@ import numpy.typing as npt
 from ...memory import Scope
 from ..records import STORED_COLUMNS
 
-__all__ = ["DEFAULT_HOT_CACHE_BYTES", "HotCache", "HotRows"]
+__all__ = ["DEFAULT_HOT_CACHE_BYTES", "DEFAULT_ROW_CACHE_BYTES", "HotCache", "HotRows", "RowCache"]
 
 #: Upper bound on the kept rows, all scopes together (64 rows with 384-dimension
 #: embeddings are ~110 KB: ~600 scopes).
 DEFAULT_HOT_CACHE_BYTES = 64 << 20
+#: Upper bound on the rows cold reads returned, all scopes together (~100,000 memories of
+#: a few hundred characters).
+DEFAULT_ROW_CACHE_BYTES = 64 << 20
 _ID = STORED_COLUMNS.index("id")
 _ACCESSED_AT = STORED_COLUMNS.index("accessed_at")
 # Bytes counted per row beside its text and embedding (the row tuple and its values).
 _ROW_OVERHEAD = 400
+
+
+def _touched(row: Sequence[Any], at: float) -> tuple[Any, ...]:
+    return (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1:])
 
 
 @dataclass(slots=True)
@@ -108,10 +120,105 @@ class HotCache:
                 new = times.get(key[0])
                 if not new:
                     continue
-                rows = [
-                    row if (at := new.get(row[_ID])) is None
-                    else (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1:])
-                    for row in hot.rows
-                ]
+                rows = [row if (at := new.get(row[_ID])) is None else _touched(row, at) for row in hot.rows]
                 # A new entry, not the kept one changed: a reader may be reading that now.
                 self._kept[key] = HotRows(hot.version, rows, hot.nbytes, hot._matrices)
+
+
+@dataclass(slots=True)
+class _ScopeRows:
+    version: int
+    rows: dict[int, Sequence[Any]] = field(default_factory=dict)  # rowid -> row
+    ids: dict[str, int] = field(default_factory=dict)  # memory id -> rowid
+    nbytes: int = 0
+
+
+class RowCache:
+    """Rows (``STORED_COLUMNS``) by rowid, per scope, as read at the scope's write counter.
+
+    Thread-safe. Rows read at or after a counter value are kept under it; a lookup at
+    another value finds nothing (and drops the scope's rows). Read times this store writes
+    (no counter move) are written into the kept rows with `touch`. Least recently read
+    scopes go first beyond `max_bytes`; a scope alone over it keeps its newest rows.
+
+    >>> c = RowCache(1 << 20)
+    >>> c.put(Scope("o", "a"), 7, [(1, "m1", "o", "a", "tea", 1.0, None, 0.0, None)])
+    >>> c.get(Scope("o", "a"), 7, [1, 2])
+    ({1: (1, 'm1', 'o', 'a', 'tea', 1.0, None, 0.0, None)}, [2])
+    >>> c.get(Scope("o", "a"), 8, [1])
+    ({}, [1])
+    """
+
+    __slots__ = ("_lock", "_kept", "_bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int = DEFAULT_ROW_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[Scope, _ScopeRows] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, scope: Scope, version: int, rowids: Sequence[int]) -> tuple[dict[int, Sequence[Any]], list[int]]:
+        """The kept rows of `rowids` in `scope` at `version`, and the rowids not kept."""
+        with self._lock:
+            kept = self._kept.get(scope)
+            if kept is None:
+                return {}, list(rowids)
+            if kept.version != version:
+                if kept.version < version:  # written since: nothing kept is current
+                    self._drop(scope)
+                return {}, list(rowids)
+            self._kept.move_to_end(scope)
+            rows = kept.rows
+            found = {r: rows[r] for r in rowids if r in rows}
+        return found, [r for r in rowids if r not in found]
+
+    def put(self, scope: Scope, version: int, rows: Sequence[Sequence[Any]]) -> None:
+        """Keep `rows` of `scope`, read after its counter showed `version`."""
+        if self.max_bytes <= 0 or not rows:
+            return
+        with self._lock:
+            kept = self._kept.get(scope)
+            if kept is None or kept.version < version:
+                if kept is not None:
+                    self._drop(scope)
+                kept = self._kept[scope] = _ScopeRows(version)
+            elif kept.version > version:  # a newer read has kept rows already: these may be older
+                return
+            self._kept.move_to_end(scope)
+            for row in rows:
+                rowid = row[0]
+                if rowid in kept.rows:
+                    continue
+                size = len(row[4]) + _ROW_OVERHEAD
+                kept.rows[rowid] = row
+                kept.ids[row[_ID]] = rowid
+                kept.nbytes += size
+                self._bytes += size
+            while self._bytes > self.max_bytes and len(self._kept) > 1:
+                self._drop(next(iter(self._kept)))
+            while self._bytes > self.max_bytes and kept.rows:
+                # The scope alone is over the bound: its oldest-kept rows go.
+                rowid = next(iter(kept.rows))
+                row = kept.rows.pop(rowid)
+                del kept.ids[row[_ID]]
+                size = len(row[4]) + _ROW_OVERHEAD
+                kept.nbytes -= size
+                self._bytes -= size
+
+    def _drop(self, scope: Scope) -> None:
+        gone = self._kept.pop(scope)
+        self._bytes -= gone.nbytes
+
+    def touch(self, times: Mapping[Scope, Mapping[str, float]]) -> None:
+        """Write read times (memory id -> time, per scope) into the kept rows as the store
+        writes them to the database: ``accessed_at`` becomes the later of the two."""
+        with self._lock:
+            for scope, new in times.items():
+                kept = self._kept.get(scope)
+                if kept is None:
+                    continue
+                for mid, at in new.items():
+                    rowid = kept.ids.get(mid)
+                    if rowid is not None:
+                        # A new tuple in place of the kept one: a reader may hold that now.
+                        kept.rows[rowid] = _touched(kept.rows[rowid], at)

@@ -7,11 +7,12 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
+from ...memory import Scope
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import MemoryStoreError
 from .fulltext import _fts_body
 
-__all__ = ["SCHEMA_VERSION", "connect", "init_schema", "stored_dim"]
+__all__ = ["SCHEMA_VERSION", "connect", "init_schema", "scope_version", "stored_dim"]
 
 #: Version of the database layout this code writes (``PRAGMA user_version``). Version 2
 #: added ``memories.exact_tokens``: the exact token counts of each memory as the formatter
@@ -192,4 +193,14 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
 def stored_dim(conn: sqlite3.Connection) -> int | None:
     """The dimension of the stored embeddings, None before the first one."""
     row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+    return None if row is None else int(row[0])
+
+
+def scope_version(conn: sqlite3.Connection, scope: Scope) -> int | None:
+    """`scope`'s write counter (moved by every write of its memories, in any process),
+    None when nothing was ever written to it. Rows read after it are at least as new."""
+    row = conn.execute(
+        "SELECT version FROM scopes WHERE organization_id = ? AND agent_id = ?",
+        (scope.organization_id, scope.agent_id),
+    ).fetchone()
     return None if row is None else int(row[0])

@@ -36,9 +36,9 @@ from .ingest import (
     remove_rows,
     remove_where,
 )
-from .hot import DEFAULT_HOT_CACHE_BYTES, HotCache
+from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, RowCache
 from .readers import DEFAULT_READERS, Job, ReaderPool
-from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, stored_dim
+from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
 
 __all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
@@ -67,9 +67,10 @@ class SqliteMemoryStore:
             every count is stored with its family and kind.
         readers: reader threads (one connection each) that async queries run on.
         cache_bytes: bound on the in-memory embedding matrices (least recently used
-            scopes are dropped first). Recently read scopes' newest memories are kept
-            too (``DEFAULT_HOT_CACHE_BYTES``), each until the scope is written, by any
-            process; 0 keeps neither.
+            scopes are dropped first). Recently read scopes' newest memories
+            (``DEFAULT_HOT_CACHE_BYTES``) and the memories cold reads returned
+            (``DEFAULT_ROW_CACHE_BYTES``) are kept too, each scope's until it is written,
+            by any process; 0 keeps none of them.
         directive_cache_seconds: how long a directive is served from memory (0: always
             read); directives set through this store are seen at once regardless.
         access_resolution_seconds: a memory read again within this long of its last
@@ -124,6 +125,7 @@ class SqliteMemoryStore:
         self._vectors_cache = VectorCache(cache_bytes)
         self._query_vectors = QueryVectors()
         self._hot_rows = HotCache(DEFAULT_HOT_CACHE_BYTES if cache_bytes else 0)
+        self._cold_rows = RowCache(DEFAULT_ROW_CACHE_BYTES if cache_bytes else 0)
         self._state_lock = threading.Lock()
         self._df = DocFrequencies()
         self._closed = False
@@ -501,20 +503,17 @@ class SqliteMemoryStore:
         if limit == 0:
             return _batch(scope, [], [], np.empty(0))
         # The scope's write counter first: rows read after it are at least as new.
-        counter = conn.execute(
-            "SELECT version FROM scopes WHERE organization_id = ? AND agent_id = ?",
-            (scope.organization_id, scope.agent_id),
-        ).fetchone()
-        if counter is None:  # nothing was ever written to the scope
+        version = scope_version(conn, scope)
+        if version is None:  # nothing was ever written to the scope
             return _batch(scope, [], [], np.empty(0))
-        hot = self._hot_rows.get(scope, limit, counter[0])
+        hot = self._hot_rows.get(scope, limit, version)
         if hot is None:
             fetched = conn.execute(
                 f"SELECT {_COLUMNS}, embedding FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
                 "ORDER BY created_at DESC, memories.rowid DESC LIMIT ?",
                 (scope.organization_id, scope.agent_id, limit),
             ).fetchall()
-            hot = self._hot_rows.put(scope, limit, counter[0], fetched)
+            hot = self._hot_rows.put(scope, limit, version, fetched)
         rows = hot.rows
         qv = self._query_vector(query)
         sims = np.full(len(rows), np.nan)
@@ -538,10 +537,13 @@ class SqliteMemoryStore:
             return _batch(scope, [], [], np.empty(0))
         qv = self._query_vector(query)
         vector_hits: list[tuple[int, float]] = []
+        version: int | None = None
         if qv is not None:
             mat = self._vectors_cache.matrix(conn, job, scope)
-            if mat is not None and mat.n:
-                vector_hits = nearest(mat, qv, min_similarity, limit)
+            if mat is not None:
+                version = mat.version
+                if mat.n:
+                    vector_hits = nearest(mat, qv, min_similarity, limit)
         job.check()
         text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df)
         # Take from each path in turn so neither starves the other; a memory found by both
@@ -562,14 +564,21 @@ class SqliteMemoryStore:
         if not merged:
             return _batch(scope, [], [], np.empty(0))
         job.check()
-        rows = {
-            row[0]: row
-            for row in conn.execute(
+        if version is None:
+            version = scope_version(conn, scope)
+        # Rows returned since the scope's last write are kept (`RowCache`): only the others
+        # are looked up, and kept for the next read.
+        rows, missing = self._cold_rows.get(scope, version, [rid for rid, _ in merged]) if version is not None \
+            else ({}, [rid for rid, _ in merged])
+        if missing:
+            fetched = conn.execute(
                 f"SELECT {_COLUMNS} FROM {_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
                 "AND organization_id = ? AND agent_id = ?",
-                (json.dumps([rid for rid, _ in merged]), scope.organization_id, scope.agent_id),
+                (json.dumps(missing), scope.organization_id, scope.agent_id),
             ).fetchall()
-        }
+            if version is not None:
+                self._cold_rows.put(scope, version, fetched)
+            rows.update((row[0], row) for row in fetched)
         found = [(rows[rid], sim) for rid, sim in merged if rid in rows]  # a row gone since is not returned
         return _batch(
             scope,
@@ -658,6 +667,7 @@ class SqliteMemoryStore:
         # those scopes take the same times (other processes see them at the scope's next
         # write).
         self._hot_rows.touch(batch)
+        self._cold_rows.touch(batch)
         return n
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
