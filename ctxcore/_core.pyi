@@ -156,3 +156,15 @@ def format_columns(
     memories_frame: bool = False,
     record_pieces: bool = False,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
+def encode_trace_rows(
+    ids: Sequence[str],
+    origins: Sequence[str],
+    at: npt.NDArray[np.int64] | npt.NDArray[np.intp],
+    reasons: npt.NDArray[np.int32],
+    tokens: npt.NDArray[np.int64] | None,
+    score: npt.NDArray[np.float64] | None,
+    relevance: npt.NDArray[np.float64] | None,
+    recounted: npt.NDArray[np.bool_] | None,
+    hide_id_reason: int,
+    field: int,
+) -> bytes: ...

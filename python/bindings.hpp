@@ -10,5 +10,6 @@ void register_pack(pybind11::module_& m);
 void register_format(pybind11::module_& m);
 void register_tokens(pybind11::module_& m);
 void register_columns(pybind11::module_& m);
+void register_wire(pybind11::module_& m);
 
 }  // namespace ctxcore_py

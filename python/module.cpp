@@ -18,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
   ctxcore_py::register_format(m);
   ctxcore_py::register_tokens(m);
   ctxcore_py::register_columns(m);
+  ctxcore_py::register_wire(m);
 }

@@ -4,16 +4,21 @@ service configuration (TOML, fail-closed start-up checks)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import sys
 import tempfile
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from testkit import load_script
 
 import ctxcore
+from ctxcore import _core
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyOptions, AssemblyRequest, Message, ToolCall
 from ctxcore.request import HistoryPolicy
@@ -21,6 +26,7 @@ from ctxcore.result import Branch, BranchStatus, TraceReason, WallSource
 from ctxcore.service import ServiceConfig, ServiceError
 from ctxcore.service.config import AuthConfig, ConfigError, Grant, parse_service_config
 from ctxcore.service.convert import (
+    assembled_to_proto,
     branch_error_class,
     budget_from_proto,
     budget_to_proto,
@@ -132,6 +138,93 @@ def test_branch_errors_lose_their_message_on_the_wire() -> None:
     assert branch_error_class("malformed result: item 0 is dict") == "malformed result"
     assert branch_error_class("no answer within 15.0 ms") == "no answer within 15.0 ms"
     assert branch_error_class("$$$ CANARY: x") == "error"
+
+
+def _trace_context() -> ctxcore.AssembledContext:
+    """A context whose trace has every kind of row: another scope's memory, a duplicate,
+    one under the relevance floor, one over the request's maximum, selected and not."""
+    from ctxcore import MemoryRecord, Sources
+
+    def rec(i: str, org: str = "org", sim: float | None = 0.9, text: str = "the kettle is descaled weekly") -> MemoryRecord:
+        return MemoryRecord(i, org, "agent", text, similarity=sim, exact_tokens={"o200k_base": 8, "cl100k_base": 8})
+
+    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+        return [rec("m-ok"), rec("m-dup", sim=0.5), rec("m-dup", sim=0.8), rec("m-low", sim=0.01),
+                rec("m-\u00e9t\u00e9 \u6f22", sim=0.7), rec("foreign-secret", org="other")]
+
+    async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
+        return [rec(f"m-{k}", sim=None, text="kettle " * (200 + k)) for k in range(6)]
+
+    req = AssemblyRequest("org", "agent", "gpt-4o", Query("kettle"), options=AssemblyOptions(max_memories=6))
+    return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot, cold=cold)))
+
+
+def test_the_wire_trace_is_the_contexts_trace_entry_by_entry() -> None:
+    ctx = _trace_context()
+    wire = assembled_to_proto(ctx, "p").trace
+    reasons = {e.reason for e in ctx.trace}
+    assert {TraceReason.OUT_OF_SCOPE, TraceReason.DUPLICATE, TraceReason.BELOW_RELEVANCE_FLOOR,
+            TraceReason.OVER_MAX_MEMORIES, TraceReason.SELECTED} <= reasons
+    assert len(wire) == len(ctx.trace)
+    for got, want in zip(wire, ctx.trace):
+        assert got.reason == enum_to_proto(want.reason, pb.TraceReason, "TRACE_REASON")
+        # Another scope's memory id never leaves the server.
+        assert got.memory_id == ("" if want.reason is TraceReason.OUT_OF_SCOPE else want.memory_id)
+        assert (got.origin, got.tokens, got.score, got.relevance, got.recounted) == (
+            str(want.origin), want.tokens, want.score, want.relevance, want.recounted)
+    assert "foreign-secret" not in str(wire) and "foreign-secret".encode() not in assembled_to_proto(ctx).SerializeToString()
+
+
+_FINITE = st.floats(allow_nan=False, width=64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=12), st.sampled_from(["hot", "vector", "fulltext", ""]),
+                          st.sampled_from(list(TraceReason)), st.integers(-2**63, 2**63 - 1),
+                          _FINITE | st.sampled_from([0.0, -0.0, float("inf"), -float("inf")]), _FINITE),
+                max_size=20),
+       st.booleans())
+def test_trace_rows_encode_as_protobuf_writes_them(rows, recounted) -> None:  # type: ignore[no-untyped-def]
+    ids = [r[0] for r in rows]
+    at = np.arange(len(rows), dtype=np.intp)[::-1].copy()
+    hidden = enum_to_proto(TraceReason.OUT_OF_SCOPE, pb.TraceReason, "TRACE_REASON")
+    codes = np.array([enum_to_proto(rows[k][2], pb.TraceReason, "TRACE_REASON") for k in at], dtype=np.int32)
+    tokens = np.array([rows[k][3] for k in at], dtype=np.int64)
+    score = np.array([rows[k][4] for k in at])
+    relevance = np.array([rows[k][5] for k in at])
+    flags = np.full(len(rows), recounted)
+    got = _core.encode_trace_rows(ids, [r[1] for r in rows], at, codes, tokens, score, relevance, flags, hidden, 8)
+    want = pb.AssembledContext()
+    for j, k in enumerate(at):
+        e = want.trace.add()
+        if codes[j] != hidden:
+            e.memory_id = ids[k]
+        e.reason, e.origin, e.tokens = int(codes[j]), rows[k][1], int(tokens[j])
+        e.score, e.relevance, e.recounted = float(score[j]), float(relevance[j]), recounted
+    assert got == want.SerializeToString()
+    # None columns are zeros.
+    zeros = _core.encode_trace_rows(ids, [r[1] for r in rows], at, codes, None, None, None, None, hidden, 8)
+    for e in want.trace:
+        e.tokens, e.score, e.relevance, e.recounted = 0, 0.0, 0.0, False
+    assert zeros == want.SerializeToString()
+
+
+def test_bad_trace_rows_are_typed_errors() -> None:
+    one = np.ones(1, dtype=np.int32)
+    with pytest.raises(IndexError, match="candidate 3, outside the 1 ids"):
+        _core.encode_trace_rows(["m"], ["hot"], np.array([3]), one, None, None, None, None, 0, 8)
+    with pytest.raises(IndexError, match="candidate -1"):
+        _core.encode_trace_rows(["m"], ["hot"], np.array([-1]), one, None, None, None, None, 0, 8)
+    with pytest.raises(TypeError, match="memory id of trace row 0 must be a str, got int"):
+        _core.encode_trace_rows([7], ["hot"], np.array([0]), one, None, None, None, None, 0, 8)
+    with pytest.raises(ValueError, match="score must be a 1-D array of 1 values"):
+        _core.encode_trace_rows(["m"], ["hot"], np.array([0]), one, None, np.zeros(2), None, None, 0, 8)
+    with pytest.raises(ValueError, match="reasons must be a 1-D array of 2 values"):
+        _core.encode_trace_rows(["m"], ["hot"], np.array([0, 0]), one, None, None, None, None, 0, 8)
+    with pytest.raises(UnicodeEncodeError):
+        _core.encode_trace_rows(["\ud800"], ["hot"], np.array([0]), one, None, None, None, None, 0, 8)
+    with pytest.raises(ValueError, match="field number"):
+        _core.encode_trace_rows(["m"], ["hot"], np.array([0]), one, None, None, None, None, 0, 0)
 
 
 # ---- configuration ------------------------------------------------------------------

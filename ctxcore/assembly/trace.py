@@ -76,6 +76,12 @@ class TraceTable:
             self._blocks.append(rows)
             self._columns = None
 
+    def blocks(self) -> list[_TraceRows | tuple[Any, ...]]:
+        """The rows as added, in order: blocks sharing the pipeline's columns, and single
+        rows as tuples of (memory_id, reason, origin, tokens, score, relevance, recounted,
+        pricing). For encoders that read the columns without joining them."""
+        return list(self._blocks)
+
     def __len__(self) -> int:
         return sum(b.at.size if isinstance(b, _TraceRows) else 1 for b in self._blocks)
 

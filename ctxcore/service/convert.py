@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
+import numpy as np
 
+from .. import _core
+from ..assembly.trace import _TRACE_REASONS, _TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope
@@ -448,18 +451,37 @@ def _pack_to_proto(pack: Any) -> pb.PackRecord:
 
 
 _TRACE_CODES = {r: enum_to_proto(r, pb.TraceReason, "TRACE_REASON") for r in TraceReason}
+# The wire value of each of the trace's reason codes (`ctxcore.assembly.trace`), and the
+# trace's field number in the answer.
+_WIRE_REASONS = np.array([_TRACE_CODES[r] for r in _TRACE_REASONS], dtype=np.int32)
+_TRACE_FIELD = pb.AssembledContext.DESCRIPTOR.fields_by_name["trace"].number
 
 
-def _trace_into(ctx: AssembledLike, out: Any) -> None:
-    """The trace into the repeated field `out`, read from its columns when the context has
-    them (`TraceTable`): one wire entry per candidate, written in place (no `TraceEntry`
-    objects in between, nor a copy of each into the message: 3x faster for 100 entries)."""
+def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
+    """The trace into ``out.trace``, one wire entry per candidate. From a context's columns
+    (`TraceTable`), each block of rows is encoded by the compiled core straight from the
+    pipeline's arrays and merged into the message (appending the entries): no per-row
+    Python, ~4x faster than setting each entry's fields for 100 rows."""
     t = getattr(ctx, "trace_table", None)
-    if t is not None:
-        rows: Any = zip(t.memory_id, t.reason, t.origin, t.tokens, t.score, t.relevance, t.recounted)
-    else:
-        rows = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted) for e in ctx.trace)
-    add, codes, foreign = out.add, _TRACE_CODES, TraceReason.OUT_OF_SCOPE
+    foreign = TraceReason.OUT_OF_SCOPE
+    if t is None:
+        rows: Any = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted)
+                     for e in ctx.trace)
+        _rows_into(rows, out)
+        return
+    hidden = _TRACE_CODES[foreign]
+    for block in t.blocks():
+        if isinstance(block, _TraceRows):
+            out.MergeFromString(_core.encode_trace_rows(
+                block.ids, block.origins, block.at, _WIRE_REASONS[block.reason], block.tokens, block.score,
+                block.relevance, block.recounted, hidden, _TRACE_FIELD,
+            ))
+        else:
+            _rows_into((block[:7],), out)
+
+
+def _rows_into(rows: Any, out: pb.AssembledContext) -> None:
+    add, codes, foreign = out.trace.add, _TRACE_CODES, TraceReason.OUT_OF_SCOPE
     for m, r, o, k, s, rel, rc in rows:
         e = add()
         # Another tenant's memory ids never cross the boundary: an out-of-scope entry says
@@ -517,7 +539,7 @@ def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledC
         replaced_chars=ctx.replaced_chars,
         principal=principal,
     )
-    _trace_into(ctx, out.trace)
+    _trace_into(ctx, out)
     if ctx.pack is not None:
         out.pack.CopyFrom(_pack_to_proto(ctx.pack))
     _payload_parts_to_proto(ctx, out)
