@@ -25,6 +25,7 @@ from ctxcore.request import AssemblyRequest
 from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
 from ctxcore.errors import ConfigError
 from ctxcore.service.config import ServiceConfig, load_service_config
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 TENANTS = make_tenants(2)
 T = TENANTS[0]
@@ -372,6 +373,38 @@ def test_a_request_with_few_but_long_messages_does_not_take_a_turn() -> None:
                 assert svc.turns is not None and (svc.turns.running, svc.turns.waiting) == (0, 0)
 
     asyncio.run(main())
+
+
+def test_an_ordinary_calls_stages_run_on_the_loop_and_a_large_ones_on_the_executor() -> None:
+    """Handing an ordinary call's stages (well under a millisecond) to the executor and
+    back costs more CPU than they take; a large call's still leave the loop."""
+    import threading
+
+    from ctxcore.request import Message
+
+    seen: list[tuple[int, bool]] = []
+
+    async def spy(request: Any, *, executor: Any = None, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        seen.append((len(request.messages), executor is None))
+        assert threading.current_thread() is threading.main_thread()
+        return await assemble(request, executor=executor, **kw)
+
+    big = AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
+                          messages=[Message("user", "word " * 20_000) for _ in range(3)])
+
+    async def main() -> None:
+        async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                small = await client.assemble(REQ)
+                large = await client.assemble(big)
+        assert small.scope.organization_id == large.scope.organization_id == T.scope.organization_id
+        for answer in (small, large):
+            assert any(e.reason == pb.TRACE_REASON_SELECTED for e in answer.trace)
+
+    asyncio.run(main())
+    assert seen == [(len(REQ.messages), True), (3, False)]
 
 
 def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:
