@@ -638,6 +638,11 @@ class ContextService:
                 # A stage that gave up on the caller's deadline.
                 raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                    "the deadline passed during the assembly") from None
+            if turn is not None:
+                # A turn covers the assembly only: the answer's bookkeeping and wire
+                # conversion run beside the next call's assembly.
+                turn.give_back()
+                turn = None
             retrieval_ms = min(float(ctx.timings.retrieval_ms), float(ctx.wall.limit_ms))
             self.metrics.observe_assembly(ctx)
             if call is not None:
