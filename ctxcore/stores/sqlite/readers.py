@@ -88,6 +88,20 @@ class ReaderPool:
                 self._conns.append(conn)
         return conn
 
+    def quick_connection(self) -> sqlite3.Connection:
+        """This thread's connection for reads of a few microseconds run where they are
+        called (an event loop's thread included): read-only, and it never waits for a lock
+        (a busy database raises at once, and the caller hands the read to a reader thread)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "quick", None)
+        if conn is None:
+            conn = connect(self._path)
+            conn.execute("PRAGMA query_only = ON")
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._local.quick = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(conn, job, *args)`` on a reader thread; cancelling the await interrupts it."""
         job = Job()

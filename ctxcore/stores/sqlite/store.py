@@ -36,7 +36,7 @@ from .ingest import (
     remove_rows,
     remove_where,
 )
-from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, RowCache
+from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
 from .readers import DEFAULT_READERS, Job, ReaderPool
 from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
@@ -455,9 +455,26 @@ class SqliteMemoryStore:
         _check_scope(scope)
         _check_limit(limit)
         _check_query(query)
-        out = await self._run(self._hot_job, scope, query, limit)
+        self._check_open()
+        out = self._hot_kept(scope, query, limit)
+        if out is None:
+            out = await self._run(self._hot_job, scope, query, limit)
         self._note_access(scope, out)
         return out
+
+    def _hot_kept(self, scope: Scope, query: Query, limit: int) -> MemoryBatch | None:
+        """The hot read where it is called, when the scope's kept rows are current: one
+        read of the write counter (microseconds) and a product over the kept embeddings,
+        without a hand-off to a reader thread and back. None when the rows are not kept at
+        that counter, or the database is busy: a reader thread reads them."""
+        if limit == 0 or self._hot_rows.max_bytes <= 0:
+            return None
+        try:
+            version = scope_version(self._readers.quick_connection(), scope)
+        except (sqlite3.OperationalError, sqlite3.ProgrammingError):  # busy, or closing: a reader thread decides
+            return None
+        hot = self._hot_rows.get(scope, limit, version) if version is not None else None
+        return None if hot is None else self._hot_batch(scope, query, hot)
 
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
@@ -514,6 +531,9 @@ class SqliteMemoryStore:
                 (scope.organization_id, scope.agent_id, limit),
             ).fetchall()
             hot = self._hot_rows.put(scope, limit, version, fetched)
+        return self._hot_batch(scope, query, hot)
+
+    def _hot_batch(self, scope: Scope, query: Query, hot: HotRows) -> MemoryBatch:
         rows = hot.rows
         qv = self._query_vector(query)
         sims = np.full(len(rows), np.nan)
