@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import itertools
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -371,6 +372,13 @@ class MemoryBatch(Sequence[MemoryRecord]):
 
     def counts(self, family: str) -> npt.NDArray[np.int64]:
         """Each memory's stored exact count of `family`, -1 where it has none."""
+        try:
+            # A store's batch: every memory's counts as the JSON text it keeps (each
+            # distinct text parsed once, see `_stored_count`).
+            return np.fromiter(map(_stored_count, self.exact_tokens, itertools.repeat(family)), dtype=np.int64,
+                               count=len(self))
+        except (TypeError, ValueError, AttributeError):
+            pass  # None, mappings, or a bad count: item by item, naming the memory
         out = np.full(len(self), -1, dtype=np.int64)
         k = 0
         try:
@@ -407,7 +415,7 @@ class _Chain(Sequence[MemoryRecord]):
 
     def __init__(self, parts: Sequence[Sequence[MemoryRecord]]) -> None:
         self.parts = tuple(parts)
-        self._offsets = np.cumsum([0, *(len(p) for p in self.parts)]).tolist()
+        self._offsets = list(itertools.accumulate((len(p) for p in self.parts), initial=0))
 
     def __len__(self) -> int:
         return int(self._offsets[-1])

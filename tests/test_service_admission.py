@@ -199,16 +199,17 @@ def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
 
 
 def test_a_congested_line_serves_its_newest_waiter_first() -> None:
-    """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait and the first has
-    spent more of its time waiting than it has left, turns go to the newest waiter; a short
-    line, or one with time to spare, goes in arrival order."""
+    """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait and arrival order
+    would give the newest its turn only after its time is up (everyone ahead at the turns'
+    recent length), turns go to the newest waiter; a short line, one with time to spare, or
+    one that arrival order serves in time goes in arrival order."""
 
     from ctxcore.service.admission import LIFO_AFTER_WAITERS
 
     n = LIFO_AFTER_WAITERS + 3
 
-    async def line(timeout: float | None, wait_s: float, n: int = n) -> list[int]:
-        t = Turns(1)
+    async def line(timeout: float | None, wait_s: float, turn_ms: float, n: int = n) -> list[int]:
+        t = Turns(1, lambda: turn_ms)
         assert await t.take(None)
         order: list[int] = []
 
@@ -229,12 +230,16 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
         return order
 
     async def main() -> None:
-        assert await line(None, 0.05) == list(range(n))  # no deadline: never congested
-        assert await line(10.0, 0.05) == list(range(n))  # time to spare
-        assert await line(2.0, 1.2, LIFO_AFTER_WAITERS) == list(range(LIFO_AFTER_WAITERS))  # short
-        # 1.2 of 2 s spent waiting in a long line: turns go to the newest until the line is
-        # short again, then in arrival order (every waiter still has time).
-        assert await line(2.0, 1.2) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
+        assert await line(None, 0.05, 500.0) == list(range(n))  # no deadline: never congested
+        assert await line(10.0, 0.05, 500.0) == list(range(n))  # time to spare
+        assert await line(2.0, 1.2, 500.0, LIFO_AFTER_WAITERS) == list(range(LIFO_AFTER_WAITERS))  # short
+        # 1.2 of 2 s spent waiting, but turns of 10 ms serve the whole line in time: the
+        # first has waited longer than it has left, and the line still goes in arrival order.
+        assert await line(2.0, 1.2, 10.0) == list(range(n))
+        # Turns of 500 ms: in arrival order the newest (0.8 s left) would wait 3.5 s. Turns
+        # go to the newest until the line is short again, then in arrival order.
+        assert await line(2.0, 1.2, 500.0) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
+        assert await line(2.0, 1.2, 0.0) == list(range(n))  # no turn measured yet
 
     asyncio.run(main())
 
@@ -272,12 +277,12 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
 
 
 def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes_first() -> None:
-    from ctxcore.service.admission import LIFO_AFTER_WAITERS
-
     """Recent calls took a second each: a call with half a second left behind one waiter
     (with time to spare) is refused at arrival, without waiting. Once the line is congested
-    (its first waiter has spent more of its time waiting than it has left) the newest goes
-    first, so the same call is not refused: it is served next."""
+    (in arrival order its newest would get its turn after its time is up) the newest goes
+    first, so a call with little time left is not refused: it is served next."""
+    from ctxcore.service.admission import LIFO_AFTER_WAITERS
+
     held = _Held()
 
     async def main() -> None:
@@ -306,11 +311,13 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
                 held.gate.set()
                 for f in (first, spare):
                     assert (await f).scope.organization_id == T.scope.organization_id
-        # A congested line: 5 waiters, the first (3 s) having waited most of its time.
+        # A congested line: 5 waiters of 3 s, having waited 2 s of it, where turns take
+        # 0.5 s: the newest would get its turn in 2.5 s, after its time is up.
         held2 = _Held()
         async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held2) as svc:
-            # 0.2 s a call: the 3 s waiters join the line; 5 ahead would outlast 0.8 s.
-            svc.admission.release(0, 200.0, None)
+            # 0.5 s a call: the 3 s waiters join the line (4 ahead take 2 s); 5 ahead would
+            # outlast 0.8 s.
+            svc.admission.release(0, 500.0, None)
             assert svc.turns is not None
             turns = svc.turns
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:

@@ -74,6 +74,33 @@ COUNT_CACHE_ENTRIES = 1 << 16
 _COUNTS = _CountCache(COUNT_CACHE_ENTRIES)
 
 
+class _Kept:
+    """A bounded map, least recently used first out; thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: OrderedDict[object, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: object) -> tuple[int, int] | None:
+        with self._lock:
+            got = self._data.get(key)
+            if got is not None:
+                self._data.move_to_end(key)
+            return got
+
+    def put(self, key: object, value: tuple[int, int]) -> tuple[int, int]:
+        with self._lock:
+            self._data[key] = value
+            if len(self._data) > self._capacity:
+                self._data.popitem(last=False)
+        return value
+
+
+#: The frame's and the directive's costs per (family, pricing, directive, sections present).
+_FRAMES = _Kept(4096)
+
+
 def _uncached_bytes(texts: Sequence[str], family: str) -> int:
     keys = [_CountCache.key(family, t) for t in texts]
     return sum(len(t) for t, v in zip(texts, _COUNTS.get_many(keys)) if v is None)
@@ -140,7 +167,15 @@ class _Ledger:
 
     def frame_and_directive(self, directive: str | None, has_history: bool, has_tools: bool) -> tuple[int, int]:
         """The formatter's fixed text (with the memories section) and the directive's cost.
-        Placeholders stand in for the messages and tools: the frame around them is the same."""
+        Placeholders stand in for the messages and tools: the frame around them is the same.
+        Kept per directive (a scope's repeats on every call), least recently used first out."""
+        key = (self.exact, has_history, has_tools, _CountCache.key(self.family, directive or ""), directive is None)
+        got = _FRAMES.get(key)
+        if got is None:
+            got = _FRAMES.put(key, self._frame_and_directive(directive, has_history, has_tools))
+        return got
+
+    def _frame_and_directive(self, directive: str | None, has_history: bool, has_tools: bool) -> tuple[int, int]:
         kinds, costs = self.price(
             directive, _PLACEHOLDER_HISTORY if has_history else (), "[0]" if has_tools else None, True
         )

@@ -26,12 +26,14 @@ else is done for it:
   refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
   whose deadline the waiters ahead of it are expected to outlast (at recent calls' time
   each) is refused so at once. While the line is congested (more than
-  ``LIFO_AFTER_WAITERS`` per turn wait, the first having spent more of its time waiting
-  than it has left), a turn goes to the newest waiter, and a new
-  call is not refused for the line (it is served next): the oldest have the least time
-  left and would answer late or degraded; they are refused when their time runs out. On a host where the assemblies are
-  CPU-bound, one that runs alone finishes its retrieval inside its wall, where several
-  sharing the cores (and the GIL) all run out of it and answer degraded;
+  ``LIFO_AFTER_WAITERS`` per turn wait, and in arrival order the newest would not get its
+  turn in the time it has left, at recent turns' length each), a turn goes to the newest
+  waiter, and a new call is not refused for the line (it is served next): the oldest have
+  the least time left and would answer late or degraded; they are refused when their time
+  runs out. A line that arrival order serves in time (a closed loop at capacity, say) stays
+  in arrival order, however long its first waiter has waited. On a host where the
+  assemblies are CPU-bound, one that runs alone finishes its retrieval inside its wall,
+  where several sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
   tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
   and every call admitted now delays the arrival of the next ones; new calls get
@@ -49,6 +51,7 @@ import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -308,9 +311,9 @@ class Admission:
         return self._sojourn_ms
 
 
-#: A line is congested only when more than this many calls per turn wait (and its first
-#: waiter has spent more of its time waiting than it has left, see `Turns.lifo`): a short
-#: line goes in arrival order whatever the deadlines.
+#: A line is congested only when more than this many calls per turn wait (and arrival
+#: order would not serve its newest in time, see `Turns.lifo`): a short line goes in
+#: arrival order whatever the deadlines.
 LIFO_AFTER_WAITERS = 4
 
 
@@ -327,10 +330,10 @@ class _Waiter:
 
 class Turns:
     """At most `limit` holders at a time; the others wait in line. A turn given back passes
-    straight to a waiter: the first in line, unless the first has spent more of its time
-    waiting than it has left (adaptive LIFO, see `lifo`), and then the newest. Waiting can
-    be bounded (`take` with a timeout) or cancelled without losing a turn. Use from one
-    event loop.
+    straight to a waiter: the first in line, unless arrival order would not serve the
+    newest in time (adaptive LIFO, see `lifo`), and then the newest. Waiting can be bounded
+    (`take` with a timeout) or cancelled without losing a turn. `turn_ms` tells how long a
+    turn lasts these days, in ms (0: not known). Use from one event loop.
 
     >>> async def demo():
     ...     t = Turns(1)
@@ -344,12 +347,13 @@ class Turns:
     (True, False, True, 1, 0)
     """
 
-    __slots__ = ("limit", "running", "_waiting")
+    __slots__ = ("limit", "running", "turn_ms", "_waiting")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, turn_ms: Callable[[], float] = lambda: 0.0) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         self.limit = limit
+        self.turn_ms = turn_ms
         self.running = 0
         self._waiting: deque[_Waiter] = deque()
 
@@ -392,18 +396,20 @@ class Turns:
     @property
     def lifo(self) -> bool:
         """Whether the next turn goes to the newest waiter: the line is congested, longer
-        than `LIFO_AFTER_WAITERS` per turn and its first waiter having spent more of its time
-        waiting than it has left. Its turn would come
-        late (the answer degraded, or late once it travels back), where the newest has most
-        of its time; the first is refused when its time runs out. A line whose waiters have
-        time to spare (a long deadline, or none) goes in arrival order."""
+        than `LIFO_AFTER_WAITERS` per turn, and in arrival order its newest waiter would get
+        its turn only after the time it has left (everyone ahead at `turn_ms` each). Such a
+        line is past what the turns serve in time: in arrival order every waiter would
+        get its turn late (its answer degraded, or late once it travels back), where the
+        newest has most of its time; the first is refused when its time runs out. A line
+        that arrival order serves in time (a closed loop at capacity, or time to spare)
+        goes in arrival order."""
         if len(self._waiting) <= LIFO_AFTER_WAITERS * self.limit:
             return False
-        head = self._waiting[0]
-        if head.until is None:
+        newest = self._waiting[-1]
+        turn_ms = self.turn_ms()
+        if newest.until is None or turn_ms <= 0:
             return False
-        now = time.monotonic()
-        return head.until - now < now - head.since
+        return len(self._waiting) / self.limit * turn_ms / 1000.0 >= newest.until - time.monotonic()
 
     def give_back(self) -> None:
         """End a turn: a waiter gets it (the first, or the newest while the line is

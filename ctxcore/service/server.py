@@ -280,7 +280,7 @@ class ContextService:
         embedded = sources is None and store_opener is None and config.db_url is None
         limit = config.running_limit(embedded)
         #: Ordinary assemblies running at once, at most `config.running_limit` (None: no limit).
-        self.turns = Turns(limit) if limit else None
+        self.turns = Turns(limit, lambda: self.admission.sojourn_ms) if limit else None
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
