@@ -78,27 +78,37 @@ class ServiceMetrics:
         self.loop_lag = Gauge("ctxcore_event_loop_lag_seconds", "How late the event loop's periodic probe fired.",
                               registry=r)
         self._http: Any = None
+        # Each labelled child once (`labels` checks and locks on every call); the label
+        # values are a few fixed sets (RPCs, codes, branches, statuses, paths, stages).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_call(self, rpc: str, code: grpc.StatusCode, seconds: float) -> None:
         """One finished call."""
-        self.requests.labels(rpc, code.name).inc()
-        self.request_seconds.labels(rpc).observe(seconds)
+        self._child(self.requests, rpc, code.name).inc()
+        self._child(self.request_seconds, rpc).observe(seconds)
 
     def observe_assembly(self, ctx: Any) -> None:
         """What one assembled context says about the pipeline."""
         for b in ctx.branches:
-            self.branches.labels(str(b.branch), str(b.status)).inc()
+            self._child(self.branches, str(b.branch), str(b.status)).inc()
             if b.dropped_out_of_scope:
                 self.out_of_scope.inc(b.dropped_out_of_scope)
         if ctx.degraded:
             self.degraded.inc()
         if ctx.constrained:
             self.constrained.inc()
-        self.pack_path.labels(str(ctx.pack.path) if ctx.pack is not None else "none").inc()
-        self.wall.labels(str(ctx.wall.source)).inc()
+        self._child(self.pack_path, str(ctx.pack.path) if ctx.pack is not None else "none").inc()
+        self._child(self.wall, str(ctx.wall.source)).inc()
         t = ctx.timings
         for stage in _STAGES:
-            self.stage_seconds.labels(stage).observe(getattr(t, f"{stage}_ms") / 1000.0)
+            self._child(self.stage_seconds, stage).observe(getattr(t, f"{stage}_ms") / 1000.0)
         self.usable_budget.observe(ctx.budget.usable)
 
     def serve(self, port: int, addr: str) -> int:

@@ -54,8 +54,8 @@ class CallTracer:
 
     def assembly(self, span: Any, ctx: Any, started_ns: int) -> None:
         """Stage spans under `span` and the assembly's outcome as its attributes."""
-        if span is None or self._tracer is None:
-            return
+        if span is None or self._tracer is None or not span.is_recording():
+            return  # no tracer provider set up (the API's default): nothing would be kept
         parent = trace.set_span_in_context(span)
         t = started_ns
         for stage in STAGES:
@@ -82,6 +82,9 @@ class CallTracer:
     def end(self, span: Any, code_name: str, code_value: int, fields: dict[str, Any]) -> None:
         """Close the call's span with its gRPC status."""
         if span is None:
+            return
+        if not span.is_recording():
+            span.end()
             return
         span.set_attribute("rpc.grpc.status_code", code_value)
         for key in ("principal", "organization_id", "agent_id"):
