@@ -375,8 +375,13 @@ def test_a_request_with_few_but_long_messages_does_not_take_a_turn() -> None:
                 small = await client.assemble(REQ, timeout=5.0)  # not behind the large one
                 assert small.scope.organization_id == T.scope.organization_id
                 assert not large.done()
+                ordinary_ms = svc.admission.sojourn_ms
+                assert ordinary_ms > 0
+                await asyncio.sleep(0.3)  # the large one is held: its time is long
                 held.gate.set()
                 assert (await large).scope.organization_id == T.scope.organization_id
+                # The line's estimate of a turn learns nothing from a call that takes none.
+                assert svc.admission.sojourn_ms == ordinary_ms
                 assert svc.turns is not None and (svc.turns.running, svc.turns.waiting) == (0, 0)
 
     asyncio.run(main())

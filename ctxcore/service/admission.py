@@ -296,8 +296,9 @@ class Admission:
         return Decision(True, "ok", tail)
 
     def release(self, ahead: int, sojourn_ms: float, retrieval_ms: float | None) -> None:
-        """A call admitted with `ahead` calls before it ended after `sojourn_ms`, of which
-        `retrieval_ms` went to retrieval (None when it never got that far)."""
+        """A call admitted with `ahead` calls before it ended after `sojourn_ms` (0: its
+        time says nothing of an ordinary call's), of which `retrieval_ms` went to retrieval
+        (None when it never got that far)."""
         self.admitted = max(0, self.admitted - 1)
         if sojourn_ms > 0:  # a call refused before it started says nothing of the time one takes
             self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms

@@ -657,7 +657,9 @@ class ContextService:
             if turn is not None:
                 turn.give_back()
             t_end = time.perf_counter()
-            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm else 0.0,
+            # A large call runs beside the turns: its time says nothing of the time an
+            # ordinary call takes in its turn (the line's estimates).
+            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm and typical else 0.0,
                                    retrieval_ms if typical else None)
             self.metrics.admitted.set(self.admission.admitted)
             if remaining_ms is not None and not waited_in_vain:  # a call refused in line did no work
