@@ -786,3 +786,29 @@ def test_kept_cold_rows_stay_within_their_byte_bound() -> None:
     cache.put(b, 2, rows(b, 1, start=500))
     assert list(cache.get(b, 2, [159, 500])[0]) == [500]
     assert RowCache(0).get(a, 1, [1]) == ({}, [1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+def test_hot_reads_from_many_threads_answer_alike_without_a_connection_each(tmp_path: Path) -> None:
+    # A hot read whose kept rows are current reads the scope's counter where it is called,
+    # on the store's one quick connection; threads that come and go (each with its own
+    # event loop) share it, or hand the read to a reader thread while it is in use.
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=HashingEmbedder()) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"tea note {k}", created_at=k) for k in range(8))
+
+        def ids() -> list[str]:
+            return [r.id for r in asyncio.run(s.hot(scope, Query("tea"), 5))]
+
+        want = ids()
+        assert want == ["m7", "m6", "m5", "m4", "m3"]
+        files = len(list(Path("/proc/self/fd").iterdir()))
+        got: list[list[str]] = []
+        for _ in range(5):
+            batch = [threading.Thread(target=lambda: got.append(ids())) for _ in range(8)]
+            for t in batch:
+                t.start()
+            for t in batch:
+                t.join()
+        assert got == [want] * 40
+        assert len(list(Path("/proc/self/fd").iterdir())) - files < 6  # not a connection per thread

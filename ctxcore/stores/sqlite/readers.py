@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from .schema import connect
 
-__all__ = ["DEFAULT_READERS", "Cancelled", "Job", "ReaderPool"]
+__all__ = ["DEFAULT_READERS", "Busy", "Cancelled", "Job", "ReaderPool"]
 
 #: Reader threads (and connections). Two of the three retrieval branches read the store
 #: at once per assembly; four leaves room for a second assembly in flight.
@@ -24,6 +24,10 @@ _T = TypeVar("_T")
 
 class Cancelled(Exception):
     """Raised inside a job whose caller has cancelled it."""
+
+
+class Busy(Exception):
+    """The quick connection is in use by another thread (`ReaderPool.quick`)."""
 
 
 class Job:
@@ -62,6 +66,8 @@ class ReaderPool:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._quick: sqlite3.Connection | None = None
+        self._quick_lock = threading.Lock()
         self.interrupted = 0
         self._executor = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="ctxcore-sqlite")
         try:
@@ -88,19 +94,26 @@ class ReaderPool:
                 self._conns.append(conn)
         return conn
 
-    def quick_connection(self) -> sqlite3.Connection:
-        """This thread's connection for reads of a few microseconds run where they are
-        called (an event loop's thread included): read-only, and it never waits for a lock
-        (a busy database raises at once, and the caller hands the read to a reader thread)."""
-        conn: sqlite3.Connection | None = getattr(self._local, "quick", None)
-        if conn is None:
-            conn = connect(self._path)
-            conn.execute("PRAGMA query_only = ON")
-            conn.execute("PRAGMA busy_timeout = 0")
-            self._local.quick = conn
-            with self._lock:
-                self._conns.append(conn)
-        return conn
+    def quick(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``fn(conn)`` here and now, for a read of a few microseconds (on an event loop's
+        thread, say), on the pool's one quick connection: read-only, and it never waits
+        for a lock (a busy database raises `sqlite3.OperationalError` at once). Raises
+        `Busy` when another thread is using it; either way the caller hands the read to a
+        reader thread instead."""
+        if not self._quick_lock.acquire(blocking=False):
+            raise Busy
+        try:
+            conn = self._quick
+            if conn is None:
+                conn = connect(self._path)
+                conn.execute("PRAGMA query_only = ON")
+                conn.execute("PRAGMA busy_timeout = 0")
+                with self._lock:
+                    self._conns.append(conn)
+                self._quick = conn
+            return fn(conn)
+        finally:
+            self._quick_lock.release()
 
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(conn, job, *args)`` on a reader thread; cancelling the await interrupts it."""

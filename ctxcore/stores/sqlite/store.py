@@ -37,7 +37,7 @@ from .ingest import (
     remove_where,
 )
 from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
-from .readers import DEFAULT_READERS, Job, ReaderPool
+from .readers import DEFAULT_READERS, Busy, Job, ReaderPool
 from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
 
@@ -470,8 +470,8 @@ class SqliteMemoryStore:
         if limit == 0 or self._hot_rows.max_bytes <= 0:
             return None
         try:
-            version = scope_version(self._readers.quick_connection(), scope)
-        except (sqlite3.OperationalError, sqlite3.ProgrammingError):  # busy, or closing: a reader thread decides
+            version = self._readers.quick(lambda conn: scope_version(conn, scope))
+        except (Busy, sqlite3.OperationalError, sqlite3.ProgrammingError):  # busy, or closing: a reader thread decides
             return None
         hot = self._hot_rows.get(scope, limit, version) if version is not None else None
         return None if hot is None else self._hot_batch(scope, query, hot)
