@@ -2,6 +2,7 @@
 #include "ctxcore/wire.hpp"
 
 #include <cstring>
+#include <string_view>
 
 namespace ctxcore::wire {
 namespace {
@@ -34,6 +35,30 @@ void append_fixed64(std::string& out, std::uint64_t v) {
 // An enum or int32 is written as the 64-bit two's complement of its value (negative: 10 bytes).
 std::uint64_t as_varint(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
+// proto3 leaves a field at its default out: an empty string, a zero number, all-zero bits.
+std::size_t string_size(std::string_view v) { return v.empty() ? 0 : 1 + varint_size(v.size()) + v.size(); }
+std::size_t varint_field_size(std::int64_t v) { return v == 0 ? 0 : 1 + varint_size(as_varint(v)); }
+std::size_t double_size(double v) { return bits_of(v) == 0 ? 0 : 1 + 8; }
+
+void append_string(std::string& out, std::uint32_t field, std::string_view v) {
+  if (v.empty()) return;
+  append_varint(out, tag(field, kLengthDelimited));
+  append_varint(out, v.size());
+  out.append(v);
+}
+
+void append_varint_field(std::string& out, std::uint32_t field, std::int64_t v) {
+  if (v == 0) return;
+  append_varint(out, tag(field, kVarint));
+  append_varint(out, as_varint(v));
+}
+
+void append_double(std::string& out, std::uint32_t field, double v) {
+  if (bits_of(v) == 0) return;
+  append_varint(out, tag(field, kFixed64));
+  append_fixed64(out, bits_of(v));
+}
+
 }  // namespace
 
 void append_varint(std::string& out, std::uint64_t value) {
@@ -45,50 +70,21 @@ void append_varint(std::string& out, std::uint64_t value) {
 }
 
 std::size_t trace_entry_size(const TraceEntry& e) {
-  std::size_t n = 0;
-  if (!e.memory_id.empty()) n += 1 + varint_size(e.memory_id.size()) + e.memory_id.size();
-  if (e.reason != 0) n += 1 + varint_size(as_varint(e.reason));
-  if (!e.origin.empty()) n += 1 + varint_size(e.origin.size()) + e.origin.size();
-  if (e.tokens != 0) n += 1 + varint_size(as_varint(e.tokens));
-  if (bits_of(e.score) != 0) n += 1 + 8;
-  if (bits_of(e.relevance) != 0) n += 1 + 8;
-  if (e.recounted) n += 1 + 1;
-  return n;
+  return string_size(e.memory_id) + varint_field_size(e.reason) + string_size(e.origin) +
+         varint_field_size(e.tokens) + double_size(e.score) + double_size(e.relevance) +
+         varint_field_size(e.recounted ? 1 : 0);
 }
 
 void append_trace_entry(std::string& out, std::uint32_t field, const TraceEntry& e) {
   append_varint(out, tag(field, kLengthDelimited));
   append_varint(out, trace_entry_size(e));
-  if (!e.memory_id.empty()) {
-    append_varint(out, tag(1, kLengthDelimited));
-    append_varint(out, e.memory_id.size());
-    out.append(e.memory_id);
-  }
-  if (e.reason != 0) {
-    append_varint(out, tag(2, kVarint));
-    append_varint(out, as_varint(e.reason));
-  }
-  if (!e.origin.empty()) {
-    append_varint(out, tag(3, kLengthDelimited));
-    append_varint(out, e.origin.size());
-    out.append(e.origin);
-  }
-  if (e.tokens != 0) {
-    append_varint(out, tag(4, kVarint));
-    append_varint(out, as_varint(e.tokens));
-  }
-  if (bits_of(e.score) != 0) {
-    append_varint(out, tag(5, kFixed64));
-    append_fixed64(out, bits_of(e.score));
-  }
-  if (bits_of(e.relevance) != 0) {
-    append_varint(out, tag(6, kFixed64));
-    append_fixed64(out, bits_of(e.relevance));
-  }
-  if (e.recounted) {
-    append_varint(out, tag(7, kVarint));
-    out.push_back(1);
-  }
+  append_string(out, 1, e.memory_id);
+  append_varint_field(out, 2, e.reason);
+  append_string(out, 3, e.origin);
+  append_varint_field(out, 4, e.tokens);
+  append_double(out, 5, e.score);
+  append_double(out, 6, e.relevance);
+  append_varint_field(out, 7, e.recounted ? 1 : 0);
 }
 
 }  // namespace ctxcore::wire

@@ -10,8 +10,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -31,7 +32,10 @@ EXACT_COUNT_BYTES_PER_MS = 2000.0
 DIRECTIVE_BOUNDARY_ALLOWANCE = 1
 
 
-class _CountCache:
+_V = TypeVar("_V")
+
+
+class _CountCache(Generic[_V]):
     """Exact counts of pieces that repeat across calls (directives, tool schemas, frames,
     messages of a conversation, score/source shapes), keyed by family and content: the
     text itself when short, else its BLAKE2b digest. Bounded; least recently used first out.
@@ -39,7 +43,7 @@ class _CountCache:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._data: OrderedDict[tuple[str, object], int] = OrderedDict()
+        self._data: OrderedDict[Hashable, _V] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -48,7 +52,7 @@ class _CountCache:
             return (family, text)
         return (family, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest())
 
-    def get_many(self, keys: Sequence[tuple[str, object]]) -> list[int | None]:
+    def get_many(self, keys: Sequence[Hashable]) -> list[_V | None]:
         with self._lock:
             out = [self._data.get(k) for k in keys]
             for k, v in zip(keys, out):
@@ -56,7 +60,7 @@ class _CountCache:
                     self._data.move_to_end(k)
         return out
 
-    def put_many(self, items: Sequence[tuple[tuple[str, object], int]]) -> None:
+    def put_many(self, items: Sequence[tuple[Hashable, _V]]) -> None:
         with self._lock:
             for k, v in items:
                 self._data[k] = v
@@ -71,34 +75,9 @@ class _CountCache:
 
 #: Entries kept by the exact-count cache (all families together).
 COUNT_CACHE_ENTRIES = 1 << 16
-_COUNTS = _CountCache(COUNT_CACHE_ENTRIES)
-
-
-class _Kept:
-    """A bounded map, least recently used first out; thread-safe."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._data: OrderedDict[object, tuple[int, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: object) -> tuple[int, int] | None:
-        with self._lock:
-            got = self._data.get(key)
-            if got is not None:
-                self._data.move_to_end(key)
-            return got
-
-    def put(self, key: object, value: tuple[int, int]) -> tuple[int, int]:
-        with self._lock:
-            self._data[key] = value
-            if len(self._data) > self._capacity:
-                self._data.popitem(last=False)
-        return value
-
-
-#: The frame's and the directive's costs per (family, pricing, directive, sections present).
-_FRAMES = _Kept(4096)
+_COUNTS: _CountCache[int] = _CountCache(COUNT_CACHE_ENTRIES)
+#: The frame's and the directive's costs per (pricing, sections present, family and directive).
+_FRAMES: _CountCache[tuple[int, int]] = _CountCache(4096)
 
 
 def _uncached_bytes(texts: Sequence[str], family: str) -> int:
@@ -170,9 +149,10 @@ class _Ledger:
         Placeholders stand in for the messages and tools: the frame around them is the same.
         Kept per directive (a scope's repeats on every call), least recently used first out."""
         key = (self.exact, has_history, has_tools, _CountCache.key(self.family, directive or ""), directive is None)
-        got = _FRAMES.get(key)
+        got = _FRAMES.get_many([key])[0]
         if got is None:
-            got = _FRAMES.put(key, self._frame_and_directive(directive, has_history, has_tools))
+            got = self._frame_and_directive(directive, has_history, has_tools)
+            _FRAMES.put_many([(key, got)])
         return got
 
     def _frame_and_directive(self, directive: str | None, has_history: bool, has_tools: bool) -> tuple[int, int]:

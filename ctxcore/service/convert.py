@@ -455,6 +455,8 @@ _TRACE_CODES = {r: enum_to_proto(r, pb.TraceReason, "TRACE_REASON") for r in Tra
 # trace's field number in the answer.
 _WIRE_REASONS = np.array([_TRACE_CODES[r] for r in _TRACE_REASONS], dtype=np.int32)
 _TRACE_FIELD = pb.AssembledContext.DESCRIPTOR.fields_by_name["trace"].number
+# Rows with this wire reason carry no memory id: another tenant's ids never leave.
+_HIDDEN_ID_REASON = _TRACE_CODES[TraceReason.OUT_OF_SCOPE]
 
 
 def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
@@ -463,18 +465,16 @@ def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
     pipeline's arrays and merged into the message (appending the entries): no per-row
     Python, ~4x faster than setting each entry's fields for 100 rows."""
     t = getattr(ctx, "trace_table", None)
-    foreign = TraceReason.OUT_OF_SCOPE
     if t is None:
         rows: Any = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted)
                      for e in ctx.trace)
         _rows_into(rows, out)
         return
-    hidden = _TRACE_CODES[foreign]
     for block in t.blocks():
         if isinstance(block, _TraceRows):
             out.MergeFromString(_core.encode_trace_rows(
                 block.ids, block.origins, block.at, _WIRE_REASONS[block.reason], block.tokens, block.score,
-                block.relevance, block.recounted, hidden, _TRACE_FIELD,
+                block.relevance, block.recounted, _HIDDEN_ID_REASON, _TRACE_FIELD,
             ))
         else:
             _rows_into((block[:7],), out)

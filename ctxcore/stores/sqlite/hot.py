@@ -37,6 +37,10 @@ _ACCESSED_AT = STORED_COLUMNS.index("accessed_at")
 _ROW_OVERHEAD = 400
 
 
+def _row_bytes(row: Sequence[Any]) -> int:
+    return len(row[4]) + _ROW_OVERHEAD  # the text, and the row tuple with its values
+
+
 def _touched(row: Sequence[Any], at: float) -> tuple[Any, ...]:
     return (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1:])
 
@@ -189,7 +193,7 @@ class RowCache:
                 rowid = row[0]
                 if rowid in kept.rows:
                     continue
-                size = len(row[4]) + _ROW_OVERHEAD
+                size = _row_bytes(row)
                 kept.rows[rowid] = row
                 kept.ids[row[_ID]] = rowid
                 kept.nbytes += size
@@ -201,7 +205,7 @@ class RowCache:
                 rowid = next(iter(kept.rows))
                 row = kept.rows.pop(rowid)
                 del kept.ids[row[_ID]]
-                size = len(row[4]) + _ROW_OVERHEAD
+                size = _row_bytes(row)
                 kept.nbytes -= size
                 self._bytes -= size
 
