@@ -259,6 +259,11 @@ def _same_records(records: Sequence[MemoryRecord], other: Any) -> bool:
     return NotImplemented  # type: ignore[no-any-return]
 
 
+#: The columns `MemoryBatch.with_similarity` copies (lists and arrays).
+_COPIED_COLUMNS = ("ids", "texts", "origins", "confidence", "importance", "created_at", "accessed_at", "rank",
+                   "token_count", "token_family", "token_kind", "exact_tokens")
+
+
 class MemoryBatch(Sequence[MemoryRecord]):
     """Memories of one scope as columns: what a store returns from a query.
 
@@ -395,6 +400,27 @@ class MemoryBatch(Sequence[MemoryRecord]):
                     out[k] = got
         except ValueError as exc:
             raise ValueError(f"memory {self.ids[k]!r}: {exc}") from None
+        return out
+
+    def with_similarity(self, similarity: Sequence[float | None] | npt.NDArray[np.float64]) -> MemoryBatch:
+        """The same memories with `similarity` in place of this batch's (a store's kept
+        batch scored for another query): the other columns, already checked, are copied
+        as they are.
+
+        >>> b = MemoryBatch("o", "a", ids=["m1", "m2"], texts=["x", "y"], origins=["hot", "hot"])
+        >>> [r.similarity for r in b.with_similarity([0.5, None])], b[0].similarity
+        ([0.5, None], None)
+
+        Raises:
+            ValueError: `similarity` has another length, or an infinite value.
+        """
+        out = MemoryBatch.__new__(MemoryBatch)
+        out.organization_id = self.organization_id
+        out.agent_id = self.agent_id
+        out.similarity = _nan_or(similarity, len(self.ids), "similarity")
+        for name in _COPIED_COLUMNS:
+            setattr(out, name, getattr(self, name).copy())
+        out._records = [None] * len(self.ids)
         return out
 
     def __eq__(self, other: Any) -> bool:

@@ -5,11 +5,13 @@ fidelity measured with the exact cl100k_base tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
 import ctxcore
@@ -242,6 +244,23 @@ def test_a_memory_batch_is_a_sequence_of_records() -> None:
     assert b.counts("cl100k_base").tolist() == [3, -1]
     with pytest.raises(IndexError):
         b[2]
+
+
+def test_a_batch_with_other_similarities_keeps_the_rest_and_is_its_own_copy() -> None:
+    recs = [mem(1, sim=0.5, confidence=0.4, importance=0.2, exact_tokens={"cl100k_base": 3}), mem(2, sim=None),
+            mem(3, sim=0.1)]
+    b = _batch_of(recs)
+    c = b.with_similarity(np.array([np.nan, 0.9, -0.25]))
+    assert [r.similarity for r in c] == [None, 0.9, -0.25] and [r.similarity for r in b] == [0.5, None, 0.1]
+    assert [dataclasses.replace(r, similarity=None) for r in c] == [dataclasses.replace(r, similarity=None) for r in recs]
+    c.ids[0] = "changed"
+    c.confidence[0] = 0.0
+    c.exact_tokens[0] = None
+    assert b == recs and b.counts("cl100k_base").tolist() == [3, -1, -1]
+    with pytest.raises(ValueError, match="similarity has 2 values for 3 memories"):
+        b.with_similarity([0.1, 0.2])
+    with pytest.raises(ValueError, match="similarity of memory 2 is not finite"):
+        b.with_similarity([0.1, 0.2, float("inf")])
 
 
 @pytest.mark.parametrize("stored, message", [

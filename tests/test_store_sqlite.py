@@ -112,6 +112,23 @@ def test_hot_is_newest_first_with_limit(store: SqliteMemoryStore) -> None:
     assert run(store.hot(SCOPES[0], Query("x"), 0)) == []
 
 
+def test_hot_reads_of_kept_rows_are_scored_for_their_query_and_apart(tmp_path: Path) -> None:
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"memory {k}", created_at=1.7e9 + k,
+                             embedding=[1.0, float(k), 0.0]) for k in range(4))
+        first = run(s.hot(scope, Query("x", (1.0, 0.0, 0.0)), 3))
+        first.ids[0] = "changed"  # a caller's change to its result is its own
+        first.created_at[:] = 0.0
+        second = run(s.hot(scope, Query("y", (0.0, 1.0, 0.0)), 3))
+        assert [r.id for r in second] == ["m3", "m2", "m1"]
+        assert [r.created_at for r in second] == [1.7e9 + 3, 1.7e9 + 2, 1.7e9 + 1]
+        norms = [np.hypot(1.0, k) for k in (3, 2, 1)]
+        assert [r.similarity for r in second] == pytest.approx([k / n for k, n in zip((3, 2, 1), norms)])
+        assert [r.similarity for r in run(s.hot(scope, Query("x", (1.0, 0.0, 0.0)), 3))] == \
+            pytest.approx([1 / n for n in norms])
+
+
 def unit(*xs: float) -> list[float]:
     v = np.array(xs, dtype=np.float64)
     return list(v / np.linalg.norm(v))

@@ -44,37 +44,49 @@ class _Columns:
 
     @classmethod
     def of(cls, mems: Sequence[MemoryRecord], family: str) -> _Columns:
-        """The columns of `mems`: a `MemoryBatch` gives its own, records are read in one C
-        pass, and the parts of a chained result are joined."""
+        """The columns of `mems`: batches give their own (joined without going through one
+        set of columns per part), records are read in one C pass, and the parts of a
+        chained result are joined."""
         parts = mems.parts if isinstance(mems, _Chain) else (mems,)
-        cols = [cls._of_part(p, family) for p in parts]
+        if not parts:
+            return cls(*_core.memory_columns((), MemoryRecord, family))
+        if all(type(p) is MemoryBatch for p in parts):
+            return cls._of_batches(parts, family)  # type: ignore[arg-type]
+        cols = [cls._of_batches((p,), family) if type(p) is MemoryBatch else
+                cls(*_core.memory_columns(p, MemoryRecord, family)) for p in parts]
         if len(cols) == 1:
             return cols[0]
-        if not cols:
-            return cls._of_part((), family)
         origins = [o for c in cols for o in c.origins]
-        distinct = list(dict.fromkeys(origins))
-        code = {o: k for k, o in enumerate(distinct)}
-        def joined(f: str) -> npt.NDArray[Any]:
-            return np.concatenate([getattr(c, f) for c in cols])
-
-        return cls(
+        return cls._joined(
             [i for c in cols for i in c.ids], [t for c in cols for t in c.texts], origins,
-            joined("similarity"), joined("confidence"), joined("importance"), joined("created_at"), joined("stored"),
-            distinct, np.fromiter(map(code.__getitem__, origins), dtype=np.int64, count=len(origins)),
+            [[getattr(c, f) for c in cols] for f in ("similarity", "confidence", "importance", "created_at", "stored")],
         )
 
     @classmethod
-    def _of_part(cls, part: Sequence[MemoryRecord], family: str) -> _Columns:
-        if type(part) is MemoryBatch:
-            distinct = list(dict.fromkeys(part.origins))
-            code = {o: k for k, o in enumerate(distinct)}
-            return cls(
-                part.ids, part.texts, list(part.origins), part.similarity, part.confidence, part.importance,
-                part.created_at, part.counts(family), list(distinct),
-                np.fromiter(map(code.__getitem__, part.origins), dtype=np.int64, count=len(part)),
-            )
-        return cls(*_core.memory_columns(part, MemoryRecord, family))
+    def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> _Columns:
+        if len(parts) == 1:
+            b = parts[0]
+            return cls._joined(b.ids, b.texts, list(b.origins),
+                               [[b.similarity], [b.confidence], [b.importance], [b.created_at], [b.counts(family)]])
+        return cls._joined(
+            [i for p in parts for i in p.ids], [t for p in parts for t in p.texts], [o for p in parts for o in p.origins],
+            [[p.similarity for p in parts], [p.confidence for p in parts], [p.importance for p in parts],
+             [p.created_at for p in parts], [p.counts(family) for p in parts]],
+        )
+
+    @classmethod
+    def _joined(cls, ids: list[str], texts: list[str], origins: list[str],
+                numbers: list[list[npt.NDArray[Any]]]) -> _Columns:
+        """Columns from the parts' arrays of similarity, confidence, importance, creation
+        time and stored count (one array each: used as it is)."""
+        distinct = list(dict.fromkeys(origins))
+        if len(distinct) == 1:
+            code = np.zeros(len(origins), dtype=np.int64)
+        else:
+            index = {o: k for k, o in enumerate(distinct)}
+            code = np.fromiter(map(index.__getitem__, origins), dtype=np.int64, count=len(origins))
+        sim, conf, imp, created, stored = (a[0] if len(a) == 1 else np.concatenate(a) for a in numbers)
+        return cls(ids, texts, origins, sim, conf, imp, created, stored, distinct, code)
 
 
 def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:

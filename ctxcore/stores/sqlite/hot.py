@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...memory import Scope
-from ..records import STORED_COLUMNS
+from ...memory import MemoryBatch, MemoryOrigin, Scope
+from ..records import STORED_COLUMNS, rows_to_batch
 
 __all__ = ["DEFAULT_HOT_CACHE_BYTES", "DEFAULT_ROW_CACHE_BYTES", "HotCache", "HotRows", "RowCache"]
 
@@ -54,6 +54,16 @@ class HotRows:
     rows: Sequence[Sequence[Any]]
     nbytes: int
     _matrices: dict[int, tuple[list[int], npt.NDArray[np.float32]]] = field(default_factory=dict)
+    _batch: MemoryBatch | None = None
+
+    def batch(self, scope: Scope) -> MemoryBatch:
+        """The rows as one batch of `scope` without similarities, built on first use (a
+        read scores a copy: `MemoryBatch.with_similarity`)."""
+        got = self._batch
+        if got is None:
+            n = len(self.rows)
+            got = self._batch = rows_to_batch(scope, self.rows, [MemoryOrigin.HOT] * n, np.full(n, np.nan))
+        return got
 
     def matrix(self, dim: int) -> tuple[list[int], npt.NDArray[np.float32]]:
         """The positions of the rows whose embedding has `dim` dimensions, and those

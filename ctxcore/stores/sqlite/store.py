@@ -542,7 +542,7 @@ class SqliteMemoryStore:
             have, mat = hot.matrix(qv.size)
             if have:
                 sims[have] = np.clip(np.einsum("ij,j->i", mat, qv), -1.0, 1.0)
-        return _batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
+        return hot.batch(scope).with_similarity(sims)
 
     def _cold_job(
         self,
