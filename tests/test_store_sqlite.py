@@ -233,6 +233,48 @@ def test_read_times_go_to_their_own_table_and_the_later_time_wins(tmp_path: Path
         assert [r[0] for r in db.execute("SELECT id FROM memory_reads")] == ["later"]
 
 
+def test_a_flush_writes_each_memory_the_time_of_its_last_read_in_every_scope(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    names = ["plain", 'q"uote', "x'y", "ünï", "gone"]
+    scopes = [Scope("o1", "a"), Scope("o2", "a")]
+    window: dict[str, tuple[float, float]] = {}
+    with SqliteMemoryStore(path, access_resolution_seconds=0) as s:
+        s.add_many(NewMemory(f"{sc.organization_id}-{name}", sc.organization_id, "a", f"memory {name}",
+                             created_at=1.7e9 + k) for sc in scopes for k, name in enumerate(names))
+        # Reads of the newest 1, 2, ... memories: each read at its own time, the last wins.
+        for k in range(1, len(names) + 1):
+            for sc in scopes:
+                t0 = time.time()
+                got = run(s.hot(sc, Query(""), k))
+                window.update(dict.fromkeys((r.id for r in got), (t0, time.time())))
+            time.sleep(0.002)
+        assert s.delete(scopes[0], ["o1-gone"]) == 1  # read, then deleted before the flush
+        n = s.flush_accesses()
+        with closing(sqlite3.connect(path)) as db:
+            written = dict(db.execute("SELECT id, accessed_at FROM memory_reads").fetchall())
+        kept = {r.id: r.accessed_at for sc in scopes for r in run(s.hot(sc, Query(""), 10))}
+    assert n == len(written) == 2 * len(names) - 1 and "o1-gone" not in written
+    assert all(window[mid][0] <= at <= window[mid][1] for mid, at in written.items())
+    assert kept == written
+
+
+def test_the_background_flush_writes_a_backlog_in_paced_transactions_to_the_end(tmp_path: Path) -> None:
+    from ctxcore.stores.sqlite import store as sqlite_store
+
+    path = tmp_path / "m.db"
+    n = 2 * sqlite_store.FLUSH_ROWS + 500  # three transactions
+    with SqliteMemoryStore(path) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"memory {k}", created_at=1.7e9 + k) for k in range(n))
+        t0 = time.time()
+        assert len(run(s.hot(Scope("o", "a"), Query(""), n))) == n  # noted; the timer flushes
+        deadline = time.monotonic() + 30
+        with closing(sqlite3.connect(path)) as db:
+            while db.execute("SELECT count(*) FROM memory_reads").fetchone()[0] < n:
+                assert time.monotonic() < deadline, "the background flush stopped before the end"
+                time.sleep(0.05)
+            assert db.execute("SELECT min(accessed_at) FROM memory_reads").fetchone()[0] >= t0
+
+
 HOSTILE = [
     '"',
     "'",

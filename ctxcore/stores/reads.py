@@ -9,6 +9,7 @@ agent) costs one write per resolution instead of one per flush.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Hashable, Iterable
@@ -84,11 +85,41 @@ class ReadTimes(Generic[K]):
             else:
                 del self._noted[scope]
 
-    def take(self) -> dict[Scope, dict[K, float]]:
-        """The pending times, per scope; they are no longer pending."""
+    def take(self, limit: int | None = None) -> dict[Scope, dict[K, float]]:
+        """The pending times, per scope, at most `limit` of them (default: all); they are
+        no longer pending.
+
+        >>> r: ReadTimes[str] = ReadTimes(0)
+        >>> _ = r.note(Scope("o", "a"), ["m1", "m2", "m3"], now=5.0)
+        >>> [sorted(t) for t in r.take(2).values()], [sorted(t) for t in r.take().values()]
+        ([['m1', 'm2']], [['m3']])
+        """
         with self._lock:
-            pending, self._pending = self._pending, {}
-        return pending
+            if limit is None or self._count() <= limit:
+                pending, self._pending = self._pending, {}
+                return pending
+            out: dict[Scope, dict[K, float]] = {}
+            left = limit
+            for scope in list(self._pending):
+                if left <= 0:
+                    break
+                times = self._pending[scope]
+                if len(times) <= left:
+                    out[scope] = self._pending.pop(scope)
+                    left -= len(times)
+                    continue
+                keys = list(itertools.islice(times, left))
+                out[scope] = {k: times.pop(k) for k in keys}
+                left = 0
+            return out
+
+    def pending_count(self) -> int:
+        """How many read times wait to be written."""
+        with self._lock:
+            return self._count()
+
+    def _count(self) -> int:
+        return sum(map(len, self._pending.values()))
 
     def requeue(self, pending: dict[Scope, dict[K, float]]) -> None:
         """Put back times that could not be written (the later time wins)."""
