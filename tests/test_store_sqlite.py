@@ -275,6 +275,28 @@ def test_the_background_flush_writes_a_backlog_in_paced_transactions_to_the_end(
             assert db.execute("SELECT min(accessed_at) FROM memory_reads").fetchone()[0] >= t0
 
 
+def test_warm_keeps_the_rows_cold_reads_return_until_the_scope_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(path) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"kettle note {k}", embedding=[1.0, float(k)]) for k in range(5))
+    with SqliteMemoryStore(path) as s, closing(sqlite3.connect(path)) as db:
+        assert s.warm() == 1
+        # Changed behind the store's back (no write counter move): a warmed store's cold
+        # read answers from the rows warm() kept, without reading them again.
+        db.execute("UPDATE memories SET text = 'changed behind its back'")
+        db.commit()
+        got = run(s.cold(scope, Query("kettle", (1.0, 0.5)), 5, 0.0))
+        assert sorted(r.text for r in got) == [f"kettle note {k}" for k in range(5)]
+        s.add(NewMemory("m9", "o", "a", "kettle note 9"))  # a write: the kept rows go
+        got = run(s.cold(scope, Query("kettle", (1.0, 0.5)), 10, 0.0))
+        assert sorted(r.text for r in got) == ["changed behind its back"] * 5 + ["kettle note 9"]
+    with SqliteMemoryStore(path, cache_bytes=0) as s:  # nothing kept: read as it is
+        s.warm()
+        assert {r.text for r in run(s.cold(scope, Query("kettle", (1.0, 0.5)), 10, 0.0))} == \
+            {"changed behind its back", "kettle note 9"}
+
+
 HOSTILE = [
     '"',
     "'",

@@ -219,6 +219,27 @@ class RowCache:
                 kept.nbytes -= size
                 self._bytes -= size
 
+    def fill(self, scope: Scope, version: int, rows: Sequence[Sequence[Any]]) -> bool:
+        """Keep as many of `rows` (read after the counter showed `version`) as the bound
+        has room for, dropping nothing kept (a warm-up); False once the bound is reached.
+
+        >>> c = RowCache(1000)
+        >>> c.fill(Scope("o", "a"), 1, [(k, f"m{k}", "o", "a", "x" * 100) for k in range(3)])
+        False
+        >>> len(c.get(Scope("o", "a"), 1, [0, 1, 2])[0])
+        2
+        """
+        with self._lock:
+            room = self.max_bytes - self._bytes
+        fit = 0
+        for row in rows:
+            room -= _row_bytes(row)
+            if room < 0:
+                break
+            fit += 1
+        self.put(scope, version, rows[:fit])
+        return fit == len(rows)
+
     def _drop(self, scope: Scope) -> None:
         gone = self._kept.pop(scope)
         self._bytes -= gone.nbytes

@@ -190,8 +190,10 @@ class SqliteMemoryStore:
 
     def warm(self, scopes: Iterable[Scope] | None = None) -> int:
         """Load the embedding matrices of `scopes` (default: every scope with embeddings,
-        as far as the cache holds them) so that no cold query pays for it; returns how
-        many scopes were loaded. Blocks.
+        as far as the cache holds them) so that no cold query pays for it, and keep their
+        memories' rows as far as their bound (``DEFAULT_ROW_CACHE_BYTES``) allows, so that a
+        cold read finds the rows it returns already read; returns how many scopes' matrices
+        were loaded. Blocks.
 
         >>> import tempfile, os
         >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
@@ -208,10 +210,23 @@ class SqliteMemoryStore:
             for sc in targets:
                 _check_scope(sc)
         loaded = 0
+        room = self._cold_rows.max_bytes > 0
         for sc in targets:
             if self._vectors_cache.matrix(conn, Job(), sc) is not None:
                 loaded += 1
+            if room:
+                room = self._warm_rows(conn, sc)
         return loaded
+
+    def _warm_rows(self, conn: sqlite3.Connection, scope: Scope) -> bool:
+        """Keep `scope`'s rows for cold reads, as far as the bound has room; False once full.
+        The counter is read first: rows read after it are at least as new."""
+        version = scope_version(conn, scope)
+        if version is None:
+            return True
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ?",
+                            (scope.organization_id, scope.agent_id)).fetchall()
+        return self._cold_rows.fill(scope, version, rows)
 
     def journal_mode(self) -> str:
         """The database's journal mode (``"wal"``).
