@@ -297,6 +297,28 @@ def test_warm_keeps_the_rows_cold_reads_return_until_the_scope_is_written(tmp_pa
             {"changed behind its back", "kettle note 9"}
 
 
+def test_kept_rows_take_the_latest_of_several_flushes_between_their_reads(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(path, access_resolution_seconds=0) as s:
+        s.add_many(NewMemory(f"m{k}", "o", "a", f"kettle note {k}", created_at=1.7e9 + k) for k in range(6))
+
+        def reads() -> dict[str, float | None]:
+            got = list(run(s.hot(scope, Query(""), 3))) + list(run(s.cold(scope, Query("kettle"), 6, 0.7)))
+            return {r.id: r.accessed_at for r in got}
+
+        reads()
+        s.flush_accesses()
+        reads()  # the rows are kept now, with the times of the first flush
+        for _ in range(2):  # two flushes, no read of the kept rows between them
+            time.sleep(0.002)
+            run(s.hot(Scope("o", "a"), Query(""), 6))  # noted, not read from the kept rows
+            s.flush_accesses()
+        with closing(sqlite3.connect(path)) as db:
+            written = dict(db.execute("SELECT id, accessed_at FROM memory_reads").fetchall())
+        assert reads() == {mid: written[mid] for mid in reads()}
+
+
 HOSTILE = [
     '"',
     "'",
