@@ -261,6 +261,16 @@ class RowCache:
                 kept.nbytes -= size
                 self._bytes -= size
 
+    def rows_room(self) -> int:
+        """At most how many more rows the bound has room for (each counts at least
+        `_ROW_OVERHEAD` bytes): what a warm-up need read of a scope.
+
+        >>> RowCache(4000).rows_room(), RowCache(0).rows_room()
+        (10, 0)
+        """
+        with self._lock:
+            return max(0, self.max_bytes - self._bytes) // _ROW_OVERHEAD
+
     def fill(self, scope: Scope, version: int, rows: Sequence[Sequence[Any]]) -> bool:
         """Keep as many of `rows` (read after the counter showed `version`) as the bound
         has room for, dropping nothing kept (a warm-up); False once the bound is reached.

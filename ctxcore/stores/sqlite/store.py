@@ -224,9 +224,12 @@ class SqliteMemoryStore:
         version = scope_version(conn, scope)
         if version is None:
             return True
-        rows = conn.execute(f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ?",
-                            (scope.organization_id, scope.agent_id)).fetchall()
-        return self._cold_rows.fill(scope, version, rows)
+        # No more rows than could fit (a scope of millions is not read whole to keep a few).
+        room = self._cold_rows.rows_room()
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+                            "ORDER BY memories.rowid DESC LIMIT ?",
+                            (scope.organization_id, scope.agent_id, room + 1)).fetchall()
+        return len(rows) <= room and self._cold_rows.fill(scope, version, rows)
 
     def journal_mode(self) -> str:
         """The database's journal mode (``"wal"``).
