@@ -198,13 +198,51 @@ def test_turns_go_in_arrival_order_and_none_is_lost() -> None:
         Turns(0)
 
 
+def test_turns_measure_their_own_length_and_not_the_time_a_turn_stood_free() -> None:
+    """A line moves at the pace turns are handed on while all are held: with two turns
+    each held ~40 ms, one is handed on every ~20 ms and a turn lasts ~40 ms; the time a
+    turn stood free is no turn's length."""
+
+    async def main() -> None:
+        t = Turns(2)
+        assert t.turn_ms() == 0.0  # nothing measured yet
+        assert await t.take(None) and await t.take(None)
+        done: list[int] = []
+
+        async def work(k: int) -> None:
+            assert await t.take(None)
+            await asyncio.sleep(0.04)
+            done.append(k)
+            t.give_back()
+
+        workers = [asyncio.ensure_future(work(k)) for k in range(8)]
+        await asyncio.sleep(0.04)
+        t.give_back()
+        await asyncio.sleep(0.02)
+        t.give_back()
+        await asyncio.gather(*workers)
+        assert sorted(done) == list(range(8)) and (t.running, t.waiting) == (0, 0)
+        measured = t.turn_ms()
+        assert 30.0 < measured < 400.0  # ~40 ms, on a loaded host more
+        # A turn that stood free for half a second, then one held briefly with the other
+        # free: neither is a turn's length.
+        await asyncio.sleep(0.5)
+        assert await t.take(None)
+        t.give_back()
+        assert t.turn_ms() == measured
+        with pytest.raises(ValueError, match="limit"):
+            Turns(True)
+
+    asyncio.run(main())
+
+
 def test_a_congested_line_serves_its_newest_waiter_first() -> None:
     """Adaptive LIFO: while more than LIFO_AFTER_WAITERS per turn wait and arrival order
     would give the newest its turn only after its time is up (everyone ahead at the turns'
     recent length), turns go to the newest waiter; a short line, one with time to spare, or
     one that arrival order serves in time goes in arrival order."""
 
-    from ctxcore.service.admission import LIFO_AFTER_WAITERS
+    from ctxcore.service.admission import LIFO_AFTER_WAITERS, LIFO_LINE_FACTOR
 
     n = LIFO_AFTER_WAITERS + 3
 
@@ -236,6 +274,10 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
         # 1.2 of 2 s spent waiting, but turns of 10 ms serve the whole line in time: the
         # first has waited longer than it has left, and the line still goes in arrival order.
         assert await line(2.0, 1.2, 10.0) == list(range(n))
+        # Turns of 150 ms: the newest (0.8 s left) would wait 1.05 s, a little past its time
+        # (less than LIFO_LINE_FACTOR times it): a slow spell, served in arrival order.
+        assert LIFO_LINE_FACTOR * 0.8 > n * 0.150 > 0.8
+        assert await line(2.0, 1.2, 150.0) == list(range(n))
         # Turns of 500 ms: in arrival order the newest (0.8 s left) would wait 3.5 s. Turns
         # go to the newest until the line is short again, then in arrival order.
         assert await line(2.0, 1.2, 500.0) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
@@ -277,7 +319,7 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
 
 
 def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes_first() -> None:
-    """Recent calls took a second each: a call with half a second left behind one waiter
+    """Recent turns took a second each: a call with half a second left behind one waiter
     (with time to spare) is refused at arrival, without waiting. Once the line is congested
     (in arrival order its newest would get its turn after its time is up) the newest goes
     first, so a call with little time left is not refused: it is served next."""
@@ -287,9 +329,7 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
 
     async def main() -> None:
         async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
-            svc.admission.release(0, 1000.0, None)  # the recent calls' time: a second
-            assert svc.turns is not None
-            turns = svc.turns
+            svc.turns = turns = Turns(1, lambda: 1000.0)  # recent turns took a second each
 
             async def until(cond: Any) -> None:
                 stop = time.monotonic() + 10
@@ -315,11 +355,9 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
         # 0.5 s: the newest would get its turn in 2.5 s, after its time is up.
         held2 = _Held()
         async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held2) as svc:
-            # 0.5 s a call: the 3 s waiters join the line (4 ahead take 2 s); 5 ahead would
+            # 0.5 s a turn: the 3 s waiters join the line (4 ahead take 2 s); 5 ahead would
             # outlast 0.8 s.
-            svc.admission.release(0, 500.0, None)
-            assert svc.turns is not None
-            turns = svc.turns
+            svc.turns = turns = Turns(1, lambda: 500.0)
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
                 first = asyncio.ensure_future(client.assemble(REQ))
                 await until(lambda: held2.entered == 1)

@@ -60,6 +60,8 @@ __all__ = [
     "RETRY_PUSHBACK_KEY",
     "Admission",
     "Decision",
+    "LIFO_AFTER_WAITERS",
+    "LIFO_LINE_FACTOR",
     "TailModel",
     "Turns",
 ]
@@ -316,6 +318,14 @@ class Admission:
 #: order would not serve its newest in time, see `Turns.lifo`): a short line goes in
 #: arrival order whatever the deadlines.
 LIFO_AFTER_WAITERS = 4
+#: ... and only when, in arrival order, its newest waiter would get its turn after the time
+#: it has left, and either after this many times that time or since a call was turned away
+#: at arrival for the line: that is overload (more calls arrive than the turns serve). A
+#: line only a little too long, turning nobody away, is a slow spell of a closed loop at
+#: capacity, which arrival order serves best: the calls near its head still get their
+#: turns in time, where newest-first would serve the same few callers over and over while
+#: the rest wait out their deadlines.
+LIFO_LINE_FACTOR = 1.5
 
 
 class _Waiter:
@@ -329,12 +339,21 @@ class _Waiter:
         self.until = until
 
 
+#: Weight of the newest turn in `Turns.turn_ms` (exponentially weighted): at a few hundred
+#: turns a second it follows the last few dozen milliseconds.
+_TURN_WEIGHT = 0.05
+
+
 class Turns:
     """At most `limit` holders at a time; the others wait in line. A turn given back passes
     straight to a waiter: the first in line, unless arrival order would not serve the
     newest in time (adaptive LIFO, see `lifo`), and then the newest. Waiting can be bounded
-    (`take` with a timeout) or cancelled without losing a turn. `turn_ms` tells how long a
-    turn lasts these days, in ms (0: not known). Use from one event loop.
+    (`take` with a timeout) or cancelled without losing a turn. Use from one event loop.
+
+    `turn_ms` is how long a turn lasts these days, in ms (0: not known): by default
+    measured here, from the time between turns given back while every turn was held (the
+    pace at which the line moves), so it is the turn's own length whatever a call does
+    outside its turn; or given as a function.
 
     >>> async def demo():
     ...     t = Turns(1)
@@ -348,15 +367,45 @@ class Turns:
     (True, False, True, 1, 0)
     """
 
-    __slots__ = ("limit", "running", "turn_ms", "_waiting")
+    __slots__ = ("limit", "running", "_given_turn_ms", "_waiting", "_full_since", "_interval_ms", "_overloaded")
 
-    def __init__(self, limit: int, turn_ms: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, limit: int, turn_ms: Callable[[], float] | None = None) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         self.limit = limit
-        self.turn_ms = turn_ms
+        self._given_turn_ms = turn_ms
         self.running = 0
         self._waiting: deque[_Waiter] = deque()
+        # Since when every turn has been held (None: one is free), and the weighted time
+        # between turns given back while they all were.
+        self._full_since: float | None = None
+        self._interval_ms = 0.0
+        # A call was turned away at arrival for the line since the line was last served
+        # in time in arrival order.
+        self._overloaded = False
+
+    def turn_ms(self) -> float:
+        """How long a turn lasts these days, in ms (0: not known yet).
+
+        >>> async def demo():
+        ...     t = Turns(1)
+        ...     await t.take(None)
+        ...     waiter = asyncio.ensure_future(t.take(None))
+        ...     await asyncio.sleep(0.02)  # a 20 ms turn, with a call waiting for the next
+        ...     t.give_back()
+        ...     await waiter
+        ...     return t.turn_ms()
+        >>> 15.0 < asyncio.run(demo()) < 200.0
+        True
+        """
+        if self._given_turn_ms is not None:
+            return self._given_turn_ms()
+        return self._interval_ms * self.limit
+
+    def _full(self, now: float) -> None:
+        # Every turn is held from `now`.
+        if self._full_since is None:
+            self._full_since = now
 
     @property
     def waiting(self) -> int:
@@ -368,6 +417,8 @@ class Turns:
         once the caller holds one (it must `give_back`), False when none came in time."""
         if self.running < self.limit and not self._waiting:
             self.running += 1
+            if self.running == self.limit:
+                self._full(time.monotonic())
             return True
         if timeout is not None and timeout <= 0:
             return False
@@ -389,35 +440,56 @@ class Turns:
         # A waiter that stops waiting: out of the line, or, if the turn reached it in the
         # meantime, the turn goes on to the next.
         if w.fut.done() and not w.fut.cancelled():
+            self._full_since = None  # a turn nobody used says nothing of a turn's length
             self.give_back()
         else:
             with contextlib.suppress(ValueError):
                 self._waiting.remove(w)
 
+    def turned_away(self) -> None:
+        """Note that a call was refused at arrival because the line ahead of it would
+        outlast its deadline: the line is full, a sign of overload (see `lifo`)."""
+        self._overloaded = True
+
     @property
     def lifo(self) -> bool:
         """Whether the next turn goes to the newest waiter: the line is congested, longer
         than `LIFO_AFTER_WAITERS` per turn, and in arrival order its newest waiter would get
-        its turn only after the time it has left (everyone ahead at `turn_ms` each). Such a
-        line is past what the turns serve in time: in arrival order every waiter would
-        get its turn late (its answer degraded, or late once it travels back), where the
-        newest has most of its time; the first is refused when its time runs out. A line
-        that arrival order serves in time (a closed loop at capacity, or time to spare)
-        goes in arrival order."""
-        if len(self._waiting) <= LIFO_AFTER_WAITERS * self.limit:
+        its turn only after the time it has left (everyone ahead at `turn_ms` each), and
+        the line is overloaded: that wait is over `LIFO_LINE_FACTOR` times the time left,
+        or a call was `turned_away` since the line was last served in time. Such a line
+        is past what the turns serve in time: in arrival order every waiter would get its
+        turn late (its answer degraded, or late once it travels back), where the newest
+        has most of its time; the first is refused when its time runs out. A line that
+        arrival order serves in time, or nearly (a closed loop at capacity, time to spare,
+        a slow spell), goes in arrival order."""
+        late = 0.0
+        if len(self._waiting) > LIFO_AFTER_WAITERS * self.limit:
+            newest = self._waiting[-1]
+            turn_ms = self.turn_ms()
+            if newest.until is not None and turn_ms > 0:
+                left_s = newest.until - time.monotonic()
+                line_s = len(self._waiting) / self.limit * turn_ms / 1000.0
+                late = line_s / left_s if left_s > 0 else math.inf
+        if late < 1.0:
+            self._overloaded = False  # served in time: nobody turned away counts any more
             return False
-        newest = self._waiting[-1]
-        turn_ms = self.turn_ms()
-        if newest.until is None or turn_ms <= 0:
-            return False
-        return len(self._waiting) / self.limit * turn_ms / 1000.0 >= newest.until - time.monotonic()
+        return self._overloaded or late >= LIFO_LINE_FACTOR
 
     def give_back(self) -> None:
         """End a turn: a waiter gets it (the first, or the newest while the line is
         congested: `lifo`), else one more is free."""
+        now = time.monotonic()
+        if self._full_since is not None and self.running >= self.limit:
+            # Every turn was held since then: the line moved one place in this long.
+            ms = (now - self._full_since) * 1000.0
+            self._interval_ms = ms if not self._interval_ms else (
+                (1.0 - _TURN_WEIGHT) * self._interval_ms + _TURN_WEIGHT * ms)
         while self._waiting:
             w = self._waiting.pop() if self.lifo else self._waiting.popleft()
             if not w.fut.done():
                 w.fut.set_result(None)
+                self._full_since = now
                 return
         self.running = max(0, self.running - 1)
+        self._full_since = None

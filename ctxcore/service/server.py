@@ -280,7 +280,7 @@ class ContextService:
         embedded = sources is None and store_opener is None and config.db_url is None
         limit = config.running_limit(embedded)
         #: Ordinary assemblies running at once, at most `config.running_limit` (None: no limit).
-        self.turns = Turns(limit, lambda: self.admission.sojourn_ms) if limit else None
+        self.turns = Turns(limit) if limit else None
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -510,18 +510,18 @@ class ContextService:
         turns = self.turns
         assert turns is not None
         cfg = self.config
-        adm = self.admission
         need_ms = cfg.min_retrieval_ms + max(tail_ms, self._packing_headroom_ms) + cfg.deadline_headroom_ms
         remaining = context.time_remaining()
         timeout = None if remaining is None else remaining - need_ms / 1000.0
         line = ""
         if remaining is not None and turns.running >= turns.limit and not turns.lifo:
-            # The waiters ahead, at recent calls' time each: when they alone are expected to
-            # outlast the deadline, waiting is in vain (refused now, before it waits). In a
-            # congested line the newest goes first, so nobody is ahead of this call.
-            ahead_ms = turns.waiting / turns.limit * adm.sojourn_ms
+            # The waiters ahead, at recent turns' length each: when they alone are expected
+            # to outlast the deadline, waiting is in vain (refused now, before it waits). In
+            # a congested line the newest goes first, so nobody is ahead of this call.
+            ahead_ms = turns.waiting / turns.limit * turns.turn_ms()
             if ahead_ms >= remaining * 1000.0:
                 timeout = 0.0
+                turns.turned_away()
                 line = f" (the line ahead is expected to take {ahead_ms:.1f} ms)"
         t0 = time.perf_counter()
         self.metrics.waiting.inc()
