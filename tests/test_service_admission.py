@@ -246,7 +246,7 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
 
     n = LIFO_AFTER_WAITERS + 3
 
-    async def line(timeout: float | None, wait_s: float, turn_ms: float, n: int = n) -> list[int]:
+    async def line(timeout: float | None, wait_s: float, turn_ms: float, n: int = n, away: bool = False) -> list[int]:
         t = Turns(1, lambda: turn_ms)
         assert await t.take(None)
         order: list[int] = []
@@ -262,6 +262,8 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
             await asyncio.sleep(0)  # in line in this order
         assert t.waiting == n
         await asyncio.sleep(wait_s)
+        if away:
+            t.turned_away()  # a call refused at arrival: the line is full
         t.give_back()
         await asyncio.gather(*waiters)
         assert (t.running, t.waiting) == (0, 0)
@@ -278,6 +280,10 @@ def test_a_congested_line_serves_its_newest_waiter_first() -> None:
         # (less than LIFO_LINE_FACTOR times it): a slow spell, served in arrival order.
         assert LIFO_LINE_FACTOR * 0.8 > n * 0.150 > 0.8
         assert await line(2.0, 1.2, 150.0) == list(range(n))
+        # The same line once a call was turned away at arrival for it (overload): the newest
+        # go first until arrival order would serve the newest in time again (5 x 150 ms
+        # < 0.8 s), and the line goes in arrival order from then on.
+        assert await line(2.0, 1.2, 150.0, away=True) == [n - 1, n - 2, *range(n - 2)]
         # Turns of 500 ms: in arrival order the newest (0.8 s left) would wait 3.5 s. Turns
         # go to the newest until the line is short again, then in arrival order.
         assert await line(2.0, 1.2, 500.0) == [n - 1, n - 2, n - 3, *range(LIFO_AFTER_WAITERS)]
