@@ -24,14 +24,17 @@ else is done for it:
   ordinary assemblies run at once; the others wait their turn in arrival order, each only
   as long as its deadline leaves room for a retrieval and the estimated tail, and is then
   refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
-  whose deadline the waiters ahead of it are expected to outlast (at recent calls' time
-  each) is refused so at once. While the line is congested (more than
-  ``LIFO_AFTER_WAITERS`` per turn wait, and in arrival order the newest would not get its
-  turn in the time it has left, at recent turns' length each), a turn goes to the newest
-  waiter, and a new call is not refused for the line (it is served next): the oldest have
-  the least time left and would answer late or degraded; they are refused when their time
-  runs out. A line that arrival order serves in time (a closed loop at capacity, say) stays
-  in arrival order, however long its first waiter has waited. On a host where the
+  whose deadline the waiters ahead of it are expected to outlast (at recent turns' length
+  each, measured by `Turns`) is refused so at once. While the line is overloaded (more
+  than ``LIFO_AFTER_WAITERS`` per turn wait, in arrival order the newest would not get its
+  turn in the time it has left, and either by far, ``LIFO_LINE_FACTOR`` times, or a call
+  was turned away at arrival for the line since it was last served in time), a turn goes
+  to the newest waiter, and a new call is not refused for the line (it is served next):
+  the oldest have the least time left and would answer late or degraded; they are refused
+  when their time runs out. A line that arrival order serves in time or nearly (a closed
+  loop at capacity, in a slow spell too) stays in arrival order, however long its first
+  waiter has waited: newest-first would serve the same few callers over and over while
+  the others wait out their deadlines. On a host where the
   assemblies are CPU-bound, one that runs alone finishes its retrieval inside its wall,
   where several sharing the cores (and the GIL) all run out of it and answer degraded;
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
