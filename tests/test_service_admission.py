@@ -377,6 +377,9 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
                 await until(lambda: turns.waiting == len(olds) + 1)  # not refused for the line
                 held2.gate.set()
                 assert (await short).scope.organization_id == T.scope.organization_id
+                reg = svc.metrics.registry
+                assert reg.get_sample_value("ctxcore_admission_newest_first_turns_total") >= 1
+                assert reg.get_sample_value("ctxcore_admission_turn_seconds") == 0.5  # the line's pace
                 assert (await first).scope.organization_id == T.scope.organization_id
                 for f in olds:
                     try:

@@ -370,7 +370,8 @@ class Turns:
     (True, False, True, 1, 0)
     """
 
-    __slots__ = ("limit", "running", "_given_turn_ms", "_waiting", "_full_since", "_interval_ms", "_overloaded")
+    __slots__ = ("limit", "running", "newest_first", "_given_turn_ms", "_waiting", "_full_since", "_interval_ms",
+                 "_overloaded")
 
     def __init__(self, limit: int, turn_ms: Callable[[], float] | None = None) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -378,6 +379,8 @@ class Turns:
         self.limit = limit
         self._given_turn_ms = turn_ms
         self.running = 0
+        #: How many turns went to the newest waiter (`lifo`) so far.
+        self.newest_first = 0
         self._waiting: deque[_Waiter] = deque()
         # Since when every turn has been held (None: one is free), and the weighted time
         # between turns given back while they all were.
@@ -489,10 +492,12 @@ class Turns:
             self._interval_ms = ms if not self._interval_ms else (
                 (1.0 - _TURN_WEIGHT) * self._interval_ms + _TURN_WEIGHT * ms)
         while self._waiting:
-            w = self._waiting.pop() if self.lifo else self._waiting.popleft()
+            newest = self.lifo
+            w = self._waiting.pop() if newest else self._waiting.popleft()
             if not w.fut.done():
                 w.fut.set_result(None)
                 self._full_since = now
+                self.newest_first += newest
                 return
         self.running = max(0, self.running - 1)
         self._full_since = None

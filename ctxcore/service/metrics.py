@@ -71,6 +71,11 @@ class ServiceMetrics:
         self.admitted_calls = Counter("ctxcore_admission_admitted_calls",
                                       "Assemblies admitted (with a deadline), by whether they ended inside it.",
                                       ["in_time"], registry=r)
+        self.turn = Gauge("ctxcore_admission_turn_seconds",
+                          "How long a turn (server.max_running) lasts these days: the line's pace.", registry=r)
+        self.newest_first = Counter("ctxcore_admission_newest_first_turns",
+                                    "Turns handed to the newest waiter of an overloaded line (adaptive LIFO).",
+                                    registry=r)
         self.tail_estimate = Gauge(
             "ctxcore_admission_tail_estimate_seconds",
             "The service-time estimate after retrieval that the last admission decision used.", registry=r,

@@ -281,6 +281,7 @@ class ContextService:
         limit = config.running_limit(embedded)
         #: Ordinary assemblies running at once, at most `config.running_limit` (None: no limit).
         self.turns = Turns(limit) if limit else None
+        self._newest_first = 0  # of the turns' newest_first, what the metrics counted
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
@@ -528,7 +529,12 @@ class ContextService:
         try:
             got = await turns.take(timeout)
         finally:
-            self.metrics.waiting.dec()
+            m = self.metrics
+            m.waiting.dec()
+            m.turn.set(turns.turn_ms() / 1000.0)
+            if turns.newest_first > self._newest_first:
+                m.newest_first.inc(turns.newest_first - self._newest_first)
+                self._newest_first = turns.newest_first
         if got:
             return turns
         waited_ms = (time.perf_counter() - t0) * 1000.0
