@@ -408,10 +408,10 @@ class Turns:
             return self._given_turn_ms()
         return self._interval_ms * self.limit
 
-    def _full(self, now: float) -> None:
-        # Every turn is held from `now`.
-        if self._full_since is None:
-            self._full_since = now
+    def line_ms(self) -> float:
+        """How long the waiters in line are expected to take to get their turns, at
+        `turn_ms` each, in ms."""
+        return len(self._waiting) / self.limit * self.turn_ms()
 
     @property
     def waiting(self) -> int:
@@ -423,8 +423,8 @@ class Turns:
         once the caller holds one (it must `give_back`), False when none came in time."""
         if self.running < self.limit and not self._waiting:
             self.running += 1
-            if self.running == self.limit:
-                self._full(time.monotonic())
+            if self.running == self.limit and self._full_since is None:
+                self._full_since = time.monotonic()  # every turn is held from now
             return True
         if timeout is not None and timeout <= 0:
             return False
@@ -472,11 +472,10 @@ class Turns:
         late = 0.0
         if len(self._waiting) > LIFO_AFTER_WAITERS * self.limit:
             newest = self._waiting[-1]
-            turn_ms = self.turn_ms()
-            if newest.until is not None and turn_ms > 0:
-                left_s = newest.until - time.monotonic()
-                line_s = len(self._waiting) / self.limit * turn_ms / 1000.0
-                late = line_s / left_s if left_s > 0 else math.inf
+            line_ms = self.line_ms()
+            if newest.until is not None and line_ms > 0:
+                left_ms = (newest.until - time.monotonic()) * 1000.0
+                late = line_ms / left_ms if left_ms > 0 else math.inf
         if late < 1.0:
             self._overloaded = False  # served in time: nobody turned away counts any more
             return False

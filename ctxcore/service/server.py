@@ -519,7 +519,7 @@ class ContextService:
             # The waiters ahead, at recent turns' length each: when they alone are expected
             # to outlast the deadline, waiting is in vain (refused now, before it waits). In
             # a congested line the newest goes first, so nobody is ahead of this call.
-            ahead_ms = turns.waiting / turns.limit * turns.turn_ms()
+            ahead_ms = turns.line_ms()
             if ahead_ms >= remaining * 1000.0:
                 timeout = 0.0
                 turns.turned_away()
