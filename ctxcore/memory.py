@@ -20,7 +20,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol, overload, runtime_checkable
+from typing import Any, Protocol, cast, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -221,7 +221,12 @@ def _parse_counts(text: str) -> Mapping[str, int]:
     return MappingProxyType(value)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+#: family -> stored ``exact_tokens`` text -> that family's count (-1: none), for
+#: `MemoryBatch.counts`; each family's map is emptied when it would pass the limit.
+_FAMILY_COUNTS: dict[str, dict[Any, int]] = {}  # keys: texts, and None (-1)
+_FAMILY_COUNTS_LIMIT = 1 << 16
+
+
 def _stored_count(text: str, family: str) -> int:
     """`family`'s count in a stored ``exact_tokens`` JSON text, -1 when it has none (the
     texts repeat: counts are small numbers, so one parse serves many memories)."""
@@ -377,13 +382,25 @@ class MemoryBatch(Sequence[MemoryRecord]):
 
     def counts(self, family: str) -> npt.NDArray[np.int64]:
         """Each memory's stored exact count of `family`, -1 where it has none."""
+        # A store's batch: every memory's counts as the JSON text it keeps. Each distinct
+        # text is read once per family into `_FAMILY_COUNTS` and then only looked up.
+        known = _FAMILY_COUNTS.get(family)
+        if known is None:
+            known = _FAMILY_COUNTS.setdefault(family, {})
         try:
-            # A store's batch: every memory's counts as the JSON text it keeps (each
-            # distinct text parsed once, see `_stored_count`).
-            return np.fromiter(map(_stored_count, self.exact_tokens, itertools.repeat(family)), dtype=np.int64,
-                               count=len(self))
-        except (TypeError, ValueError, AttributeError):
-            pass  # None, mappings, or a bad count: item by item, naming the memory
+            return np.fromiter(map(known.__getitem__, self.exact_tokens), dtype=np.int64, count=len(self))
+        except KeyError:
+            try:
+                new = {c: -1 if c is None else _stored_count(cast(str, c), family)
+                       for c in set(self.exact_tokens).difference(known)}
+                if len(known) + len(new) > _FAMILY_COUNTS_LIMIT:
+                    known.clear()
+                known.update(new)
+                return np.fromiter(map(known.__getitem__, self.exact_tokens), dtype=np.int64, count=len(self))
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass  # a mapping, or a bad count: item by item, naming the memory
+        except TypeError:
+            pass  # a mapping among them
         out = np.full(len(self), -1, dtype=np.int64)
         k = 0
         try:

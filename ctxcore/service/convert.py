@@ -179,12 +179,15 @@ def _too_many(field: str, n: int, limit_name: str) -> ServiceError:
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f]")  # what `_id` refuses inside an id
+
+
 def _id(field: str, value: str) -> str:
     if not value:
         raise _bad(field, "must not be empty")
     if len(value) > MAX_ID_CHARS:
         raise _bad(field, f"{len(value)} characters, longer than max_id_chars = {MAX_ID_CHARS}")
-    if value != value.strip() or any(ord(c) < 32 for c in value):
+    if value != value.strip() or _CONTROL.search(value):
         raise _bad(field, "must not contain surrounding whitespace or control characters")
     return value
 

@@ -73,11 +73,34 @@ _ENUM_CACHE: dict[tuple[str, enum.Enum], int] = {}
 
 
 def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E]) -> E:
-    """The Python member for a wire number (ValueError for UNSPECIFIED or unknown)."""
-    name = proto_enum.Name(number) if number in proto_enum.values() else ""
-    if not name.startswith(prefix + "_"):
-        raise ValueError(f"unknown {prefix.lower()} {number}")
-    return py_enum(name[len(prefix) + 1:].lower())
+    """The Python member for a wire number (ValueError for UNSPECIFIED or unknown).
+
+    >>> from ctxcore.request import Rendering
+    >>> enum_from_proto(pb.RENDERING_ANTHROPIC, pb.Rendering, "RENDERING", Rendering)
+    <Rendering.ANTHROPIC: 'anthropic'>
+    >>> enum_from_proto(99, pb.Rendering, "RENDERING", Rendering)
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown rendering 99
+    """
+    members = _ENUM_MEMBERS.get((proto_enum, prefix, py_enum))
+    if members is None:
+        # Each enum's members read once: a request names one or two per call.
+        members = {}
+        for name, value in proto_enum.items():
+            if name.startswith(prefix + "_") and name != prefix + "_UNSPECIFIED":
+                try:
+                    members[value] = py_enum(name[len(prefix) + 1:].lower())
+                except ValueError:
+                    pass  # a wire value this version has no member for: unknown here
+        _ENUM_MEMBERS[(proto_enum, prefix, py_enum)] = members
+    try:
+        return cast(E, members[number])
+    except KeyError:
+        raise ValueError(f"unknown {prefix.lower()} {number}") from None
+
+
+_ENUM_MEMBERS: dict[tuple[Any, str, type[enum.Enum]], dict[int, enum.Enum]] = {}
 
 
 def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:
