@@ -272,8 +272,14 @@ def test_a_batch_with_other_similarities_keeps_the_rest_and_is_its_own_copy() ->
 def test_a_batchs_bad_stored_count_is_named(stored: str, message: str) -> None:
     b = ctxcore.MemoryBatch("org", "agent", ids=["m1", "m2"], texts=["a", "b"], origins=[ctxcore.MemoryOrigin.HOT] * 2,
                             exact_tokens=['{"cl100k_base": 3, "o200k_base": 2}', stored])
-    with pytest.raises(ValueError, match=message):
-        b.counts("cl100k_base")
+    for _ in range(2):  # a bad text is never remembered as read
+        with pytest.raises(ValueError, match=message):
+            b.counts("cl100k_base")
+    good = ctxcore.MemoryBatch("org", "agent", ids=["m1", "m3", "m4"], texts=["a", "c", "d"],
+                               origins=[ctxcore.MemoryOrigin.HOT] * 3,
+                               exact_tokens=['{"cl100k_base": 3, "o200k_base": 2}', None, '{"o200k_base": 7}'])
+    assert good.counts("cl100k_base").tolist() == [3, -1, -1]
+    assert good.counts("o200k_base").tolist() == [2, -1, 7]
 
 
 def test_a_batch_of_another_scope_is_dropped_whole() -> None:
