@@ -853,6 +853,28 @@ def test_cold_reads_follow_every_write_by_another_process_at_once(tmp_path: Path
         assert cold() == {}
 
 
+def test_vector_reads_follow_every_write_by_another_process_at_once(tmp_path: Path) -> None:
+    # The reader keeps each scope's embedding matrix while the scope's write counter
+    # stands still; a write by another store on the file moves it, and the next read
+    # searches the new rows.
+    path = tmp_path / "m.db"
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(path) as reader, SqliteMemoryStore(path) as writer:
+        writer.add_many([NewMemory("x", "o", "a", "east", embedding=[1.0, 0.0]),
+                         NewMemory("y", "o", "a", "north", embedding=[0.0, 1.0])])
+
+        def near(v: tuple[float, float]) -> list[str]:
+            return [r.id for r in run(reader.cold(scope, Query("", v), 10, 0.9))]
+
+        assert near((1.0, 0.0)) == near((1.0, 0.0)) == ["x"]
+        writer.add(NewMemory("z", "o", "a", "also east", embedding=[0.99, 0.05]))
+        assert near((1.0, 0.0)) == ["x", "z"]
+        writer.delete(scope, ["x"])
+        assert near((1.0, 0.0)) == ["z"]
+        writer.forget("o", "a")
+        assert near((1.0, 0.0)) == []
+
+
 def test_cold_reads_after_a_flush_carry_the_times_written(tmp_path: Path) -> None:
     scope = Scope("o", "a")
     with SqliteMemoryStore(tmp_path / "m.db", access_resolution_seconds=0) as s:

@@ -229,14 +229,16 @@ class DocFrequencies:
 
 
 def search(
-    conn: sqlite3.Connection, job: Job, scope: Scope, text: str, limit: int, df: DocFrequencies
+    conn: sqlite3.Connection, job: Job, scope: Scope, text: str, limit: int, df: DocFrequencies,
+    counts: tuple[int, int] | None = None,
 ) -> list[int]:
     """The rowids of `scope`'s memories that hold more and rarer terms of `text`, best
-    first (ties: newest first), at most `limit`."""
+    first (ties: newest first), at most `limit`. `counts`: the scope's (memories, write
+    counter) as the caller just read them on `conn`; read here when None."""
     terms = _fts_terms(text)
     if not terms:
         return []
-    row = conn.execute(
+    row = counts if counts is not None else conn.execute(
         "SELECT memories, version FROM scopes WHERE organization_id = ? AND agent_id = ?",
         (scope.organization_id, scope.agent_id),
     ).fetchone()

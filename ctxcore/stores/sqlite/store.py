@@ -594,16 +594,24 @@ class SqliteMemoryStore:
         if limit == 0:
             return _batch(scope, [], [], np.empty(0))
         qv = self._query_vector(query)
+        # The scope's counters, read once for both paths: a kept embedding matrix of this
+        # write counter is current, and full-text search weighs its terms by the count.
+        row = conn.execute(
+            "SELECT version, memories FROM scopes WHERE organization_id = ? AND agent_id = ?",
+            (scope.organization_id, scope.agent_id),
+        ).fetchone()
+        if row is None:  # nothing was ever written to the scope
+            return _batch(scope, [], [], np.empty(0))
+        version = int(row[0])
         vector_hits: list[tuple[int, float]] = []
-        version: int | None = None
         if qv is not None:
-            mat = self._vectors_cache.matrix(conn, job, scope)
+            mat = self._vectors_cache.matrix(conn, job, scope, version)
             if mat is not None:
                 version = mat.version
                 if mat.n:
                     vector_hits = nearest(mat, qv, min_similarity, limit)
         job.check()
-        text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df)
+        text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df, (int(row[1]), int(row[0])))
         # Take from each path in turn so neither starves the other; a memory found by both
         # keeps its vector entry (it has a real similarity).
         merged: list[tuple[int, float | None]] = []
@@ -622,20 +630,16 @@ class SqliteMemoryStore:
         if not merged:
             return _batch(scope, [], [], np.empty(0))
         job.check()
-        if version is None:
-            version = scope_version(conn, scope)
         # Rows returned since the scope's last write are kept (`RowCache`): only the others
-        # are looked up, and kept for the next read.
-        rows, missing = self._cold_rows.get(scope, version, [rid for rid, _ in merged]) if version is not None \
-            else ({}, [rid for rid, _ in merged])
+        # are looked up, and kept for the next read (they are read after `version` was).
+        rows, missing = self._cold_rows.get(scope, version, [rid for rid, _ in merged])
         if missing:
             fetched = conn.execute(
                 f"SELECT {_COLUMNS} FROM {_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
                 "AND organization_id = ? AND agent_id = ?",
                 (json.dumps(missing), scope.organization_id, scope.agent_id),
             ).fetchall()
-            if version is not None:
-                self._cold_rows.put(scope, version, fetched)
+            self._cold_rows.put(scope, version, fetched)
             rows.update((row[0], row) for row in fetched)
         found = [(rows[rid], sim) for rid, sim in merged if rid in rows]  # a row gone since is not returned
         return _batch(

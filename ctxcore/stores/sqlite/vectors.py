@@ -150,12 +150,16 @@ class VectorCache:
         self._lock = threading.Lock()
         self._build_locks: dict[Scope, threading.Lock] = {}
 
-    def matrix(self, conn: sqlite3.Connection, job: Job, scope: Scope) -> Matrix | None:
+    def matrix(self, conn: sqlite3.Connection, job: Job, scope: Scope, version: int | None = None) -> Matrix | None:
         """`scope`'s current matrix (read or brought up to date on `conn`), None when the
-        scope has no memories."""
+        scope has no memories. `version`: the scope's write counter as the caller just
+        read it on `conn`; a kept matrix of that version is returned without a statement."""
         with self._lock:
             cached = self._cache.get(scope)
             lock = self._build_locks.setdefault(scope, threading.Lock())
+            if version is not None and cached is not None and cached.version == version:
+                self._cache.move_to_end(scope)
+                return cached
         with lock:
             # One read transaction: the write counter and the rows are one snapshot.
             conn.execute("BEGIN")
