@@ -614,18 +614,15 @@ class SqliteMemoryStore:
         text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df, (int(row[1]), int(row[0])))
         # Take from each path in turn so neither starves the other; a memory found by both
         # keeps its vector entry (it has a real similarity).
+        # (Each path's rowids are distinct: a matrix row per memory, full-text hits grouped.)
         merged: list[tuple[int, float | None]] = []
-        seen: set[int] = set()
         vector_ids = {rid for rid, _ in vector_hits}
-        for k in range(max(len(vector_hits), len(text_hits))):
-            for rid, sim in (
-                (vector_hits[k] if k < len(vector_hits) else (None, None)),
-                ((text_hits[k], None) if k < len(text_hits) else (None, None)),
-            ):
-                if rid is None or rid in seen or (sim is None and rid in vector_ids):
-                    continue
-                seen.add(rid)
-                merged.append((rid, sim))
+        nv, nt = len(vector_hits), len(text_hits)
+        for k in range(max(nv, nt)):
+            if k < nv:
+                merged.append(vector_hits[k])
+            if k < nt and text_hits[k] not in vector_ids:
+                merged.append((text_hits[k], None))
         merged = merged[:limit]
         if not merged:
             return _batch(scope, [], [], np.empty(0))
