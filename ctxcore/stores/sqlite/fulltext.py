@@ -87,6 +87,8 @@ def _quote(term: str) -> str:
 def _strip_diacritics(token: str) -> str:
     # What the unicode61 tokenizer's remove_diacritics does, near enough to look a term
     # up in the FTS5 vocabulary (a miss only costs the pruning of that one term).
+    if token.isascii():
+        return token  # nothing to decompose
     return "".join(c for c in unicodedata.normalize("NFKD", token) if not unicodedata.combining(c))
 
 

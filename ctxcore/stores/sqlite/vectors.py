@@ -138,7 +138,7 @@ def nearest(mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, lim
         idx = idx[np.argpartition(-sims[idx], limit - 1)[:limit]]
     rowids = mat.rowids[idx]
     order = np.lexsort((rowids, -sims[idx]))
-    return [(int(rowids[k]), float(sims[idx[k]])) for k in order]
+    return list(zip(rowids[order].tolist(), sims[idx[order]].astype(np.float64).tolist()))
 
 
 class VectorCache:
