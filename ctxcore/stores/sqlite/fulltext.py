@@ -285,5 +285,13 @@ def search(
     args: list[object] = []
     for d, k in chosen:
         args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), exprs[k], limit]
-    sql = f"SELECT r FROM ({hits}) GROUP BY r ORDER BY sum(w) DESC, r DESC LIMIT ?"
-    return [r for (r,) in conn.execute(sql, [*args, limit]).fetchall()]
+    # The `limit` best come back as one row of two lists (a row fetched is a step of the
+    # statement, each re-taking the GIL: one step, not one per hit), put back in order here.
+    sql = (f"SELECT group_concat(r), group_concat(t) FROM (SELECT r, sum(w) AS t FROM ({hits}) GROUP BY r "
+           "ORDER BY t DESC, r DESC LIMIT ?)")
+    got = conn.execute(sql, [*args, limit]).fetchone()
+    if got is None or got[0] is None:
+        return []
+    rowids = [int(v) for v in got[0].split(",")]
+    totals = [int(v) for v in got[1].split(",")]
+    return [r for _, r in sorted(zip(totals, rowids), reverse=True)]

@@ -150,6 +150,15 @@ class VectorCache:
         self._lock = threading.Lock()
         self._build_locks: dict[Scope, threading.Lock] = {}
 
+    def kept(self, scope: Scope, version: int) -> Matrix | None:
+        """`scope`'s kept matrix if it is of write counter `version` (current), else None."""
+        with self._lock:
+            cached = self._cache.get(scope)
+            if cached is None or cached.version != version:
+                return None
+            self._cache.move_to_end(scope)
+            return cached
+
     def matrix(self, conn: sqlite3.Connection, job: Job, scope: Scope, version: int | None = None) -> Matrix | None:
         """`scope`'s current matrix (read or brought up to date on `conn`), None when the
         scope has no memories. `version`: the scope's write counter as the caller just
