@@ -70,6 +70,8 @@ def enum_to_proto(member: enum.Enum, proto_enum: Any, prefix: str) -> Any:
 
 
 _ENUM_CACHE: dict[tuple[str, enum.Enum], int] = {}
+#: (wire enum, prefix, Python enum) -> wire number -> member, for `enum_from_proto`.
+_ENUM_MEMBERS: dict[tuple[Any, str, type[enum.Enum]], dict[int, enum.Enum]] = {}
 
 
 def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E]) -> E:
@@ -99,8 +101,6 @@ def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E])
     except KeyError:
         raise ValueError(f"unknown {prefix.lower()} {number}") from None
 
-
-_ENUM_MEMBERS: dict[tuple[Any, str, type[enum.Enum]], dict[int, enum.Enum]] = {}
 
 
 def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:

@@ -232,23 +232,17 @@ class DocFrequencies:
 
 def search(
     conn: sqlite3.Connection, job: Job, scope: Scope, text: str, limit: int, df: DocFrequencies,
-    counts: tuple[int, int] | None = None,
+    counts: tuple[int, int],
 ) -> list[int]:
     """The rowids of `scope`'s memories that hold more and rarer terms of `text`, best
     first (ties: newest first), at most `limit`. `counts`: the scope's (memories, write
-    counter) as the caller just read them on `conn`; read here when None."""
+    counter) as the caller just read them on `conn`."""
     terms = _fts_terms(text)
-    if not terms:
+    in_scope, version = counts
+    if not terms or not in_scope:
         return []
-    row = counts if counts is not None else conn.execute(
-        "SELECT memories, version FROM scopes WHERE organization_id = ? AND agent_id = ?",
-        (scope.organization_id, scope.agent_id),
-    ).fetchone()
-    if row is None or not row[0]:
-        return []
-    in_scope = int(row[0])
     tag = _scope_tag(scope.organization_id, scope.agent_id)
-    state = (tag, in_scope, int(row[1]))
+    state = (tag, in_scope, version)
     keys = {tok: tag + _strip_diacritics(tok) for t in terms for tok in t}
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common

@@ -163,12 +163,13 @@ class VectorCache:
         """`scope`'s current matrix (read or brought up to date on `conn`), None when the
         scope has no memories. `version`: the scope's write counter as the caller just
         read it on `conn`; a kept matrix of that version is returned without a statement."""
+        if version is not None:
+            kept = self.kept(scope, version)
+            if kept is not None:
+                return kept
         with self._lock:
             cached = self._cache.get(scope)
             lock = self._build_locks.setdefault(scope, threading.Lock())
-            if version is not None and cached is not None and cached.version == version:
-                self._cache.move_to_end(scope)
-                return cached
         with lock:
             # One read transaction: the write counter and the rows are one snapshot.
             conn.execute("BEGIN")
