@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -251,16 +251,33 @@ def _fuzz_bytes(f: Fuzzer, data: st.DataObject) -> None:
     _check(f)
 
 
-@SHORT
-@given(data=st.data())
-def test_fuzz_request_messages(fuzzer: Fuzzer, data: st.DataObject) -> None:
-    _fuzz_messages(fuzzer, data)
+def _fuzz_run(f: Fuzzer, one: Callable[[Fuzzer, st.DataObject], None], rules: settings) -> None:
+    """Runs `one` on the examples `rules` allow, then checks what this run covered: each
+    RPC was called, every answer was typed, health kept answering (each test stands on its
+    own: the module's tests may run on different workers, each with its own server)."""
+    before = {rpc: sum(h.values()) for rpc, h in f.histogram.items()}
+    checks = f.health_checks
+
+    @rules
+    @given(data=st.data())
+    def run(data: st.DataObject) -> None:
+        one(f, data)
+
+    run()
+    sent = {rpc: sum(h.values()) - before[rpc] for rpc, h in f.histogram.items()}
+    print("\n" + f.report())
+    assert sum(sent.values()) >= rules.max_examples, sent
+    assert all(sent.values()), sent
+    assert f.health_checks > checks
+    _check(f)
 
 
-@SHORT
-@given(data=st.data())
-def test_fuzz_raw_bytes(fuzzer: Fuzzer, data: st.DataObject) -> None:
-    _fuzz_bytes(fuzzer, data)
+def test_fuzz_request_messages(fuzzer: Fuzzer) -> None:
+    _fuzz_run(fuzzer, _fuzz_messages, SHORT)
+
+
+def test_fuzz_raw_bytes(fuzzer: Fuzzer) -> None:
+    _fuzz_run(fuzzer, _fuzz_bytes, SHORT)
 
 
 def test_known_problem_inputs_get_typed_statuses(fuzzer: Fuzzer) -> None:
@@ -282,24 +299,10 @@ def test_known_problem_inputs_get_typed_statuses(fuzzer: Fuzzer) -> None:
 
 
 @pytest.mark.slow
-@LONG
-@given(data=st.data())
-def test_fuzz_request_messages_long(fuzzer: Fuzzer, data: st.DataObject) -> None:
-    _fuzz_messages(fuzzer, data)
+def test_fuzz_request_messages_long(fuzzer: Fuzzer) -> None:
+    _fuzz_run(fuzzer, _fuzz_messages, LONG)
 
 
 @pytest.mark.slow
-@LONG
-@given(data=st.data())
-def test_fuzz_raw_bytes_long(fuzzer: Fuzzer, data: st.DataObject) -> None:
-    _fuzz_bytes(fuzzer, data)
-
-
-def test_fuzz_summary(fuzzer: Fuzzer) -> None:
-    """Runs last: every answer so far was typed, and the server kept answering health."""
-    total = sum(sum(h.values()) for h in fuzzer.histogram.values())
-    print("\n" + fuzzer.report())
-    assert total >= 300
-    assert fuzzer.health_checks > 0
-    assert all(fuzzer.histogram[rpc] for rpc in RPCS)
-    _check(fuzzer)
+def test_fuzz_raw_bytes_long(fuzzer: Fuzzer) -> None:
+    _fuzz_run(fuzzer, _fuzz_bytes, LONG)
