@@ -18,6 +18,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -386,11 +387,14 @@ def test_two_replicas_round_robin(db: Path, servers: list[Server]) -> None:
 # ---- turns: whole answers at 4 in flight ---------------------------------------------------
 
 TURNS_CONCURRENCY = 4
-TURNS_ROUNDS = 2
+#: Rounds per configuration, interleaved: each configuration is judged by its median round,
+#: so that a burst of load from outside the test, which fails every call in flight for a
+#: moment, costs one round of one configuration, not the verdict.
+TURNS_ROUNDS = 3
 TURNS_REQUESTS = 1_000
 #: Issue #13's target: fewer than 1% degraded answers at 4 in flight.
 WHOLE_AT_4_IN_FLIGHT = 0.99
-#: Differences of whole answers this small are noise (10 answers in 2,000).
+#: Differences of whole answers this small are noise (5 answers in 1,000).
 WHOLE_NOISE = 0.005
 
 
@@ -423,15 +427,16 @@ def test_turns_keep_answers_whole_at_4_in_flight(db: Path, servers: list[Server]
         calls = sum(r["calls"] for r in rs)
         refused = sum(sum(r["errors"].values()) for r in rs)
         degraded = sum(r["degraded"] for r in rs)
-        whole[name] = sum(_whole(r) for r in rs) / calls
+        rounds = [_whole(r) / r["calls"] for r in rs]
+        whole[name] = statistics.median(rounds)
         print(f"{name}, {TURNS_CONCURRENCY} in flight, {CLIENT_TIMEOUT_MS:g} ms deadline: {calls} calls, "
-              f"whole answers {whole[name]:.1%}, degraded {degraded}, refused or late {refused}, "
-              f"rps {[r['rps'] for r in rs]}, p99 {[r['p99_ms'] for r in rs]} ms")
+              f"whole answers {[f'{w:.1%}' for w in rounds]} (median {whole[name]:.1%}), degraded {degraded}, "
+              f"refused or late {refused}, rps {[r['rps'] for r in rs]}, p99 {[r['p99_ms'] for r in rs]} ms")
     # Measured on the 2-core machine: 94-95% whole answers with turns against 37-43%
     # without, and 94-98% from two replicas with a turn each, one per core, at about twice
     # the whole answers a second (`bench/load_driver.py run --concurrency 4`). Since the
     # per-call work shrank, all three answer 99.9-100% whole on a quiet machine, where one
-    # degraded answer in 2,000 is noise: turns must keep within half a percent of no limit,
-    # or at least the target's 99% less the same margin.
+    # degraded answer in 1,000 is noise: in the median round, turns must keep within half a
+    # percent of no limit, or at least the target's 99% less the same margin.
     for name in ("max_running 1", "2 replicas, max_running 1"):
         assert whole[name] >= min(whole["no limit"] - WHOLE_NOISE, WHOLE_AT_4_IN_FLIGHT - WHOLE_NOISE), whole

@@ -25,6 +25,7 @@ from ctxcore.request import AssemblyRequest
 from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
 from ctxcore.errors import ConfigError
 from ctxcore.service.config import ServiceConfig, load_service_config
+from ctxcore.service.server import HELD_FULL_COLLECTION_THRESHOLD
 from ctxcore.v1 import context_assembly_pb2 as pb
 
 TENANTS = make_tenants(2)
@@ -464,6 +465,59 @@ def test_an_ordinary_calls_stages_run_on_the_loop_and_a_large_ones_on_the_execut
 
     asyncio.run(main())
     assert seen == [(len(REQ.messages), True), (3, False)]
+
+
+def test_full_collections_wait_while_large_calls_run() -> None:
+    """A large call's objects live long enough to reach the collector's oldest generation,
+    and a full collection walking them holds the GIL for tens of milliseconds: while large
+    calls run (two here, overlapping) the oldest generation's threshold is held up, ordinary
+    calls alone leave it as it was, and the last large call to end puts it back."""
+    import gc
+
+    from ctxcore.request import Message
+
+    seen: list[tuple[str, int]] = []
+    gates = [asyncio.Event(), asyncio.Event()]
+    entered = asyncio.Queue[int]()
+
+    async def spy(request: Any, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        if request.messages:
+            k = int(request.messages[0].content.split()[0])
+            await entered.put(k)
+            await gates[k].wait()
+            seen.append((f"large {k}", gc.get_threshold()[2]))
+        else:
+            seen.append(("small", gc.get_threshold()[2]))
+        return await assemble(request, **kw)
+
+    def big(k: int) -> AssemblyRequest:
+        return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
+                               messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
+
+    before = gc.get_threshold()
+
+    async def main() -> None:
+        async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                await client.assemble(REQ)
+                first = asyncio.ensure_future(client.assemble(big(0)))
+                second = asyncio.ensure_future(client.assemble(big(1)))
+                assert {await asyncio.wait_for(entered.get(), 10) for _ in range(2)} == {0, 1}
+                await client.assemble(REQ)  # beside both
+                gates[0].set()
+                await first
+                await client.assemble(REQ)  # beside the second
+                gates[1].set()
+                await second
+                await client.assemble(REQ)
+
+    asyncio.run(main())
+    held = HELD_FULL_COLLECTION_THRESHOLD
+    assert seen == [("small", before[2]), ("small", held), ("large 0", held), ("small", held),
+                    ("large 1", held), ("small", before[2])]
+    assert gc.get_threshold() == before
 
 
 def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:

@@ -86,6 +86,47 @@ TYPICAL_BYTES = 64 * 1024
 #: up to one interval for the GIL at every callback, so a shorter one keeps the loop prompt.
 SWITCH_INTERVAL_S = 0.0005
 
+#: The cyclic collector's oldest-generation threshold while a large call runs (Python's
+#: default is 10): see `_FullCollections`.
+HELD_FULL_COLLECTION_THRESHOLD = 1 << 30
+
+
+class _FullCollections:
+    """Holds off the cyclic collector's full collections while large calls run.
+
+    A large call's request (20,000 messages and the objects made from them) lives for
+    hundreds of milliseconds and is promoted to the oldest generation; each full collection
+    while it runs walks all of it in one step that holds the GIL for 6-60 ms, which every
+    other call waits out. The young generations still collect as usual (cheap, and where
+    cyclic garbage is found); the last large call to end restores the threshold, and the
+    next full collection finds the large call's objects gone (freed by reference counts).
+    The event loop's thread enters and leaves, so a plain counter suffices."""
+
+    __slots__ = ("_saved", "_running")
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._saved: tuple[int, ...] = ()
+
+    def hold(self) -> None:
+        self._running += 1
+        if self._running == 1:
+            self._saved = gc.get_threshold()
+            gc.set_threshold(self._saved[0], self._saved[1], HELD_FULL_COLLECTION_THRESHOLD)
+
+    def release(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            t = gc.get_threshold()
+            # Only the threshold set here is put back (not one set meanwhile by the application).
+            if len(t) == 3 and t[2] == HELD_FULL_COLLECTION_THRESHOLD:
+                gc.set_threshold(t[0], t[1], self._saved[2])
+
+
+#: One per process, as the collector is.
+_FULL_COLLECTIONS = _FullCollections()
+
+
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
 _SERVER_FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
@@ -600,6 +641,8 @@ class ContextService:
         retrieval_ms: float | None = None
         turn: Turns | None = None
         waited_in_vain = False
+        if not typical:
+            _FULL_COLLECTIONS.hold()
         try:
             if req is None or scope is None:
                 # Linear, but long enough to hold up every other call if run on the loop.
@@ -660,6 +703,8 @@ class ContextService:
             return await asyncio.get_running_loop().run_in_executor(self._executor, assembled_to_proto, ctx,
                                                                     principal.name)
         finally:
+            if not typical:
+                _FULL_COLLECTIONS.release()
             if turn is not None:
                 turn.give_back()
             t_end = time.perf_counter()
