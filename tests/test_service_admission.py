@@ -520,6 +520,55 @@ def test_full_collections_wait_while_large_calls_run() -> None:
     assert gc.get_threshold() == before
 
 
+def test_full_collections_are_held_off_for_a_bounded_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large calls that keep overlapping could hold off full collections for ever, and
+    cyclic garbage would pile up: past `FULL_COLLECTIONS_HELD_AT_MOST_S` (0 here) the next
+    large call to arrive puts the threshold back, and it stays back until none runs."""
+    import gc
+
+    from ctxcore.request import Message
+    from ctxcore.service import server
+
+    monkeypatch.setattr(server, "FULL_COLLECTIONS_HELD_AT_MOST_S", 0.0)
+    seen: list[tuple[str, int]] = []
+    gate = asyncio.Event()
+    entered = asyncio.Queue[int]()
+
+    async def spy(request: Any, **kw: Any) -> Any:
+        from ctxcore.assembly import assemble
+
+        if request.messages:
+            k = int(request.messages[0].content.split()[0])
+            seen.append((f"large {k} in", gc.get_threshold()[2]))
+            await entered.put(k)
+            await gate.wait()
+        else:
+            seen.append(("small", gc.get_threshold()[2]))
+        return await assemble(request, **kw)
+
+    def big(k: int) -> AssemblyRequest:
+        return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
+                               messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
+
+    before = gc.get_threshold()
+
+    async def main() -> None:
+        async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
+                first = asyncio.ensure_future(client.assemble(big(0)))
+                assert await asyncio.wait_for(entered.get(), 10) == 0
+                second = asyncio.ensure_future(client.assemble(big(1)))
+                assert await asyncio.wait_for(entered.get(), 10) == 1
+                await client.assemble(REQ)
+                gate.set()
+                await asyncio.gather(first, second)
+
+    asyncio.run(main())
+    # The hold ends when the second call's conversion arrives (before its assembly starts).
+    assert seen == [("large 0 in", HELD_FULL_COLLECTION_THRESHOLD), ("large 1 in", before[2]), ("small", before[2])]
+    assert gc.get_threshold() == before
+
+
 def test_max_running_is_read_from_the_file_and_checked(tmp_path: Any) -> None:
     path = tmp_path / "serve.toml"
     path.write_text('[server]\nmax_running = 2\n[store]\ndb = "m.db"\n')
