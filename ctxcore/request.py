@@ -176,7 +176,8 @@ class Message:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "role", Role(self.role))
+            if self.role.__class__ is not Role:
+                object.__setattr__(self, "role", Role(self.role))
         except ValueError:
             raise ValueError(
                 f"message role must be one of {[r.value for r in Role]}, got {self.role!r}"
@@ -193,10 +194,12 @@ class Message:
             object.__setattr__(self, "content", joined)
         if not isinstance(self.content, str):
             raise TypeError(f"message content must be str, got {type(self.content).__name__}")
-        calls = tuple(self.tool_calls)
-        if not all(isinstance(c, ToolCall) for c in calls):
+        calls = self.tool_calls
+        if calls.__class__ is not tuple:
+            calls = tuple(calls)
+            object.__setattr__(self, "tool_calls", calls)
+        if calls and not all(isinstance(c, ToolCall) for c in calls):
             raise TypeError("tool_calls must be ToolCall objects")
-        object.__setattr__(self, "tool_calls", calls)
         if calls and self.role != Role.ASSISTANT:
             raise ValueError("only assistant messages carry tool_calls")
         if self.role == Role.TOOL and not self.tool_call_id:

@@ -290,25 +290,29 @@ _ROLES = frozenset(r.value for r in Role)
 
 
 def _message(i: int, m: pb.Message) -> Message:
-    where = f"messages[{i}]"
+    # Field paths are spelled only when needed (a long history has 20,000 messages).
     if m.role not in _ROLES:
-        raise _bad(where, f"message role must be one of {sorted(_ROLES)}, got {quote(m.role)}")
-    if len(m.tool_calls) > MAX_TOOL_CALLS:
-        raise _too_many(f"{where}.tool_calls", len(m.tool_calls), "max_tool_calls")
-    calls = []
-    for j, c in enumerate(m.tool_calls):
-        at = f"{where}.tool_calls[{j}]"
-        # The arguments stay text: a model may have written invalid JSON, and the
-        # history says what it wrote.
-        try:
-            calls.append(ToolCall(_short_key(f"{at}.id", c.id), _short_key(f"{at}.name", c.name), c.arguments or "{}"))
-        except (TypeError, ValueError) as exc:
-            raise _bad(at, str(exc)[:200]) from None
-    _short_key(f"{where}.tool_call_id", m.tool_call_id)
+        raise _bad(f"messages[{i}]", f"message role must be one of {sorted(_ROLES)}, got {quote(m.role)}")
+    calls: list[ToolCall] = []
+    tool_calls = m.tool_calls
+    if tool_calls:
+        if len(tool_calls) > MAX_TOOL_CALLS:
+            raise _too_many(f"messages[{i}].tool_calls", len(tool_calls), "max_tool_calls")
+        for j, c in enumerate(tool_calls):
+            at = f"messages[{i}].tool_calls[{j}]"
+            # The arguments stay text: a model may have written invalid JSON, and the
+            # history says what it wrote.
+            try:
+                calls.append(ToolCall(_short_key(f"{at}.id", c.id), _short_key(f"{at}.name", c.name),
+                                      c.arguments or "{}"))
+            except (TypeError, ValueError) as exc:
+                raise _bad(at, str(exc)[:200]) from None
+    if len(m.tool_call_id) > MAX_ID_CHARS:
+        _short_key(f"messages[{i}].tool_call_id", m.tool_call_id)
     try:
         return message_from_proto(m, tuple(calls))
     except (TypeError, ValueError) as exc:
-        raise _bad(where, str(exc)[:200]) from None
+        raise _bad(f"messages[{i}]", str(exc)[:200]) from None
 
 
 def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
