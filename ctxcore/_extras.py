@@ -24,6 +24,7 @@ DISTRIBUTION = "ctxcore-llm"
 
 #: The top-level modules each extra provides, in the order they are checked.
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "client": ("grpc", "google.protobuf"),
     "service": ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "jwt", "prometheus_client"),
     "http": ("httpx",),
     "postgres": ("psycopg", "psycopg_pool"),
@@ -47,7 +48,7 @@ class MissingExtra(ImportError):
     """A feature was used whose optional dependencies are not installed.
 
     Attributes:
-        extra: the extra that provides them (``service``, ``http``, ``otel``).
+        extra: the extra that provides them (``client``, ``service``, ``http``, ``otel``).
         feature: what was being used, e.g. ``ctxcore serve``.
     """
 

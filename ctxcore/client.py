@@ -28,7 +28,7 @@ from typing import Any
 
 from ._extras import require
 
-require("service", "ctxcore.client")
+require("client", "ctxcore.client")
 
 import grpc  # noqa: E402  (after the extra's check, which names what to install)
 

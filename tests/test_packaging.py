@@ -87,8 +87,8 @@ def test_stores_do_not_import_httpx() -> None:
          "ctxcore.stores.HttpMemorySource needs the 'http' extra: pip install 'ctxcore-llm[http]'"),
         ("service", "from ctxcore.service import ContextService",
          "ctxcore.service.ContextService needs the 'service' extra: pip install 'ctxcore-llm[service]'"),
-        ("service", "import ctxcore.client",
-         "ctxcore.client needs the 'service' extra: pip install 'ctxcore-llm[service]'"),
+        ("client", "import ctxcore.client",
+         "ctxcore.client needs the 'client' extra: pip install 'ctxcore-llm[client]'"),
     ],
 )
 def test_a_missing_extra_is_named(extra: str, code: str, expected: str) -> None:
@@ -101,6 +101,18 @@ def test_a_missing_extra_is_named(extra: str, code: str, expected: str) -> None:
             print(exc)
     """)
     assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
+
+
+def test_the_client_needs_only_the_client_extra() -> None:
+    """`ctxcore.client` runs with gRPC and protobuf alone: the server's packages (health,
+    reflection, JWT, Prometheus) are neither needed nor imported."""
+    server_only = tuple(m for m in EXTRAS["service"] if m not in EXTRAS["client"])
+    out = blocked(server_only, """
+        import sys
+        from ctxcore.client import ContextClient
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("jwt", "prometheus_client", "grpc_health")))
+    """)
+    assert out.returncode == 0 and out.stdout == "[]\n", out.stderr
 
 
 @pytest.mark.parametrize("command", [["serve"], ["api-key", "alice"]])
