@@ -467,14 +467,25 @@ def test_an_ordinary_calls_stages_run_on_the_loop_and_a_large_ones_on_the_execut
     assert seen == [(len(REQ.messages), True), (3, False)]
 
 
+def _numbered_large(k: int) -> AssemblyRequest:
+    """A large request (three 100 kB messages) whose first word is `k`."""
+    from ctxcore.request import Message
+
+    return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
+                           messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
+
+
+def _large_number(request: AssemblyRequest) -> int:
+    """The `k` of a `_numbered_large` request."""
+    return int(request.messages[0].content.split()[0])
+
+
 def test_full_collections_wait_while_large_calls_run() -> None:
     """A large call's objects live long enough to reach the collector's oldest generation,
     and a full collection walking them holds the GIL for tens of milliseconds: while large
     calls run (two here, overlapping) the oldest generation's threshold is held up, ordinary
     calls alone leave it as it was, and the last large call to end puts it back."""
     import gc
-
-    from ctxcore.request import Message
 
     seen: list[tuple[str, int]] = []
     gates = [asyncio.Event(), asyncio.Event()]
@@ -484,7 +495,7 @@ def test_full_collections_wait_while_large_calls_run() -> None:
         from ctxcore.assembly import assemble
 
         if request.messages:
-            k = int(request.messages[0].content.split()[0])
+            k = _large_number(request)
             await entered.put(k)
             await gates[k].wait()
             seen.append((f"large {k}", gc.get_threshold()[2]))
@@ -492,18 +503,14 @@ def test_full_collections_wait_while_large_calls_run() -> None:
             seen.append(("small", gc.get_threshold()[2]))
         return await assemble(request, **kw)
 
-    def big(k: int) -> AssemblyRequest:
-        return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
-                               messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
-
     before = gc.get_threshold()
 
     async def main() -> None:
         async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
                 await client.assemble(REQ)
-                first = asyncio.ensure_future(client.assemble(big(0)))
-                second = asyncio.ensure_future(client.assemble(big(1)))
+                first = asyncio.ensure_future(client.assemble(_numbered_large(0)))
+                second = asyncio.ensure_future(client.assemble(_numbered_large(1)))
                 assert {await asyncio.wait_for(entered.get(), 10) for _ in range(2)} == {0, 1}
                 await client.assemble(REQ)  # beside both
                 gates[0].set()
@@ -526,7 +533,6 @@ def test_full_collections_are_held_off_for_a_bounded_stretch(monkeypatch: pytest
     large call to arrive puts the threshold back, and it stays back until none runs."""
     import gc
 
-    from ctxcore.request import Message
     from ctxcore.service import server
 
     monkeypatch.setattr(server, "FULL_COLLECTIONS_HELD_AT_MOST_S", 0.0)
@@ -538,7 +544,7 @@ def test_full_collections_are_held_off_for_a_bounded_stretch(monkeypatch: pytest
         from ctxcore.assembly import assemble
 
         if request.messages:
-            k = int(request.messages[0].content.split()[0])
+            k = _large_number(request)
             seen.append((f"large {k} in", gc.get_threshold()[2]))
             await entered.put(k)
             await gate.wait()
@@ -546,18 +552,14 @@ def test_full_collections_are_held_off_for_a_bounded_stretch(monkeypatch: pytest
             seen.append(("small", gc.get_threshold()[2]))
         return await assemble(request, **kw)
 
-    def big(k: int) -> AssemblyRequest:
-        return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
-                               messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
-
     before = gc.get_threshold()
 
     async def main() -> None:
         async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
-                first = asyncio.ensure_future(client.assemble(big(0)))
+                first = asyncio.ensure_future(client.assemble(_numbered_large(0)))
                 assert await asyncio.wait_for(entered.get(), 10) == 0
-                second = asyncio.ensure_future(client.assemble(big(1)))
+                second = asyncio.ensure_future(client.assemble(_numbered_large(1)))
                 assert await asyncio.wait_for(entered.get(), 10) == 1
                 await client.assemble(REQ)
                 gate.set()
