@@ -26,6 +26,7 @@ from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admissi
 from ctxcore.errors import ConfigError
 from ctxcore.service.config import ServiceConfig, load_service_config
 from ctxcore.service.server import HELD_FULL_COLLECTION_THRESHOLD
+from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
 from ctxcore.v1 import context_assembly_pb2 as pb
 
 TENANTS = make_tenants(2)
@@ -137,6 +138,34 @@ def test_calls_that_cannot_finish_in_time_are_refused_at_arrival() -> None:
     assert out["work_done"] == (0, 0)
     assert out["admitted_wall_ms"] <= 3000 - tail_s * 1000
     assert out["metric"] == 1
+
+
+def test_the_time_left_at_arrival_is_a_histogram_of_the_callers_deadlines() -> None:
+    # What the caller's deadline leaves when a call reaches admission: the wait before the
+    # handler (the client, the network, the server's accept), which admission cannot see
+    # as a line, shows as calls arriving with little time left.
+    async def main() -> tuple[dict[str, float | None], float | None, float | None]:
+        async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}") as client:
+                for _ in range(2):
+                    await client.assemble(REQ, timeout=0.3)
+                await client.assemble(REQ, timeout=20.0)
+                # No deadline at all: not observed (there is no time left to speak of).
+                call = client._channel.unary_unary(METHOD_PREFIX + "AssembleContext",
+                                                   request_serializer=None, response_deserializer=None)
+                answer = pb.AssembledContext.FromString(await call(request_to_proto(REQ).SerializeToString()))
+                assert answer.scope.organization_id == T.scope.organization_id
+            reg = svc.metrics.registry
+            name = "ctxcore_admission_time_left_seconds"
+            buckets = {le: reg.get_sample_value(f"{name}_bucket", {"le": le})
+                       for le in ("0.045", "0.1", "0.5", "10.0", "30.0", "+Inf")}
+            return buckets, reg.get_sample_value(f"{name}_count"), reg.get_sample_value(f"{name}_sum")
+
+    buckets, count, total = asyncio.run(main())
+    assert buckets == {"0.045": 0.0, "0.1": 0.0, "0.5": 2.0, "10.0": 2.0, "30.0": 3.0, "+Inf": 3.0}
+    assert count == 3
+    # gRPC's timeout header rounds a timeout up (20 s arrives as ~20.1 s left).
+    assert total is not None and 20.2 < total <= 21.0
 
 
 def test_the_tail_model_follows_the_queue_and_forgets() -> None:

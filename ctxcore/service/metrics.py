@@ -17,12 +17,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from ..result import STAGES
 
-__all__ = ["LATENCY_BUCKETS_S", "ServiceMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "TIME_LEFT_BUCKETS_S", "ServiceMetrics"]
 
 #: Latency buckets from 0.25 ms to 1 s, dense around the 40-45 ms wall of the defaults.
 LATENCY_BUCKETS_S = (
     0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030,
     0.035, 0.040, 0.045, 0.050, 0.075, 0.1, 0.25, 0.5, 1.0,
+)
+#: Buckets of the time a call has left when it reaches admission: fine around the 45 ms
+#: client timeout, coarse up to the deadlines of batch callers.
+TIME_LEFT_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.0075, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.045,
+    0.050, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 #: Usable-budget buckets in tokens, from the constrained line (256) to 1M-token windows.
 USABLE_BUCKETS = (0, 256, 1024, 4096, 16384, 65536, 131072, 262144, 1048576)
@@ -82,6 +88,12 @@ class ServiceMetrics:
         )
         self.loop_lag = Gauge("ctxcore_event_loop_lag_seconds", "How late the event loop's periodic probe fired.",
                               registry=r)
+        self.time_left = Histogram(
+            "ctxcore_admission_time_left_seconds",
+            "Time left to the caller's deadline when an AssembleContext call reached admission (calls with a "
+            "deadline): its deadline less the client's, the network's and the server's accept time.",
+            buckets=TIME_LEFT_BUCKETS_S, registry=r,
+        )
         self._http: Any = None
         # Each labelled child once (`labels` checks and locks on every call); the label
         # values are a few fixed sets (RPCs, codes, branches, statuses, paths, stages).

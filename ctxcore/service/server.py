@@ -545,6 +545,8 @@ class ContextService:
         m = self.metrics
         m.tail_estimate.set(d.tail_ms / 1000.0)
         m.loop_lag.set(self.admission.lag_ms / 1000.0)
+        if remaining is not None:
+            m.time_left.observe(max(0.0, remaining))
         call = _CALL.get(None)
         if call is not None:
             call.fields["admission"] = d.reason
