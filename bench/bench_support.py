@@ -4,18 +4,28 @@ for a word of another memory and a reference number, over 100 scopes: 20 organiz
 x 5 agents).
 
 Imported by name: pyproject.toml puts bench/ on the pytest path, and ``python
-bench/load_driver.py`` runs with bench/ first on ``sys.path``.
+bench/load_driver.py`` runs with bench/ first on ``sys.path``. Also the types of the
+fixtures bench/conftest.py provides (`Timed`, `Store100k`), for the benchmarks'
+annotations.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib.resources import files
+from typing import TYPE_CHECKING, Protocol
 
 from ctxcore._files import jsonl_objects
 from ctxcore.memory import Scope
 from ctxcore.stores import DEMO_DATASET, NewMemory
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from ctxcore.stores import SqliteMemoryStore
 
 __all__ = [
     "N_AGENTS",
@@ -23,6 +33,8 @@ __all__ = [
     "QUESTIONS",
     "STORE_LARGE_SCOPE_MEMORIES",
     "STORE_MEMORIES",
+    "Store100k",
+    "Timed",
     "demo_texts",
     "memory_text",
     "scopes",
@@ -78,3 +90,24 @@ def store_corpus(large: Scope, n: int = STORE_MEMORIES) -> Iterator[NewMemory]:
             k = rng.randrange(99) + 1
             scope = Scope(f"org-{k // 5:02d}", f"agent-{k % 5}")
         yield NewMemory(f"m{i:06d}", scope.organization_id, scope.agent_id, text, created_at=1.7e9 + i)
+
+
+# ---- the types of bench/conftest.py's fixtures ------------------------------------------
+
+
+class Timed(Protocol):
+    """The ``timed`` fixture (`ctxcore.benchmarking.sample`): wall times in seconds of
+    `rounds` calls of `fn`, after `warmup` untimed ones."""
+
+    def __call__(self, fn: Callable[[], object], rounds: int, warmup: int = ...) -> npt.NDArray[np.float64]: ...
+
+
+@dataclass(frozen=True)
+class Store100k:
+    """The ``store_100k`` fixture: the session's 100k-memory store, a scope holding
+    10,000 of its memories (a long-lived agent) and a typical scope (~900)."""
+
+    store: SqliteMemoryStore
+    large: Scope
+    typical: Scope
+    size: int

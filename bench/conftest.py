@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
-from bench_support import STORE_MEMORIES, store_corpus
+from bench_support import STORE_MEMORIES, Store100k, Timed, store_corpus
 
 from ctxcore.benchmarking import sample
 from ctxcore.memory import Scope
@@ -21,25 +19,13 @@ from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore
 
 
 @pytest.fixture
-def timed() -> Callable[..., np.ndarray]:
+def timed() -> Timed:
     """`ctxcore.benchmarking.sample` (wall times of `rounds` calls after `warmup` untimed
     ones) as a fixture; gates on a stage use the plugin's ``ctxcore_gate`` fixture."""
     return sample
 
 
 # ---- a SQLite memory store holding 100k memories (built once per session) ----------------
-
-
-
-@dataclass(frozen=True)
-class Store100k:
-    """The session's 100k-memory store, a scope holding 10,000 of its memories (a
-    long-lived agent) and a typical scope (~900)."""
-
-    store: SqliteMemoryStore
-    large: Scope
-    typical: Scope
-    size: int
 
 
 @pytest.fixture(scope="session")

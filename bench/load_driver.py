@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from bench_support import QUESTIONS, demo_texts, memory_text, scopes
@@ -290,7 +290,8 @@ async def run_open_loop(
     async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
         for _ in hosts:
             await c.model_capabilities("gpt-4o", timeout=5.0)
-        call = c._channel.unary_unary(METHOD_PREFIX + "AssembleContext")
+        call = c._channel.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
+                                      response_deserializer=None)
 
         async def one(payload: bytes) -> None:
             t0 = time.perf_counter()
@@ -299,9 +300,12 @@ async def run_open_loop(
                 code = "OK"
             except grpc.aio.AioRpcError as exc:
                 code = exc.code().name
-                marks = {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}
-                if ADMISSION_KEY in marks:
-                    refused[marks[ADMISSION_KEY]] = refused.get(marks[ADMISSION_KEY], 0) + 1
+                # grpc.aio's AioRpcError.trailing_metadata() returns a grpc.aio.Metadata (or
+                # None); grpc-stubs types it as the sync RpcError's tuple of _Metadatum.
+                trailing = cast("grpc.aio.Metadata | None", exc.trailing_metadata())
+                mark = trailing.get(ADMISSION_KEY) if trailing is not None else None
+                if isinstance(mark, str):
+                    refused[mark] = refused.get(mark, 0) + 1
                     codes[code] = codes.get(code, 0) + 1
                     return
             codes[code] = codes.get(code, 0) + 1
@@ -406,9 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         common = dict(seconds=args.seconds, timeout_ms=args.timeout_ms, model=args.model, api_key=args.api_key,
                       token=args.token)
         if args.cmd == "open":
-            out = asyncio.run(run_open_loop(args.target, rate=args.rate, **common))  # type: ignore[arg-type]
+            out = asyncio.run(run_open_loop(args.target, rate=args.rate, **common))
         else:
-            out = asyncio.run(run_overload(args.target, factor=args.factor, **common))  # type: ignore[arg-type]
+            out = asyncio.run(run_overload(args.target, factor=args.factor, **common))
         print(json.dumps(out, indent=2))
         return 0
     if args.cmd == "build-db":

@@ -15,12 +15,19 @@ import asyncio
 import importlib.resources
 import random
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, HistoryPolicy, MemoryRecord, Message, Query, Sources, ToolCall
+from ctxcore.memory import Scope
 from ctxcore.stores.counting import count_memory_tokens
+
+if TYPE_CHECKING:
+    from bench_support import Store100k, Timed
 
 WORDS = (
     "the customer prefers email refund policy within thirty days escalate incidents to the on-call rota "
@@ -49,16 +56,16 @@ def _memories(n: int, seed: int = 1, words: tuple[str, ...] | list[str] = WORDS,
     ]
 
 
-def test_assembly_overhead_with_1000_candidates(timed) -> None:
+def test_assembly_overhead_with_1000_candidates(timed: Timed) -> None:
     mems = _memories(1000)
 
-    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+    async def hot(scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         return mems[:500]
 
-    async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
+    async def cold(scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         return mems[500:]
 
-    async def directive(scope):  # type: ignore[no-untyped-def]
+    async def directive(scope: Scope) -> str | None:
         return "You are the support agent for ACME. Answer briefly."
 
     req = AssemblyRequest(
@@ -104,7 +111,7 @@ def test_assembly_overhead_with_1000_candidates(timed) -> None:
     assert p99 <= 25.0
 
 
-def test_end_to_end_against_the_100k_store(store_100k) -> None:  # type: ignore[no-untyped-def]
+def test_end_to_end_against_the_100k_store(store_100k: Store100k) -> None:
     """The whole assembly, retrieval included, against the 100,000-memory SQLite store:
     p50/p99 reported; gate: p99 within the 45 ms client timeout."""
     store = store_100k.store
@@ -182,7 +189,8 @@ def test_fill_with_estimate_and_with_exact_pricing() -> None:
                 options=AssemblyOptions(max_memories=n),
             )
 
-            async def hot(scope, query, limit, sample=sample):  # type: ignore[no-untyped-def]
+            async def hot(scope: Scope, query: Query, limit: int,
+                          sample: list[MemoryRecord] = sample) -> Sequence[MemoryRecord]:
                 return sample
 
             for label, cat in (("estimate", estimated), ("exact", None)):
@@ -230,7 +238,7 @@ def test_history_trimming_is_linear() -> None:
     assert ratio <= 8.0
 
 
-def test_ingest_throughput_with_exact_counts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_ingest_throughput_with_exact_counts(tmp_path: Path) -> None:
     """SQLite ingest (one add_many of 5,000 multilingual memories, hashing embeddings) with
     exact counts for every installed family (cl100k_base and o200k_base), in memories/s;
     beside it the counting alone and the ingest of the same memories without exact
@@ -269,7 +277,7 @@ def test_ingest_throughput_with_exact_counts(tmp_path) -> None:  # type: ignore[
     assert with_counts <= 2 * without + 3 * counting
 
 
-def timed_rounds(fn, rounds: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+def timed_rounds(fn: Callable[[], object], rounds: int) -> np.ndarray:
     import time
 
     out = np.empty(rounds)

@@ -14,16 +14,29 @@ in-process candidates within p99 10 ms.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import pytest
 
 import ctxcore
 from ctxcore.benchmarking import DEFAULT_GATES, load_workload, workload_names
+from ctxcore.memory import MemoryRecord, Query, Scope
+
+if TYPE_CHECKING:
+    from ctxcore.benchmarking.pytest_plugin import LatencyGate
+
+#: `DEFAULT_GATES`, typed for ``**`` into a gate method: mypy cannot tell that a
+#: ``Mapping[str, float]`` names none of the methods' typed keywords (``reference``,
+#: ``packer``, ...), while their ``**options: Any`` take a ``Mapping[str, Any]``.
+GATES: Mapping[str, Mapping[str, Any]] = DEFAULT_GATES
 
 
-def test_pack_gate_on_memory_sized_candidates(ctxcore_gate) -> None:  # type: ignore[no-untyped-def]
+def test_pack_gate_on_memory_sized_candidates(ctxcore_gate: LatencyGate) -> None:
     work = load_workload("pack-memory")
     ids, tokens, scores = work.pack_columns("o200k_base")
-    gated = ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, **DEFAULT_GATES["pack"])
+    assert work.budget is not None  # every packing workload has its budget
+    gated = ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, **GATES["pack"])
     assert gated.value.tokens_used <= work.budget
 
 
@@ -34,30 +47,31 @@ _RATIO_BOUND = {"pack-correlated": 1.0}
 
 
 @pytest.mark.parametrize("name", [n for n in workload_names("pack") if n != "pack-memory"])
-def test_pack_ratio_gate_per_family(ctxcore_gate, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_pack_ratio_gate_per_family(ctxcore_gate: LatencyGate, name: str) -> None:
     work = load_workload(name)
     ids, tokens, scores = work.pack_columns("o200k_base")
     bound = _RATIO_BOUND.get(name, DEFAULT_GATES["pack"]["max_ratio"])
+    assert work.budget is not None  # every packing workload has its budget
     ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, max_ratio=bound, rounds=100)
 
 
 @pytest.mark.parametrize("name", workload_names("format"))
-def test_format_gate(ctxcore_gate, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_format_gate(ctxcore_gate: LatencyGate, name: str) -> None:
     memories = load_workload(name).memories()
-    gated = ctxcore_gate.format_context(memories=memories, rounds=41, **DEFAULT_GATES["format"])
+    gated = ctxcore_gate.format_context(memories=memories, rounds=41, **GATES["format"])
     assert gated.value.text.count("<memory ") == len(memories)
 
 
-def test_assemble_gate_with_in_process_sources(ctxcore_gate) -> None:  # type: ignore[no-untyped-def]
+def test_assemble_gate_with_in_process_sources(ctxcore_gate: LatencyGate) -> None:
     records = load_workload("assemble-support").records("org", "agent")
 
-    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+    async def hot(scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         return records[:500]
 
-    async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
+    async def cold(scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         return records[500:]
 
     request = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", ctxcore.Query("can I get a refund?"),
                                       options=ctxcore.AssemblyOptions(max_memories=1000))
-    gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **DEFAULT_GATES["assemble"])
+    gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **GATES["assemble"])
     assert len(gated.value.selected_ids) > 100

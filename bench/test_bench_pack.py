@@ -14,6 +14,7 @@ scheduler preemption on a shared 2-core machine, not for a slower packer.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -22,6 +23,12 @@ import ctxcore
 from ctxcore.benchmarking.gates import measure
 from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp
 from ctxcore.benchmarking.instances import memory_instance, pack_instance
+
+if TYPE_CHECKING:
+    from bench_support import Timed
+    from pytest_benchmark.fixture import BenchmarkFixture
+
+    from ctxcore.benchmarking.pytest_plugin import LatencyGate
 
 
 # Memory-sized texts (log-normal around ~100 tokens) with interim scores in [0, 1].
@@ -38,7 +45,7 @@ def score_greedy(tokens: np.ndarray, scores: np.ndarray, budget: int) -> float:
 
 
 @pytest.mark.parametrize(("n", "budget"), [(200, 4000), (1000, 8000), (2000, 16000)])
-def test_pack_vs_numpy_dp(benchmark, timed, n: int, budget: int) -> None:
+def test_pack_vs_numpy_dp(benchmark: BenchmarkFixture, timed: Timed, n: int, budget: int) -> None:
     ids, tokens, scores = instance(n, seed=n)
     res = benchmark(ctxcore.pack_arrays, ids, tokens, scores, budget)
     # Both sides timed the same way for the ratio; the benchmark table is for the record.
@@ -63,7 +70,7 @@ def test_pack_vs_numpy_dp(benchmark, timed, n: int, budget: int) -> None:
     assert speedup >= 2.0
 
 
-def test_fallback_beats_score_greedy_on_skewed_sets(benchmark) -> None:
+def test_fallback_beats_score_greedy_on_skewed_sets(benchmark: BenchmarkFixture) -> None:
     # Large high-score items crowd out many small ones that are worth more together: the
     # case where a score-descending greedy loses most of the achievable value.
     n = 3000
@@ -79,7 +86,7 @@ def test_fallback_beats_score_greedy_on_skewed_sets(benchmark) -> None:
     assert greedy <= 0.6 * optimum  # the shortcut really does lose here
 
 
-def test_p99_of_a_realistic_pack(ctxcore_gate) -> None:
+def test_p99_of_a_realistic_pack(ctxcore_gate: LatencyGate) -> None:
     ids, tokens, scores = instance(1000, seed=42)
     # The median is ~0.13 ms (0.6-0.9 ms before the cheaper per-call pipeline); the p99 bound
     # leaves room for a scheduler preemption on a shared 2-core machine (one time slice is
@@ -132,7 +139,7 @@ def test_realistic_pack_at_32k_vs_numpy_bucket_dp() -> None:
 
 
 @pytest.mark.parametrize("budget", [16_000, 32_000])
-def test_many_large_items_vs_exact_dp(timed, budget: int) -> None:
+def test_many_large_items_vs_exact_dp(timed: Timed, budget: int) -> None:
     # 3,000 candidates of 1,000-9,000 tokens: at most 16-32 fit. The fallback stopped at
     # 0.979 of the optimum here before the exact reductions; now dominance leaves a few
     # dozen and the result is the proven optimum.
@@ -155,7 +162,7 @@ def test_many_large_items_vs_exact_dp(timed, budget: int) -> None:
     assert speedup >= 10.0
 
 
-def test_threads_scale_without_the_gil(timed) -> None:
+def test_threads_scale_without_the_gil(timed: Timed) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -167,7 +174,11 @@ def test_threads_scale_without_the_gil(timed) -> None:
         for _ in range(20):
             ctxcore.pack_arrays(ids, tokens, scores, 30_000, cell_ceiling=1 << 22)
 
-    serial = float(np.median(timed(lambda: (work(), work()), rounds=5, warmup=1)))
+    def twice() -> None:
+        work()
+        work()
+
+    serial = float(np.median(timed(twice, rounds=5, warmup=1)))
 
     def parallel() -> None:
         with ThreadPoolExecutor(2) as pool:

@@ -22,15 +22,19 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import load_driver as driver
 import pytest
+from bench_support import QUESTIONS, Store100k, scopes
 
+from ctxcore.memory import MemoryStore
 from ctxcore.retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from ctxcore.service.wire import METHOD_PREFIX
+
+T = TypeVar("T")
 
 CONCURRENCY = 16
 REQUESTS = 3_000
@@ -48,7 +52,7 @@ GENEROUS_TIMEOUT_MS = 2000.0
 
 
 @pytest.fixture(scope="module")
-def db(store_100k: Any) -> Path:
+def db(store_100k: Store100k) -> Path:
     return Path(store_100k.store.path)
 
 
@@ -111,7 +115,7 @@ def servers(db: Path) -> Iterator[list[Server]]:
         s.stop()
 
 
-def _in_process_reference(store: Any, requests: int, concurrency: int) -> dict[str, Any]:
+def _in_process_reference(store: MemoryStore, requests: int, concurrency: int) -> dict[str, Any]:
     from ctxcore.assembly import assemble
     from ctxcore.memory import Query, Sources
     from ctxcore.request import AssemblyRequest
@@ -119,7 +123,7 @@ def _in_process_reference(store: Any, requests: int, concurrency: int) -> dict[s
     async def main() -> dict[str, Any]:
         sources = Sources.from_store(store)
         rng = random.Random(1)
-        scopes = driver.scopes()
+        all_scopes = scopes()
         lat: list[float] = []
         done = 0
 
@@ -127,10 +131,10 @@ def _in_process_reference(store: Any, requests: int, concurrency: int) -> dict[s
             nonlocal done
             while done < requests:
                 done += 1
-                s = scopes[rng.randrange(len(scopes))]
+                s = all_scopes[rng.randrange(len(all_scopes))]
                 t0 = time.perf_counter()
                 await assemble(AssemblyRequest(s.organization_id, s.agent_id, "gpt-4o",
-                                               Query(rng.choice(driver.QUESTIONS))), sources=sources)
+                                               Query(rng.choice(QUESTIONS))), sources=sources)
                 lat.append((time.perf_counter() - t0) * 1000)
 
         t0 = time.perf_counter()
@@ -148,7 +152,7 @@ def _show(name: str, r: dict[str, Any]) -> None:
     print(f"{name}: " + json.dumps({k: r[k] for k in keep if k in r}))
 
 
-def test_served_throughput_against_in_process(db: Path, store_100k: Any, servers: list[Server]) -> None:
+def test_served_throughput_against_in_process(db: Path, store_100k: Store100k, servers: list[Server]) -> None:
     # Like for like: the in-process reference runs its 16 assemblies at once, so the served
     # side runs without a turn limit too (the default takes turns with the SQLite store).
     servers.append(Server(db, "--max-running", "0"))
@@ -196,7 +200,7 @@ RESPONSIVE_OVER_REFERENCE = 4.0
 def _big_request() -> bytes:
     from ctxcore.v1 import context_assembly_pb2 as pb
 
-    s = driver.scopes()[0]
+    s = scopes()[0]
     # 20,000 short turns, about 2.2 MB: far past gpt-4's 8k window, trimmed oldest first.
     msgs = [pb.Message(role=("user", "assistant")[i % 2],
                        content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.")
@@ -210,7 +214,7 @@ def _big_request() -> bytes:
 class _Probe:
     """A thread calling `fn` every `period_s` and recording (latency ms, status name)."""
 
-    def __init__(self, fn: Any, period_s: float) -> None:
+    def __init__(self, fn: Callable[[], object], period_s: float) -> None:
         import threading
 
         self.fn, self.period_s = fn, period_s
@@ -264,8 +268,10 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
     with grpc.insecure_channel(target, options=opts) as big_ch, grpc.insecure_channel(target) as probe_ch, \
             grpc.insecure_channel(target) as small_ch:
         health = health_pb2_grpc.HealthStub(probe_ch)
-        small = small_ch.unary_unary(METHOD_PREFIX + "AssembleContext")
-        big = big_ch.unary_unary(METHOD_PREFIX + "AssembleContext")
+        small = small_ch.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
+                                     response_deserializer=None)
+        big = big_ch.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
+                                 response_deserializer=None)
         small_req = pb.AssembleContextRequest(organization_id="org-01", agent_id="agent-1", model="gpt-4o",
                                               query=pb.Query(text="refund")).SerializeToString()
 
@@ -275,12 +281,12 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
         def assemble_small() -> None:
             small(small_req, timeout=CLIENT_TIMEOUT_MS / 1000)
 
-        def probes(seconds: float | None, work: Any = None) -> tuple[list[Any], list[Any], Any]:
+        def probes(work: Callable[[], T]) -> tuple[list[tuple[float, str]], list[tuple[float, str]], T]:
             h, a = _Probe(check, 0.01).start(), _Probe(assemble_small, 0.02).start()
-            out = work() if work is not None else time.sleep(seconds or 0)
+            out = work()
             return h.stop(), a.stop(), out
 
-        base_h, base_a, _ = probes(3.0)
+        base_h, base_a, _ = probes(lambda: time.sleep(3.0))
         payload = _big_request()
 
         def run_big() -> list[dict[str, Any]]:
@@ -296,7 +302,7 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
                                 "ms": round((time.perf_counter() - t0) * 1000, 1)})
             return results
 
-        load_h, load_a, bigs = probes(None, run_big)
+        load_h, load_a, bigs = probes(run_big)
     print(f"\n{len(payload) / 1e6:.2f} MB, {BIG_TURNS} turns, TRIM_OLDEST on gpt-4: " + json.dumps(bigs))
     for name, samples in (("health (reference)", base_h), ("small AssembleContext (reference)", base_a),
                           ("health under the large requests", load_h),

@@ -17,15 +17,26 @@ branch's timeout), and the cold query >= 3x faster than the reference in the lar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import pytest
 
 from bench_support import QUESTIONS, store_corpus
 
-from ctxcore.memory import Query, Scope
+from ctxcore.memory import MemoryStore, Query, Scope
 from ctxcore.stores import SqliteMemoryStore
+
+if TYPE_CHECKING:
+    from bench_support import Store100k, Timed
+    from pg_support import Database
+    from pytest_benchmark.fixture import BenchmarkFixture
+
+    from ctxcore.stores import PostgresMemoryStore
+
+    #: The `pg_100k` fixture: the app role's store, the database, the ingest rates.
+    PgBench: TypeAlias = tuple[PostgresMemoryStore, Database, dict[str, float]]
 
 #: The target is cold p99 <= 20 ms; the gate leaves headroom for the shared host: three
 #: clean-clone runs on one evening measured SQLite large-scope p99 26.1, 21.6 and 27.1 ms
@@ -36,7 +47,7 @@ ROUNDS = 300
 LIMIT = 64
 MIN_SIMILARITY = 0.70
 
-def queries(store: SqliteMemoryStore, scope: Scope) -> list[str]:
+def queries(store: MemoryStore, scope: Scope) -> list[str]:
     # Half questions, half texts of this scope's own memories (vector hits >= 0.70).
     own = [r.text for r in asyncio.run(store.hot(scope, Query(""), 8))]
     return [q for pair in zip(QUESTIONS, own) for q in pair]
@@ -46,11 +57,12 @@ def percentiles(samples: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(samples, 50)), float(np.percentile(samples, 99))
 
 
-def cycle(loop: asyncio.AbstractEventLoop, make: Callable[[str], object], texts: list[str]) -> Callable[[], object]:
+def cycle(loop: asyncio.AbstractEventLoop, make: Callable[[str], Awaitable[object]],
+          texts: list[str]) -> Callable[[], object]:
     it = iter(range(10**9))
 
     def call() -> object:
-        return loop.run_until_complete(make(texts[next(it) % len(texts)]))  # type: ignore[arg-type]
+        return loop.run_until_complete(make(texts[next(it) % len(texts)]))
 
     return call
 
@@ -75,7 +87,7 @@ def hydrate_all_reference(store: SqliteMemoryStore, scope: Scope, text: str) -> 
 
 
 @pytest.mark.parametrize("which", ["large", "typical"], ids=["large-scope-10k", "typical-scope"])
-def test_cold_and_hot_latency(benchmark, timed, store_100k, which: str) -> None:  # type: ignore[no-untyped-def]
+def test_cold_and_hot_latency(benchmark: BenchmarkFixture, timed: Timed, store_100k: Store100k, which: str) -> None:
     store: SqliteMemoryStore = store_100k.store
     scope: Scope = getattr(store_100k, which)
     loop = asyncio.new_event_loop()
@@ -83,7 +95,8 @@ def test_cold_and_hot_latency(benchmark, timed, store_100k, which: str) -> None:
         texts = queries(store, scope)
         cold = cycle(loop, lambda t: store.cold(scope, Query(t), LIMIT, MIN_SIMILARITY), texts)
         hot = cycle(loop, lambda t: store.hot(scope, Query(t), LIMIT), texts)
-        benchmark.pedantic(cold, rounds=50, iterations=1, warmup_rounds=5)
+        # pytest-benchmark's fixture methods carry no annotations.
+        benchmark.pedantic(cold, rounds=50, iterations=1, warmup_rounds=5)  # type: ignore[no-untyped-call]
         cold_s = timed(cold, rounds=ROUNDS, warmup=len(texts))
         hot_s = timed(hot, rounds=ROUNDS, warmup=len(texts))
         results = [loop.run_until_complete(store.cold(scope, Query(t), LIMIT, MIN_SIMILARITY)) for t in texts]
@@ -143,7 +156,7 @@ PG_BENCH = os.environ.get("CTXCORE_BENCH_PG") == "1" or os.environ.get("CTXCORE_
 
 
 @pytest.fixture(scope="module")
-def pg_100k(store_100k, tmp_path_factory):  # type: ignore[no-untyped-def]
+def pg_100k(store_100k: Store100k, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBench]:
     if not PG_BENCH:
         pytest.skip("the PostgreSQL bench runs with CTXCORE_BENCH_PG=1 or CTXCORE_SLOW=1")
     from pg_support import PgServer
@@ -198,18 +211,27 @@ def pg_100k(store_100k, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("which", ["large", "typical"], ids=["large-scope-10k", "typical-scope"])
-def test_postgres_beside_sqlite_latency(benchmark, timed, store_100k, pg_100k, which: str) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_beside_sqlite_latency(benchmark: BenchmarkFixture, timed: Timed, store_100k: Store100k,
+                                        pg_100k: PgBench, which: str) -> None:
     pg, _, _ = pg_100k
     scope: Scope = getattr(store_100k, which)
     loop = asyncio.new_event_loop()
     rows = {}
     try:
         texts = queries(pg, scope)
-        for name, store in (("postgres", pg), ("sqlite", store_100k.store)):
-            cold = cycle(loop, lambda t, s=store: s.cold(scope, Query(t), LIMIT, MIN_SIMILARITY), texts)
-            hot = cycle(loop, lambda t, s=store: s.hot(scope, Query(t), LIMIT), texts)
+        stores: tuple[tuple[str, MemoryStore], ...] = (("postgres", pg), ("sqlite", store_100k.store))
+        for name, store in stores:
+            def cold_of(t: str, s: MemoryStore = store) -> Awaitable[object]:
+                return s.cold(scope, Query(t), LIMIT, MIN_SIMILARITY)
+
+            def hot_of(t: str, s: MemoryStore = store) -> Awaitable[object]:
+                return s.hot(scope, Query(t), LIMIT)
+
+            cold = cycle(loop, cold_of, texts)
+            hot = cycle(loop, hot_of, texts)
             if name == "postgres":
-                benchmark.pedantic(cold, rounds=30, iterations=1, warmup_rounds=5)
+                # pytest-benchmark's fixture methods carry no annotations.
+                benchmark.pedantic(cold, rounds=30, iterations=1, warmup_rounds=5)  # type: ignore[no-untyped-call]
             cold_s = timed(cold, rounds=ROUNDS, warmup=len(texts))
             hot_s = timed(hot, rounds=ROUNDS, warmup=len(texts))
             rows[name] = (*percentiles(cold_s), *percentiles(hot_s))
@@ -237,13 +259,13 @@ def test_postgres_beside_sqlite_latency(benchmark, timed, store_100k, pg_100k, w
 STORE_LARGE_SCOPE_MEMORIES_FOR_PG = 10_000
 
 
-def test_ingest_throughput(pg_100k) -> None:  # type: ignore[no-untyped-def]
+def test_ingest_throughput(pg_100k: PgBench) -> None:
     _, _, ingest = pg_100k
     print(f"\ningest: {ingest}")
     assert ingest["postgres_per_s"] > 0 and ingest["sqlite_per_s"] > 0
 
 
-def test_served_two_postgres_replicas_beside_one_sqlite_replica(store_100k, pg_100k) -> None:  # type: ignore[no-untyped-def]
+def test_served_two_postgres_replicas_beside_one_sqlite_replica(store_100k: Store100k, pg_100k: PgBench) -> None:
     import signal
     import subprocess
 

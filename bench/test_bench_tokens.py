@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -26,6 +26,10 @@ from testkit import REPO, load_script
 
 import ctxcore
 from ctxcore.benchmarking.gates import measure
+
+if TYPE_CHECKING:
+    from bench_support import Timed
+    from pytest_benchmark.fixture import BenchmarkFixture
 
 FAMILIES = ("cl100k_base", "o200k_base")
 #: Gates and targets from the estimator's issue.
@@ -81,7 +85,7 @@ def _bytes3(texts: list[str]) -> np.ndarray:
     return np.array([math.ceil(len(t.encode("utf-8", "surrogatepass")) / 3) for t in texts], dtype=np.float64)
 
 
-def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]) -> None:
+def test_estimator_accuracy_on_held_out_text(benchmark: BenchmarkFixture, held_out: dict[str, Any]) -> None:
     texts, exact, family = held_out["texts"], held_out["exact"], held_out["family"]
     est = benchmark(ctxcore.estimate_tokens_batch, texts, family).astype(np.float64)
     rows = {"ctxcore estimator": _stats(est, exact), "chars/4": _stats(_chars4(texts), exact),
@@ -116,7 +120,7 @@ def test_estimator_accuracy_on_held_out_text(benchmark, held_out: dict[str, Any]
     assert rows["bytes/3"]["undercount"] > 10 * max(ours["undercount"], 0.001)
 
 
-def test_estimator_speed_vs_tiktoken(benchmark, timed, held_out: dict[str, Any]) -> None:
+def test_estimator_speed_vs_tiktoken(benchmark: BenchmarkFixture, timed: Timed, held_out: dict[str, Any]) -> None:
     texts, family = held_out["texts"], held_out["family"]
     from ctxcore.tokens import _encoding
 
@@ -146,7 +150,8 @@ def test_estimator_speed_vs_tiktoken(benchmark, timed, held_out: dict[str, Any])
     assert speedup >= GATE_SPEEDUP
 
 
-def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark, timed, held_out: dict[str, Any]) -> None:
+def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark: BenchmarkFixture, timed: Timed,
+                                                       held_out: dict[str, Any]) -> None:
     # Exact counts for a whole batch in one call against the same tiktoken encoding called
     # once per text and against tiktoken's own encode_ordinary_batch (a thread pool), in
     # the same run.

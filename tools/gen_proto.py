@@ -30,7 +30,9 @@ _MARKED = ("ctxcore/v1/context_assembly_pb2.pyi", "ctxcore/v1/context_assembly_p
 
 def generate(proto_root: Path, out: Path) -> dict[str, str]:
     """Run protoc on ``proto_root/PROTO`` into `out`; return {relative path: text}."""
-    from grpc_tools import protoc
+    # grpcio-tools ships no type hints (no py.typed marker, no stubs package); mypy reports
+    # that at the module's first import.
+    from grpc_tools import protoc  # type: ignore[import-untyped]
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
