@@ -14,8 +14,8 @@ in-process candidates within p99 10 ms.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -26,17 +26,12 @@ from ctxcore.memory import MemoryRecord, Query, Scope
 if TYPE_CHECKING:
     from ctxcore.benchmarking.pytest_plugin import LatencyGate
 
-#: `DEFAULT_GATES`, typed for ``**`` into a gate method: mypy cannot tell that a
-#: ``Mapping[str, float]`` names none of the methods' typed keywords (``reference``,
-#: ``packer``, ...), while their ``**options: Any`` take a ``Mapping[str, Any]``.
-GATES: Mapping[str, Mapping[str, Any]] = DEFAULT_GATES
-
 
 def test_pack_gate_on_memory_sized_candidates(ctxcore_gate: LatencyGate) -> None:
     work = load_workload("pack-memory")
     ids, tokens, scores = work.pack_columns("o200k_base")
     assert work.budget is not None  # every packing workload has its budget
-    gated = ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, **GATES["pack"])
+    gated = ctxcore_gate.pack_arrays(ids, tokens, scores, work.budget, **DEFAULT_GATES["pack"])
     assert gated.value.tokens_used <= work.budget
 
 
@@ -58,7 +53,7 @@ def test_pack_ratio_gate_per_family(ctxcore_gate: LatencyGate, name: str) -> Non
 @pytest.mark.parametrize("name", workload_names("format"))
 def test_format_gate(ctxcore_gate: LatencyGate, name: str) -> None:
     memories = load_workload(name).memories()
-    gated = ctxcore_gate.format_context(memories=memories, rounds=41, **GATES["format"])
+    gated = ctxcore_gate.format_context(memories=memories, rounds=41, **DEFAULT_GATES["format"])
     assert gated.value.text.count("<memory ") == len(memories)
 
 
@@ -73,5 +68,5 @@ def test_assemble_gate_with_in_process_sources(ctxcore_gate: LatencyGate) -> Non
 
     request = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", ctxcore.Query("can I get a refund?"),
                                       options=ctxcore.AssemblyOptions(max_memories=1000))
-    gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **GATES["assemble"])
+    gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **DEFAULT_GATES["assemble"])
     assert len(gated.value.selected_ids) > 100

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from .gates import (
     DEFAULT_GATES,
@@ -90,7 +90,8 @@ def _gates_for(stage: str, args: argparse.Namespace, store: bool) -> dict[str, f
     given = {k: getattr(args, k) for k in ("p99_ms", "median_ms", "max_ratio") if getattr(args, k) is not None}
     if given:
         return given
-    defaults = dict(DEFAULT_GATES["assemble-store" if store and stage == "assemble" else stage])
+    bounds = DEFAULT_GATES["assemble-store" if store and stage == "assemble" else stage]
+    defaults = cast("dict[str, float]", dict(bounds))  # GateBounds: every value a float
     if args.no_reference:
         defaults.pop("max_ratio", None)
     return defaults

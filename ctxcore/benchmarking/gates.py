@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_WARMUP",
     "MIN_ROUNDS",
     "Gate",
+    "GateBounds",
     "GateKind",
     "GateUsageError",
     "Interleaver",
@@ -73,7 +74,17 @@ DEFAULT_REFERENCE_ROUNDS = 11
 #: on a 2-core machine at a load average of ~4; the bound is for a neighbour's time slices
 #: on a shared CI machine, where one preemption sets a p99); against a store, within the 45 ms
 #: client timeout.
-DEFAULT_GATES: Mapping[str, Mapping[str, float]] = {
+class GateBounds(TypedDict, total=False):
+    """The bounds of one stage's gates, the keywords of `make_gates` and of the
+    ``ctxcore_gate`` fixture's methods: ``ctxcore_gate.pack(cands, budget,
+    **DEFAULT_GATES["pack"])`` type-checks."""
+
+    p99_ms: float
+    median_ms: float
+    max_ratio: float
+
+
+DEFAULT_GATES: Mapping[str, GateBounds] = {
     "pack": {"p99_ms": 10.0, "max_ratio": 0.5},
     "format": {"max_ratio": 1.0},
     "assemble": {"p99_ms": 25.0},
