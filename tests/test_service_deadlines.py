@@ -226,8 +226,6 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
                 done = 0
 
                 async def batch(n: int) -> None:
-                    nonlocal done
-
                     async def one() -> None:
                         nonlocal done
                         try:

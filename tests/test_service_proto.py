@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import sys
 import tempfile
 from pathlib import Path
 

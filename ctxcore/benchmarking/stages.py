@@ -137,8 +137,10 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
             scores = np.array([s for s, tok in zip(t.score, t.tokens) if tok > 0], dtype=np.float64)
             usable = first.budget.usable
 
-            def ref() -> object:
+            def pack_only() -> object:
                 return pack_arrays(ids, costs, scores, usable)
+
+            ref = pack_only
 
         info["budget"] = first.budget.usable
         yield Subject("assemble", call, PACK_ONLY if ref is not None else None, ref, info)

@@ -17,7 +17,6 @@ from typing import Any, TextIO
 from ..errors import ConfigError
 from .config import (
     ASSEMBLY_SETTINGS,
-    AuthConfig,
     ClientAuth,
     JwtConfig,
     ServiceConfig,
