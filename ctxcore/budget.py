@@ -234,6 +234,8 @@ def compute_budget(
     if isinstance(model_or_capability, ModelCapability):
         cap = model_or_capability
     elif isinstance(model_or_capability, str):
+        if catalog is not None and not isinstance(catalog, Catalog):
+            raise TypeError(f"catalog must be a ctxcore Catalog, got {type(catalog).__name__}")
         cap = (catalog if catalog is not None else default_catalog()).get_model(model_or_capability)
     else:
         raise TypeError(

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import enum
 import json
+import numbers
+import operator
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, SupportsInt
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -316,7 +318,7 @@ def formatter_overhead(
     history: Sequence[Mapping[str, Any] | Any] | None = (),
     tools: Sequence[Any] | None = None,
     nonce: str | None = None,
-    count: Callable[[str], SupportsInt] | None = None,
+    count: Callable[[str], SupportsIndex] | None = None,
 ) -> FormatterOverhead:
     """Price the formatted context before packing: fixed overhead and each memory's cost.
 
@@ -334,15 +336,18 @@ def formatter_overhead(
         tools: as for `format_context`.
         nonce: the nonce to price and format with; fresh from `secrets` when None.
         count: a token counter to use instead of the estimator, e.g. an exact tokenizer's
-            ``lambda text: ctxcore.count_tokens(text, "cl100k_base")``.
+            ``lambda text: ctxcore.count_tokens(text, "cl100k_base")``; it must return
+            ints >= 0.
 
     Returns:
         The `FormatterOverhead`.
 
     Raises:
         InvalidFormatInput: as `format_context` does.
-        TypeError: neither `family` nor `count` is given.
-        ValueError: `family` is unknown to the estimator.
+        TypeError: neither `family` nor `count` is given, or `count` returned something
+            other than an int.
+        ValueError: `family` is unknown to the estimator, or `count` returned a negative
+            count.
 
     >>> ov = formatter_overhead([{"id": "m1", "text": "a"}, {"id": "m2", "text": "a" * 40}], family="cl100k_base")
     >>> ov.memory_tokens[0] < ov.memory_tokens[1] and ov.fixed_tokens > ov.wrapper_tokens
@@ -419,11 +424,16 @@ def _price_estimated(text: str, kinds: list[int], ends: list[int], family: str) 
     return list(priced.tolist())
 
 
-def _price(texts: list[str], count: Callable[[str], SupportsInt]) -> list[int]:
-    """A custom `count` applied to each piece on its own."""
-    out = []
+def _price(texts: list[str], count: Callable[[str], SupportsIndex]) -> list[int]:
+    """A custom `count` applied to each piece on its own: an int >= 0 each (a fractional
+    count truncated would price below the text)."""
+    out: list[int] = []
     for t in texts:
-        n = int(count(t))
+        got = count(t)
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, numbers.Integral):
+            raise TypeError(f"count returned {type(got).__name__} {got!r:.40} for a piece of {len(t)} characters, "
+                            "not an int")
+        n = operator.index(got)
         if n < 0:
             raise ValueError(f"count returned {n} (< 0) for a piece of {len(t)} characters")
         out.append(n)

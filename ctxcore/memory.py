@@ -17,6 +17,7 @@ import functools
 import itertools
 import json
 import math
+import numbers
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,6 +28,8 @@ import numpy.typing as npt
 
 __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
+    "MAX_MEMORY_TOKENS",
+    "MAX_RETRIEVAL_LIMIT",
     "ForgetReport",
     "MemoryBatch",
     "MemoryLifecycle",
@@ -39,6 +42,14 @@ __all__ = [
     "Sources",
     "StoreStats",
 ]
+
+#: The most tokens a memory's stored count may give (the packer's bound on an item; a
+#: count beyond it is not a count of any text).
+MAX_MEMORY_TOKENS = 1 << 40
+
+#: The most memories a retrieval may ask a source for (``limit``; an assembly's
+#: ``max_memories``).
+MAX_RETRIEVAL_LIMIT = (1 << 31) - 1
 
 #: Relevance given to full-text hits that carry no cosine score. From the ranking design:
 #: "full-text hits use a fixed relevance sentinel of 0.5 when they have no cosine score";
@@ -88,7 +99,16 @@ class Query:
         if not isinstance(self.text, str):
             raise TypeError(f"query text must be str, got {type(self.text).__name__}")
         if self.embedding is not None:
-            emb = tuple(float(x) for x in self.embedding)
+            if isinstance(self.embedding, (str, bytes)):
+                raise TypeError(f"query embedding must be a sequence of numbers, got {type(self.embedding).__name__}")
+            values = list(self.embedding)
+            bad = next((x for x in values if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real)), None)
+            if bad is not None:
+                raise TypeError(f"query embedding must hold real numbers, got a {type(bad).__name__}")
+            try:
+                emb = tuple(float(x) for x in values)
+            except OverflowError:  # an int beyond any float
+                emb = (math.inf,)
             if not emb or not all(math.isfinite(x) for x in emb):
                 raise ValueError("query embedding must be a non-empty sequence of finite floats")
             object.__setattr__(self, "embedding", emb)
@@ -104,13 +124,15 @@ class MemoryRecord:
         agent_id: owning agent.
         text: the memory's content (untrusted data: it is escaped when formatted).
         origin: which retrieval path found it.
-        similarity: cosine similarity to the query, when vector-ranked; None otherwise.
+        similarity: cosine similarity to the query, in [-1, 1], when vector-ranked; None
+            otherwise.
         confidence: the store's confidence in the memory, in [0, 1].
         importance: optional importance in [0, 1].
         created_at: creation time, seconds since the epoch, if known.
         accessed_at: last access time, seconds since the epoch, if known.
         rank: the source's own rank (0 = best), if it gave one.
-        token_count: tokens of `text`, counted by the store, if it did.
+        token_count: tokens of `text`, counted by the store, if it did (at most
+            `MAX_MEMORY_TOKENS`, as is every count in `exact_tokens`).
         token_family: tokenizer family of `token_count` (e.g. ``"cl100k_base"``).
         token_kind: ``"exact"`` or ``"estimate"``: how `token_count` was obtained.
         exact_tokens: tokenizer family -> the exact tokens of this memory's own part of its
@@ -146,23 +168,25 @@ class MemoryRecord:
         # path only needs `type(m) is MemoryRecord`. Stores build thousands of records a
         # second: the common shapes (str fields, floats or None, a dict of int counts, an
         # origin already a MemoryOrigin) pass one expression; anything else takes the full
-        # check, which names what is wrong. (x - x == 0.0 holds exactly for finite floats.)
+        # check, which names what is wrong. (x - x == 0.0 holds exactly for finite floats;
+        # a range test fails for NaN.)
         s, c, i, ca, aa, n = (self.similarity, self.confidence, self.importance, self.created_at,
                               self.accessed_at, self.token_count)
         if not (
             type(self.id) is str and self.id and type(self.organization_id) is str and self.organization_id
             and type(self.agent_id) is str and self.agent_id and type(self.text) is str
-            and type(c) is float and c - c == 0.0
-            and (s is None or (type(s) is float and s - s == 0.0))
-            and (i is None or (type(i) is float and i - i == 0.0))
+            and type(c) is float and 0.0 <= c <= 1.0
+            and (s is None or (type(s) is float and -1.0 <= s <= 1.0))
+            and (i is None or (type(i) is float and 0.0 <= i <= 1.0))
             and (ca is None or (type(ca) is float and ca - ca == 0.0))
             and (aa is None or (type(aa) is float and aa - aa == 0.0))
-            and (n is None or (type(n) is int and n >= 0))
+            and (n is None or (type(n) is int and 0 <= n <= MAX_MEMORY_TOKENS))
         ):
             self._check_fields()
         counts = self.exact_tokens
         if counts is not None and not (
-            type(counts) is dict and all(type(f) is str and f and type(k) is int and k >= 0 for f, k in counts.items())
+            type(counts) is dict
+            and all(type(f) is str and f and type(k) is int and 0 <= k <= MAX_MEMORY_TOKENS for f, k in counts.items())
         ):
             self._check_counts()
         if type(self.origin) is not MemoryOrigin:
@@ -175,16 +199,20 @@ class MemoryRecord:
                 raise ValueError(f"memory {name} must be a non-empty str, got {v!r:.80}")
         if type(self.text) is not str:
             raise TypeError(f"memory {self.id!r}: text must be str, got {type(self.text).__name__}")
-        for name in ("similarity", "confidence", "importance", "created_at", "accessed_at"):
+        for name, low, high in _RANGES:
             v = getattr(self, name)
             if v is None and name != "confidence":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
                 raise ValueError(f"memory {self.id!r}: {name} must be a finite number, got {v!r:.80}")
+            if not low <= v <= high:
+                raise ValueError(f"memory {self.id!r}: {name} must be in [{low:g}, {high:g}], got {v!r:.80}")
         if self.token_count is not None and (
-            isinstance(self.token_count, bool) or not isinstance(self.token_count, int) or self.token_count < 0
+            isinstance(self.token_count, bool) or not isinstance(self.token_count, int)
+            or not 0 <= self.token_count <= MAX_MEMORY_TOKENS
         ):
-            raise ValueError(f"memory {self.id!r}: token_count must be an int >= 0, got {self.token_count!r:.80}")
+            raise ValueError(f"memory {self.id!r}: token_count must be an int in [0, 2**40], "
+                             f"got {self.token_count!r:.80}")
 
     def _check_counts(self) -> None:
         if not isinstance(self.exact_tokens, Mapping):
@@ -193,9 +221,9 @@ class MemoryRecord:
                 f"got {type(self.exact_tokens).__name__}"
             )
         for fam, n in self.exact_tokens.items():
-            if type(fam) is not str or not fam or type(n) is not int or n < 0:
+            if type(fam) is not str or not fam or type(n) is not int or not 0 <= n <= MAX_MEMORY_TOKENS:
                 raise ValueError(
-                    f"memory {self.id!r}: exact_tokens must map non-empty family names to ints >= 0, "
+                    f"memory {self.id!r}: exact_tokens must map non-empty family names to ints in [0, 2**40], "
                     f"got {fam!r:.40}: {n!r:.40}"
                 )
 
@@ -209,6 +237,19 @@ class MemoryRecord:
     def scope(self) -> Scope:
         """The memory's (organization, agent)."""
         return Scope(self.organization_id, self.agent_id)
+
+
+#: The range of each number of a `MemoryRecord` (times only need to be finite).
+_RANGES = (("similarity", -1.0, 1.0), ("confidence", 0.0, 1.0), ("importance", 0.0, 1.0),
+           ("created_at", -math.inf, math.inf), ("accessed_at", -math.inf, math.inf))
+
+
+def _finite(value: int | float) -> bool:
+    """Whether `value` is a finite float, or an int that one can hold."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -236,8 +277,8 @@ def _stored_count(text: str, family: str) -> int:
         raise ValueError(f"exact_tokens is not JSON ({exc})") from None
     if got is None:
         return -1
-    if type(got) is not int or got < 0:
-        raise ValueError(f"exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
+    if type(got) is not int or not 0 <= got <= MAX_MEMORY_TOKENS:
+        raise ValueError(f"exact_tokens[{family!r}] must be an int in [0, 2**40], got {got!r:.40}")
     return got
 
 
@@ -254,6 +295,22 @@ def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: 
     if np.isinf(arr).any():
         k = int(np.flatnonzero(np.isinf(arr))[0])
         raise ValueError(f"MemoryBatch: {name} of memory {k} is not finite ({arr[k]})")
+    return arr
+
+
+def check_limit(limit: object) -> None:
+    """Raise ValueError unless `limit` is an int in [0, `MAX_RETRIEVAL_LIMIT`] (a source's
+    ``limit`` argument)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_RETRIEVAL_LIMIT:
+        raise ValueError(f"limit must be an int in [0, 2**31 - 1], got {limit!r:.40}")
+
+
+def _in_range(arr: npt.NDArray[np.float64], low: float, name: str) -> npt.NDArray[np.float64]:
+    """`arr` once every value is NaN (None) or in [`low`, 1]."""
+    out = (arr < low) | (arr > 1.0)
+    if out.any():
+        k = int(np.flatnonzero(out)[0])
+        raise ValueError(f"MemoryBatch: {name} of memory {k} must be in [{low:g}, 1], got {arr[k]}")
     return arr
 
 
@@ -327,11 +384,12 @@ class MemoryBatch(Sequence[MemoryRecord]):
         if not all(type(t) is str for t in self.texts):
             k = next(k for k, t in enumerate(self.texts) if type(t) is not str)
             raise TypeError(f"MemoryBatch: memory {self.ids[k]!r}: text must be str, got {type(self.texts[k]).__name__}")
-        self.similarity = _nan_or(similarity, n, "similarity")
-        self.confidence = np.ones(n) if confidence is None else _nan_or(confidence, n, "confidence")
+        self.similarity = _in_range(_nan_or(similarity, n, "similarity"), -1.0, "similarity")
+        self.confidence = np.ones(n) if confidence is None else _in_range(_nan_or(confidence, n, "confidence"),
+                                                                          0.0, "confidence")
         if np.isnan(self.confidence).any():
             raise ValueError("MemoryBatch: confidence may not be missing")
-        self.importance = _nan_or(importance, n, "importance")
+        self.importance = _in_range(_nan_or(importance, n, "importance"), 0.0, "importance")
         self.created_at = _nan_or(created_at, n, "created_at")
         self.accessed_at = _nan_or(accessed_at, n, "accessed_at")
         self.rank = list(rank) if rank is not None else [None] * n
@@ -342,6 +400,19 @@ class MemoryBatch(Sequence[MemoryRecord]):
         for name in ("rank", "token_count", "token_family", "token_kind", "exact_tokens"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"MemoryBatch: {name} has {len(getattr(self, name))} values for {n} memories")
+        if not all(c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS) for c in self.token_count):
+            k = next(k for k, c in enumerate(self.token_count)
+                     if not (c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS)))
+            raise ValueError(f"MemoryBatch: memory {self.ids[k]!r}: token_count must be an int in [0, 2**40] or "
+                             f"None, got {self.token_count[k]!r:.40}")
+        for k, c in enumerate(self.exact_tokens):
+            # A store's JSON texts are read (and checked) when counted; mappings here.
+            if c is not None and not isinstance(c, str) and not (
+                isinstance(c, Mapping) and all(type(f) is str and f and type(v) is int and 0 <= v <= MAX_MEMORY_TOKENS
+                                               for f, v in c.items())
+            ):
+                raise ValueError(f"MemoryBatch: memory {self.ids[k]!r}: exact_tokens must be None, a JSON object "
+                                 f"text or a mapping of family names to ints in [0, 2**40], got {c!r:.60}")
         self._records: list[MemoryRecord | None] = [None] * n
 
     def __len__(self) -> int:
@@ -412,8 +483,8 @@ class MemoryBatch(Sequence[MemoryRecord]):
                     continue
                 got = c.get(family)
                 if got is not None:
-                    if type(got) is not int or got < 0:
-                        raise ValueError(f"exact_tokens[{family!r}] must be an int >= 0, got {got!r}")
+                    if type(got) is not int or not 0 <= got <= MAX_MEMORY_TOKENS:
+                        raise ValueError(f"exact_tokens[{family!r}] must be an int in [0, 2**40], got {got!r:.40}")
                     out[k] = got
         except ValueError as exc:
             raise ValueError(f"memory {self.ids[k]!r}: {exc}") from None

@@ -326,7 +326,7 @@ def _scores_array(scores: object) -> npt.NDArray[np.float64]:
     if arr.dtype.kind == "O":
         try:
             return np.array([_as_score(v) for v in arr.tolist()], dtype=np.float64)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise invalid(f"scores: {exc}") from None
     raise invalid(f"scores must be real numbers, got an array of dtype {arr.dtype}")
 
@@ -334,7 +334,10 @@ def _scores_array(scores: object) -> npt.NDArray[np.float64]:
 def _as_score(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"score must be a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float
+        raise ValueError("score must be a finite number, got an int too large for a float") from None
 
 
 def _pinned_array(pinned: object) -> npt.NDArray[np.bool_]:
@@ -395,7 +398,7 @@ def _extract_fast(cands: Sequence[Any]) -> _Fields | None:
         if any(t < 0 or t > _core.MAX_TOKENS for t in (min(tokens, default=0), max(tokens, default=0))):
             return None
         return ids, np.array(tokens, np.int64), np.array(scores, np.float64), np.array(pinned, bool)
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, OverflowError):
         return None
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import enum
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from .memory import Query, Scope
+from .memory import MAX_RETRIEVAL_LIMIT, Query, Scope
+from .scoring import COMPONENTS
 
 __all__ = [
     "AssemblyOptions",
@@ -110,6 +112,11 @@ class ToolSpec:
         if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
             fn, shape, schema_key = tool["function"], "openai", "parameters"
             known = {"name", "description", "parameters", "strict"}
+            # Neither provider has a place for another key beside 'function' (OpenAI's
+            # types refuse one, Anthropic's tool would drop it): refuse it here.
+            outer = set(tool) - {"type", "function"}
+            if outer:
+                raise ValueError(f"unsupported keys {sorted(outer)} beside 'function' in an OpenAI tool")
         elif "input_schema" in tool:
             fn, shape, schema_key = tool, "anthropic", "input_schema"
             known = {"name", "description", "input_schema", "type", "cache_control"}
@@ -202,6 +209,12 @@ class Message:
             raise TypeError("tool_calls must be ToolCall objects")
         if calls and self.role != Role.ASSISTANT:
             raise ValueError("only assistant messages carry tool_calls")
+        if self.tool_call_id is not None:
+            if not isinstance(self.tool_call_id, str):
+                raise TypeError(f"tool_call_id must be a str, got {type(self.tool_call_id).__name__}")
+            if self.role != Role.TOOL:
+                # Only a tool result answers a call: the payloads have nowhere else to put it.
+                raise ValueError(f"only tool messages carry tool_call_id, not a {self.role.value!r} message")
         if self.role == Role.TOOL and not self.tool_call_id:
             raise ValueError("a tool message must name the tool_call_id it answers")
         if not isinstance(self.is_error, bool):
@@ -353,20 +366,53 @@ def _from_mapping(m: Mapping[str, Any]) -> tuple[Message, ...]:
     if extra:
         raise ValueError(f"unsupported message fields {extra}")
     text, parts = _content(m)
-    calls = []
     raw_calls = m.get("tool_calls") or ()
     if not isinstance(raw_calls, (list, tuple)):
         raise TypeError(f"tool_calls must be a list, got {type(raw_calls).__name__}")
-    for j, c in enumerate(raw_calls):
-        try:
-            fn = c.get("function", c)
-            args = fn.get("arguments", "{}")
-            calls.append(ToolCall(c["id"], fn["name"], args if isinstance(args, str) else json.dumps(args)))
-        except KeyError as exc:
-            raise ValueError(f"tool_calls[{j}] is missing the field {exc.args[0]!r}") from None
-        except AttributeError:
-            raise TypeError(f"tool_calls[{j}] must be a mapping, got {type(c).__name__}") from None
-    return (Message(cast(Role, role), text, tuple(calls), m.get("tool_call_id"), parts),)
+    calls = tuple(_tool_call(c, f"tool_calls[{j}]") for j, c in enumerate(raw_calls))
+    call_id = m.get("tool_call_id")
+    if call_id == "":  # an empty field says nothing (an SDK dump's default)
+        call_id = None
+    return (Message(cast(Role, role), text, calls, call_id, parts),)
+
+
+_TOOL_CALL_KEYS = frozenset({"id", "type", "function"})
+_TOOL_CALL_FUNCTION_KEYS = frozenset({"name", "arguments"})
+#: A call given without the ``function`` wrapper: ``{"id", "name", "arguments"}``.
+_BARE_TOOL_CALL_KEYS = _TOOL_CALL_KEYS - {"function"} | _TOOL_CALL_FUNCTION_KEYS
+
+
+def _tool_call(c: Any, where: str) -> ToolCall:
+    """One OpenAI tool call (``{"id", "type": "function", "function": {"name",
+    "arguments"}}``, or the bare ``{"id", "name", "arguments"}``); anything it would not
+    carry is refused, naming the call (`where`) and the key."""
+    c = _plain(c)
+    if not isinstance(c, Mapping):
+        raise TypeError(f"{where} must be a mapping, got {type(c).__name__}")
+    kind = c.get("type")
+    if kind not in (None, "function"):
+        raise ValueError(f"{where} is a {kind!r} tool call: only 'function' calls are accepted")
+    checks: list[tuple[Mapping[str, Any], str, frozenset[str]]]
+    if "function" in c:
+        fn, fn_where = _plain(c["function"]), f"{where}.function"
+        if not isinstance(fn, Mapping):
+            raise TypeError(f"{fn_where} must be a mapping, got {type(fn).__name__}")
+        checks = [(c, where, _TOOL_CALL_KEYS), (fn, fn_where, _TOOL_CALL_FUNCTION_KEYS)]
+    else:
+        fn, fn_where = c, where
+        checks = [(c, where, _BARE_TOOL_CALL_KEYS)]
+    for obj, at, known in checks:
+        extra = _extra(obj, known)
+        if extra:
+            raise ValueError(f"{at}: unsupported keys {extra}")
+    for obj, at, key in ((c, where, "id"), (fn, fn_where, "name")):
+        if key not in obj:
+            raise ValueError(f"{at} is missing the field {key!r}")
+    args = fn.get("arguments", "{}")
+    try:
+        return ToolCall(c["id"], fn["name"], args if isinstance(args, str) else json.dumps(args))
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _anthropic_assistant(m: Mapping[str, Any]) -> Message:
@@ -419,8 +465,8 @@ def _anthropic_tool_results(m: Mapping[str, Any]) -> tuple[Message, ...]:
             raise TypeError(f"content[{j}].content must be a str or a list of text blocks, got {type(inner).__name__}")
         try:
             out.append(Message(Role.TOOL, inner, (), block.get("tool_use_id"), parts, block.get("is_error", False)))
-        except ValueError as exc:
-            raise ValueError(f"content[{j}]: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"content[{j}]: {exc}") from None
         j += 1
     rest = blocks[j:]
     for k, block in enumerate(rest, start=j):
@@ -462,6 +508,22 @@ class AssemblyOptions:
     skip_memory: bool = False
     rendering: Rendering = Rendering.TEXT
 
+    if TYPE_CHECKING:
+        # What callers may pass (the generated __init__ converts): any iterable of ids,
+        # the enums by their values.
+        def __init__(
+            self,
+            weights: Mapping[str, float] | None = None,
+            relevance_floor: float | None = None,
+            min_similarity: float | None = None,
+            max_memories: int = 64,
+            pinned_memory_ids: Iterable[str] = frozenset(),
+            history_policy: HistoryPolicy | str = HistoryPolicy.STRICT,
+            context_enabled: bool = True,
+            skip_memory: bool = False,
+            rendering: Rendering | str = Rendering.TEXT,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "history_policy", HistoryPolicy(self.history_policy))
         try:
@@ -470,18 +532,39 @@ class AssemblyOptions:
             raise ValueError(
                 f"rendering must be one of {[r.value for r in Rendering]}, got {self.rendering!r}"
             ) from None
-        object.__setattr__(self, "pinned_memory_ids", frozenset(self.pinned_memory_ids))
-        if isinstance(self.max_memories, bool) or not isinstance(self.max_memories, int) or self.max_memories < 0:
-            raise ValueError(f"max_memories must be an int >= 0, got {self.max_memories!r}")
+        ids: Any = self.pinned_memory_ids
+        if isinstance(ids, (str, bytes)):
+            # frozenset("m-17") would be its characters
+            raise TypeError(f"pinned_memory_ids must be a collection of ids, not a single {type(ids).__name__}")
+        try:
+            ids = tuple(ids)
+        except TypeError:
+            raise TypeError(f"pinned_memory_ids must be an iterable of str, got {type(ids).__name__}") from None
+        for i, mid in enumerate(ids):
+            if not isinstance(mid, str):
+                raise TypeError(f"pinned_memory_ids[{i}] must be a str, got {type(mid).__name__}")
+        object.__setattr__(self, "pinned_memory_ids", frozenset(ids))
+        for name in ("context_enabled", "skip_memory"):
+            if not isinstance(getattr(self, name), bool):  # "false" would be truthy
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.max_memories, bool) or not isinstance(self.max_memories, int) or not (
+                0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT):
+            raise ValueError(f"max_memories must be an int in [0, 2**31 - 1], got {self.max_memories!r:.40}")
         for name in ("relevance_floor", "min_similarity"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
                 raise ValueError(f"{name} must be in [0, 1], got {v!r}")
         if self.weights is not None:
+            if not isinstance(self.weights, Mapping):
+                raise TypeError(f"weights must be a mapping of component to weight, got {type(self.weights).__name__}")
             w = dict(self.weights)
             for k, v in w.items():
-                if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise ValueError(f"weight {k!r} must be a finite number >= 0, got {v!r}")
+                if k not in COMPONENTS:
+                    raise ValueError(f"weights[{k!r}]: unknown component (known: {', '.join(COMPONENTS)})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise TypeError(f"weights[{k!r}] must be a number, got {type(v).__name__}")
+                if not 0 <= v <= sys.float_info.max:  # NaN, inf and ints past float range fail too
+                    raise ValueError(f"weights[{k!r}] must be a finite number >= 0, got {v!r:.40}")
             object.__setattr__(self, "weights", w)
 
 

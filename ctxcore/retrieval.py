@@ -97,6 +97,14 @@ class Retrieved:
         return next(b for b in self.branches if b.branch == which)
 
 
+def is_milliseconds(v: object) -> bool:
+    """Whether `v` is a duration in ms: a finite int or float >= 0 (not a bool, not an
+    int too large for a float)."""
+    if type(v) is float:
+        return 0.0 <= v < math.inf
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1e300
+
+
 def compute_wall(
     client_timeout_ms: float,
     server_deadline_ms: float,
@@ -114,6 +122,10 @@ def compute_wall(
     >>> compute_wall(45, 40, deadline=100.020, headroom_ms=5, now=100.0).source.value
     'caller_deadline'
     """
+    for name, v in (("client_timeout_ms", client_timeout_ms), ("server_deadline_ms", server_deadline_ms),
+                    ("headroom_ms", headroom_ms)):
+        if not is_milliseconds(v):
+            raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {v!r:.40}")
     if client_timeout_ms <= server_deadline_ms:
         wall = Wall(float(client_timeout_ms), WallSource.CLIENT_TIMEOUT)
     else:

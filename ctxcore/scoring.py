@@ -179,6 +179,8 @@ class ScoredCandidates:
 def _array(name: str, values: Any, n: int | None) -> FloatArray:
     try:
         a = np.asarray(values, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"{name} holds an int too large for a float (not finite)") from None
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a 1-D sequence of numbers") from None
     if a.ndim != 1:
@@ -289,6 +291,8 @@ def score_candidates(
     else:
         try:
             sim = np.asarray(similarity, dtype=np.float64)
+        except OverflowError:
+            raise ValueError("similarity holds an int too large for a float (not finite)") from None
         except (TypeError, ValueError):
             raise TypeError("similarity must be a 1-D sequence of numbers") from None
     n = sim.shape[0] if sim.ndim == 1 else -1

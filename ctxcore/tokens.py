@@ -395,6 +395,10 @@ def _bad_output(family: str, what: str, index: int = -1) -> InvalidTokenizerOutp
     return InvalidTokenizerOutput(f"the tokenizer registered for {family!r} {what}", family, index)
 
 
+#: The largest count a registered tokenizer may return (the packer's bound on an item).
+MAX_COUNT = 1 << 40
+
+
 def _checked_count(value: object, family: str, index: int = -1) -> int:
     where = "" if index < 0 else f" for text {index}"
     if type(value) is int:
@@ -407,6 +411,8 @@ def _checked_count(value: object, family: str, index: int = -1) -> int:
         out = operator.index(value)
     if out < 0:
         raise _bad_output(family, f"returned a negative count {out}{where}", index)
+    if out > MAX_COUNT:
+        raise _bad_output(family, f"returned a count above 2**40{where}", index)
     return out
 
 
@@ -422,8 +428,9 @@ def _checked_batch(values: object, family: str, n: int) -> npt.NDArray[np.int64]
         if negative.size:
             i = int(negative[0])
             raise _bad_output(family, f"batch returned a negative count {int(values[i])} for text {i}", i)
-        if values.dtype.kind == "u" and n and int(values.max()) > np.iinfo(np.int64).max:
-            raise _bad_output(family, "batch returned a count above the int64 range")
+        if n and int(values.max()) > MAX_COUNT:
+            i = int(np.argmax(values))
+            raise _bad_output(family, f"batch returned a count above 2**40 for text {i}", i)
         return values.astype(np.int64, copy=True)
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise _bad_output(family, f"batch returned {type(values).__name__}, not a sequence of counts")

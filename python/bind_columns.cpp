@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "bindings.hpp"
+#include "ctxcore/packer.hpp"
 
 namespace py = pybind11;
 
@@ -174,12 +175,15 @@ std::int64_t stored_count(const py::object& counts, const py::str& family, std::
     }
     held = py::reinterpret_steal<py::object>(v);
   }
+  const std::string where = "item " + std::to_string(i) + ": exact_tokens[" + std::string(family) + "]";
+  if (!PyLong_Check(v) || PyBool_Check(v)) throw py::type_error(where + " is " + type_name(v) + ", not an int");
   const long long n = PyLong_AsLongLong(v);
   if (n == -1 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::type_error("item " + std::to_string(i) + ": exact_tokens[" + std::string(family) + "] is not an int");
+    throw py::value_error(where + " is beyond 2**40");
   }
-  if (n < 0) throw py::value_error("item " + std::to_string(i) + ": exact_tokens[" + std::string(family) + "] is negative");
+  if (n < 0) throw py::value_error(where + " is negative");
+  if (n > ctxcore::kMaxTokens) throw py::value_error(where + " is beyond 2**40");
   return n;
 }
 

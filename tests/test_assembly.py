@@ -264,8 +264,8 @@ def test_a_batch_with_other_similarities_keeps_the_rest_and_is_its_own_copy() ->
 
 
 @pytest.mark.parametrize("stored, message", [
-    ('{"cl100k_base": -1}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int >= 0, got -1"),
-    ('{"cl100k_base": 2.5}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int >= 0, got 2.5"),
+    ('{"cl100k_base": -1}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int in \[0, 2\*\*40\], got -1"),
+    ('{"cl100k_base": 2.5}', r"memory 'm2': exact_tokens\['cl100k_base'\] must be an int in \[0, 2\*\*40\], got 2.5"),
     ("[3]", r"memory 'm2': exact_tokens must be a JSON object"),
     ("{3", r"memory 'm2': exact_tokens is not JSON"),
 ])

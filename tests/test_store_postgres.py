@@ -146,6 +146,21 @@ def test_credentials_never_show(pg_server: PgServer) -> None:
     assert redact_dsn("dbname=x password=hunter2") == "dbname=x password=***"
 
 
+def test_a_connection_string_libpq_cannot_read_is_refused_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # libpq's own message repeats the token it cannot read; nothing connects, nothing
+    # retries, and neither the error nor any log line carries the password.
+    for dsn, secret in (("postgresql://u:pa%ZZss@127.0.0.1:1/x", "pa%ZZss"),
+                        ("host=127.0.0.1 port=1 password='hunter2 dbname=x", "hunter2")):
+        t0 = time.monotonic()
+        with caplog.at_level("DEBUG"), pytest.raises(MemoryStoreError, match="libpq can read") as info:
+            PostgresMemoryStore(dsn)
+        assert time.monotonic() - t0 < 2.0
+        assert secret not in str(info.value) and "***" in str(info.value)
+        assert not any(secret in r.getMessage() for r in caplog.records)
+
+
 def test_a_url_opens_the_postgres_store(pg_server: PgServer, tmp_path: Path) -> None:
     db = pg_server.new_database()
     assert is_postgres_url(db.owner_url) and not is_postgres_url(str(tmp_path / "m.db"))

@@ -4,7 +4,6 @@ environment variables, checked when built (i.e. at start-up).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from ..retrieval import (
     DEFAULT_HOT_TIMEOUT_MS,
     DEFAULT_SERVER_DEADLINE_MS,
     BranchTimeouts,
+    is_milliseconds,
 )
 from ..scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoringConfig
 
@@ -72,8 +72,8 @@ class AssemblyConfig:
             if name in ("relevance_floor", "min_similarity"):
                 continue
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{name} must be a finite number of milliseconds >= 0, got {v!r}")
+            if not is_milliseconds(v):
+                raise ConfigError(f"{name} must be a finite number of milliseconds >= 0, got {v!r:.40}")
         ScoringConfig(relevance_floor=self.relevance_floor, min_similarity=self.min_similarity)
 
     @property

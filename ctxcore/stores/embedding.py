@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ._text import cjk_spaced, normalize, raw_words
 
-__all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder"]
+__all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder", "unit"]
 
 #: Default dimension. Signed hashing leaves unrelated texts a cosine of about
 #: ±1/sqrt(dim) from bucket collisions: ±0.06 at 256, far below any useful cutoff, at two
@@ -47,6 +47,21 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _SALT_WORD, _SALT_BIGRAM, _SALT_TRIGRAM = (np.uint64((k * 0x632BE59BD9B4E019) % 2**64) for k in (1, 2, 3))
 _SPACE = np.uint64(32)
 _NAME = re.compile(r"hashing-v1/dim=([0-9]{2,6})/seed=([0-9]{1,10})")
+
+
+def unit(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float32] | None:
+    """`v` (finite) scaled to length 1, as float32; None for the zero vector (no
+    direction). Scaled by its largest magnitude first, so that the squares of very large
+    or very small values (1e200, 1e-200) neither overflow nor vanish.
+
+    >>> unit(np.array([1e200, 1e200])).tolist() == unit(np.array([1e-200, 1e-200])).tolist() == [0.70710677] * 2
+    True
+    """
+    top = float(np.max(np.abs(v))) if v.size else 0.0
+    if top == 0.0:
+        return None
+    v = v / top
+    return (v / float(np.sqrt(v @ v))).astype(np.float32)
 
 
 @runtime_checkable

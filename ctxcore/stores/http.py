@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope
+from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit
 from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
@@ -175,8 +175,7 @@ class HttpMemorySource:
         _check_scope(scope)
         if not isinstance(query, Query):
             raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        check_limit(limit)
         q: dict[str, Any] = {"text": query.text}
         if query.embedding is not None:
             q["embedding"] = list(query.embedding)

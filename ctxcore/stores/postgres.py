@@ -60,7 +60,7 @@ from ._text import _CJK_CHAR, normalize, words
 from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
-from .records import Directive, NewMemory, rows_to_batch
+from .records import Directive, NewMemory, expiry_cutoff, rows_to_batch
 from .reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from .sqlite.ingest import check_batch
 from .sqlite.directives import DirectiveCache
@@ -476,10 +476,16 @@ def redact_dsn(dsn: str) -> str:
 
 
 def _password_of(dsn: str) -> str | None:
+    """The password `dsn` holds, if any. Raises `MemoryStoreError` (never quoting libpq,
+    whose message repeats the token it cannot read: a malformed password, say) when
+    `dsn` is not a connection string libpq can parse, before anything connects."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        return None
+        raise MemoryStoreError(
+            f"{redact_dsn(dsn)} is not a PostgreSQL connection string libpq can read: check the URL's "
+            "percent-encoding (a '%' in a password is written %25) or the key=value quoting"
+        ) from None
     pw = params.get("password")
     return str(pw) if pw else None
 
@@ -1521,10 +1527,7 @@ class PostgresMemoryStore:
         `now` (default: the current time), of one organization or (as the schema owner)
         of all. Returns how many were deleted."""
         self._check_open()
-        if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
-                0 <= max_age_seconds < math.inf):
-            raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r}")
-        cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
+        cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
             Directive(organization_id, None, "-")
             return self._run(self._scoped_rowcount(

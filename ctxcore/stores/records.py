@@ -10,6 +10,7 @@ Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never the
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..memory import MemoryBatch, MemoryOrigin, Scope
+from .embedding import unit
 from .errors import InvalidMemory
 
 __all__ = ["Directive", "NewMemory", "rows_to_batch"]
@@ -53,9 +55,35 @@ def _time(value: object, field: str, label: str) -> float | None:
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
         value = dt.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{label}: {field} must be a finite time >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+        raise ValueError(f"{label}: {field} must be a finite time >= 0, got {value!r:.80}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    """Whether `value` is a finite float, or an int that one can hold."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def expiry_cutoff(max_age_seconds: object, now: object) -> float:
+    """The creation time before which `expire` deletes: `now` (None: the current time)
+    less `max_age_seconds`, both finite numbers (the age >= 0); ValueError otherwise.
+
+    >>> expiry_cutoff(500, 1000)
+    500.0
+    """
+    if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
+        _finite(max_age_seconds) and max_age_seconds >= 0
+    ):
+        raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r:.40}")
+    if now is None:
+        return time.time() - float(max_age_seconds)
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not _finite(now):
+        raise ValueError(f"now must be a finite time in seconds since the epoch, got {now!r:.40}")
+    return float(now) - float(max_age_seconds)
 
 
 def _unit(value: object, field: str, label: str, optional: bool) -> float | None:
@@ -155,16 +183,17 @@ def _embedding(value: object, label: str) -> npt.NDArray[np.float32]:
         raise ValueError(f"{label}: embedding must be a sequence of numbers, got {type(value).__name__}")
     try:
         arr = np.asarray(value, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"{label}: embedding has non-finite values (an int beyond any float)") from None
     except (TypeError, ValueError):
         raise ValueError(f"{label}: embedding must be a sequence of numbers") from None
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{label}: embedding must be a non-empty 1-D sequence of numbers, got shape {arr.shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"{label}: embedding has non-finite values")
-    norm = float(np.sqrt(arr @ arr))
-    if norm == 0.0:
+    out = unit(arr)
+    if out is None:
         raise ValueError(f"{label}: embedding is all zeros (no direction to compare)")
-    out = (arr / norm).astype(np.float32)
     out.setflags(write=False)
     return out
 

@@ -15,12 +15,14 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ...memory import ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
+from ...memory import (
+    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_limit,
+)
 from ...tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
 from ..counting import count_memory_tokens
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..records import Directive, NewMemory
+from ..records import Directive, NewMemory, expiry_cutoff
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import rows_to_batch as _batch
 from . import fulltext
@@ -946,13 +948,9 @@ class SqliteMemoryStore:
         ...     s.expire(500, now=1000)
         1
         """
-        if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
-            0 <= max_age_seconds < float("inf")
-        ):
-            raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r}")
+        cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
             Directive(organization_id, None, "-")
-        cutoff = (time.time() if now is None else float(now)) - float(max_age_seconds)
 
         def run(conn: sqlite3.Connection) -> int:
             args: tuple[float | str, ...]
@@ -1004,5 +1002,4 @@ def _check_query(query: object) -> None:
 
 
 def _check_limit(limit: object) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    check_limit(limit)

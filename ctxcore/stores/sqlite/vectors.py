@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...memory import Query, Scope
-from ..embedding import Embedder
+from ..embedding import Embedder, unit
 from ..errors import MemoryStoreError
 from .readers import Job
 
@@ -25,12 +25,6 @@ __all__ = ["DEFAULT_CACHE_BYTES", "QUERY_VECTORS_KEPT", "Matrix", "QueryVectors"
 #: Upper bound on the in-memory embedding matrices, all scopes together: 1 GiB holds
 #: ~700k memories of 384 float32 dimensions. Least recently used scopes go first.
 DEFAULT_CACHE_BYTES = 1 << 30
-
-
-def unit(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float32] | None:
-    """`v` scaled to length 1, as float32; None for the zero vector (no direction)."""
-    norm = float(np.sqrt(v @ v))
-    return None if norm == 0.0 else (v / norm).astype(np.float32)
 
 
 def embed(embedder: Embedder, text: str) -> npt.NDArray[np.float32] | None:
