@@ -332,7 +332,10 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
     held = _Held()
 
     async def main() -> None:
-        cfg = open_config(max_running=1)
+        # The third call's wait ends when its deadline leaves less than the retrieval minimum
+        # and the tail: 150 ms of retrieval minimum puts that refusal well before the client's
+        # own deadline fires, on a loaded host too.
+        cfg = open_config(max_running=1, min_retrieval_ms=150.0)
         async with running(cfg, sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
                 first = asyncio.ensure_future(client.assemble(REQ))
@@ -343,7 +346,7 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
                 assert svc.turns is not None and svc.turns.waiting == 1
                 assert held.entered == 1  # the second waits its turn without starting
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    await client.assemble(REQ, timeout=0.2)
+                    await client.assemble(REQ, timeout=0.5)
                 assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
                 assert "server.max_running" in (ei.value.details() or "")
