@@ -65,8 +65,10 @@ def read_utf8(path: str | os.PathLike[str], fail: Fail, what: str = "", *, gzipp
 def jsonl_objects(text: str, name: str, fail: Fail, *, column: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of JSON Lines `text`; ``fail`` names
     `name` and the line (and the column, with `column`) of the first line that is not
-    JSON or not an object."""
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    JSON or not an object. Lines end at "\n" (a "\r" before it is JSON whitespace), not
+    at the other line breaks `str.splitlines` knows: U+2028, U+2029 or U+0085 inside a
+    string are text."""
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

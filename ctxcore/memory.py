@@ -82,6 +82,8 @@ class Scope:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+            if not _unicode(value):
+                raise ValueError(f"{name} holds a lone surrogate (not valid Unicode text): {value!r:.80}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +177,9 @@ class MemoryRecord:
         if not (
             type(self.id) is str and self.id and type(self.organization_id) is str and self.organization_id
             and type(self.agent_id) is str and self.agent_id and type(self.text) is str
+            and (self.id.isascii() or _unicode(self.id))
+            and (self.organization_id.isascii() or _unicode(self.organization_id))
+            and (self.agent_id.isascii() or _unicode(self.agent_id))
             and type(c) is float and 0.0 <= c <= 1.0
             and (s is None or (type(s) is float and -1.0 <= s <= 1.0))
             and (i is None or (type(i) is float and 0.0 <= i <= 1.0))
@@ -197,6 +202,8 @@ class MemoryRecord:
             v = getattr(self, name)
             if type(v) is not str or not v:
                 raise ValueError(f"memory {name} must be a non-empty str, got {v!r:.80}")
+            if not _unicode(v):
+                raise ValueError(f"memory {name} holds a lone surrogate (not valid Unicode text): {v!r:.80}")
         if type(self.text) is not str:
             raise TypeError(f"memory {self.id!r}: text must be str, got {type(self.text).__name__}")
         for name, low, high in _RANGES:
@@ -242,6 +249,15 @@ class MemoryRecord:
 #: The range of each number of a `MemoryRecord` (times only need to be finite).
 _RANGES = (("similarity", -1.0, 1.0), ("confidence", 0.0, 1.0), ("importance", 0.0, 1.0),
            ("created_at", -math.inf, math.inf), ("accessed_at", -math.inf, math.inf))
+
+
+def _unicode(text: str) -> bool:
+    """Whether `text` is valid Unicode text: no lone surrogate (it can be encoded)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _finite(value: int | float) -> bool:
@@ -378,9 +394,10 @@ class MemoryBatch(Sequence[MemoryRecord]):
         self.origins = [o if type(o) is MemoryOrigin else MemoryOrigin(o) for o in origins]
         if len(self.texts) != n or len(self.origins) != n:
             raise ValueError(f"MemoryBatch: {n} ids, {len(self.texts)} texts, {len(self.origins)} origins")
-        if not all(type(i) is str and i for i in self.ids):
-            k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i)
-            raise ValueError(f"MemoryBatch: memory {k}: id must be a non-empty str, got {self.ids[k]!r:.80}")
+        if not all(type(i) is str and i and (i.isascii() or _unicode(i)) for i in self.ids):
+            k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i or not _unicode(i))
+            raise ValueError(f"MemoryBatch: memory {k}: id must be a non-empty str of valid Unicode text (no lone "
+                             f"surrogate), got {self.ids[k]!r:.80}")
         if not all(type(t) is str for t in self.texts):
             k = next(k for k, t in enumerate(self.texts) if type(t) is not str)
             raise TypeError(f"MemoryBatch: memory {self.ids[k]!r}: text must be str, got {type(self.texts[k]).__name__}")

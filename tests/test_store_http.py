@@ -35,6 +35,7 @@ class Server:
         self.status = 200
         self.body = b"{}"
         self.delay = 0.0
+        self.drip = 0.0  # seconds between the body's bytes
         self.requests: list[tuple[str, str, Any]] = []
         outer = self
 
@@ -47,7 +48,13 @@ class Server:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(outer.body)))
                     self.end_headers()
-                    self.wfile.write(outer.body)
+                    if outer.drip:
+                        for k in range(len(outer.body)):
+                            self.wfile.write(outer.body[k : k + 1])
+                            self.wfile.flush()
+                            time.sleep(outer.drip)
+                    else:
+                        self.wfile.write(outer.body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout tests)
 
@@ -227,6 +234,34 @@ def test_slow_server_hits_the_request_timeout(server: Server) -> None:
     with pytest.raises(MemoryServiceError, match="timed out"):
         call(server, "hot", SCOPE, Query("q"), 5, timeout=0.05)
     assert time.perf_counter() - t0 < 0.8
+
+
+def test_a_server_dripping_its_answer_hits_the_request_timeout(server: Server) -> None:
+    # Each byte arrives well within the timeout; the answer as a whole does not.
+    server.answer({"memories": []})
+    server.drip = 0.05
+    t0 = time.perf_counter()
+    with pytest.raises(MemoryServiceError, match="no complete response within 0.3 s"):
+        call(server, "hot", SCOPE, Query("q"), 5, timeout=0.3)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_a_lone_surrogate_id_is_the_response_s_error_not_the_assembly_s(server: Server) -> None:
+    # The id is valid JSON (an escape) but not Unicode text: the branch fails, the
+    # assembly answers without it.
+    server.answer(raw=b'{"memories": [{"id": "m\\ud800", "content": "x", "similarity": 0.9, "confidence": 1.0, '
+                      b'"rank": 0, "organization_id": "acme", "agent_id": "support"}]}')
+    with pytest.raises(MemoryServiceError, match="lone surrogate"):
+        call(server, "hot", SCOPE, Query("q"), 5)
+
+    async def go() -> ctxcore.AssembledContext:
+        async with HttpMemorySource(server.url, timeout=2.0) as src:
+            return await ctxcore.assemble(ctxcore.AssemblyRequest("acme", "support", "gpt-4o", "q"),
+                                          sources=ctxcore.Sources(hot=src.hot), config=ROOMY)
+
+    ctx = asyncio.run(go())
+    statuses = {b.branch.value: b.status.value for b in ctx.branches}
+    assert statuses["hot"] == "error" and ctx.selected_ids == () and ctx.degraded, statuses
 
 
 def test_caller_cancellation_stops_the_request(server: Server) -> None:

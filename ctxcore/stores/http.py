@@ -13,6 +13,7 @@ they came, well-formed, for the retrieval layer to count and drop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -53,8 +54,8 @@ class HttpMemorySource:
 
     Args:
         base_url: the service's root, e.g. ``"http://memory.internal:8080"``.
-        timeout: seconds per request (connect, write, read and pool wait each), or None
-            for no limit beyond the caller's cancellation.
+        timeout: seconds per request, from the wait for a connection to the last byte of
+            the answer, or None for no limit beyond the caller's cancellation.
         headers: sent with every request (e.g. ``{"Authorization": "Bearer ..."}``).
         max_connections: size of the connection pool.
         transport: an httpx transport (tests, proxies); None for the default.
@@ -119,7 +120,20 @@ class HttpMemorySource:
         return f"HttpMemorySource({self._base_url!r}, timeout={self._timeout!r})"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        # httpx's timeout bounds each connect, read and write; the request as a whole (a
+        # server that drips its answer a byte at a time) is bounded here.
         where = f"{method} {self._base_url}{path}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                body = await self._exchange(where, method, path, **kwargs)
+        except TimeoutError:
+            raise MemoryServiceError(f"{where}: timed out: no complete response within {self._timeout} s") from None
+        try:
+            return json.loads(bytes(body), parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise MemoryServiceError(f"{where}: response is not valid JSON: {exc}", 200) from None
+
+    async def _exchange(self, where: str, method: str, path: str, **kwargs: Any) -> bytearray:
         try:
             async with self._client.stream(method, path, **kwargs) as response:
                 if response.status_code != 200:
@@ -137,10 +151,7 @@ class HttpMemorySource:
             raise MemoryServiceError(f"{where}: timed out after {self._timeout} s ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
             raise MemoryServiceError(f"{where}: {type(exc).__name__}: {exc}") from exc
-        try:
-            return json.loads(bytes(body), parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise MemoryServiceError(f"{where}: response is not valid JSON: {exc}", 200) from None
+        return body
 
     async def directive(self, scope: Scope) -> str | None:
         """``GET /v1/directive``: the directive of `scope`, or None."""

@@ -10,6 +10,7 @@ Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never the
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -181,6 +182,16 @@ class NewMemory:
 def _embedding(value: object, label: str) -> npt.NDArray[np.float32]:
     if isinstance(value, (str, bytes)):
         raise ValueError(f"{label}: embedding must be a sequence of numbers, got {type(value).__name__}")
+    try:
+        raw = np.asarray(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{label}: embedding must be a sequence of numbers") from None
+    # Numbers only: numpy would read ["1", "2"] or [True, False] as a vector.
+    if raw.dtype.kind not in "iuf" and not (
+        raw.dtype.kind == "O" and raw.ndim == 1
+        and all(isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in raw.tolist())
+    ):
+        raise ValueError(f"{label}: embedding must be a sequence of numbers (not strings or booleans)")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except OverflowError:

@@ -94,7 +94,7 @@ def insert_batch(
     """Insert the prepared batch (inside the caller's transaction) and bump the scopes'
     counters; returns the memories inserted (without the skipped ones)."""
     taken = conn.execute(
-        "SELECT id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
+        "SELECT id, organization_id, agent_id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
         (json.dumps(list(seen)),),
     ).fetchall()
     if taken and on_conflict == "error":
@@ -106,6 +106,15 @@ def insert_batch(
         batch, counts, vectors = [batch[i] for i in keep], [counts[i] for i in keep], [vectors[i] for i in keep]
         exact = [exact[i] for i in keep]
     elif taken:
+        # Ids are unique across the store, but a replace only ever replaces a memory of
+        # the same scope: another scope's memory is never touched.
+        foreign = [seen[r[0]] for r in taken if (r[1], r[2]) != (batch[seen[r[0]]].organization_id,
+                                                                   batch[seen[r[0]]].agent_id)]
+        if foreign:
+            first = min(foreign)
+            mid = batch[first].id
+            raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is stored in another scope; "
+                                "a replace only replaces a memory of the same scope", first, mid)
         delete_memories(conn, [r[0] for r in taken])
     dim = stored_dim(conn)
     for i, v in enumerate(vectors):

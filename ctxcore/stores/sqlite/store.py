@@ -4,6 +4,7 @@ behind the `ctxcore.memory.MemoryStore` protocol."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -40,7 +41,7 @@ from .ingest import (
 )
 from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
 from .readers import DEFAULT_READERS, Busy, Job, ReaderPool
-from .schema import _ACCESSED_AT, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
+from .schema import _ACCESSED_AT, _BUSY_TIMEOUT_MS, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
 from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
 
 __all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
@@ -345,17 +346,18 @@ class SqliteMemoryStore:
         now = time.time()
         with self._write_lock:
             conn = self._writer
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 kind = "exact" if self._exact else "estimate"
                 batch = insert_batch(conn, batch, seen, counts, vectors, exact, family=self._family, kind=kind,
                                      on_conflict=on_conflict, now=now)
                 for d in directives:
                     write_directive(conn, d.organization_id, d.agent_id, d.text)
                 conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            except BaseException as exc:
+                _roll_back(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._write_error(exc) from exc
                 raise
             finally:
                 if directives:  # written or rolled back: either way no cached read stays valid
@@ -383,7 +385,10 @@ class SqliteMemoryStore:
         else:
             Directive(organization_id, agent_id, text)
         with self._write_lock:
-            write_directive(self._writer, organization_id, agent_id, text)
+            try:
+                write_directive(self._writer, organization_id, agent_id, text)
+            except sqlite3.Error as exc:
+                raise self._write_error(exc) from exc
             # After the write: a read that began before it will not be cached (its
             # generation is older), and every read from now on sees the new text.
             self._directives.invalidate()
@@ -787,18 +792,26 @@ class SqliteMemoryStore:
         self._check_open()
         with self._write_lock:
             conn = self._writer
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 out = fn(conn)
                 conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            except BaseException as exc:
+                _roll_back(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._write_error(exc) from exc
                 raise
         with self._state_lock:
             self._df.clear()
         self._reads.reset()
         return out
+
+    def _write_error(self, exc: sqlite3.Error) -> MemoryStoreError:
+        """What a failed write says: the database and SQLite's reason."""
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return MemoryStoreError(f"{self._path}: the database stayed locked by another writer for "
+                                    f"{_BUSY_TIMEOUT_MS / 1000:g} s; nothing was written")
+        return MemoryStoreError(f"{self._path}: the write failed and nothing was written ({type(exc).__name__}: {exc})")
 
     def delete(self, scope: Scope, ids: Iterable[str]) -> int:
         """Delete the memories of `scope` with these ids, with their embeddings and
@@ -999,6 +1012,14 @@ def _check_scope(scope: object) -> None:
 def _check_query(query: object) -> None:
     if not isinstance(query, Query):
         raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    """End a failed write's transaction, if one is open (a rollback that fails too, on a
+    damaged file, leaves the first error to be told)."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 def _check_limit(limit: object) -> None:

@@ -1,0 +1,80 @@
+"""The SQLite store at its edges: another scope's id under ``replace``, a database another
+writer holds, text that is not Unicode, numbers that are not numbers, and JSON Lines
+whose strings hold the line breaks `str.splitlines` knows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from ctxcore.cli import main
+from ctxcore.memory import Query, Scope
+from ctxcore.stores import InvalidMemory, MemoryStoreError, NewMemory, SqliteMemoryStore
+
+
+def test_replace_never_touches_another_scopes_memory(tmp_path: Path) -> None:
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        s.add(NewMemory("m1", "B", "b", "B's private note"))
+        with pytest.raises(InvalidMemory, match="'m1' is stored in another scope") as info:
+            s.add_many([NewMemory("m0", "A", "a", "fine"), NewMemory("m1", "A", "a", "A's note")],
+                       on_conflict="replace")
+        assert info.value.index == 1
+        # Nothing of the batch was written, and B's memory is whole.
+        assert [m.text for m in asyncio.run(s.hot(Scope("B", "b"), Query(""), 5))] == ["B's private note"]
+        assert asyncio.run(s.hot(Scope("A", "a"), Query(""), 5)) == []
+        # Within its own scope a replace replaces.
+        assert s.add_many([NewMemory("m1", "B", "b", "B's new note")], on_conflict="replace") == ["m1"]
+        assert [m.text for m in asyncio.run(s.hot(Scope("B", "b"), Query(""), 5))] == ["B's new note"]
+
+
+def test_a_write_while_another_writer_holds_the_database_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with SqliteMemoryStore(path) as s:
+        s.add(NewMemory("m1", "o", "a", "tea"))
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(MemoryStoreError, match="locked by another writer.*nothing was written"):
+                s.add(NewMemory("m2", "o", "a", "coffee"))
+            assert time.monotonic() - t0 < 30
+            with pytest.raises(MemoryStoreError, match="locked"):
+                s.set_directive("o", None, "Be brief.")
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        s.add(NewMemory("m2", "o", "a", "coffee"))  # the store writes again once it is free
+        assert len(asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))) == 2
+
+
+@pytest.mark.parametrize("org, agent", [("o\ud800", "a"), ("o", "\udfff")])
+def test_a_scope_that_is_not_unicode_text_is_refused(org: str, agent: str) -> None:
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Scope(org, agent)
+
+
+@pytest.mark.parametrize("embedding", [["1", "2"], [True, False], [1, "a"]])
+def test_an_embedding_of_strings_or_booleans_is_refused(embedding: list[object]) -> None:
+    with pytest.raises(InvalidMemory, match="embedding must be a sequence of numbers"):
+        NewMemory("m", "o", "a", "t", embedding=embedding)  # type: ignore[arg-type]
+
+
+def test_json_lines_strings_may_hold_unicode_line_breaks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    texts = ["a\u2028b", "c\u2029d", "e\u0085f"]
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(json.dumps({"id": f"m{k}", "organization_id": "o", "agent_id": "a", "text": t},
+                                      ensure_ascii=False) + "\n" for k, t in enumerate(texts)), encoding="utf-8")
+    db = tmp_path / "m.db"
+    assert main(["memories", "add", str(src), "--db", str(db)]) == 0
+    with SqliteMemoryStore(db) as s:
+        assert sorted(m.text for m in asyncio.run(s.hot(Scope("o", "a"), Query(""), 5))) == texts
+    # A bad line is still named by its number (lines end at "\n" only).
+    src.write_text(src.read_text(encoding="utf-8") + "{not json\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["memories", "add", str(src), "--db", str(tmp_path / "n.db")]) != 0
+    assert ":4:" in capsys.readouterr().err
