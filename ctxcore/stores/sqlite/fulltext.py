@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import sqlite3
+import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -31,6 +32,7 @@ __all__ = [
     "FTS_MAX_DOC_FRACTION",
     "FTS_PRUNE_MIN_DOCS",
     "FTS_QUERY_TERMS",
+    "FTS_TOKENIZER",
     "MAX_FTS_TERMS",
     "DocFrequencies",
     "fts_match_expression",
@@ -75,9 +77,69 @@ def _scope_tag(organization_id: str, agent_id: str) -> str:
 
 def _fts_body(organization_id: str, agent_id: str, text: str) -> str:
     """What `memory_words` indexes for a memory: its words (every CJK character a word of
-    its own), each prefixed with the scope's tag."""
+    its own, split where FTS5 splits them, see `_fts_words`), each prefixed with the
+    scope's tag."""
     tag = _scope_tag(organization_id, agent_id)
-    return " ".join([tag + w for w in words(normalize(text))])
+    return " ".join([tag + w for w in _fts_words(words(normalize(text)))])
+
+
+#: The FTS5 tokenizer of `memory_words`.
+FTS_TOKENIZER = "unicode61 remove_diacritics 2"
+# Which non-ASCII characters (letters or digits to Python) FTS5's tokenizer separates:
+# asked of FTS5 itself, once per character and process.
+_SEPARATES: dict[str, bool] = {}
+_PROBE_LOCK = threading.Lock()
+_probe: list[sqlite3.Connection] = []
+
+
+def _fts_separators(chars: set[str]) -> set[str]:
+    """Those of `chars` that `FTS_TOKENIZER` treats as separators. Its Unicode tables
+    (6.1) are older than Python's: some characters that are letters or digits to Python
+    (New Tai Lue vowel signs, U+19B0-U+19C9, say, or letters of scripts added since) are
+    separators to FTS5. Each is asked of an in-memory FTS5 table, as the middle of a
+    three-character document: a separator leaves the first character a token of its own."""
+    unknown = [c for c in chars if c not in _SEPARATES]
+    if unknown:
+        with _PROBE_LOCK:
+            if not _probe:
+                conn = sqlite3.connect(":memory:", check_same_thread=False)
+                conn.execute(f"CREATE VIRTUAL TABLE probe USING fts5(x, tokenize = '{FTS_TOKENIZER}')")
+                _probe.append(conn)
+            conn = _probe[0]
+            conn.executemany("INSERT INTO probe (rowid, x) VALUES (?, ?)", [(ord(c), f"a{c}b") for c in unknown])
+            split = {chr(r[0]) for r in conn.execute("SELECT rowid FROM probe WHERE probe MATCH 'a'")}
+            conn.execute("DELETE FROM probe")
+            for c in unknown:
+                _SEPARATES[c] = c in split
+    return {c for c in chars if _SEPARATES[c]}
+
+
+def _fts_words(ws: list[str]) -> list[str]:
+    """`ws` split further where FTS5's tokenizer separates (`_fts_separators`), so that
+    every word is one FTS5 token: a tagged word is then one token that starts with its
+    own scope's tag, and a memory's text cannot put an entry under another scope's tag
+    ("zz" + separator + another tag + "kettle" would otherwise index that tag's
+    "kettle")."""
+    wide = {c for w in ws if not w.isascii() for c in w if not c.isascii()}
+    seps = _fts_separators(wide) if wide else set()
+    if not seps:
+        return ws
+    out: list[str] = []
+    for w in ws:
+        if w.isascii() or seps.isdisjoint(w):
+            out.append(w)
+            continue
+        piece: list[str] = []
+        for ch in w:
+            if ch in seps:
+                if piece:
+                    out.append("".join(piece))
+                piece = []
+            else:
+                piece.append(ch)
+        if piece:
+            out.append("".join(piece))
+    return out
 
 
 def _quote(term: str) -> str:
@@ -109,6 +171,19 @@ def _fts_terms(text: str) -> list[tuple[str, ...]]:
             if len(terms) >= MAX_FTS_TERMS:
                 return list(terms)
     return list(terms)
+
+
+def _search_terms(text: str) -> list[tuple[str, ...]]:
+    """`_fts_terms` as this store indexes them: a word FTS5 would split is its pieces
+    (`_fts_words`), each a term."""
+    out: dict[tuple[str, ...], None] = {}
+    for t in _fts_terms(text):
+        if len(t) == 1 and not t[0].isascii():
+            for w in _fts_words([t[0]]):
+                out.setdefault((w,), None)
+        else:
+            out.setdefault(t, None)
+    return list(out)
 
 
 def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
@@ -237,7 +312,7 @@ def search(
     """The rowids of `scope`'s memories that hold more and rarer terms of `text`, best
     first (ties: newest first), at most `limit`. `counts`: the scope's (memories, write
     counter) as the caller just read them on `conn`."""
-    terms = _fts_terms(text)
+    terms = _search_terms(text)
     in_scope, version = counts
     if not terms or not in_scope:
         return []

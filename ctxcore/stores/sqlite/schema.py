@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ...memory import Scope
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import MemoryStoreError
-from .fulltext import _fts_body
+from .fulltext import FTS_TOKENIZER, _fts_body
 
 __all__ = ["SCHEMA_VERSION", "connect", "init_schema", "scope_version", "stored_dim"]
 
@@ -41,8 +41,8 @@ _READS_TABLE = """CREATE TABLE IF NOT EXISTS memory_reads (
     accessed_at REAL NOT NULL
 ) WITHOUT ROWID"""
 
-_WORDS_TABLE = """CREATE VIRTUAL TABLE IF NOT EXISTS memory_words USING fts5(
-    body, tokenize = 'unicode61 remove_diacritics 2', columnsize = 0
+_WORDS_TABLE = f"""CREATE VIRTUAL TABLE IF NOT EXISTS memory_words USING fts5(
+    body, tokenize = '{FTS_TOKENIZER}', columnsize = 0
 )"""
 _WORDS_VOCAB = "CREATE VIRTUAL TABLE IF NOT EXISTS memory_words_vocab USING fts5vocab(memory_words, 'row')"
 
