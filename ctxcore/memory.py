@@ -522,7 +522,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
         out = MemoryBatch.__new__(MemoryBatch)
         out.organization_id = self.organization_id
         out.agent_id = self.agent_id
-        out.similarity = _nan_or(similarity, len(self.ids), "similarity")
+        out.similarity = _in_range(_nan_or(similarity, len(self.ids), "similarity"), -1.0, "similarity")
         for name in _COPIED_COLUMNS:
             setattr(out, name, getattr(self, name).copy())
         out._records = [None] * len(self.ids)
