@@ -22,6 +22,8 @@ parts (directive, kept messages, tools, memories section), exactly as
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -48,11 +50,93 @@ from .service.wire import (
 )
 from .v1 import context_assembly_pb2 as pb
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ContextClient", "answer_messages", "answer_tools", "to_anthropic", "to_openai"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_TIMEOUT_S",
+    "ContextClient",
+    "answer_messages",
+    "answer_tools",
+    "to_anthropic",
+    "to_openai",
+]
 
 #: Per-call deadline when none is given: the proxy's client timeout, 45 ms
 #: ("Client/outer retrieval timeout: IBEX_CONTEXT_TIMEOUT=45ms").
 DEFAULT_TIMEOUT_S = DEFAULT_CLIENT_TIMEOUT_MS / 1000
+#: Longest deadline a call may be given, in seconds (about three years). grpcio turns a
+#: timeout into an absolute deadline that overflows past about 2**31 seconds, and then
+#: fails every call at once with DEADLINE_EXCEEDED; no call needs anything near this.
+MAX_TIMEOUT_S = 1e8
+
+#: A lone surrogate: a str may hold one, UTF-8 (and so a protobuf string) cannot.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _timeout(value: object, what: str = "timeout") -> float:
+    """A deadline in seconds, checked: a finite number in (0, `MAX_TIMEOUT_S`].
+
+    >>> _timeout(0.045)
+    0.045
+    >>> _timeout(float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be a finite number of seconds in (0, 1e+08], got inf
+    """
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= MAX_TIMEOUT_S):
+        raise ValueError(f"{what} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}")
+    return float(value)
+
+
+def _header_value(what: str, value: object) -> str:
+    """A credential as gRPC metadata carries it: printable ASCII. The value itself is a
+    secret and never quoted; the position of the first bad character is."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a str, got {type(value).__name__}")
+    if not (value.isascii() and value.isprintable()):
+        at = next(i for i, c in enumerate(value) if not (" " <= c <= "~"))
+        raise ValueError(f"{what} must be printable ASCII (API keys and tokens are ASCII): character {at} "
+                         f"of {len(value)} is not")
+    return value
+
+
+def _surrogate_field(req: AssemblyRequest) -> str:
+    """The first field of `req` (in wire terms) holding a lone surrogate, or ``request``."""
+    def bad(text: str | None) -> bool:
+        return text is not None and _SURROGATE.search(text) is not None
+
+    for name in ("organization_id", "agent_id", "model"):
+        if bad(getattr(req, name)):
+            return name
+    if bad(req.query.text):
+        return "query.text"
+    for i, m in enumerate(req.messages):
+        if bad(m.content):
+            return f"messages[{i}].content"
+        for j, part in enumerate(m.parts or ()):
+            if bad(part):
+                return f"messages[{i}].parts[{j}]"
+        for j, c in enumerate(m.tool_calls):
+            for name in ("id", "name", "arguments"):
+                if bad(getattr(c, name)):
+                    return f"messages[{i}].tool_calls[{j}].{name}"
+        if bad(m.tool_call_id):
+            return f"messages[{i}].tool_call_id"
+    for i, t in enumerate(req.tools):
+        if bad(json.dumps(t, ensure_ascii=False)):
+            return f"tools_json[{i}]"
+    if any(bad(k) for k in req.options.weights or ()):
+        return "options.weights"
+    if any(bad(k) for k in req.options.pinned_memory_ids):
+        return "options.pinned_memory_ids"
+    return "request"
+
+
+def _text_field(what: str, value: str) -> str:
+    """A name sent as a protobuf string: ValueError naming it when it holds a lone surrogate."""
+    if _SURROGATE.search(value):
+        raise ValueError(f"{what}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)")
+    return value
 
 
 class ContextClient:
@@ -69,9 +153,14 @@ class ContextClient:
         private_key: PEM key of the client certificate.
         server_name: the name to verify the server certificate against, when it is not
             the target's host.
-        timeout: default per-call deadline in seconds.
+        timeout: default per-call deadline in seconds: a finite number in
+            (0, `MAX_TIMEOUT_S`]; so is a call's own ``timeout``.
         load_balancing: gRPC load-balancing policy (``"round_robin"`` or ``"pick_first"``).
         options: extra channel options.
+
+    Raises:
+        ValueError: a timeout out of range; an `api_key` or `token` that is not printable
+            ASCII (gRPC metadata cannot carry it); a certificate without its key.
     """
 
     def __init__(
@@ -88,11 +177,13 @@ class ContextClient:
         load_balancing: str = "round_robin",
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.timeout = _timeout(timeout)
         if (certificate_chain is None) != (private_key is None):
             raise ValueError("certificate_chain and private_key go together (mTLS)")
-        self.timeout = timeout
+        if api_key is not None:
+            _header_value("api_key", api_key)
+        if isinstance(token, str):
+            _header_value("token", token)
         self._token = token
         self._api_key = api_key
         opts: list[tuple[str, Any]] = [
@@ -127,7 +218,7 @@ class ContextClient:
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         md: list[tuple[str, str]] = []
         if self._token is not None:
-            token = self._token() if callable(self._token) else self._token
+            token = _header_value("token", self._token()) if callable(self._token) else self._token
             md.append((AUTHORIZATION_HEADER, f"Bearer {token}"))
         if self._api_key is not None:
             md.append((API_KEY_HEADER, self._api_key))
@@ -146,12 +237,25 @@ class ContextClient:
         Returns:
             The ``ctxcore.v1.AssembledContext`` message: text, sections, budget, pack
             record, trace, branch records, wall, degradation, timings.
+
+        Raises:
+            ValueError: a timeout that is not a finite number in (0, `MAX_TIMEOUT_S`]; a
+                field holding a lone surrogate (named), which the wire cannot carry.
         """
-        msg = request_to_proto(request) if isinstance(request, AssemblyRequest) else request
-        result: pb.AssembledContext = await self._assemble(
-            msg, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata()
-        )
+        deadline = self._call_timeout(timeout)
+        if isinstance(request, AssemblyRequest):
+            try:
+                msg = request_to_proto(request)
+            except UnicodeEncodeError:
+                raise ValueError(f"{_surrogate_field(request)}: holds a lone surrogate (not valid Unicode; the "
+                                 "wire carries UTF-8)") from None
+        else:
+            msg = request
+        result: pb.AssembledContext = await self._assemble(msg, timeout=deadline, metadata=self._metadata())
         return result
+
+    def _call_timeout(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else _timeout(timeout)
 
     async def compute_budget(
         self,
@@ -164,24 +268,23 @@ class ContextClient:
         timeout: float | None = None,
     ) -> Budget:
         """The server's budget ledger for `model` and the given fixed costs."""
+        deadline = self._call_timeout(timeout)
         msg = pb.ComputeBudgetRequest(
-            model=model,
+            model=_text_field("model", model),
             directive_tokens=directive_tokens,
             messages_tokens=messages_tokens,
             tool_schema_tokens=tool_schema_tokens,
             formatter_overhead_tokens=formatter_overhead_tokens,
         )
-        answer = await self._budget(msg, timeout=self.timeout if timeout is None else timeout,
-                                    metadata=self._metadata())
+        answer = await self._budget(msg, timeout=deadline, metadata=self._metadata())
         return budget_from_proto(answer)
 
     async def model_capabilities(self, *models: str, timeout: float | None = None) -> tuple[ModelCapability, ...]:
         """Catalog entries for the named models (names or aliases), or all of them."""
-        answer = await self._caps(
-            pb.GetModelCapabilitiesRequest(models=list(models)),
-            timeout=self.timeout if timeout is None else timeout,
-            metadata=self._metadata(),
-        )
+        deadline = self._call_timeout(timeout)
+        names = [_text_field(f"models[{i}]", m) for i, m in enumerate(models)]
+        answer = await self._caps(pb.GetModelCapabilitiesRequest(models=names), timeout=deadline,
+                                  metadata=self._metadata())
         return tuple(capability_from_proto(m) for m in answer.models)
 
     async def close(self) -> None:

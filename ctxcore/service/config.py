@@ -5,12 +5,12 @@ binds, with a message that names the key. The shape (every key optional)::
 
     [server]
     bind = "127.0.0.1:50051"        # host:port, [v6]:port or unix:PATH
-    max_message_bytes = 4194304     # larger requests get RESOURCE_EXHAUSTED
-    max_concurrent_rpcs = 1024      # more in flight get RESOURCE_EXHAUSTED
+    max_message_bytes = 4194304     # larger requests get RESOURCE_EXHAUSTED (at most 2**31 - 1)
+    max_concurrent_rpcs = 1024      # more in flight get RESOURCE_EXHAUSTED (at most 2**31 - 1)
     deadline_headroom_ms = 1.0      # kept back from the caller's deadline for the response
     min_retrieval_ms = 1.0          # less than this left -> DEADLINE_EXCEEDED at once
-    shutdown_grace_s = 10.0         # in-flight calls get this long after SIGTERM
-    drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused
+    shutdown_grace_s = 10.0         # in-flight calls get this long after SIGTERM (at most 3600)
+    drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused (at most 3600)
     max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
     cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
     max_running = "auto"            # ordinary assemblies run at a time, others wait (0: no limit;
@@ -81,6 +81,7 @@ __all__ = [
     "JwtConfig",
     "ServiceConfig",
     "TlsConfig",
+    "check_tls_files",
     "is_loopback_bind",
     "load_service_config",
 ]
@@ -113,6 +114,13 @@ DEFAULT_MAX_QUEUE = 64
 DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
+#: Largest `max_message_bytes` and `max_concurrent_rpcs`: gRPC takes both as a C ``int``
+#: (32-bit signed), and a larger value fails inside grpc.aio.server with an OverflowError.
+MAX_GRPC_INT = 2**31 - 1
+#: Longest `drain_delay_s` and `shutdown_grace_s`: an hour is far past any load
+#: balancer's health-check interval or a call's deadline, and a larger value would leave a
+#: SIGTERM'd server draining for practically ever.
+MAX_SHUTDOWN_S = 3600.0
 #: Ordinary assemblies that run at once (0: no limit; see ctxcore.service.admission.Turns).
 #: None ("auto", the default) is `AUTO_MAX_RUNNING_EMBEDDED` when the server reads the
 #: SQLite store in its own process, where an assembly is CPU-bound: one that runs alone
@@ -155,9 +163,16 @@ class Grant:
     def parse(cls, text: str) -> Grant:
         """``ORG/AGENT`` or ``ORG/*``."""
         org, sep, agent = text.partition("/")
-        if not sep or not org or not agent or "/" in agent or org == "*":
-            raise ConfigError(f"grant {text!r} must be 'ORG/AGENT' or 'ORG/*' (the organization cannot be a wildcard)")
-        return cls(org, agent)
+        if not sep or "/" in agent:
+            why = f"{text.count('/')} slashes" if sep else "no slash"
+            problem = f"has {why}; ORG/AGENT has exactly one, and the agent may be '*'"
+        elif not org or not agent:
+            problem = f"has an empty {'organization' if not org else 'agent'}"
+        elif org == "*":
+            problem = "names the organization '*': the organization cannot be a wildcard, only the agent"
+        else:
+            return cls(org, agent)
+        raise ConfigError(f"grant {text!r} {problem} (expected 'ORG/AGENT' or 'ORG/*')")
 
     def allows(self, organization_id: str, agent_id: str) -> bool:
         """Whether this grant covers the pair."""
@@ -246,6 +261,10 @@ class ServiceConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
+        for name in ("max_message_bytes", "max_concurrent_rpcs"):
+            v = getattr(self, name)
+            if v > MAX_GRPC_INT:
+                raise ConfigError(f"server.{name} must be at most 2**31 - 1 = {MAX_GRPC_INT} (gRPC's limit), got {v}")
         if self.cpu_workers > MAX_CPU_WORKERS:
             raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
         if self.max_running is not None and (
@@ -261,6 +280,10 @@ class ServiceConfig:
             raise ConfigError(f"metrics.port must be an integer in [0, 65535], got {self.metrics_port!r}")
         for name in ("deadline_headroom_ms", "min_retrieval_ms", "shutdown_grace_s", "drain_delay_s"):
             _non_negative(f"server.{name}", getattr(self, name))
+        for name in ("shutdown_grace_s", "drain_delay_s"):
+            v = getattr(self, name)
+            if v > MAX_SHUTDOWN_S:
+                raise ConfigError(f"server.{name} must be at most {MAX_SHUTDOWN_S:g} seconds, got {v!r}")
         unknown = set(self.assembly) - ASSEMBLY_KEYS
         if unknown:
             raise ConfigError(f"unknown [assembly] keys {sorted(unknown)} (allowed: {sorted(ASSEMBLY_KEYS)})")
@@ -445,6 +468,59 @@ def parse_tls(t: Mapping[str, Any], base: Path) -> TlsConfig:
         client_ca_file=ca,
         client_auth=mode,
     )
+
+
+class _EncryptedKey(Exception):
+    """Raised from OpenSSL's password callback: the key file is encrypted."""
+
+
+def _no_password() -> bytes:
+    raise _EncryptedKey  # never a prompt on the terminal: a server starts unattended
+
+
+def check_tls_files(tls: TlsConfig) -> None:
+    """Check that the TLS files hold what gRPC needs: a PEM certificate chain, the
+    unencrypted PEM private key of its first certificate, and (mTLS) a PEM CA bundle.
+
+    Read with the standard library's OpenSSL (``ssl``) at start-up, so a wrong file is
+    named before the server binds, instead of surfacing from gRPC as a failure to bind.
+    Only the files' form is checked, not policy: keys and digests OpenSSL's default
+    security level calls weak are accepted here (gRPC accepts them too).
+
+    Raises:
+        ConfigError: a file that cannot be read or does not hold what it should (named).
+    """
+    import ssl
+
+    def context() -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # the files' form, not OpenSSL's key-size policy
+        return ctx
+
+    def certificates(key: str, path: Path, what: str) -> None:
+        try:
+            context().load_verify_locations(cafile=str(path))
+        except ssl.SSLError:
+            raise ConfigError(f"auth.tls.{key} {path}: holds no PEM {what}") from None
+        except OSError as exc:
+            raise ConfigError(f"auth.tls.{key} {path}: cannot read it: {exc.strerror or exc}") from None
+
+    certificates("cert_file", tls.cert_file, "certificate (-----BEGIN CERTIFICATE-----)")
+    try:
+        context().load_cert_chain(str(tls.cert_file), str(tls.key_file), password=_no_password)
+    except _EncryptedKey:
+        raise ConfigError(f"auth.tls.key_file {tls.key_file}: the key is encrypted; gRPC needs an unencrypted "
+                          "PEM private key") from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(f"auth.tls.key_file {tls.key_file}: is not the private key of the certificate in "
+                              f"auth.tls.cert_file {tls.cert_file}") from None
+        raise ConfigError(f"auth.tls.key_file {tls.key_file}: holds no PEM private key "
+                          "(-----BEGIN PRIVATE KEY-----)") from None
+    except OSError as exc:
+        raise ConfigError(f"auth.tls.key_file {tls.key_file}: cannot read it: {exc.strerror or exc}") from None
+    if tls.client_ca_file is not None:
+        certificates("client_ca_file", tls.client_ca_file, "CA certificate (-----BEGIN CERTIFICATE-----)")
 
 
 def parse_principals(t: object) -> dict[str, tuple[Grant, ...]]:

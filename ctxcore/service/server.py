@@ -15,13 +15,16 @@ packing and formatting), and a call arriving with less than the two headrooms pl
 
 Health (grpc.health.v1) is NOT_SERVING until the store is open and again from the moment
 SIGTERM arrives; then, after ``drain_delay_s``, new calls are refused and in-flight calls
-get ``shutdown_grace_s`` to finish. Reflection is registered on loopback binds only.
+get ``shutdown_grace_s`` to finish. A second SIGTERM or SIGINT cuts the drain short: calls
+in flight are cancelled and the process exits with 128 + the signal's number. Reflection
+is registered on loopback binds only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import gc
@@ -46,7 +49,7 @@ from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
 from .auth import Authenticator, Principal
-from .config import ServiceConfig
+from .config import ServiceConfig, check_tls_files
 from .errors import ServiceError
 from .convert import (
     MAX_DETAILS_CHARS,
@@ -342,6 +345,9 @@ class ContextService:
         self._server: grpc.aio.Server | None = None
         self._ready = False
         self._stopping: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None  # set by `stop_now`: cut the drain short
+        self._draining: grpc.aio.Server | None = None  # the server while `stop` waits on it
+        self._stop_begun = False
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -354,7 +360,23 @@ class ContextService:
             The bound port (useful with port 0).
         """
         cfg = self.config
+        tls = cfg.auth.tls
+        creds: grpc.ServerCredentials | None = None
+        if tls is not None:
+            # The files' form is checked first: gRPC reports a bad certificate or key only
+            # as a failure to bind.
+            check_tls_files(tls)
+            try:
+                creds = grpc.ssl_server_credentials(
+                    [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
+                    root_certificates=tls.client_ca_file.read_bytes() if tls.client_ca_file else None,
+                    require_client_auth=tls.client_auth.value == "require",
+                )
+            except OSError as exc:
+                raise ConfigError(f"cannot read a TLS file: {exc}") from None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._stop_begun = False
         # Bounded: at most cpu_workers stages run at once, the rest wait their turn here
         # (admission control keeps that queue short).
         self._executor = concurrent.futures.ThreadPoolExecutor(cfg.cpu_workers, thread_name_prefix="ctxcore-cpu")
@@ -373,19 +395,11 @@ class ContextService:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if cfg.reflection_enabled:
             reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        tls = cfg.auth.tls
         try:
-            if tls is None:
+            if creds is None:
                 self.port = server.add_insecure_port(cfg.bind)
             else:
-                creds = grpc.ssl_server_credentials(
-                    [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
-                    root_certificates=tls.client_ca_file.read_bytes() if tls.client_ca_file else None,
-                    require_client_auth=tls.client_auth.value == "require",
-                )
                 self.port = server.add_secure_port(cfg.bind, creds)
-        except OSError as exc:
-            raise ConfigError(f"cannot read a TLS file: {exc}") from None
         except RuntimeError as exc:
             raise ConfigError(f"cannot bind {cfg.bind}: {exc}") from None
         if self.port == 0 and not cfg.bind.startswith("unix:"):
@@ -435,13 +449,26 @@ class ContextService:
         calls in flight `grace` seconds (default ``shutdown_grace_s``), then stop."""
         if self._server is None:
             return
+        self._stop_begun = True
         grace = self.config.shutdown_grace_s if grace is None else grace
         log_event("draining", grace_s=grace, drain_delay_s=self.config.drain_delay_s)
         await self.health.enter_graceful_shutdown()
-        if self.config.drain_delay_s > 0:
-            await asyncio.sleep(self.config.drain_delay_s)
+        hurry = self._hurry
+        assert hurry is not None  # made by `start`, as the server is
+        if self.config.drain_delay_s > 0 and not hurry.is_set():
+            # Over at the delay, or at once when `stop_now` sets the event.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hurry.wait(), self.config.drain_delay_s)
         server, self._server = self._server, None
-        await server.stop(grace)
+        if server is None:
+            await self.wait_stopped()  # another `stop` got here first: its end is this one's
+            return
+        self._draining = server
+        try:
+            # gRPC keeps the smallest grace of concurrent stops: `stop_now` shortens this one.
+            await server.stop(None if hurry.is_set() else grace)
+        finally:
+            self._draining = None
         await self.admission.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -454,6 +481,21 @@ class ContextService:
         if self._stopping is not None:
             self._stopping.set()
         log_event("stopped")
+
+    async def stop_now(self) -> None:
+        """Stop at once (a second SIGTERM or SIGINT): end the drain delay and abort the
+        calls in flight (they get CANCELLED). A `stop` under way is cut short and
+        finishes its clean-up; with none under way, one runs without the drain. Returns
+        once the server is stopped."""
+        if self._hurry is not None:
+            self._hurry.set()
+        server = self._server or self._draining
+        if server is not None:
+            await server.stop(None)  # gRPC keeps the smallest grace: this ends any stop's
+        if self._server is not None:
+            await self.stop()  # none under way: the event set above skips the drain
+        if self._stop_begun:
+            await self.wait_stopped()
 
     async def wait_stopped(self) -> None:
         """Return once `stop` has finished."""
@@ -694,7 +736,8 @@ class ContextService:
                 # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {str(exc)[:300]}") from None
             except ContextOverflow as exc:
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"messages: {str(exc)[:500]}") from None
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"{_overflowing_fields(exc)}: {str(exc)[:500]}") from None
             except InvalidFormatInput as exc:
                 section = getattr(exc, "section", "")
                 if section not in ("history", "tools"):
@@ -777,19 +820,50 @@ class ContextService:
         return capabilities_to_proto(self.catalog, models)
 
 
+def _overflowing_fields(exc: ContextOverflow) -> str:
+    """The request fields a `ContextOverflow` is about, by its ledger: those of
+    ``messages`` and ``tools_json`` that carry tokens (``request`` when neither does, or
+    when the overflow has no ledger).
+
+    >>> from ctxcore import compute_budget
+    >>> _overflowing_fields(ContextOverflow("too big", compute_budget("gpt-4o", tool_schema_tokens=200_000)))
+    'tools_json'
+    >>> both = compute_budget("gpt-4o", messages_tokens=1, tool_schema_tokens=9)
+    >>> _overflowing_fields(ContextOverflow("too big", both))
+    'messages and tools_json'
+    """
+    b = exc.budget
+    if b is None:
+        return "request"
+    parts = [name for name, tokens in (("messages", getattr(b, "messages_tokens", 0)),
+                                       ("tools_json", getattr(b, "tool_schema_tokens", 0))) if tokens]
+    return " and ".join(parts) or "request"
+
+
 async def serve(config: ServiceConfig, **kwargs: Any) -> None:
-    """Run a `ContextService` until SIGTERM or SIGINT, then drain and stop."""
+    """Run a `ContextService` until SIGTERM or SIGINT, then drain and stop.
+
+    A second SIGTERM or SIGINT during the drain stops at once (`ContextService.stop_now`:
+    calls in flight are cancelled) and ends with ``SystemExit(128 + signal number)``,
+    so the process exits with the status of one killed by that signal (143 or 130).
+    """
     service = ContextService(config, **kwargs)
     loop = asyncio.get_running_loop()
     stop_task: list[asyncio.Task[None]] = []
+    forced: list[signal.Signals] = []
 
-    def on_signal(signame: str) -> None:
+    def on_signal(sig: signal.Signals) -> None:
         if not stop_task:
-            log_event("signal", signal=signame)
+            log_event("signal", signal=sig.name)
             stop_task.append(loop.create_task(service.stop()))
+        elif not forced:
+            forced.append(sig)
+            log_event("signal", logging.WARNING, signal=sig.name, action="stop_now",
+                      details="second signal while draining: calls in flight are cancelled")
+            stop_task.append(loop.create_task(service.stop_now()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig.name)
+        loop.add_signal_handler(sig, on_signal, sig)
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
@@ -807,3 +881,7 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
             loop.remove_signal_handler(sig)
         if not stop_task:
             await service.stop(0)
+    if forced:
+        for task in stop_task:
+            await task  # `stop_now` returns once the stop's clean-up is done
+        raise SystemExit(128 + forced[0].value)
