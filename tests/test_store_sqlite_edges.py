@@ -78,3 +78,15 @@ def test_json_lines_strings_may_hold_unicode_line_breaks(tmp_path: Path, capsys:
     capsys.readouterr()
     assert main(["memories", "add", str(src), "--db", str(tmp_path / "n.db")]) != 0
     assert ":4:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda s: s.forget(""), "forget: organization_id"),
+    (lambda s: s.forget("o", ""), "forget: agent_id"),
+    (lambda s: s.stats(""), "stats: organization_id"),
+    (lambda s: s.expire(5, organization_id="o\ud800"), "expire: organization_id"),
+])
+def test_scope_arguments_of_store_operations_are_named_by_operation(tmp_path: Path, call: object, what: str) -> None:
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        with pytest.raises(InvalidMemory, match=what):
+            call(s)  # type: ignore[operator]

@@ -60,7 +60,7 @@ from ._text import _CJK_CHAR, normalize, words
 from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
-from .records import Directive, NewMemory, expiry_cutoff, rows_to_batch
+from .records import Directive, NewMemory, check_owner, expiry_cutoff, rows_to_batch
 from .reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from .sqlite.ingest import check_batch
 from .sqlite.directives import DirectiveCache
@@ -1416,7 +1416,7 @@ class PostgresMemoryStore:
         organization): memories (with their embeddings and full-text entries) and
         directives. Returns the counts."""
         self._check_open()
-        Directive(organization_id, agent_id, "-")  # validates the ids
+        check_owner(organization_id, agent_id, "forget")
         report = self._run(self._forget(organization_id, agent_id))
         self._directives.invalidate()
         return report
@@ -1529,7 +1529,7 @@ class PostgresMemoryStore:
         self._check_open()
         cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
-            Directive(organization_id, None, "-")
+            check_owner(organization_id, None, "expire")
             return self._run(self._scoped_rowcount(
                 organization_id, None, "DELETE FROM memories WHERE organization_id = %s AND created_at < %s",
                 (organization_id, cutoff)))
@@ -1568,7 +1568,7 @@ class PostgresMemoryStore:
         """
         self._check_open()
         if organization_id is not None:
-            Directive(organization_id, None, "-")
+            check_owner(organization_id, None, "stats")
         return self._run(self._stats(organization_id))
 
     async def _stats(self, org: str | None) -> StoreStats:

@@ -69,6 +69,26 @@ def _finite(value: int | float) -> bool:
         return False
 
 
+def check_owner(organization_id: object, agent_id: object, what: str) -> None:
+    """Raise `InvalidMemory` naming `what` (the operation) unless `organization_id` is a
+    non-empty str and `agent_id` one or None, both valid Unicode text.
+
+    >>> check_owner("", None, "forget")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ctxcore.stores.InvalidMemory: forget: organization_id must be a non-empty str, got ''
+    """
+    for name, value in (("organization_id", organization_id), ("agent_id", agent_id)):
+        if value is None and name == "agent_id":
+            continue
+        if not isinstance(value, str) or not value:
+            raise InvalidMemory(f"{what}: {name} must be a non-empty str, got {value!r:.80}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidMemory(f"{what}: {name} contains a lone surrogate (not valid Unicode text)") from None
+
+
 def expiry_cutoff(max_age_seconds: object, now: object) -> float:
     """The creation time before which `expire` deletes: `now` (None: the current time)
     less `max_age_seconds`, both finite numbers (the age >= 0); ValueError otherwise.

@@ -23,7 +23,7 @@ from ...tokens import count_tokens, estimate_tokens_batch, estimator_families, e
 from ..counting import count_memory_tokens
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..records import Directive, NewMemory, expiry_cutoff
+from ..records import Directive, NewMemory, check_owner, expiry_cutoff
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import rows_to_batch as _batch
 from . import fulltext
@@ -852,7 +852,7 @@ class SqliteMemoryStore:
         ...     s.forget("o")
         ForgetReport(memories=2, directives=1)
         """
-        Directive(organization_id, agent_id, "-")  # validates the ids
+        check_owner(organization_id, agent_id, "forget")
 
         def run(conn: sqlite3.Connection) -> ForgetReport:
             args: tuple[str, ...]
@@ -963,7 +963,7 @@ class SqliteMemoryStore:
         """
         cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
-            Directive(organization_id, None, "-")
+            check_owner(organization_id, None, "expire")
 
         def run(conn: sqlite3.Connection) -> int:
             args: tuple[float | str, ...]
@@ -987,7 +987,7 @@ class SqliteMemoryStore:
         """
         self._check_open()
         if organization_id is not None:
-            Directive(organization_id, None, "-")
+            check_owner(organization_id, None, "stats")
         where, args = ("", ()) if organization_id is None else ("WHERE organization_id = ?", (organization_id,))
         conn = self._readers.connection()
         rows = conn.execute(
