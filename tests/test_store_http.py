@@ -201,6 +201,9 @@ MALFORMED: list[tuple[str, bytes, str]] = [
      "exact_tokens"),
     ("more than the limit", json.dumps({"memories": [memory(id=f"m{k}", rank=k) for k in range(4)]}).encode(),
      "returned 4 memories for a limit of 3"),
+    ("token_count beyond 2**40", json.dumps({"memories": [memory(token_count=2**41, token_family="cl100k_base",
+                                                                 token_kind="exact")]}).encode(),
+     r"^memories\[0\] \('m1'\): token_count must be an int in \[0, 2\*\*40\]"),
     ("one bad item among good ones", json.dumps({"memories": [memory(), memory(id="m2", rank="1")]}).encode(),
      r"memories\[1\] \('m2'\): rank"),
 ]

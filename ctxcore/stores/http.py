@@ -280,7 +280,8 @@ def _memory(item: object, k: int) -> MemoryRecord:
     try:
         return _record(item, similarity, confidence, importance, created_at, accessed_at, rank, tok, exact)
     except (TypeError, ValueError) as exc:  # MemoryRecord's own checks, should ours miss one
-        raise fail(str(exc)) from None
+        # The label already names the memory: not twice.
+        raise fail(str(exc).removeprefix(f"memory {item['id']!r}: ")) from None
 
 
 def _record(
