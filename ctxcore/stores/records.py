@@ -9,7 +9,6 @@ Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never the
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..memory import MemoryBatch, MemoryOrigin, Scope
+from ..memory import MemoryBatch, MemoryOrigin, Scope, _finite, _unicode
 from .embedding import unit
 from .errors import InvalidMemory
 
@@ -61,12 +60,14 @@ def _time(value: object, field: str, label: str) -> float | None:
     return float(value)
 
 
-def _finite(value: int | float) -> bool:
-    """Whether `value` is a finite float, or an int that one can hold."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond any float
-        return False
+def _text_problem(name: str, value: object) -> str | None:
+    """What is wrong with `value` as a required text field (None: nothing): it must be a
+    non-empty str of valid Unicode text (no lone surrogate)."""
+    if not isinstance(value, str) or not value:
+        return f"{name} must be a non-empty str, got {value!r:.80}"
+    if not _unicode(value):
+        return f"{name} contains a lone surrogate (not valid Unicode text)"
+    return None
 
 
 def check_owner(organization_id: object, agent_id: object, what: str) -> None:
@@ -79,14 +80,9 @@ def check_owner(organization_id: object, agent_id: object, what: str) -> None:
     ctxcore.stores.InvalidMemory: forget: organization_id must be a non-empty str, got ''
     """
     for name, value in (("organization_id", organization_id), ("agent_id", agent_id)):
-        if value is None and name == "agent_id":
-            continue
-        if not isinstance(value, str) or not value:
-            raise InvalidMemory(f"{what}: {name} must be a non-empty str, got {value!r:.80}")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidMemory(f"{what}: {name} contains a lone surrogate (not valid Unicode text)") from None
+        problem = None if value is None and name == "agent_id" else _text_problem(name, value)
+        if problem:
+            raise InvalidMemory(f"{what}: {problem}")
 
 
 def expiry_cutoff(max_age_seconds: object, now: object) -> float:
@@ -158,13 +154,9 @@ class NewMemory:
         label = _where(self.id, -1)
         try:
             for name in ("id", "organization_id", "agent_id", "text"):
-                value = getattr(self, name)
-                if not isinstance(value, str) or not value:
-                    raise ValueError(f"{label}: {name} must be a non-empty str, got {value!r:.80}")
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ValueError(f"{label}: {name} contains a lone surrogate (not valid Unicode text)") from None
+                problem = _text_problem(name, getattr(self, name))
+                if problem:
+                    raise ValueError(f"{label}: {problem}")
             object.__setattr__(self, "confidence", _unit(self.confidence, "confidence", label, False))
             object.__setattr__(self, "importance", _unit(self.importance, "importance", label, True))
             object.__setattr__(self, "created_at", _time(self.created_at, "created_at", label))
