@@ -321,6 +321,16 @@ def check_limit(limit: object) -> None:
         raise ValueError(f"limit must be an int in [0, 2**31 - 1], got {limit!r:.40}")
 
 
+def check_min_similarity(min_similarity: object) -> float:
+    """`min_similarity` as a float; ValueError unless it is a number in [-1, 1] (a cold
+    source's ANN cutoff)."""
+    if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
+        -1.0 <= min_similarity <= 1.0
+    ):
+        raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r:.40}")
+    return float(min_similarity)
+
+
 def _in_range(arr: npt.NDArray[np.float64], low: float, name: str) -> npt.NDArray[np.float64]:
     """`arr` once every value is NaN (None) or in [`low`, 1]."""
     out = (arr < low) | (arr > 1.0)

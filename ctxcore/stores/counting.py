@@ -20,6 +20,7 @@ from ..counting import (
     count_memory_tokens,
     memory_units,
 )
+from ..tokens import count_tokens, estimate_tokens_batch
 
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",
@@ -27,4 +28,17 @@ __all__ = [
     "count_exact_batch",
     "count_memory_tokens",
     "memory_units",
+    "stored_token_counts",
 ]
+
+
+def stored_token_counts(texts: list[str], family: str, *, exact: bool) -> list[int]:
+    """The token count a store keeps with each text, in its `family`: exact
+    (``ctxcore.count_tokens``) when `exact`, else the estimator's.
+
+    >>> stored_token_counts(["Prefers email."], "cl100k_base", exact=True)
+    [4]
+    """
+    if exact:
+        return [count_tokens(t, family).value for t in texts]
+    return [int(x) for x in estimate_tokens_batch(texts, family).tolist()]

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit
+from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity
 from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
@@ -174,11 +174,8 @@ class HttpMemorySource:
         self, scope: Scope, query: Query, limit: int, min_similarity: float
     ) -> Sequence[MemoryRecord]:
         """``POST /v1/retrieve`` with ``branch: "cold"`` and the ANN cutoff."""
-        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
-            -1.0 <= min_similarity <= 1.0
-        ):
-            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
-        return await self._retrieve("cold", scope, query, limit, float(min_similarity))
+        min_similarity = check_min_similarity(min_similarity)
+        return await self._retrieve("cold", scope, query, limit, min_similarity)
 
     async def _retrieve(
         self, branch: str, scope: Scope, query: Query, limit: int, min_similarity: float | None

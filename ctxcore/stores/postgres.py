@@ -54,9 +54,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..memory import ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats
-from ..tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
+from ..memory import (
+    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_min_similarity,
+)
+from ..tokens import estimator_families, exact_families
 from ._text import _CJK_CHAR, normalize, words
+from .counting import stored_token_counts
 from .urls import is_postgres_url
 from .embedding import Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryStoreError
@@ -1099,9 +1102,7 @@ class PostgresMemoryStore:
                     )
 
     def _count(self, texts: list[str]) -> list[int]:
-        if self._exact:
-            return [count_tokens(t, self._family).value for t in texts]
-        return [int(x) for x in estimate_tokens_batch(texts, self._family).tolist()]
+        return stored_token_counts(texts, self._family, exact=self._exact)
 
     def _vector_of(self, m: NewMemory) -> npt.NDArray[np.float32] | None:
         if m.embedding is not None:
@@ -1184,10 +1185,7 @@ class PostgresMemoryStore:
         """
         _check_scope(scope)
         _check_limit(limit)
-        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
-            -1.0 <= min_similarity <= 1.0
-        ):
-            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
+        min_similarity = check_min_similarity(min_similarity)
         _check_query(query)
         if limit == 0:
             return []
@@ -1195,7 +1193,7 @@ class PostgresMemoryStore:
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
         terms = self._search_keys(scope, _query_keys(_fts_terms(query.text)))
-        seqs, batch = await self._call(self._cold(scope, qv, terms, limit, float(min_similarity)))
+        seqs, batch = await self._call(self._cold(scope, qv, terms, limit, min_similarity))
         self._note(scope, seqs)
         return batch
 

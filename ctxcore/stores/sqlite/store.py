@@ -18,9 +18,10 @@ import numpy.typing as npt
 
 from ...memory import (
     ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_limit,
+    check_min_similarity,
 )
-from ...tokens import count_tokens, estimate_tokens_batch, estimator_families, exact_families
-from ..counting import count_memory_tokens
+from ...tokens import estimator_families, exact_families
+from ..counting import count_memory_tokens, stored_token_counts
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..records import Directive, NewMemory, check_owner, expiry_cutoff
@@ -344,26 +345,22 @@ class SqliteMemoryStore:
             if progress is not None:
                 progress(len(part))
         now = time.time()
-        with self._write_lock:
-            conn = self._writer
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                kind = "exact" if self._exact else "estimate"
-                batch = insert_batch(conn, batch, seen, counts, vectors, exact, family=self._family, kind=kind,
-                                     on_conflict=on_conflict, now=now)
-                for d in directives:
-                    write_directive(conn, d.organization_id, d.agent_id, d.text)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _roll_back(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise self._write_error(exc) from exc
-                raise
-            finally:
-                if directives:  # written or rolled back: either way no cached read stays valid
-                    self._directives.invalidate()
-                if on_conflict == "replace":  # a replaced memory is noted at its next read
-                    self._reads.reset()
+        kind = "exact" if self._exact else "estimate"
+
+        def write(conn: sqlite3.Connection) -> list[NewMemory]:
+            written = insert_batch(conn, batch, seen, counts, vectors, exact, family=self._family, kind=kind,
+                                   on_conflict=on_conflict, now=now)
+            for d in directives:
+                write_directive(conn, d.organization_id, d.agent_id, d.text)
+            return written
+
+        try:
+            batch = self._transaction(write)
+        finally:
+            if directives:  # written or rolled back: either way no cached read stays valid
+                self._directives.invalidate()
+            if on_conflict == "replace":  # a replaced memory is noted at its next read
+                self._reads.reset()
         return [m.id for m in batch]
 
     def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
@@ -452,9 +449,7 @@ class SqliteMemoryStore:
             updated += len(params)
 
     def _count(self, texts: list[str]) -> list[int]:
-        if self._exact:
-            return [count_tokens(t, self._family).value for t in texts]
-        return [int(x) for x in estimate_tokens_batch(texts, self._family).tolist()]
+        return stored_token_counts(texts, self._family, exact=self._exact)
 
     def _vectors(self, batch: Sequence[NewMemory]) -> list[npt.NDArray[np.float32] | None]:
         out: list[npt.NDArray[np.float32] | None] = []
@@ -550,14 +545,11 @@ class SqliteMemoryStore:
         """
         _check_scope(scope)
         _check_limit(limit)
-        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
-            -1.0 <= min_similarity <= 1.0
-        ):
-            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
+        min_similarity = check_min_similarity(min_similarity)
         _check_query(query)
-        out = self._cold_here(scope, query, limit, float(min_similarity))
+        out = self._cold_here(scope, query, limit, min_similarity)
         if out is None:
-            out = await self._run(self._cold_job, scope, query, limit, float(min_similarity))
+            out = await self._run(self._cold_job, scope, query, limit, min_similarity)
         self._note_access(scope, out)
         return out
 
@@ -788,8 +780,9 @@ class SqliteMemoryStore:
         self._cold_rows.touch(batch)
         return n
 
-    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        self._check_open()
+    def _transaction(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """`fn` on the writer connection in one transaction: committed, or rolled back with
+        a SQLite error told as `MemoryStoreError`."""
         with self._write_lock:
             conn = self._writer
             try:
@@ -801,6 +794,11 @@ class SqliteMemoryStore:
                 if isinstance(exc, sqlite3.Error):
                     raise self._write_error(exc) from exc
                 raise
+        return out
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        self._check_open()
+        out = self._transaction(fn)
         with self._state_lock:
             self._df.clear()
         self._reads.reset()
@@ -1022,5 +1020,4 @@ def _roll_back(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def _check_limit(limit: object) -> None:
-    check_limit(limit)
+_check_limit = check_limit
