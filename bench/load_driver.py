@@ -291,7 +291,7 @@ async def run_open_loop(
         for _ in hosts:
             await c.model_capabilities("gpt-4o", timeout=5.0)
         call = c._channel.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
-                                      response_deserializer=None)
+                                      response_deserializer=None, _registered_method=True)
 
         async def one(payload: bytes) -> None:
             t0 = time.perf_counter()

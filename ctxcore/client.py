@@ -139,6 +139,15 @@ def _text_field(what: str, value: str) -> str:
     return value
 
 
+def _method(channel: grpc.aio.Channel, name: str, request: Any, response: Any) -> Any:
+    """The service's method `name` on `channel`, registered: gRPC's core resolves it once
+    for the channel, not again at each call."""
+    return channel.unary_unary(  # type: ignore[call-arg]  # grpc-stubs lack _registered_method
+        METHOD_PREFIX + name, request_serializer=request.SerializeToString,
+        response_deserializer=response.FromString, _registered_method=True,
+    )
+
+
 class ContextClient:
     """An async client of ContextAssemblyService.
 
@@ -199,21 +208,10 @@ class ContextClient:
         else:
             self._channel = grpc.aio.insecure_channel(target, options=opts)
         ch = self._channel
-        self._assemble = ch.unary_unary(
-            METHOD_PREFIX + "AssembleContext",
-            request_serializer=pb.AssembleContextRequest.SerializeToString,
-            response_deserializer=pb.AssembledContext.FromString,
-        )
-        self._budget = ch.unary_unary(
-            METHOD_PREFIX + "ComputeBudget",
-            request_serializer=pb.ComputeBudgetRequest.SerializeToString,
-            response_deserializer=pb.Budget.FromString,
-        )
-        self._caps = ch.unary_unary(
-            METHOD_PREFIX + "GetModelCapabilities",
-            request_serializer=pb.GetModelCapabilitiesRequest.SerializeToString,
-            response_deserializer=pb.GetModelCapabilitiesResponse.FromString,
-        )
+        self._assemble = _method(ch, "AssembleContext", pb.AssembleContextRequest, pb.AssembledContext)
+        self._budget = _method(ch, "ComputeBudget", pb.ComputeBudgetRequest, pb.Budget)
+        self._caps = _method(ch, "GetModelCapabilities", pb.GetModelCapabilitiesRequest,
+                             pb.GetModelCapabilitiesResponse)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         md: list[tuple[str, str]] = []
