@@ -290,8 +290,9 @@ async def run_open_loop(
     async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
         for _ in hosts:
             await c.model_capabilities("gpt-4o", timeout=5.0)
-        call = c._channel.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
-                                      response_deserializer=None, _registered_method=True)
+        call = c._channel.unary_unary(  # type: ignore[call-arg]  # grpc-stubs lack _registered_method
+            METHOD_PREFIX + "AssembleContext", request_serializer=None, response_deserializer=None,
+            _registered_method=True)
 
         async def one(payload: bytes) -> None:
             t0 = time.perf_counter()
