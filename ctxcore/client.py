@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -36,6 +35,7 @@ import grpc  # noqa: E402  (after the extra's check, which names what to install
 
 from .budget import Budget
 from .catalog import ModelCapability
+from .memory import _unicode
 from .payloads import default_directive_role, render_anthropic, render_openai
 from .request import AssemblyRequest, Message
 from .retrieval import DEFAULT_CLIENT_TIMEOUT_MS
@@ -67,9 +67,6 @@ DEFAULT_TIMEOUT_S = DEFAULT_CLIENT_TIMEOUT_MS / 1000
 #: timeout into an absolute deadline that overflows past about 2**31 seconds, and then
 #: fails every call at once with DEADLINE_EXCEEDED; no call needs anything near this.
 MAX_TIMEOUT_S = 1e8
-
-#: A lone surrogate: a str may hold one, UTF-8 (and so a protobuf string) cannot.
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _timeout(value: object, what: str = "timeout") -> float:
@@ -103,7 +100,7 @@ def _header_value(what: str, value: object) -> str:
 def _surrogate_field(req: AssemblyRequest) -> str:
     """The first field of `req` (in wire terms) holding a lone surrogate, or ``request``."""
     def bad(text: str | None) -> bool:
-        return text is not None and _SURROGATE.search(text) is not None
+        return text is not None and not _unicode(text)
 
     for name in ("organization_id", "agent_id", "model"):
         if bad(getattr(req, name)):
@@ -134,7 +131,7 @@ def _surrogate_field(req: AssemblyRequest) -> str:
 
 def _text_field(what: str, value: str) -> str:
     """A name sent as a protobuf string: ValueError naming it when it holds a lone surrogate."""
-    if _SURROGATE.search(value):
+    if not _unicode(value):
         raise ValueError(f"{what}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)")
     return value
 

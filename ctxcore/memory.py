@@ -26,6 +26,8 @@ from typing import Any, Protocol, cast, overload, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from . import _core
+
 __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
     "MAX_MEMORY_TOKENS",
@@ -43,9 +45,9 @@ __all__ = [
     "StoreStats",
 ]
 
-#: The most tokens a memory's stored count may give (the packer's bound on an item; a
-#: count beyond it is not a count of any text).
-MAX_MEMORY_TOKENS = 1 << 40
+#: The most tokens a memory's stored count may give: the packer's bound on an item
+#: (``_core.MAX_TOKENS``, 2**40; a count beyond it is not a count of any text).
+MAX_MEMORY_TOKENS: int = _core.MAX_TOKENS
 
 #: The most memories a retrieval may ask a source for (``limit``; an assembly's
 #: ``max_memories``).

@@ -396,7 +396,7 @@ def _bad_output(family: str, what: str, index: int = -1) -> InvalidTokenizerOutp
 
 
 #: The largest count a registered tokenizer may return (the packer's bound on an item).
-MAX_COUNT = 1 << 40
+MAX_COUNT: int = _core.MAX_TOKENS
 
 
 def _checked_count(value: object, family: str, index: int = -1) -> int:

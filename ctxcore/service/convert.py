@@ -24,7 +24,7 @@ from .. import _core
 from ..assembly.trace import _TRACE_REASONS, _TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
-from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope, _unicode
 from ..errors import UnknownModel
 from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
@@ -266,8 +266,6 @@ def _finite_float(text: str) -> float:
 #: candidate: the backslash may itself be escaped (``\\ud800`` is text), and a high
 #: surrogate followed by a low one is one valid character.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-#: A lone surrogate in decoded text (a paired one decodes to one character beyond U+FFFF).
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _has_lone_surrogate(obj: Any) -> bool:
@@ -276,7 +274,7 @@ def _has_lone_surrogate(obj: Any) -> bool:
     while stack:
         o = stack.pop()
         if isinstance(o, str):
-            if _SURROGATE.search(o):
+            if not _unicode(o):  # a paired surrogate decodes to one character beyond U+FFFF
                 return True
         elif isinstance(o, dict):
             stack.extend(o)  # the keys

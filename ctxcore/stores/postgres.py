@@ -55,7 +55,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..memory import (
-    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_min_similarity,
+    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_limit,
+    check_min_similarity,
 )
 from ..tokens import estimator_families, exact_families
 from ._text import _CJK_CHAR, normalize, words
@@ -74,7 +75,6 @@ from .sqlite import (
     FTS_MAX_DOC_FRACTION,
     FTS_PRUNE_MIN_DOCS,
     FTS_QUERY_TERMS,
-    _check_limit,
     _check_query,
     _check_scope,
     _exact_json,
@@ -1143,7 +1143,7 @@ class PostgresMemoryStore:
         """The agent's most recent memories, newest first, at most `limit`; each with its
         cosine similarity to the query when both have an embedding, else None."""
         _check_scope(scope)
-        _check_limit(limit)
+        check_limit(limit)
         _check_query(query)
         if limit == 0:
             return []
@@ -1184,7 +1184,7 @@ class PostgresMemoryStore:
             MemoryStoreError: the query embedding's dimension differs from the store's.
         """
         _check_scope(scope)
-        _check_limit(limit)
+        check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
         _check_query(query)
         if limit == 0:

@@ -41,7 +41,7 @@ from .vectors import DEFAULT_CACHE_BYTES
 from .fulltext import _fts_terms as _fts_terms
 from .fulltext import _strip_diacritics as _strip_diacritics
 from .ingest import _at_index as _at_index, exact_json
-from .store import _check_limit as _check_limit, _check_query as _check_query
+from .store import _check_query as _check_query
 from .store import _check_scope as _check_scope, _clip as _clip
 
 _exact_json = exact_json

@@ -497,7 +497,7 @@ class SqliteMemoryStore:
         ['m4', 'm3']
         """
         _check_scope(scope)
-        _check_limit(limit)
+        check_limit(limit)
         _check_query(query)
         self._check_open()
         out = self._hot_kept(scope, query, limit)
@@ -544,7 +544,7 @@ class SqliteMemoryStore:
             MemoryStoreError: the query embedding's dimension differs from the store's.
         """
         _check_scope(scope)
-        _check_limit(limit)
+        check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
         _check_query(query)
         out = self._cold_here(scope, query, limit, min_similarity)
@@ -1019,5 +1019,3 @@ def _roll_back(conn: sqlite3.Connection) -> None:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
 
-
-_check_limit = check_limit
