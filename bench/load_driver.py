@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
 import random
@@ -147,12 +148,16 @@ async def run_load(
     token: str | None = None,
     seed: int = 1,
     warm_pairs: bool = False,
+    connections: int = 1,
 ) -> dict[str, Any]:
     """Closed-loop load: `concurrency` workers, each sending its next AssembleContext as
     soon as the last one answered, until `requests` are done or `max_seconds` pass.
     `warm_pairs` first sends every scope/question pair once (4 in flight, 2 s deadlines),
     before the clock: the run then measures a server that has seen its traffic (a scope's
-    first reads of a query's terms cost more than later ones)."""
+    first reads of a query's terms cost more than later ones). `connections` channels,
+    each with its own connection to every target, share the workers (worker k sends on
+    channel k mod `connections`), as several callers would: a server with
+    ``--workers N`` spreads connections, not calls, over its processes."""
     hosts = check_loopback(target)
     concurrency = max(1, min(concurrency, MAX_CONCURRENCY))
     requests = max(1, min(requests, MAX_REQUESTS))
@@ -165,11 +170,21 @@ async def run_load(
     walls: dict[str, int] = {}
     branches: dict[str, int] = {}
     sent = 0
+    connections = max(1, min(connections, concurrency))
     await wait_serving(hosts)
-    async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000) as c:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(ContextClient(
+                channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000,
+                options=[("grpc.use_local_subchannel_pool", 1)] if connections > 1 else (),
+            ))
+            for _ in range(connections)
+        ]
+        c = clients[0]
         # Connect to the replicas before the clock starts.
-        for _ in hosts:
-            await c.model_capabilities("gpt-4o", timeout=5.0)
+        for client in clients:
+            for _ in hosts:
+                await client.model_capabilities("gpt-4o", timeout=5.0)
         warmed = 0
         if warm_pairs:
             line = asyncio.Semaphore(4)
@@ -184,7 +199,7 @@ async def run_load(
         stop_at = time.monotonic() + max_seconds
         t_start = time.perf_counter()
 
-        async def worker() -> None:
+        async def worker(c: ContextClient) -> None:
             nonlocal sent, degraded
             while sent < requests and time.monotonic() < stop_at:
                 sent += 1
@@ -207,7 +222,7 @@ async def run_load(
                 w = pb.WallSource.Name(r.wall.source).removeprefix("WALL_SOURCE_").lower()
                 walls[w] = walls.get(w, 0) + 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(clients[k % connections]) for k in range(concurrency)))
         elapsed = time.perf_counter() - t_start
     lat.sort()
 
@@ -217,6 +232,7 @@ async def run_load(
     return {
         "targets": hosts,
         "concurrency": concurrency,
+        "connections": connections,
         "warmed_pairs": warmed,
         "calls": len(lat),
         "seconds": round(elapsed, 3),
@@ -393,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--token")
     r.add_argument("--warm-pairs", action="store_true",
                    help="first send every scope/question pair once, before the clock")
+    r.add_argument("--connections", type=int, default=1,
+                   help="channels, each with its own connection, that share the calls (default 1)")
     for name, helptext in (("open", "open-loop Poisson arrivals at --rate calls/s"),
                            ("overload", "measure the sustainable rate, then run open at --factor times it")):
         o = sub.add_parser(name, help=helptext)
@@ -424,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     report = asyncio.run(run_load(args.target, concurrency=args.concurrency, requests=args.requests,
                                   max_seconds=args.max_seconds, timeout_ms=args.timeout_ms, model=args.model,
-                                  api_key=args.api_key, token=args.token, warm_pairs=args.warm_pairs))
+                                  api_key=args.api_key, token=args.token, warm_pairs=args.warm_pairs,
+                                  connections=args.connections))
     print(json.dumps(report, indent=2))
     return 0 if not report["errors"] else 1
 

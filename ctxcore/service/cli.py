@@ -83,6 +83,9 @@ def add_subcommands(sub: Any) -> None:
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
     t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
+    s.add_argument("--workers", type=int, metavar="N",
+                   help="server processes sharing the port (default 1); a client spreads its calls "
+                        "over them with more than one connection")
     t.add_argument("--max-running", type=_max_running, metavar="N|auto",
                    help="ordinary assemblies run at a time, the others wait their turn (0: no limit; "
                         "auto, the default: 1 with the SQLite store, no limit with PostgreSQL)")
@@ -103,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     cfg = load_service_config(args.config) if args.config else ServiceConfig()
     top: dict[str, Any] = {}
     for name in ("bind", "metrics_port", "metrics_bind", "deadline_headroom_ms", "min_retrieval_ms",
-                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
+                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running", "workers"):
         v = getattr(args, name)
         if v is not None:
             top[name] = None if v == "auto" else v  # max_running: auto
@@ -163,6 +166,10 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 
     cfg = config_from_args(args)
     cfg.check_start()
+    if cfg.workers > 1:
+        from .workers import serve_workers
+
+        return serve_workers(cfg, log_level=args.log_level)
     configure_logging(args.log_level)
     asyncio.run(serve(cfg))
     return 0

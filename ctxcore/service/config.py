@@ -13,6 +13,7 @@ binds, with a message that names the key. The shape (every key optional)::
     drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused (at most 3600)
     max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
     cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
+    workers = 1                     # server processes sharing the port (SO_REUSEPORT; a TCP bind)
     max_running = "auto"            # ordinary assemblies run at a time, others wait (0: no limit;
                                     # auto: 1 with the SQLite store, no limit with PostgreSQL)
     reflection = "auto"             # auto (loopback binds only) | false
@@ -114,6 +115,8 @@ DEFAULT_MAX_QUEUE = 64
 DEFAULT_CPU_WORKERS = 2
 #: Most threads `cpu_workers` may ask for.
 MAX_CPU_WORKERS = 64
+#: Most server processes `workers` may ask for (`ctxcore.service.workers`).
+MAX_WORKERS = 64
 #: Largest `max_message_bytes` and `max_concurrent_rpcs`: gRPC takes both as a C ``int``
 #: (32-bit signed), and a larger value fails inside grpc.aio.server with an OverflowError.
 MAX_GRPC_INT = 2**31 - 1
@@ -243,6 +246,9 @@ class ServiceConfig:
     drain_delay_s: float = DEFAULT_DRAIN_DELAY_S
     max_queue: int = DEFAULT_MAX_QUEUE
     cpu_workers: int = DEFAULT_CPU_WORKERS
+    #: Server processes that share the bind's port (`ctxcore.service.workers`): each one a
+    #: whole `ContextService` with its own event loop, store connections and caches.
+    workers: int = 1
     max_running: int | None = DEFAULT_MAX_RUNNING  #: None: auto (`DEFAULT_MAX_RUNNING`)
     reflection: bool | None = None
     assembly: Mapping[str, float] = field(default_factory=dict)
@@ -257,7 +263,7 @@ class ServiceConfig:
             isinstance(self.db_url, str) and self.db_url.lower().startswith(("postgresql://", "postgres://"))
         ):
             raise ConfigError("store.db_url must be a postgresql:// URL")
-        for name in ("max_message_bytes", "max_concurrent_rpcs", "max_queue", "cpu_workers"):
+        for name in ("max_message_bytes", "max_concurrent_rpcs", "max_queue", "cpu_workers", "workers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"server.{name} must be a positive integer, got {v!r}")
@@ -267,6 +273,11 @@ class ServiceConfig:
                 raise ConfigError(f"server.{name} must be at most 2**31 - 1 = {MAX_GRPC_INT} (gRPC's limit), got {v}")
         if self.cpu_workers > MAX_CPU_WORKERS:
             raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(f"server.workers must be at most {MAX_WORKERS}, got {self.workers}")
+        if self.workers > 1 and self.bind.startswith("unix:"):
+            raise ConfigError(f"server.workers > 1 needs a TCP bind (host:port): processes cannot share "
+                              f"{self.bind!r}")
         if self.max_running is not None and (
             isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 0
         ):
@@ -278,6 +289,9 @@ class ServiceConfig:
             or not 0 <= self.metrics_port <= 65535
         ):
             raise ConfigError(f"metrics.port must be an integer in [0, 65535], got {self.metrics_port!r}")
+        if self.metrics_port and self.metrics_port + self.workers - 1 > 65535:
+            raise ConfigError(f"metrics.port {self.metrics_port} + {self.workers - 1} (one port a worker) "
+                              f"is past 65535")
         for name in ("deadline_headroom_ms", "min_retrieval_ms", "shutdown_grace_s", "drain_delay_s"):
             _non_negative(f"server.{name}", getattr(self, name))
         for name in ("shutdown_grace_s", "drain_delay_s"):
@@ -388,6 +402,7 @@ _SECTIONS: dict[str, set[str]] = {
     "server": {
         "bind", "max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
         "shutdown_grace_s", "drain_delay_s", "reflection", "catalog", "max_queue", "cpu_workers", "max_running",
+        "workers",
     },
     "store": {"db"},
     "assembly": set(ASSEMBLY_KEYS),
@@ -565,7 +580,7 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
             if k in srv:
                 kw[k] = _str(f"server.{k}", srv[k])
         for k in ("max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running"):
+                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running", "workers"):
             if k in srv:
                 kw[k] = srv[k]
         if kw.get("max_running") == "auto":

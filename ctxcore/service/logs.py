@@ -19,6 +19,8 @@ from typing import Any
 __all__ = ["JsonFormatter", "configure_logging", "error_frames", "log_event"]
 
 LOGGER = logging.getLogger("ctxcore.service")
+#: Fields every line of this process carries (a worker's index, see `configure_logging`).
+_PROCESS_FIELDS: dict[str, Any] = {}
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,14 +33,18 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
+        doc.update(_PROCESS_FIELDS)
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             doc.update(fields)
         return json.dumps(doc, ensure_ascii=False, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str = "info") -> None:
-    """Send the service's logs to stderr as JSON lines."""
+def configure_logging(level: str = "info", **process_fields: Any) -> None:
+    """Send the service's logs to stderr as JSON lines, each with `process_fields` (e.g.
+    ``worker=2`` in a worker process of `ctxcore.service.workers`)."""
+    _PROCESS_FIELDS.clear()
+    _PROCESS_FIELDS.update(process_fields)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger("ctxcore")

@@ -385,7 +385,9 @@ class ContextService:
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", max(cfg.max_message_bytes, 64 * 1024 * 1024)),
-                ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+                # A second server on the same port must fail, not share it; the processes of
+                # one `workers` group share it (ctxcore.service.workers checks it is free).
+                ("grpc.so_reuseport", int(cfg.workers > 1)),
             ],
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
         )
@@ -842,12 +844,14 @@ def _overflowing_fields(exc: ContextOverflow) -> str:
     return " and ".join(parts) or "request"
 
 
-async def serve(config: ServiceConfig, **kwargs: Any) -> None:
+async def serve(config: ServiceConfig, *, on_serving: Callable[[ContextService], None] | None = None,
+                **kwargs: Any) -> None:
     """Run a `ContextService` until SIGTERM or SIGINT, then drain and stop.
 
     A second SIGTERM or SIGINT during the drain stops at once (`ContextService.stop_now`:
     calls in flight are cancelled) and ends with ``SystemExit(128 + signal number)``,
     so the process exits with the status of one killed by that signal (143 or 130).
+    `on_serving` is called with the service once it reports SERVING.
     """
     service = ContextService(config, **kwargs)
     loop = asyncio.get_running_loop()
@@ -870,6 +874,8 @@ async def serve(config: ServiceConfig, **kwargs: Any) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         await service.start()
+        if on_serving is not None:
+            on_serving(service)
         # Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
         # long as the process. Freezing it keeps the cyclic collector from walking it on
         # every full collection: those walks measured 20-50 ms here, longer than the

@@ -1,0 +1,239 @@
+"""``ctxcore serve --workers N`` as an operator runs it: N real server processes on one
+loopback port over the SQLite store. Connections are spread over the workers; every
+worker answers and counts its own calls; SIGTERM drains them all; a second server on the
+port is refused; a worker that dies is started again; workers stop when their supervisor
+is killed; a worker that cannot start fails the start with its error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ctxcore.client import ContextClient
+from ctxcore.errors import ConfigError
+from ctxcore.memory import Query
+from ctxcore.request import AssemblyRequest
+from ctxcore.service.config import ServiceConfig, parse_service_config
+
+ORG, AGENT = "acme-retail", "support"
+CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ctxcore.stores import load_demo
+
+    path = tmp_path_factory.mktemp("store") / "demo.db"
+    load_demo(path).close()
+    return path
+
+
+class Group:
+    """A running ``ctxcore serve --workers N``; its stderr read by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([*CTXCORE, "serve", *args], stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.log: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                self.log.append(json.loads(line))
+
+    def wait_for(self, pred: Any, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                for rec in self.log:
+                    if pred(rec):
+                        return rec
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                raise AssertionError(f"ctxcore serve exited with {self.proc.returncode}: {self.log}")
+            time.sleep(0.05)
+        raise AssertionError(f"no such log line within {timeout} s: {self.log}")
+
+    def serving(self) -> dict[str, Any]:
+        return self.wait_for(lambda r: r["event"] == "serving" and "worker" not in r)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(30)
+        self._reader.join(10)
+        return rc
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._reader.join(30)  # the workers stop once the supervisor is gone
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def group(demo_db: Path) -> Iterator[Group]:
+    g = Group("--workers", "2", "--bind", "127.0.0.1:0", "--db", str(demo_db), "--allow-unauthenticated",
+              "--metrics-port", "0", "--drain-delay-s", "0.2")
+    yield g
+    g.close()
+
+
+def _request() -> AssemblyRequest:
+    return AssemblyRequest(ORG, AGENT, "gpt-4o", Query("Can I return shoes after three weeks?"))
+
+
+async def _call_on_fresh_connections(port: int, n: int) -> None:
+    """One call on each of `n` new connections."""
+    for _ in range(n):
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0,
+                                 options=[("grpc.use_local_subchannel_pool", 1)]) as c:
+            ctx = await c.assemble(_request())
+            assert ctx.scope.organization_id == ORG
+
+
+def _answered(metrics_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(r'ctxcore_requests_total\{code="OK",rpc="AssembleContext"\} (\d+)', text)
+    return int(m.group(1)) if m else 0
+
+
+def test_workers_share_the_port_and_drain_on_sigterm(group: Group) -> None:
+    ready = group.serving()
+    port, pids, metrics_ports = ready["port"], ready["pids"], ready["metrics_ports"]
+    assert port > 0 and len(pids) == 2 and len(set(pids)) == 2 and group.proc.pid not in pids
+    assert len(set(metrics_ports)) == 2
+    asyncio.run(_call_on_fresh_connections(port, 32))
+    counts = [_answered(p) for p in metrics_ports]
+    # 32 connections, each given to one worker by the kernel: both workers answered.
+    assert sum(counts) == 32 and min(counts) >= 1, counts
+    assert group.stop() == 0
+    for i in (0, 1):
+        events = [r["event"] for r in group.log if r.get("worker") == i and not r["event"].startswith("worker_")]
+        assert events[0] == "starting" and "serving" in events and events[-2:] == ["draining", "stopped"], events
+    mine = [r["event"] for r in group.log if "worker" not in r]
+    assert mine[0] == "starting" and mine[-1] == "stopped" and "signal" in mine, mine
+    calls = [r for r in group.log if r["event"] == "call"]
+    assert len(calls) == 32 and {c["worker"] for c in calls} == {0, 1}
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_second_server_on_the_port_is_refused(group: Group, demo_db: Path) -> None:
+    port = group.serving()["port"]
+    for extra in ((), ("--workers", "2")):
+        r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated",
+                            "--bind", f"127.0.0.1:{port}", *extra], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "cannot bind" in r.stderr, (extra, r.stderr)
+    asyncio.run(_call_on_fresh_connections(port, 2))  # the group still serves
+    assert group.stop() == 0
+
+
+def test_a_worker_that_dies_is_started_again(group: Group) -> None:
+    ready = group.serving()
+    victim = ready["pids"][0]
+    os.kill(victim, signal.SIGKILL)
+    exited = group.wait_for(lambda r: r["event"] == "worker_exited")
+    assert exited["worker"] == 0 and exited["pid"] == victim and exited["exitcode"] == -signal.SIGKILL
+    again = group.wait_for(lambda r: r["event"] == "worker_serving")
+    assert again["worker"] == 0
+    started = [r for r in group.log if r["event"] == "worker_started" and r["worker"] == 0]
+    assert len(started) == 2 and started[-1]["pid"] != victim
+    asyncio.run(_call_on_fresh_connections(ready["port"], 8))
+    assert group.stop() == 0
+
+
+def test_workers_stop_when_the_supervisor_is_killed(group: Group) -> None:
+    ready = group.serving()
+    group.proc.kill()  # SIGKILL: no chance to forward anything
+    group.proc.wait(10)
+    deadline = time.monotonic() + 30
+    alive = list(ready["pids"])
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.1)
+    assert not alive, "workers outlived their supervisor"
+    group._reader.join(10)
+    for i in (0, 1):
+        assert [r["event"] for r in group.log if r.get("worker") == i][-1] == "stopped", group.log
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by init) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_worker_that_cannot_start_fails_the_start(demo_db: Path) -> None:
+    # Worker 1's metrics port (metrics.port + 1) is taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        p = taken.getsockname()[1]
+        r = subprocess.run([*CTXCORE, "serve", "--workers", "2", "--bind", "127.0.0.1:0", "--db", str(demo_db),
+                            "--allow-unauthenticated", "--metrics-port", str(p - 1)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "worker 1 failed to start" in r.stderr and f"cannot serve metrics on 127.0.0.1:{p}" in r.stderr, r.stderr
+
+
+def test_workers_settings_are_checked() -> None:
+    assert ServiceConfig().workers == 1
+    assert parse_service_config("[server]\nworkers = 4").workers == 4
+    for bad, needle in ((0, "server.workers must be a positive integer"),
+                        (65, "server.workers must be at most 64"),
+                        (True, "server.workers must be a positive integer"),
+                        ("2", "server.workers must be a positive integer")):
+        with pytest.raises(ConfigError, match=needle):
+            ServiceConfig(workers=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="needs a TCP bind"):
+        ServiceConfig(workers=2, bind="unix:/tmp/ctxcore.sock")
+    with pytest.raises(ConfigError, match="past 65535"):
+        ServiceConfig(workers=4, metrics_port=65534)
+    r = subprocess.run([*CTXCORE, "serve", "--workers", "0", "--db", "x.db", "--allow-unauthenticated"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "server.workers must be a positive integer, got 0" in r.stderr, r.stderr
+
+
+def test_one_connection_stays_with_one_worker(group: Group) -> None:
+    """A client with one channel keeps its calls on the worker its connection reached."""
+    ready = group.serving()
+
+    async def main() -> None:
+        async with ContextClient(f"127.0.0.1:{ready['port']}", timeout=5.0) as c:
+            for _ in range(10):
+                await c.assemble(_request())
+
+    asyncio.run(main())
+    assert sorted(_answered(p) for p in ready["metrics_ports"]) == [0, 10]
+    assert group.stop() == 0
+    with pytest.raises(grpc.FutureTimeoutError):
+        with grpc.insecure_channel(f"127.0.0.1:{ready['port']}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=1)
