@@ -22,6 +22,7 @@ SERVER_MODULES = (
     "ctxcore.service.admission",
     "ctxcore.service.metrics",
     "ctxcore.service.cli",
+    "ctxcore.service.workers",
 )
 
 

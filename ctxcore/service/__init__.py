@@ -3,7 +3,7 @@
 `ContextService` is one server (grpc.aio): authentication at the boundary, the deadline
 contract, health, reflection on loopback, Prometheus metrics and graceful shutdown.
 `ServiceConfig` / `load_service_config` read its TOML configuration; `serve` runs it
-until SIGTERM. The wire contract is ``ctxcore/v1/context_assembly.proto``; Python callers
+until SIGTERM; `serve_workers` runs ``workers`` of them as processes sharing one port. The wire contract is ``ctxcore/v1/context_assembly.proto``; Python callers
 use `ctxcore.client.ContextClient`.
 
 The names below load on first use, so that ``ctxcore pack`` and the other commands do not
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .errors import ServiceError
     from .server import ContextService, scoped_sources, serve
     from .wire import SERVICE_NAME
+    from .workers import serve_workers
 
 _WHERE = {
     "AuthMethod": "auth",
@@ -41,6 +42,7 @@ _WHERE = {
     "ContextService": "server",
     "scoped_sources": "server",
     "serve": "server",
+    "serve_workers": "workers",
 }
 
 __all__ = sorted(_WHERE)
