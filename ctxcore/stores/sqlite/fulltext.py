@@ -191,6 +191,26 @@ def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
     return " OR ".join(_quote(" ".join(tag + tok for tok in t)) for t in terms)
 
 
+#: Query texts up to this long have their terms kept (`_query_terms`): the same questions
+#: come back call after call, and a CJK question's terms took ~40 us to work out.
+_TERMS_CACHE_CHARS = 512
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_terms(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+    terms = tuple(_search_terms(text))
+    return terms, tuple(tuple(_strip_diacritics(tok) for tok in t) for t in terms)
+
+
+def _query_terms(text: str) -> tuple[Sequence[tuple[str, ...]], Sequence[tuple[str, ...]]]:
+    """`_search_terms(text)`, and each term's tokens as the vocabulary spells them
+    (`_strip_diacritics`)."""
+    if len(text) <= _TERMS_CACHE_CHARS:
+        return _kept_terms(text)
+    terms = _search_terms(text)
+    return terms, [tuple(_strip_diacritics(tok) for tok in t) for t in terms]
+
+
 def fts_match_expression(scope: Scope, text: str) -> str | None:
     """The FTS5 MATCH expression for a full-text query of `text` within `scope`, before
     the store leaves out its uninformative terms.
@@ -312,18 +332,21 @@ def search(
     """The rowids of `scope`'s memories that hold more and rarer terms of `text`, best
     first (ties: newest first), at most `limit`. `counts`: the scope's (memories, write
     counter) as the caller just read them on `conn`."""
-    terms = _search_terms(text)
+    terms, spelled = _query_terms(text)
     in_scope, version = counts
     if not terms or not in_scope:
         return []
     tag = _scope_tag(scope.organization_id, scope.agent_id)
     state = (tag, in_scope, version)
-    keys = {tok: tag + _strip_diacritics(tok) for t in terms for tok in t}
+    keys = {tok: tag + sp for t, st in zip(terms, spelled) for tok, sp in zip(t, st)}
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
+
+    def expr(t: tuple[str, ...]) -> str:
+        return _quote(" ".join(tag + tok for tok in t))
+
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
     # in the scope while the pair is rare. One with a token no memory holds is not counted.
-    exprs = {k: _fts_expression(scope, [t]) for k, t in enumerate(terms)}
-    phrases = {k: exprs[k] for k, t in enumerate(terms) if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
+    phrases = {k: expr(t) for k, t in enumerate(terms) if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
     pfreq = df.phrases(conn, set(phrases.values()), in_scope, state) if phrases else {}
 
     def count(k: int, term: tuple[str, ...]) -> int:
@@ -353,7 +376,7 @@ def search(
     )
     args: list[object] = []
     for d, k in chosen:
-        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), exprs[k], limit]
+        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), phrases.get(k) or expr(terms[k]), limit]
     # The `limit` best come back as one row of two lists (a row fetched is a step of the
     # statement, each re-taking the GIL: one step, not one per hit), put back in order here.
     sql = (f"SELECT group_concat(r), group_concat(t) FROM (SELECT r, sum(w) AS t FROM ({hits}) GROUP BY r "
