@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
 import json
 import random
@@ -42,7 +41,7 @@ from typing import Any, cast
 import grpc
 from bench_support import QUESTIONS, demo_texts, memory_text, scopes
 
-from ctxcore.client import ContextClient
+from ctxcore.client import MAX_CONNECTIONS, ContextClient
 from ctxcore.memory import Query, Scope
 from ctxcore.request import AssemblyRequest
 from ctxcore.retrieval import DEFAULT_CLIENT_TIMEOUT_MS
@@ -154,10 +153,10 @@ async def run_load(
     soon as the last one answered, until `requests` are done or `max_seconds` pass.
     `warm_pairs` first sends every scope/question pair once (4 in flight, 2 s deadlines),
     before the clock: the run then measures a server that has seen its traffic (a scope's
-    first reads of a query's terms cost more than later ones). `connections` channels,
-    each with its own connection to every target, share the workers (worker k sends on
-    channel k mod `connections`), as several callers would: a server with
-    ``--workers N`` spreads connections, not calls, over its processes."""
+    first reads of a query's terms cost more than later ones). The client opens
+    `connections` connections to every target (`ContextClient`'s ``connections``: each
+    call on the one with the fewest calls in flight): a server with ``--workers N``
+    spreads connections, not calls, over its processes."""
     hosts = check_loopback(target)
     concurrency = max(1, min(concurrency, MAX_CONCURRENCY))
     requests = max(1, min(requests, MAX_REQUESTS))
@@ -170,21 +169,14 @@ async def run_load(
     walls: dict[str, int] = {}
     branches: dict[str, int] = {}
     sent = 0
-    connections = max(1, min(connections, concurrency))
+    connections = max(1, min(connections, MAX_CONNECTIONS))
     await wait_serving(hosts)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(ContextClient(
-                channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000,
-                options=[("grpc.use_local_subchannel_pool", 1)] if connections > 1 else (),
-            ))
-            for _ in range(connections)
-        ]
-        c = clients[0]
-        # Connect to the replicas before the clock starts.
-        for client in clients:
-            for _ in hosts:
-                await client.model_capabilities("gpt-4o", timeout=5.0)
+    async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000,
+                             connections=connections) as c:
+        # Connect to the replicas before the clock starts (the client's `_pick` takes each
+        # connection in turn while none has a call in flight).
+        for _ in range(connections * len(hosts)):
+            await c.model_capabilities("gpt-4o", timeout=5.0)
         warmed = 0
         if warm_pairs:
             line = asyncio.Semaphore(4)
@@ -199,7 +191,7 @@ async def run_load(
         stop_at = time.monotonic() + max_seconds
         t_start = time.perf_counter()
 
-        async def worker(c: ContextClient) -> None:
+        async def worker() -> None:
             nonlocal sent, degraded
             while sent < requests and time.monotonic() < stop_at:
                 sent += 1
@@ -222,7 +214,7 @@ async def run_load(
                 w = pb.WallSource.Name(r.wall.source).removeprefix("WALL_SOURCE_").lower()
                 walls[w] = walls.get(w, 0) + 1
 
-        await asyncio.gather(*(worker(clients[k % connections]) for k in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t_start
     lat.sort()
 

@@ -52,6 +52,7 @@ from .v1 import context_assembly_pb2 as pb
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "MAX_CONNECTIONS",
     "MAX_TIMEOUT_S",
     "ContextClient",
     "answer_messages",
@@ -63,6 +64,8 @@ __all__ = [
 #: Per-call deadline when none is given: the proxy's client timeout, 45 ms
 #: ("Client/outer retrieval timeout: IBEX_CONTEXT_TIMEOUT=45ms").
 DEFAULT_TIMEOUT_S = DEFAULT_CLIENT_TIMEOUT_MS / 1000
+#: Most connections one client may open (`ContextClient`'s ``connections``).
+MAX_CONNECTIONS = 64
 #: Longest deadline a call may be given, in seconds (about three years). grpcio turns a
 #: timeout into an absolute deadline that overflows past about 2**31 seconds, and then
 #: fails every call at once with DEADLINE_EXCEEDED; no call needs anything near this.
@@ -163,10 +166,18 @@ class ContextClient:
             (0, `MAX_TIMEOUT_S`]; so is a call's own ``timeout``.
         load_balancing: gRPC load-balancing policy (``"round_robin"`` or ``"pick_first"``).
         options: extra channel options.
+        connections: how many connections to open to the target (1 to `MAX_CONNECTIONS`;
+            to every replica of a target list). A server run with ``ctxcore serve
+            --workers N``, like replicas behind a balancer of connections (an L4 load
+            balancer, a Kubernetes Service), answers all calls of one connection from one
+            process. With several, each call goes on the connection with the fewest calls
+            in flight (the next in turn among equals), so calls spread over the processes
+            behind them and move away from a slower one.
 
     Raises:
         ValueError: a timeout out of range; an `api_key` or `token` that is not printable
-            ASCII (gRPC metadata cannot carry it); a certificate without its key.
+            ASCII (gRPC metadata cannot carry it); a certificate without its key;
+            `connections` out of range.
     """
 
     def __init__(
@@ -182,8 +193,13 @@ class ContextClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         load_balancing: str = "round_robin",
         options: Sequence[tuple[str, Any]] = (),
+        connections: int = 1,
     ) -> None:
         self.timeout = _timeout(timeout)
+        if isinstance(connections, bool) or not isinstance(connections, int) or not (
+            1 <= connections <= MAX_CONNECTIONS
+        ):
+            raise ValueError(f"connections must be an int in [1, {MAX_CONNECTIONS}], got {connections!r:.40}")
         if (certificate_chain is None) != (private_key is None):
             raise ValueError("certificate_chain and private_key go together (mTLS)")
         if api_key is not None:
@@ -199,16 +215,50 @@ class ContextClient:
         ]
         if server_name is not None:
             opts.append(("grpc.ssl_target_name_override", server_name))
+        if connections > 1:
+            # Channels with the same target and options share gRPC's global pool of
+            # connections: each needs its own to be a connection of its own.
+            opts.append(("grpc.use_local_subchannel_pool", 1))
+        creds = None
         if root_certificates is not None or certificate_chain is not None:
             creds = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            self._channel = grpc.aio.secure_channel(target, creds, options=opts)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=opts)
-        ch = self._channel
-        self._assemble = _method(ch, "AssembleContext", pb.AssembleContextRequest, pb.AssembledContext)
-        self._budget = _method(ch, "ComputeBudget", pb.ComputeBudgetRequest, pb.Budget)
-        self._caps = _method(ch, "GetModelCapabilities", pb.GetModelCapabilitiesRequest,
-                             pb.GetModelCapabilitiesResponse)
+        self._channels = [
+            grpc.aio.insecure_channel(target, options=opts) if creds is None
+            else grpc.aio.secure_channel(target, creds, options=opts)
+            for _ in range(connections)
+        ]
+        self._channel = self._channels[0]
+        self._methods = [
+            (_method(ch, "AssembleContext", pb.AssembleContextRequest, pb.AssembledContext),
+             _method(ch, "ComputeBudget", pb.ComputeBudgetRequest, pb.Budget),
+             _method(ch, "GetModelCapabilities", pb.GetModelCapabilitiesRequest, pb.GetModelCapabilitiesResponse))
+            for ch in self._channels
+        ]
+        self._in_flight = [0] * connections
+        self._turn = 0
+
+    def _pick(self) -> int:
+        """The connection for the next call: fewest calls in flight, the next in turn
+        among equals."""
+        n = len(self._in_flight)
+        if n == 1:
+            return 0
+        start = self._turn
+        self._turn = (start + 1) % n
+        best, low = start, self._in_flight[start]
+        for k in range(1, n):
+            i = (start + k) % n
+            if self._in_flight[i] < low:
+                best, low = i, self._in_flight[i]
+        return best
+
+    async def _call(self, which: int, msg: Any, timeout: float) -> Any:
+        k = self._pick()
+        self._in_flight[k] += 1
+        try:
+            return await self._methods[k][which](msg, timeout=timeout, metadata=self._metadata())
+        finally:
+            self._in_flight[k] -= 1
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         md: list[tuple[str, str]] = []
@@ -246,7 +296,7 @@ class ContextClient:
                                  "wire carries UTF-8)") from None
         else:
             msg = request
-        result: pb.AssembledContext = await self._assemble(msg, timeout=deadline, metadata=self._metadata())
+        result: pb.AssembledContext = await self._call(0, msg, deadline)
         return result
 
     def _call_timeout(self, timeout: float | None) -> float:
@@ -271,20 +321,20 @@ class ContextClient:
             tool_schema_tokens=tool_schema_tokens,
             formatter_overhead_tokens=formatter_overhead_tokens,
         )
-        answer = await self._budget(msg, timeout=deadline, metadata=self._metadata())
+        answer = await self._call(1, msg, deadline)
         return budget_from_proto(answer)
 
     async def model_capabilities(self, *models: str, timeout: float | None = None) -> tuple[ModelCapability, ...]:
         """Catalog entries for the named models (names or aliases), or all of them."""
         deadline = self._call_timeout(timeout)
         names = [_text_field(f"models[{i}]", m) for i, m in enumerate(models)]
-        answer = await self._caps(pb.GetModelCapabilitiesRequest(models=names), timeout=deadline,
-                                  metadata=self._metadata())
+        answer = await self._call(2, pb.GetModelCapabilitiesRequest(models=names), deadline)
         return tuple(capability_from_proto(m) for m in answer.models)
 
     async def close(self) -> None:
-        """Close the channel (calls in flight are cancelled)."""
-        await self._channel.close(None)
+        """Close the connections (calls in flight are cancelled)."""
+        for ch in self._channels:
+            await ch.close(None)
 
     async def __aenter__(self) -> ContextClient:
         return self

@@ -237,3 +237,69 @@ def test_one_connection_stays_with_one_worker(group: Group) -> None:
     with pytest.raises(grpc.FutureTimeoutError):
         with grpc.insecure_channel(f"127.0.0.1:{ready['port']}") as ch:
             grpc.channel_ready_future(ch).result(timeout=1)
+
+
+def test_a_client_with_several_connections_reaches_every_worker(group: Group) -> None:
+    ready = group.serving()
+
+    async def main() -> None:
+        async with ContextClient(f"127.0.0.1:{ready['port']}", timeout=5.0, connections=16) as c:
+            for _ in range(32):
+                await c.assemble(_request())
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(32)))
+
+    asyncio.run(main())
+    counts = [_answered(p) for p in ready["metrics_ports"]]
+    assert sum(counts) == 64 and min(counts) >= 8, counts
+    assert group.stop() == 0
+
+
+def test_calls_go_to_the_connection_with_fewest_in_flight() -> None:
+    """A real gRPC server on loopback that notes each call's peer (its client port): three
+    calls at once take three connections; calls one at a time take each in turn."""
+    from collections import Counter
+
+    from ctxcore.service.wire import SERVICE_NAME
+    from ctxcore.v1 import context_assembly_pb2 as pb
+
+    peers: list[str] = []
+
+    async def main() -> None:
+        held = asyncio.Event()
+        arrived = 0
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            nonlocal arrived
+            peers.append(context.peer())
+            arrived += 1
+            if arrived == 3:
+                held.set()
+            if arrived <= 3:
+                await held.wait()
+            return pb.AssembledContext()
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {"AssembleContext": grpc.unary_unary_rpc_method_handler(
+                handle, request_deserializer=pb.AssembleContextRequest.FromString,
+                response_serializer=pb.AssembledContext.SerializeToString)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=3) as c:
+                await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
+                for _ in range(6):
+                    await c.assemble(_request())
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+    assert len(set(peers[:3])) == 3, peers
+    assert Counter(peers[3:]) == {p: 2 for p in set(peers[:3])}, peers
+
+
+@pytest.mark.parametrize("bad", [0, 65, True, 2.0, "2"])
+def test_connections_out_of_range_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"connections must be an int in \[1, 64\]"):
+        ContextClient("127.0.0.1:1", connections=bad)
