@@ -419,8 +419,9 @@ def test_worker_processes_serve_more_than_one(db: Path, servers: list[Server]) -
     """One replica with ``--workers 2`` against one process: interleaved rounds of the
     closed loop at 16 in flight (generous deadlines, so throughput shows as calls/s, not
     as errors) over 16 connections; then each at the 45 ms client timeout."""
-    one, two = Server(db), Server(db, "--workers", "2")
-    servers.extend([one, two])
+    servers.append(Server(db))
+    servers.append(Server(db, "--workers", "2"))
+    one, two = servers
     targets = {"1 process": f"127.0.0.1:{one.port}", "--workers 2": f"127.0.0.1:{two.port}"}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     for name, target in targets.items():  # each sees its traffic once before the clock
