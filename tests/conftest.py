@@ -36,3 +36,13 @@ def pytest_configure(config: pytest.Config) -> None:
             f"ctxcore was imported from the source tree ({source}), not the installed package: "
             "install it (pip install .) and run pytest from outside the checkout with --import-mode=importlib"
         )
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo store (``ctxcore.stores.load_demo``) in a file, once per test module."""
+    from ctxcore.stores import load_demo
+
+    path = tmp_path_factory.mktemp("store") / "demo.db"
+    load_demo(path).close()
+    return path

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import random
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from cryptography.x509.oid import NameOID
 
 from ctxcore.memory import MemoryOrigin, MemoryRecord, Query, Scope, Sources
 from ctxcore.service import AuthConfig, ContextService, ServiceConfig, hash_api_key
+
+#: The ``ctxcore`` command of the interpreter running the tests.
+CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "ctxcore-test"

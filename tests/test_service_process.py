@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service_support import FakeSources, make_tenants, open_config, running
+from service_support import CTXCORE, FakeSources, make_tenants, open_config, running
 
 from ctxcore.client import ContextClient
 from ctxcore.memory import Query
@@ -33,16 +32,6 @@ from ctxcore.request import AssemblyRequest
 from ctxcore.service import AuthConfig, ContextService, ServiceConfig
 
 ORG, AGENT = "acme-retail", "support"
-CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
-
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ctxcore.stores import load_demo
-
-    path = tmp_path_factory.mktemp("store") / "demo.db"
-    load_demo(path).close()
-    return path
 
 
 class Served:

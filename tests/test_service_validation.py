@@ -27,7 +27,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from service_support import FakeSources, ServeProcess, make_pki, make_tenants, open_config, running
+from service_support import CTXCORE, FakeSources, ServeProcess, make_pki, make_tenants, open_config, running
 
 import ctxcore.cli
 from ctxcore.client import MAX_TIMEOUT_S, ContextClient
@@ -40,7 +40,6 @@ from ctxcore.v1 import context_assembly_pb2 as pb
 
 TENANTS = make_tenants(1)
 ORG, AGENT = TENANTS[0].scope.organization_id, TENANTS[0].scope.agent_id
-CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
 
 
 def _req(**kw: Any) -> pb.AssembleContextRequest:
@@ -81,15 +80,6 @@ def _cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ctxcore: error: "), err
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ctxcore.stores import load_demo
-
-    path = tmp_path_factory.mktemp("store") / "demo.db"
-    load_demo(path).close()
-    return path
 
 
 # ---- 1. lone surrogate escapes in tools_json ------------------------------------------

@@ -13,7 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,6 +23,8 @@ from typing import Any
 import grpc
 import pytest
 
+from service_support import CTXCORE
+
 from ctxcore.client import ContextClient
 from ctxcore.errors import ConfigError
 from ctxcore.memory import Query
@@ -31,16 +32,6 @@ from ctxcore.request import AssemblyRequest
 from ctxcore.service.config import ServiceConfig, parse_service_config
 
 ORG, AGENT = "acme-retail", "support"
-CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
-
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ctxcore.stores import load_demo
-
-    path = tmp_path_factory.mktemp("store") / "demo.db"
-    load_demo(path).close()
-    return path
 
 
 class Group:
@@ -202,6 +193,14 @@ def test_a_worker_that_cannot_start_fails_the_start(demo_db: Path) -> None:
                            capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert "worker 1 failed to start" in r.stderr and f"cannot serve metrics on 127.0.0.1:{p}" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
+def test_workers_need_linux(platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.platform", platform)
+    with pytest.raises(ConfigError, match=f"server.workers > 1 needs Linux.*this is {platform}"):
+        ServiceConfig(workers=2)
+    assert ServiceConfig(workers=1).workers == 1
 
 
 def test_workers_settings_are_checked() -> None:

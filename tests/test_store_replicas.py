@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,13 @@ import pytest
 
 from pg_support import Database, PgServer
 
+from service_support import CTXCORE
+
 from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
 from ctxcore.stores import HashingEmbedder, NewMemory, PostgresMemoryStore
 
-CTXCORE = [sys.executable, "-m", "ctxcore.cli"]
 TENANTS = 12
 # Roomy branch timeouts: these tests show what the replicas serve, not how fast (the
 # shared 2-core machine can take tens of milliseconds for any query); bench/ measures.

@@ -56,6 +56,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import math
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -275,6 +276,11 @@ class ServiceConfig:
             raise ConfigError(f"server.cpu_workers must be at most {MAX_CPU_WORKERS}, got {self.cpu_workers}")
         if self.workers > MAX_WORKERS:
             raise ConfigError(f"server.workers must be at most {MAX_WORKERS}, got {self.workers}")
+        if self.workers > 1 and not sys.platform.startswith("linux"):
+            # Elsewhere SO_REUSEPORT does not spread connections (BSD and macOS give them
+            # all to one socket) or is not there (Windows).
+            raise ConfigError(f"server.workers > 1 needs Linux, where the kernel spreads a shared port's "
+                              f"connections over the workers (this is {sys.platform})")
         if self.workers > 1 and self.bind.startswith("unix:"):
             raise ConfigError(f"server.workers > 1 needs a TCP bind (host:port): processes cannot share "
                               f"{self.bind!r}")

@@ -4,7 +4,8 @@ One server process runs its calls on one event loop, under one GIL: it keeps abo
 core busy whatever the machine has. A replica with more cores runs several worker
 processes, each a whole `ContextService` (its own event loop, store connections, caches,
 admission control and health), all listening on the same TCP port with ``SO_REUSEPORT``:
-the kernel hands each new connection to one of them. Calls are spread by connection, so a
+the kernel hands each new connection to one of them (Linux only: elsewhere the port is
+not shared evenly, and `ServiceConfig` refuses ``workers > 1``). Calls are spread by connection, so a
 client spreads its calls over the workers with several connections (several channels, or
 several client processes, as a fleet of callers has); the calls of one HTTP/2 connection
 all go to one worker.
