@@ -7,6 +7,7 @@ is killed; a worker that cannot start fails the start with its error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -182,12 +183,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _taken_after_a_free_port() -> Iterator[int]:
+    """A listening port p whose port p - 1 is free (as far as a bind can tell)."""
+    for _ in range(50):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            p = taken.getsockname()[1]
+            try:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", p - 1))
+            except OSError:
+                continue
+            taken.listen()
+            yield p
+            return
+    raise AssertionError("no free port below a free port")
+
+
 def test_a_worker_that_cannot_start_fails_the_start(demo_db: Path) -> None:
-    # Worker 1's metrics port (metrics.port + 1) is taken.
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        p = taken.getsockname()[1]
+    # Worker 1's metrics port (metrics.port + 1) is taken; worker 0's is free.
+    with _taken_after_a_free_port() as p:
         r = subprocess.run([*CTXCORE, "serve", "--workers", "2", "--bind", "127.0.0.1:0", "--db", str(demo_db),
                             "--allow-unauthenticated", "--metrics-port", str(p - 1)],
                            capture_output=True, text=True, timeout=60)
@@ -249,7 +265,8 @@ def test_a_client_with_several_connections_reaches_every_worker(group: Group) ->
 
     asyncio.run(main())
     counts = [_answered(p) for p in ready["metrics_ports"]]
-    assert sum(counts) == 64 and min(counts) >= 8, counts
+    # (Which worker a connection reaches is the kernel's hash: all 16 on one has odds 2**-15.)
+    assert sum(counts) == 64 and min(counts) >= 1, counts
     assert group.stop() == 0
 
 

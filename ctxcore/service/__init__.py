@@ -17,12 +17,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .auth import AuthMethod, Authenticator, Principal, hash_api_key, new_api_key
-    from .config import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig, load_service_config
-    from .errors import ServiceError
-    from .server import ContextService, scoped_sources, serve
-    from .wire import SERVICE_NAME
-    from .workers import serve_workers
+    # "X as X": exported to type checkers (mypy --strict reads no implicit re-export).
+    from .auth import (
+        AuthMethod as AuthMethod,
+        Authenticator as Authenticator,
+        Principal as Principal,
+        hash_api_key as hash_api_key,
+        new_api_key as new_api_key,
+    )
+    from .config import (
+        AuthConfig as AuthConfig,
+        ClientAuth as ClientAuth,
+        Grant as Grant,
+        JwtConfig as JwtConfig,
+        ServiceConfig as ServiceConfig,
+        TlsConfig as TlsConfig,
+        load_service_config as load_service_config,
+    )
+    from .errors import (
+        ServiceError as ServiceError,
+    )
+    from .server import (
+        ContextService as ContextService,
+        scoped_sources as scoped_sources,
+        serve as serve,
+    )
+    from .wire import (
+        SERVICE_NAME as SERVICE_NAME,
+    )
+    from .workers import (
+        serve_workers as serve_workers,
+    )
 
 _WHERE = {
     "AuthMethod": "auth",
