@@ -164,17 +164,15 @@ class _Supervisor:
         self.delay = {i: RESTART_DELAY_S for i in range(config.workers)}
         self.restart_at: dict[int, float] = {}
 
-    def start_worker(self, index: int) -> _Worker:
+    def start_worker(self, index: int) -> None:
         parent, child = self.ctx.Pipe()
         cfg = _worker_config(self.config, index, self.port)
         p = self.ctx.Process(target=_worker_main, args=(cfg, index, self.log_level, child),
                              name=f"ctxcore-worker-{index}")
         p.start()
         child.close()
-        w = _Worker(index, p, parent)
-        self.workers[index] = w
+        self.workers[index] = _Worker(index, p, parent)
         log_event("worker_started", worker=index, pid=p.pid)
-        return w
 
     def signal_all(self, sig: signal.Signals) -> None:
         for w in self.workers.values():
@@ -259,12 +257,10 @@ class _Supervisor:
         """Wait for the workers to stop (they were signalled); kill what outlives the grace.
         Returns the exit status: 0, or 128 + the second signal's number."""
         limit = time.monotonic() + self.config.drain_delay_s + self.config.shutdown_grace_s + STOP_SLACK_S
-        forced = len(self.signals)
         for w in self.workers.values():
+            # Short joins: a second signal (forwarded by `on_signal`) is handled between them.
             while w.process.exitcode is None and time.monotonic() < limit:
                 w.process.join(0.2)
-                if len(self.signals) > forced:  # a second signal, forwarded by on_signal
-                    forced = len(self.signals)
             if w.process.exitcode is None:
                 log_event("worker_killed", logging.ERROR, worker=w.index, pid=w.process.pid)
                 w.process.kill()

@@ -186,9 +186,14 @@ def _search_terms(text: str) -> list[tuple[str, ...]]:
     return list(out)
 
 
+def _tagged_phrase(tag: str, term: tuple[str, ...]) -> str:
+    """One term as a quoted FTS5 string of its tokens, each with the scope's tag."""
+    return _quote(" ".join(tag + tok for tok in term))
+
+
 def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
     tag = _scope_tag(scope.organization_id, scope.agent_id)
-    return " OR ".join(_quote(" ".join(tag + tok for tok in t)) for t in terms)
+    return " OR ".join(_tagged_phrase(tag, t) for t in terms)
 
 
 #: Query texts up to this long have their terms kept (`_query_terms`): the same questions
@@ -196,19 +201,19 @@ def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
 _TERMS_CACHE_CHARS = 512
 
 
-@functools.lru_cache(maxsize=1024)
-def _kept_terms(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+def _terms_and_spellings(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+    """`_search_terms(text)`, and each term's tokens as the vocabulary spells them
+    (`_strip_diacritics`)."""
     terms = tuple(_search_terms(text))
     return terms, tuple(tuple(_strip_diacritics(tok) for tok in t) for t in terms)
 
 
-def _query_terms(text: str) -> tuple[Sequence[tuple[str, ...]], Sequence[tuple[str, ...]]]:
-    """`_search_terms(text)`, and each term's tokens as the vocabulary spells them
-    (`_strip_diacritics`)."""
-    if len(text) <= _TERMS_CACHE_CHARS:
-        return _kept_terms(text)
-    terms = _search_terms(text)
-    return terms, [tuple(_strip_diacritics(tok) for tok in t) for t in terms]
+_kept_terms = functools.lru_cache(maxsize=1024)(_terms_and_spellings)
+
+
+def _query_terms(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+    """`_terms_and_spellings(text)`, kept for texts up to `_TERMS_CACHE_CHARS` long."""
+    return _kept_terms(text) if len(text) <= _TERMS_CACHE_CHARS else _terms_and_spellings(text)
 
 
 def fts_match_expression(scope: Scope, text: str) -> str | None:
@@ -340,13 +345,10 @@ def search(
     state = (tag, in_scope, version)
     keys = {tok: tag + sp for t, st in zip(terms, spelled) for tok, sp in zip(t, st)}
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
-
-    def expr(t: tuple[str, ...]) -> str:
-        return _quote(" ".join(tag + tok for tok in t))
-
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
     # in the scope while the pair is rare. One with a token no memory holds is not counted.
-    phrases = {k: expr(t) for k, t in enumerate(terms) if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
+    phrases = {k: _tagged_phrase(tag, t) for k, t in enumerate(terms)
+               if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
     pfreq = df.phrases(conn, set(phrases.values()), in_scope, state) if phrases else {}
 
     def count(k: int, term: tuple[str, ...]) -> int:
@@ -376,7 +378,8 @@ def search(
     )
     args: list[object] = []
     for d, k in chosen:
-        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), phrases.get(k) or expr(terms[k]), limit]
+        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), phrases.get(k) or _tagged_phrase(tag, terms[k]),
+                 limit]
     # The `limit` best come back as one row of two lists (a row fetched is a step of the
     # statement, each re-taking the GIL: one step, not one per hit), put back in order here.
     sql = (f"SELECT group_concat(r), group_concat(t) FROM (SELECT r, sum(w) AS t FROM ({hits}) GROUP BY r "
