@@ -129,6 +129,9 @@ def estimator_buckets(text: str, bits: int) -> tuple[npt.NDArray[np.uint64], npt
 def split_scope(
     records: Sequence[object], record_type: type, organization: str, agent: str
 ) -> tuple[list[Any], list[Any]]: ...
+def first_outside(
+    values: npt.NDArray[np.float64], low: float, high: float, allow_nan: bool = True
+) -> int: ...
 def memory_columns(
     records: Sequence[object], record_type: type, family: str
 ) -> tuple[

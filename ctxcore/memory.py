@@ -306,12 +306,15 @@ def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: 
         return np.full(n, np.nan)
     if isinstance(values, np.ndarray):
         arr = values.astype(np.float64, copy=False)
+    elif type(values) is tuple or type(values) is list:
+        arr = np.array(values, dtype=np.float64)  # None -> NaN, as float(...) of each other value
     else:
         arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     if arr.shape != (n,):
         raise ValueError(f"MemoryBatch: {name} has {arr.size} values for {n} memories")
-    if np.isinf(arr).any():
-        k = int(np.flatnonzero(np.isinf(arr))[0])
+    arr = np.ascontiguousarray(arr)
+    k = _core.first_outside(arr, -math.inf, math.inf)
+    if k >= 0:
         raise ValueError(f"MemoryBatch: {name} of memory {k} is not finite ({arr[k]})")
     return arr
 
@@ -335,9 +338,8 @@ def check_min_similarity(min_similarity: object) -> float:
 
 def _in_range(arr: npt.NDArray[np.float64], low: float, name: str) -> npt.NDArray[np.float64]:
     """`arr` once every value is NaN (None) or in [`low`, 1]."""
-    out = (arr < low) | (arr > 1.0)
-    if out.any():
-        k = int(np.flatnonzero(out)[0])
+    k = _core.first_outside(arr, low, 1.0)
+    if k >= 0:
         raise ValueError(f"MemoryBatch: {name} of memory {k} must be in [{low:g}, 1], got {arr[k]}")
     return arr
 
@@ -416,7 +418,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
         self.similarity = _in_range(_nan_or(similarity, n, "similarity"), -1.0, "similarity")
         self.confidence = np.ones(n) if confidence is None else _in_range(_nan_or(confidence, n, "confidence"),
                                                                           0.0, "confidence")
-        if np.isnan(self.confidence).any():
+        if _core.first_outside(self.confidence, -math.inf, math.inf, allow_nan=False) >= 0:
             raise ValueError("MemoryBatch: confidence may not be missing")
         self.importance = _in_range(_nan_or(importance, n, "importance"), 0.0, "importance")
         self.created_at = _nan_or(created_at, n, "created_at")

@@ -243,6 +243,25 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
           std::move(created), std::move(stored), std::move(distinct), std::move(origin_code)};
 }
 
+// The index of the first value that is infinite, NaN (unless `allow_nan`) or outside
+// [low, high]; -1 when every value passes. One pass over a float64 column, where the
+// same checks in numpy are a temporary array and a reduction each.
+py::ssize_t first_outside(const py::array_t<double, py::array::c_style>& values, double low, double high,
+                          bool allow_nan) {
+  if (values.ndim() != 1) throw py::value_error("first_outside: values must be one-dimensional");
+  const double* v = values.data();
+  const py::ssize_t n = values.shape(0);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const double x = v[i];
+    if (std::isnan(x)) {
+      if (!allow_nan) return i;
+      continue;
+    }
+    if (std::isinf(x) || x < low || x > high) return i;
+  }
+  return -1;
+}
+
 }  // namespace
 
 void register_columns(py::module_& m) {
@@ -250,6 +269,10 @@ void register_columns(py::module_& m) {
         py::arg("agent"), "Split records into (in scope, out of scope). Private: used by ctxcore.retrieval.");
   m.def("memory_columns", &memory_columns, py::arg("records"), py::arg("record_type"), py::arg("family"),
         "The records' fields as columns. Private: used by ctxcore.assembly.");
+  m.def("first_outside", &first_outside, py::arg("values"), py::arg("low"), py::arg("high"),
+        py::arg("allow_nan") = true,
+        "Index of the first infinite, NaN (unless allowed) or out-of-range value, or -1. Private: used by "
+        "ctxcore.memory.");
 }
 
 }  // namespace ctxcore_py

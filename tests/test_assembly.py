@@ -295,6 +295,11 @@ def test_a_batch_of_another_scope_is_dropped_whole() -> None:
         ({"texts": ["a"]}, "2 ids, 1 texts"),
         ({"similarity": [0.5, float("inf")]}, "similarity of memory 1 is not finite"),
         ({"confidence": [1.0, None]}, "confidence may not be missing"),
+        ({"confidence": (float("nan"), 1.0)}, "confidence may not be missing"),
+        ({"importance": (0.5, 1.5)}, r"importance of memory 1 must be in \[0, 1\], got 1.5"),
+        ({"similarity": (-2.0, None)}, r"similarity of memory 0 must be in \[-1, 1\], got -2.0"),
+        ({"created_at": [1.0, float("-inf")]}, "created_at of memory 1 is not finite"),
+        ({"accessed_at": np.array([1.0, 2.0, np.inf, 3.0])[::2]}, "accessed_at of memory 1 is not finite"),
         ({"importance": [0.1]}, "importance has 1 values for 2 memories"),
         ({"origins": ["hot", "nowhere"]}, "nowhere"),
         ({"ids": ["a", ""]}, "memory 1: id must be a non-empty str"),
@@ -304,6 +309,15 @@ def test_a_bad_memory_batch_is_refused_by_name(kw: dict[str, object], message: s
     base: dict[str, object] = {"ids": ["a", "b"], "texts": ["x", "y"], "origins": ["hot", "hot"]}
     with pytest.raises(ValueError, match=message):
         ctxcore.MemoryBatch(ORG, AGENT, **{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_memory_batch_reads_columns_of_any_layout() -> None:
+    strided = np.array([0.25, 9.0, 0.75, 9.0])[::2]  # every other value: not contiguous
+    b = ctxcore.MemoryBatch(ORG, AGENT, ids=["a", "b"], texts=["x", "y"], origins=["hot", "hot"],
+                            similarity=strided, confidence=np.array([1.0, 0.5], dtype=np.float32),
+                            importance=(None, 0.5), created_at=range(2))
+    assert [(r.similarity, r.confidence, r.importance, r.created_at) for r in b] == [
+        (0.25, 1.0, None, 0.0), (0.75, 0.5, 0.5, 1.0)]
 
 
 def test_the_trace_columns_and_entries_agree() -> None:
