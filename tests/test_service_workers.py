@@ -30,7 +30,8 @@ from ctxcore.client import ContextClient
 from ctxcore.errors import ConfigError
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
-from ctxcore.service.config import ServiceConfig, parse_service_config
+from ctxcore.service import usable_cpus
+from ctxcore.service.config import MAX_WORKERS, ServiceConfig, parse_service_config
 
 ORG, AGENT = "acme-retail", "support"
 
@@ -235,6 +236,64 @@ def test_workers_settings_are_checked() -> None:
     r = subprocess.run([*CTXCORE, "serve", "--workers", "0", "--db", "x.db", "--allow-unauthenticated"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "server.workers must be a positive integer, got 0" in r.stderr, r.stderr
+
+
+def _cgroup(tmp_path: Path, proc: str, files: dict[str, str]) -> dict[str, Path]:
+    """A cgroup file system and a /proc/self/cgroup of a process in it, as files."""
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    root.mkdir(exist_ok=True)
+    (tmp_path / "proc_cgroup").write_text(proc)
+    return {"cgroup_root": root, "proc_cgroup": tmp_path / "proc_cgroup"}
+
+
+def test_usable_cpus_follow_the_affinity_and_the_cgroup_cpu_limit(tmp_path: Path) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    v2 = "0::/kubepods/pod1/app\n"
+    cases: list[tuple[str, str, dict[str, str], int]] = [
+        ("no cgroup limit (v2 max)", v2, {"kubepods/pod1/app/cpu.max": "max 100000\n"}, affinity),
+        ("1.5 CPUs: one worker", v2, {"kubepods/pod1/app/cpu.max": "150000 100000\n"}, 1),
+        ("a parent's limit is the tightest", v2, {"kubepods/cpu.max": "100000 100000\n",
+                                                   "kubepods/pod1/app/cpu.max": "400000 100000\n"}, 1),
+        ("less than one CPU", v2, {"kubepods/pod1/app/cpu.max": "20000 100000\n"}, 1),
+        ("v1 quota", "5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n",
+         {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"}, 1),
+        ("v1 without a quota", "5:cpu,cpuacct:/\n",
+         {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, affinity),
+        ("malformed files are no limit", v2, {"kubepods/pod1/app/cpu.max": "lots\n"}, affinity),
+        ("no cgroup file system", v2, {}, affinity),
+    ]
+    for name, proc, files, want in cases:
+        case = tmp_path / str(len(name))
+        case.mkdir(exist_ok=True)
+        assert usable_cpus(**_cgroup(case, proc, files)) == min(want, affinity), name
+    assert usable_cpus(cgroup_root=tmp_path / "absent", proc_cgroup=tmp_path / "absent") == affinity
+    assert 1 <= usable_cpus() <= affinity
+
+
+def test_auto_workers_start_one_per_usable_cpu(tmp_path: Path) -> None:
+    want = min(MAX_WORKERS, usable_cpus())
+    assert parse_service_config('[server]\nworkers = "auto"').workers == want
+    with pytest.raises(ConfigError, match='server.workers must be a positive integer or "auto", got \'all\''):
+        parse_service_config('[server]\nworkers = "all"')
+    from ctxcore.cli import build_parser
+    from ctxcore.service.cli import config_from_args
+
+    parser = build_parser()
+    path = tmp_path / "serve.toml"
+    path.write_text("[server]\nworkers = 3\n")
+    assert config_from_args(parser.parse_args(["serve", "--config", str(path)])).workers == 3
+    assert config_from_args(parser.parse_args(["serve", "--config", str(path), "--workers", "auto"])).workers == want
+    r = subprocess.run([*CTXCORE, "serve", "--workers", "every", "--db", "x.db", "--allow-unauthenticated"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "expected auto or a positive integer, got 'every'" in r.stderr, r.stderr
+
+
+def test_auto_workers_are_one_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.platform", "darwin")
+    assert parse_service_config('[server]\nworkers = "auto"').workers == 1
 
 
 def test_one_connection_stays_with_one_worker(group: Group) -> None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         ServiceConfig as ServiceConfig,
         TlsConfig as TlsConfig,
         load_service_config as load_service_config,
+        usable_cpus as usable_cpus,
     )
     from .errors import (
         ServiceError as ServiceError,
@@ -63,6 +64,7 @@ _WHERE = {
     "ServiceConfig": "config",
     "TlsConfig": "config",
     "load_service_config": "config",
+    "usable_cpus": "config",
     "SERVICE_NAME": "wire",
     "ContextService": "server",
     "scoped_sources": "server",

@@ -22,6 +22,7 @@ from .config import (
     ServiceConfig,
     TlsConfig,
     load_service_config,
+    _auto_workers,
     parse_principals,
 )
 
@@ -29,6 +30,17 @@ __all__ = ["add_subcommands", "config_from_args"]
 
 # The [assembly] settings in milliseconds have flags of their own.
 _ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
+
+
+def _workers(text: str) -> int:
+    """``--workers``: a count (checked with the rest of the configuration), or ``auto`` (one
+    per usable CPU, see `usable_cpus`)."""
+    if text == "auto":
+        return _auto_workers()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
 
 
 def _max_running(text: str) -> int | str:
@@ -83,8 +95,9 @@ def add_subcommands(sub: Any) -> None:
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
     t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
-    s.add_argument("--workers", type=int, metavar="N",
-                   help="server processes sharing the port (default 1); a client spreads its calls "
+    s.add_argument("--workers", type=_workers, metavar="N|auto",
+                   help="server processes sharing the port (default 1; auto: one per usable CPU, "
+                        "within the affinity and the cgroup's CPU limit); a client spreads its calls "
                         "over them with more than one connection")
     t.add_argument("--max-running", type=_max_running, metavar="N|auto",
                    help="ordinary assemblies run at a time, the others wait their turn (0: no limit; "

@@ -13,7 +13,8 @@ binds, with a message that names the key. The shape (every key optional)::
     drain_delay_s = 2.0             # NOT_SERVING this long before new calls are refused (at most 3600)
     max_queue = 64                  # assemblies admitted at a time; more: RESOURCE_EXHAUSTED
     cpu_workers = 2                 # threads for the assembly's CPU-heavy stages
-    workers = 1                     # server processes sharing the port (SO_REUSEPORT; a TCP bind)
+    workers = 1                     # server processes sharing the port (SO_REUSEPORT; a TCP bind);
+                                    # "auto": one per usable CPU (affinity and cgroup CPU limit)
     max_running = "auto"            # ordinary assemblies run at a time, others wait (0: no limit;
                                     # auto: 1 with the SQLite store, no limit with PostgreSQL)
     reflection = "auto"             # auto (loopback binds only) | false
@@ -56,6 +57,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import math
+import os
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -86,6 +88,7 @@ __all__ = [
     "check_tls_files",
     "is_loopback_bind",
     "load_service_config",
+    "usable_cpus",
 ]
 
 #: Where the server listens when nothing is said: loopback only, gRPC's usual port.
@@ -402,6 +405,84 @@ def is_loopback_bind(bind: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+# ---- CPUs ---------------------------------------------------------------------------
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+_PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def usable_cpus(*, cgroup_root: str | Path = _CGROUP_ROOT, proc_cgroup: str | Path = _PROC_CGROUP) -> int:
+    """The CPUs this process can keep busy: those it may run on (its affinity, e.g.
+    ``taskset`` or a cpuset), fewer when its cgroup's CPU quota (a container's CPU limit,
+    cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``, the tightest of its ancestors')
+    allows less, rounded down; at least 1. What ``workers = "auto"`` starts.
+
+    >>> 1 <= usable_cpus() <= (os.cpu_count() or 1)
+    True
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        n = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit(Path(cgroup_root), Path(proc_cgroup))
+    if limit is not None:
+        n = min(n, math.floor(limit))
+    return max(1, n)
+
+
+def _cgroup_cpu_limit(root: Path, proc_cgroup: Path) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (quota / period), the smallest on
+    its path; None without one (no cgroup file system, no limit, unreadable files)."""
+    try:
+        lines = proc_cgroup.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    limits: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # cgroup v2: "0::/path"
+            for d in _ancestors(root, rel):
+                limits += _quota(d / "cpu.max", None)
+        elif "cpu" in controllers.split(","):  # cgroup v1: "4:cpu,cpuacct:/path"
+            for mount in dict.fromkeys((controllers, "cpu", "cpu,cpuacct")):
+                for d in _ancestors(root / mount, rel):
+                    limits += _quota(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us")
+    return min(limits) if limits else None
+
+
+def _ancestors(base: Path, rel: str) -> list[Path]:
+    """`base`/`rel` and each directory above it up to `base` (a container sees its own
+    cgroup as the root, or under the host's path)."""
+    out = [base]
+    for part in (p for p in rel.split("/") if p and p not in (".", "..")):
+        out.append(out[-1] / part)
+    return out
+
+
+def _quota(quota_file: Path, period_file: Path | None) -> list[float]:
+    """[quota / period] from a cgroup's files, [] when they say no limit or cannot be read."""
+    try:
+        words = quota_file.read_text(encoding="ascii").split()
+        if period_file is not None:
+            words += period_file.read_text(encoding="ascii").split()
+        quota, period = int(words[0]), int(words[1])
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):  # "max", absent, malformed
+        return []
+    return [quota / period] if quota > 0 and period > 0 else []
+
+
+def _auto_workers() -> int:
+    """``workers = "auto"``: one per usable CPU on Linux (at most `MAX_WORKERS`), else 1
+    (elsewhere a shared port does not spread connections)."""
+    if not sys.platform.startswith("linux"):
+        return 1
+    return min(MAX_WORKERS, usable_cpus())
+
+
 # ---- TOML ---------------------------------------------------------------------------
 
 _SECTIONS: dict[str, set[str]] = {
@@ -591,6 +672,10 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
                 kw[k] = srv[k]
         if kw.get("max_running") == "auto":
             kw["max_running"] = None
+        if isinstance(kw.get("workers"), str):
+            if kw["workers"] != "auto":
+                raise ConfigError(f"server.workers must be a positive integer or \"auto\", got {kw['workers']!r}")
+            kw["workers"] = _auto_workers()
         if "reflection" in srv:
             r = srv["reflection"]
             if r not in ("auto", False):
