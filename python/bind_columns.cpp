@@ -246,8 +246,8 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
 // The index of the first value that is infinite, NaN (unless `allow_nan`) or outside
 // [low, high]; -1 when every value passes. One pass over a float64 column, where the
 // same checks in numpy are a temporary array and a reduction each.
-py::ssize_t first_outside(const py::array_t<double, py::array::c_style>& values, double low, double high,
-                          bool allow_nan) {
+py::ssize_t first_outside(const py::array_t<double, py::array::c_style | py::array::forcecast>& values,
+                          double low, double high, bool allow_nan) {
   if (values.ndim() != 1) throw py::value_error("first_outside: values must be one-dimensional");
   const double* v = values.data();
   const py::ssize_t n = values.shape(0);
