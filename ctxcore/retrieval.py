@@ -2,8 +2,12 @@
 one shared wall.
 
 The stage after budgeting. Each branch runs as its own task with its own timeout, cut to
-what is left of the wall; when the wall is reached the branches still running are
-cancelled and awaited (no task outlives the call), and a branch that completed is kept.
+what is left of the wall. On Python 3.12 and later the tasks start eagerly
+(`asyncio.eager_task_factory`): a branch that answers without waiting (a cache hit, a read
+of microseconds) is done when its task is created, without a pass of the event loop, and
+only the branches that wait are waited for. When the wall is reached the branches still
+running are cancelled and awaited (no task outlives the call), and a branch that
+completed is kept.
 Every branch ends with a `BranchRecord`: ``ok``, ``timeout``, ``error`` (it raised or
 returned malformed data) or ``skipped``, with its latency. Memories are checked against
 the request's scope here, before anything else sees them: a memory of another
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +170,18 @@ def _check_memories(value: object, scope: Scope) -> tuple[Sequence[MemoryRecord]
     return ok, foreign
 
 
+#: Starts a task eagerly where asyncio can (3.12+): it runs at once, on the caller's turn,
+#: until it first waits, as its own current task (so sources built on anyio or trio-style
+#: cancel scopes see the task they run in).
+_EAGER_TASK: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
+
+
+def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _Outcome], name: str) -> asyncio.Task[_Outcome]:
+    if _EAGER_TASK is not None:
+        return _EAGER_TASK(loop, coro, name=name)
+    return loop.create_task(coro, name=name)
+
+
 async def _run_branch(
     branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope
 ) -> _Outcome:
@@ -242,16 +258,19 @@ async def retrieve(
     if run_memory and c is not None:
         calls[Branch.COLD] = lambda: c(scope, query, limit, min_similarity)
     tasks: dict[Branch, asyncio.Task[_Outcome]] = {}
+    loop = asyncio.get_running_loop()
     for branch, call in calls.items():
         if call is None:
             continue
         budget_s = max(0.0, min(timeouts.of(branch) / 1000.0, wall_end - time.perf_counter()))
-        tasks[branch] = asyncio.create_task(_run_branch(branch, call, budget_s, scope), name=f"ctxcore-{branch}")
+        tasks[branch] = _start(loop, _run_branch(branch, call, budget_s, scope), f"ctxcore-{branch}")
 
     outcomes: dict[Branch, _Outcome] = {}
-    if tasks:
+    waiting = [t for t in tasks.values() if not t.done()]
+    pending: set[asyncio.Task[_Outcome]] = set()
+    if waiting:
         try:
-            done, pending = await asyncio.wait(tasks.values(), timeout=max(0.0, wall_end - time.perf_counter()))
+            _, pending = await asyncio.wait(waiting, timeout=max(0.0, wall_end - time.perf_counter()))
         except asyncio.CancelledError:
             for t in tasks.values():
                 t.cancel()
@@ -262,18 +281,18 @@ async def retrieve(
         if pending:
             # Cancelled branches are awaited so no task outlives this call.
             await asyncio.gather(*pending, return_exceptions=True)
-        for branch, task in tasks.items():
-            if task in done and not task.cancelled():
-                outcomes[branch] = task.result()
-            else:
-                outcomes[branch] = _Outcome(
-                    BranchRecord(
-                        branch,
-                        BranchStatus.TIMEOUT,
-                        (time.perf_counter() - start) * 1000.0,
-                        f"cancelled at the {wall.source.value} wall ({wall.limit_ms:.1f} ms)",
-                    )
+    for branch, task in tasks.items():
+        if task not in pending and not task.cancelled():
+            outcomes[branch] = task.result()
+        else:
+            outcomes[branch] = _Outcome(
+                BranchRecord(
+                    branch,
+                    BranchStatus.TIMEOUT,
+                    (time.perf_counter() - start) * 1000.0,
+                    f"cancelled at the {wall.source.value} wall ({wall.limit_ms:.1f} ms)",
                 )
+            )
 
     records = []
     for branch in (Branch.DIRECTIVE, Branch.HOT, Branch.COLD):

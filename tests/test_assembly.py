@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import sys
 import time
 from collections.abc import Sequence
 
@@ -152,6 +153,75 @@ def test_branch_timeouts_are_per_branch() -> None:
     )
     assert status(ctx) == {"directive": "timeout", "hot": "ok", "cold": "ok"}
     assert ctx.degradation_reasons == ("directive_timeout",)
+
+
+def _answers_at_once(value: object):  # type: ignore[no-untyped-def]
+    async def branch(*args: object) -> object:  # no await: a cache hit
+        return value
+
+    return branch
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks (asyncio.eager_task_factory) are Python 3.12+")
+def test_sources_that_answer_at_once_assemble_without_a_pass_of_the_event_loop() -> None:
+    async def main() -> tuple[ctxcore.AssembledContext, bool, set[asyncio.Task[object]]]:
+        loop_passed = asyncio.Event()
+        asyncio.get_running_loop().call_soon(loop_passed.set)
+        ctx = await ctxcore.assemble(request(), sources=Sources(
+            _answers_at_once("Be brief."), _answers_at_once([mem(1)]), _answers_at_once([mem(2, sim=0.9)])))
+        return ctx, loop_passed.is_set(), {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    ctx, loop_passed, tasks = asyncio.run(main())
+    assert status(ctx) == {"directive": "ok", "hot": "ok", "cold": "ok"}
+    assert set(ctx.selected_ids) == {"m1", "m2"} and "Be brief." in ctx.text
+    assert not loop_passed and tasks == set()
+
+
+def test_a_source_that_waits_keeps_its_timeout_beside_ones_that_answer_at_once() -> None:
+    cfg = AssemblyConfig(hot_timeout_ms=10, cold_timeout_ms=1000)
+    cancelled: list[bool] = []
+
+    async def slow_hot(*args: object) -> object:
+        try:
+            await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return [mem(1)]
+
+    async def steps_then_answers(*args: object) -> object:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return [mem(2, sim=0.9)]
+
+    ctx = run(request(), Sources(_answers_at_once("D"), slow_hot, steps_then_answers), config=cfg)
+    assert status(ctx) == {"directive": "ok", "hot": "timeout", "cold": "ok"}
+    assert cancelled == [True] and ctx.selected_ids == ("m2",)
+    hot = next(b for b in ctx.branches if b.branch.value == "hot")
+    assert hot.error == "no answer within 10.0 ms"
+
+
+def test_a_source_failing_before_it_waits_is_an_error_and_its_context_stays_its_own() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="caller's")
+
+    def raises_at_once(*args: object) -> object:
+        raise ValueError("no such index")
+
+    async def sets_a_variable(*args: object) -> object:
+        var.set("the source's")
+        return [mem(1)]
+
+    async def main() -> tuple[ctxcore.AssembledContext, str]:
+        ctx = await ctxcore.assemble(request(), sources=Sources(None, sets_a_variable, raises_at_once))
+        return ctx, var.get()
+
+    ctx, seen = asyncio.run(main())
+    assert status(ctx) == {"directive": "skipped", "hot": "ok", "cold": "error"}
+    cold = next(b for b in ctx.branches if b.branch.value == "cold")
+    assert cold.error == "ValueError: no such index"
+    assert seen == "caller's" and ctx.selected_ids == ("m1",)
 
 
 def test_caller_deadline_caps_the_wall() -> None:
