@@ -92,9 +92,10 @@ def _corpus(n: int) -> Iterator[Any]:
         yield NewMemory(f"m{i:06d}", s.organization_id, s.agent_id, text, created_at=1.7e9 + i)
 
 
-def build_db(path: Path, n: int) -> float:
-    """Create the bench database (n memories over 100 scopes, one directive each);
-    returns the seconds it took."""
+def build_db(path: Path, n: int, optimize: bool = True) -> float:
+    """Create the bench database (n memories over 100 scopes, one directive each), its
+    full-text index merged into one segment as after any bulk load (`optimize`, see
+    `SqliteMemoryStore.optimize`); returns the seconds it took."""
     from ctxcore.stores import HashingEmbedder, SqliteMemoryStore
 
     t0 = time.perf_counter()
@@ -109,6 +110,8 @@ def build_db(path: Path, n: int) -> float:
         for s in scopes():
             store.set_directive(s.organization_id, s.agent_id,
                                 f"You are the assistant of {s.organization_id}/{s.agent_id}. Be brief and exact.")
+        if optimize:
+            store.optimize()
     return time.perf_counter() - t0
 
 
@@ -390,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("build-db", help="create the bench SQLite database")
     b.add_argument("path", type=Path)
     b.add_argument("--memories", type=int, default=100_000)
+    b.add_argument("--no-optimize", action="store_true",
+                   help="leave the full-text index in the segments the writes left (as before `optimize`)")
     r = sub.add_parser("run", help="run the closed loop and print a JSON report")
     r.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
     r.add_argument("--concurrency", type=int, default=16)
@@ -429,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "build-db":
         if args.path.exists():
             raise SystemExit(f"{args.path} exists")
-        secs = build_db(args.path, args.memories)
+        secs = build_db(args.path, args.memories, optimize=not args.no_optimize)
         print(json.dumps({"path": str(args.path), "memories": args.memories, "seconds": round(secs, 1)}))
         return 0
     report = asyncio.run(run_load(args.target, concurrency=args.concurrency, requests=args.requests,

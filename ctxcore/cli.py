@@ -474,6 +474,7 @@ def _add_memories(sub: Any) -> None:
     actions = mem.add_subparsers(dest="action", required=True)
     _add_memories_add(actions)
     _add_memories_recount(actions)
+    _add_memories_optimize(actions)
     from .stores.postgres_cli import add_lifecycle_subcommands  # init, delete, forget, stats
 
     add_lifecycle_subcommands(actions)
@@ -521,6 +522,34 @@ def _add_memories_recount(mem: Any) -> None:
     mr.add_argument("--family", action="append", help="an exact tokenizer family (repeatable; default: all installed)")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
     mr.set_defaults(func=_cmd_memories_recount)
+
+
+def _cmd_memories_optimize(args: argparse.Namespace, out: TextIO) -> int:
+    from .stores import MemoryStoreError, SqliteMemoryStore
+
+    if args.db.startswith(("postgresql://", "postgres://")):
+        raise CliError("optimize merges a SQLite store's full-text index; PostgreSQL maintains its own "
+                       "(autovacuum, REINDEX)")
+    if not Path(args.db).is_file():
+        raise CliError(f"no database at {args.db}")
+    try:
+        with SqliteMemoryStore(args.db) as store:
+            before = store.optimize()
+    except MemoryStoreError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        json.dump({"db": args.db, "segments_before": before, "segments_after": min(before, 1)}, out)
+        out.write("\n")
+    else:
+        out.write(f"merged the full-text index of {args.db}: segments {before} -> {min(before, 1)}\n")
+    return 0
+
+
+def _add_memories_optimize(mem: Any) -> None:
+    mo = mem.add_parser("optimize", help="merge a SQLite store's full-text index into one segment (after a bulk load)")
+    mo.add_argument("--db", required=True, help="the SQLite memory store")
+    mo.add_argument("--json", action="store_true", help="print one JSON document")
+    mo.set_defaults(func=_cmd_memories_optimize)
 
 
 def _add_bench(sub: Any) -> None:

@@ -937,3 +937,53 @@ def test_hot_reads_from_many_threads_answer_alike_without_a_connection_each(tmp_
                 t.join()
         assert got == [want] * 40
         assert len(list(Path("/proc/self/fd").iterdir())) - files < 6  # not a connection per thread
+
+
+def _segments(db: Path) -> int:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+        return int(c.execute("SELECT count(DISTINCT segid) FROM memory_words_idx").fetchone()[0])
+
+
+def test_optimize_merges_the_full_text_index_and_reads_answer_alike(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    words = ["refund", "invoice", "kettle", "parcel", "delivery", "warranty", "voucher", "courier"]
+    scopes_ = [Scope("acme", "support"), Scope("acme", "sales")]
+    queries = [Query("item3x4 lot5"), Query("lot7 courier item1x2"), Query("item2x5"), Query("lot11 item11x18 refund"),
+               Query("item9x7 lot9")]
+    with SqliteMemoryStore(db) as s:
+        for batch in range(12):  # one write transaction, one full-text segment, each
+            s.add_many(NewMemory(f"m{batch}-{k}", sc.organization_id, sc.agent_id,
+                                 f"{words[(batch + k) % 8]} {words[(3 * batch + k) % 8]} item{batch}x{k} lot{batch}",
+                                 created_at=1.7e9 + 100 * batch + k)
+                       for k in range(20) for sc in scopes_[k % 2:k % 2 + 1])
+        before = _segments(db)
+        assert before > 1
+
+        def reads() -> list[list[tuple[str, float | None]]]:
+            return [[(r.id, r.similarity) for r in asyncio.run(s.cold(sc, q, 16, 0.0))] for sc in scopes_ for q in queries]
+
+        answers = reads()
+        assert s.optimize() == before
+        assert _segments(db) == 1
+        assert reads() == answers and sum(map(len, answers)) >= 5
+        assert s.optimize() == 1  # nothing left to merge
+        s.add(NewMemory("late", "acme", "support", "refund of a late parcel"))  # writes go on after it
+        assert "late" in [r.id for r in asyncio.run(s.cold(scopes_[0], Query("late parcel"), 16, 0.0))]
+    with pytest.raises(MemoryStoreError, match="closed"):
+        s.optimize()
+
+
+def test_cli_memories_optimize(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db) as s:
+        for k in range(3):
+            s.add(NewMemory(f"m{k}", "o", "a", f"note {k}"))
+    out = cli("memories", "optimize", "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"db": str(db), "segments_before": 3, "segments_after": 1}
+    again = cli("memories", "optimize", "--db", str(db))
+    assert (again.returncode, again.stdout) == (0, f"merged the full-text index of {db}: segments 1 -> 1\n")
+    missing = cli("memories", "optimize", "--db", str(tmp_path / "none.db"))
+    assert missing.returncode == 1 and f"no database at {tmp_path / 'none.db'}" in missing.stderr
+    pg = cli("memories", "optimize", "--db", "postgresql://localhost/memories")
+    assert pg.returncode == 1 and "PostgreSQL maintains its own" in pg.stderr

@@ -448,6 +448,35 @@ class SqliteMemoryStore:
                     raise
             updated += len(params)
 
+    def optimize(self) -> int:
+        """Merge the full-text index into one segment (FTS5's ``optimize``) and refresh the
+        query planner's statistics (``PRAGMA optimize``): the maintenance after a bulk load.
+
+        Each write transaction leaves the full-text index a segment of its own; FTS5 merges
+        segments of a size as they pile up, so a loaded store keeps several, and a
+        full-text read looks each query word up in every one (the load driver's
+        100k-memory store: 7 segments, 42 lookups a cold read; after `optimize`, 1 and 6,
+        and 8% fewer instructions an assembly). Rewrites the whole index: time and disk
+        in proportion to it (0.3 s for 100k memories). Blocks, holding the store's write
+        lock; readers go on (write-ahead log). Returns how many segments there were.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     for k in range(3):
+        ...         _ = s.add(NewMemory(f"m{k}", "o", "a", f"note {k}"))
+        ...     s.optimize(), s.optimize()
+        (3, 1)
+        """
+        self._check_open()
+        with self._write_lock:
+            conn = self._writer
+            before = int(conn.execute("SELECT count(DISTINCT segid) FROM memory_words_idx").fetchone()[0])
+            conn.execute("INSERT INTO memory_words (memory_words) VALUES ('optimize')")
+            conn.execute("PRAGMA optimize")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        return before
+
     def _count(self, texts: list[str]) -> list[int]:
         return stored_token_counts(texts, self._family, exact=self._exact)
 
