@@ -28,7 +28,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -497,23 +497,32 @@ def _add_memories_add(mem: Any) -> None:
     ma.set_defaults(func=_cmd_memories_add)
 
 
-def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
+def _on_sqlite_store(args: argparse.Namespace, out: TextIO, work: Callable[[Any], tuple[dict[str, Any], str]]) -> int:
+    """Open the SQLite store at ``args.db``, run `work` on it and print what it returns:
+    the JSON document (``--json``) or the line."""
     from .stores import MemoryStoreError, SqliteMemoryStore
 
     if not Path(args.db).is_file():
         raise CliError(f"no database at {args.db}")
-    families = args.family or None
     try:
         with SqliteMemoryStore(args.db) as store:
-            updated = store.recount(families)
+            doc, line = work(store)
     except MemoryStoreError as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        json.dump({"db": args.db, "updated": updated}, out)
+        json.dump({"db": args.db, **doc}, out)
         out.write("\n")
     else:
-        out.write(f"counted {updated} memories in {args.db}\n")
+        out.write(line + "\n")
     return 0
+
+
+def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
+    def work(store: Any) -> tuple[dict[str, Any], str]:
+        updated = store.recount(args.family or None)
+        return {"updated": updated}, f"counted {updated} memories in {args.db}"
+
+    return _on_sqlite_store(args, out, work)
 
 
 def _add_memories_recount(mem: Any) -> None:
@@ -525,24 +534,17 @@ def _add_memories_recount(mem: Any) -> None:
 
 
 def _cmd_memories_optimize(args: argparse.Namespace, out: TextIO) -> int:
-    from .stores import MemoryStoreError, SqliteMemoryStore
-
     if args.db.startswith(("postgresql://", "postgres://")):
         raise CliError("optimize merges a SQLite store's full-text index; PostgreSQL maintains its own "
                        "(autovacuum, REINDEX)")
-    if not Path(args.db).is_file():
-        raise CliError(f"no database at {args.db}")
-    try:
-        with SqliteMemoryStore(args.db) as store:
-            before = store.optimize()
-    except MemoryStoreError as exc:
-        raise CliError(str(exc)) from None
-    if args.json:
-        json.dump({"db": args.db, "segments_before": before, "segments_after": min(before, 1)}, out)
-        out.write("\n")
-    else:
-        out.write(f"merged the full-text index of {args.db}: segments {before} -> {min(before, 1)}\n")
-    return 0
+
+    def work(store: Any) -> tuple[dict[str, Any], str]:
+        before = store.optimize()
+        after = min(before, 1)
+        return ({"segments_before": before, "segments_after": after},
+                f"merged the full-text index of {args.db}: segments {before} -> {after}")
+
+    return _on_sqlite_store(args, out, work)
 
 
 def _add_memories_optimize(mem: Any) -> None:
