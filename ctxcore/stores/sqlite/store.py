@@ -473,8 +473,6 @@ class SqliteMemoryStore:
             before = int(conn.execute("SELECT count(DISTINCT segid) FROM memory_words_idx").fetchone()[0])
             conn.execute("INSERT INTO memory_words (memory_words) VALUES ('optimize')")
             conn.execute("PRAGMA optimize")
-            if conn.in_transaction:
-                conn.execute("COMMIT")
         return before
 
     def _count(self, texts: list[str]) -> list[int]:
