@@ -56,7 +56,7 @@ from .formatting import (
     format_context,
     formatter_overhead,
 )
-from .memory import MemoryBatch, MemoryOrigin, MemoryRecord, MemoryStore, Query, Scope, Sources
+from .memory import LATER, MemoryBatch, MemoryOrigin, MemoryRecord, MemoryStore, NowOrLater, Query, Scope, Sources
 from .packing import (
     DEFAULT_BUCKET_TOKENS,
     DEFAULT_CELL_CEILING,
@@ -133,6 +133,8 @@ __all__ = [
     "MemoryRecord",
     "MemoryStore",
     "Message",
+    "NowOrLater",
+    "LATER",
     "Query",
     "Retrieved",
     "Role",

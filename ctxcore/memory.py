@@ -21,7 +21,7 @@ import numbers
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol, cast, overload, runtime_checkable
+from typing import Any, Final, Generic, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -32,12 +32,15 @@ __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
     "MAX_MEMORY_TOKENS",
     "MAX_RETRIEVAL_LIMIT",
+    "LATER",
     "ForgetReport",
+    "Later",
     "MemoryBatch",
     "MemoryLifecycle",
     "MemoryOrigin",
     "MemoryRecord",
     "MemoryStore",
+    "NowOrLater",
     "Query",
     "Scope",
     "ScopeStats",
@@ -619,9 +622,53 @@ class MemoryStore(Protocol):
         ...
 
 
+class Later(enum.Enum):
+    """The type of `LATER`."""
+
+    LATER = "later"
+
+
+#: What a branch's `now` function returns when its answer needs a wait (see `NowOrLater`).
+LATER: Final = Later.LATER
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+class NowOrLater(Generic[_F]):
+    """A branch that can often answer at once: called, it is the coroutine function `fn`;
+    its `now` takes the same arguments and returns the answer at once, or `LATER` when the
+    answer needs a wait (a read off the event loop's thread, a network call). Retrieval
+    calls `now` first and runs `fn` only for `LATER`: an answer at hand (a cached
+    directive, rows kept in memory) then costs no task and no pass of the event loop.
+    `now` must not block: it answers from what is at hand or says `LATER`. What it raises
+    is the branch's error, as if `fn` had raised it.
+
+    >>> import asyncio
+    >>> async def hot(scope, query, limit): return []
+    >>> branch = NowOrLater(hot, lambda scope, query, limit: LATER)
+    >>> branch.now(Scope("o", "a"), Query("q"), 4) is LATER, asyncio.run(branch(Scope("o", "a"), Query("q"), 4))
+    (True, [])
+    """
+
+    __slots__ = ("_fn", "now")
+
+    def __init__(self, fn: _F, now: Callable[..., Any]) -> None:
+        if not callable(fn) or not callable(now):
+            raise TypeError("NowOrLater: fn and now must be callable")
+        self._fn = fn
+        self.now = now
+
+    def __call__(self, *args: Any) -> Awaitable[Any]:
+        return self._fn(*args)
+
+    def __repr__(self) -> str:
+        return f"NowOrLater({self._fn!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Sources:
-    """The three retrieval branches of an assembly; a branch left as None is skipped.
+    """The three retrieval branches of an assembly; a branch left as None is skipped. A
+    branch may be a `NowOrLater`: retrieval asks its `now` first.
 
     >>> Sources().directive is None
     True
@@ -633,8 +680,22 @@ class Sources:
 
     @classmethod
     def from_store(cls, store: MemoryStore) -> Sources:
-        """All three branches served by one store."""
-        return cls(directive=store.directive, hot=store.hot, cold=store.cold)
+        """All three branches served by one store; a branch whose store also has a
+        ``directive_now`` / ``hot_now`` / ``cold_now`` method (same arguments, the answer
+        or `LATER`) is a `NowOrLater`.
+
+        >>> import tempfile, os
+        >>> from ctxcore.stores import SqliteMemoryStore
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as store:
+        ...     type(Sources.from_store(store).hot).__name__
+        'NowOrLater'
+        """
+        branches: dict[str, Any] = {}
+        for name in ("directive", "hot", "cold"):
+            fn = getattr(store, name)
+            now = getattr(store, f"{name}_now", None)
+            branches[name] = fn if now is None else NowOrLater(fn, now)
+        return cls(**branches)
 
 
 # ---- the memory lifecycle ----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Retrieval: the directive, hot-memory and cold-memory branches, run concurrently under
 one shared wall.
 
-The stage after budgeting. Each branch runs as its own task with its own timeout, cut to
+The stage after budgeting. A branch that can answer at once (a `NowOrLater`, as the
+SQLite store's branches are) is asked first, where retrieval runs: an answer at hand costs
+no task. Each other branch runs as its own task with its own timeout, cut to
 what is left of the wall. On Python 3.12 and later the tasks start eagerly
 (`asyncio.eager_task_factory`): a branch that answers without waiting (a cache hit, a read
 of microseconds) is done when its task is created, without a pass of the event loop, and
@@ -18,6 +20,7 @@ recorded; nothing is retried wider, cached or substituted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
-from .memory import MemoryBatch, MemoryRecord, Query, Scope, Sources, _Chain
+from .memory import LATER, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources, _Chain
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
 __all__ = [
@@ -182,23 +185,13 @@ def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _Outcome],
     return loop.create_task(coro, name=name)
 
 
-async def _run_branch(
-    branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope
-) -> _Outcome:
-    t0 = time.perf_counter()
+def _answered(branch: Branch, value: Any, scope: Scope, t0: float) -> _Outcome:
+    """A branch's answer, checked: a directive is a str or None, memories are split by
+    scope; anything else is the branch's error."""
 
     def record(status: BranchStatus, error: str | None = None, items: int = 0, foreign: int = 0) -> BranchRecord:
         return BranchRecord(branch, status, (time.perf_counter() - t0) * 1000.0, error, items, foreign)
 
-    try:
-        async with asyncio.timeout(timeout_s):
-            value = await call()
-    except TimeoutError:
-        return _Outcome(record(BranchStatus.TIMEOUT, f"no answer within {timeout_s * 1000:.1f} ms"))
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # a failing source is recorded, never propagated
-        return _Outcome(record(BranchStatus.ERROR, _error_text(exc)))
     try:
         if branch == Branch.DIRECTIVE:
             if value is not None and not isinstance(value, str):
@@ -208,6 +201,37 @@ async def _run_branch(
     except TypeError as exc:
         return _Outcome(record(BranchStatus.ERROR, f"malformed result: {exc}"))
     return _Outcome(record(BranchStatus.OK, items=len(ok), foreign=len(foreign)), ok, foreign)
+
+
+def _failed(branch: Branch, exc: Exception, t0: float) -> _Outcome:
+    return _Outcome(BranchRecord(branch, BranchStatus.ERROR, (time.perf_counter() - t0) * 1000.0, _error_text(exc)))
+
+
+def _answer_now(branch: Branch, now: Callable[..., Any], args: tuple[Any, ...], scope: Scope) -> _Outcome | None:
+    """A `NowOrLater` branch's answer from its `now`, or None when it says `LATER`."""
+    t0 = time.perf_counter()
+    try:
+        value = now(*args)
+    except Exception as exc:  # a failing source is recorded, never propagated
+        return _failed(branch, exc, t0)
+    return None if value is LATER else _answered(branch, value, scope, t0)
+
+
+async def _run_branch(
+    branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope
+) -> _Outcome:
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            value = await call()
+    except TimeoutError:
+        return _Outcome(BranchRecord(branch, BranchStatus.TIMEOUT, (time.perf_counter() - t0) * 1000.0,
+                                     f"no answer within {timeout_s * 1000:.1f} ms"))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a failing source is recorded, never propagated
+        return _failed(branch, exc, t0)
+    return _answered(branch, value, scope, t0)
 
 
 async def retrieve(
@@ -249,23 +273,27 @@ async def retrieve(
     timeouts = timeouts or BranchTimeouts()
     start = time.perf_counter() if wall_start is None else wall_start
     wall_end = start + wall.limit_ms / 1000.0
-    calls: dict[Branch, Callable[[], Awaitable[Any]] | None] = dict.fromkeys(Branch)
+    calls: list[tuple[Branch, Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
     d, h, c = sources.directive, sources.hot, sources.cold
     if run_directive and d is not None:
-        calls[Branch.DIRECTIVE] = lambda: d(scope)
+        calls.append((Branch.DIRECTIVE, d, (scope,)))
     if run_memory and h is not None:
-        calls[Branch.HOT] = lambda: h(scope, query, limit)
+        calls.append((Branch.HOT, h, (scope, query, limit)))
     if run_memory and c is not None:
-        calls[Branch.COLD] = lambda: c(scope, query, limit, min_similarity)
+        calls.append((Branch.COLD, c, (scope, query, limit, min_similarity)))
     tasks: dict[Branch, asyncio.Task[_Outcome]] = {}
-    loop = asyncio.get_running_loop()
-    for branch, call in calls.items():
-        if call is None:
-            continue
-        budget_s = max(0.0, min(timeouts.of(branch) / 1000.0, wall_end - time.perf_counter()))
-        tasks[branch] = _start(loop, _run_branch(branch, call, budget_s, scope), f"ctxcore-{branch}")
-
     outcomes: dict[Branch, _Outcome] = {}
+    loop = asyncio.get_running_loop()
+    for branch, fn, args in calls:
+        budget_s = max(0.0, min(timeouts.of(branch) / 1000.0, wall_end - time.perf_counter()))
+        if budget_s > 0.0 and isinstance(fn, NowOrLater):
+            outcome = _answer_now(branch, fn.now, args, scope)
+            if outcome is not None:
+                outcomes[branch] = outcome
+                continue
+        tasks[branch] = _start(loop, _run_branch(branch, functools.partial(fn, *args), budget_s, scope),
+                               f"ctxcore-{branch}")
+
     waiting = [t for t in tasks.values() if not t.done()]
     pending: set[asyncio.Task[_Outcome]] = set()
     if waiting:

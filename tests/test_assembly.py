@@ -162,6 +162,20 @@ def _answers_at_once(value: object):  # type: ignore[no-untyped-def]
     return branch
 
 
+def _half_a_second(cancelled: list[bool]):  # type: ignore[no-untyped-def]
+    """A branch that answers [m1] after 0.5 s, noting in `cancelled` when it is cancelled."""
+
+    async def slow(*args: object) -> object:
+        try:
+            await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return [mem(1)]
+
+    return slow
+
+
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks (asyncio.eager_task_factory) are Python 3.12+")
 def test_sources_that_answer_at_once_assemble_without_a_pass_of_the_event_loop() -> None:
     async def main() -> tuple[ctxcore.AssembledContext, bool, set[asyncio.Task[object]]]:
@@ -180,14 +194,7 @@ def test_sources_that_answer_at_once_assemble_without_a_pass_of_the_event_loop()
 def test_a_source_that_waits_keeps_its_timeout_beside_ones_that_answer_at_once() -> None:
     cfg = AssemblyConfig(hot_timeout_ms=10, cold_timeout_ms=1000)
     cancelled: list[bool] = []
-
-    async def slow_hot(*args: object) -> object:
-        try:
-            await asyncio.sleep(0.5)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return [mem(1)]
+    slow_hot = _half_a_second(cancelled)
 
     async def steps_then_answers(*args: object) -> object:
         for _ in range(5):
@@ -222,6 +229,90 @@ def test_a_source_failing_before_it_waits_is_an_error_and_its_context_stays_its_
     cold = next(b for b in ctx.branches if b.branch.value == "cold")
     assert cold.error == "ValueError: no such index"
     assert seen == "caller's" and ctx.selected_ids == ("m1",)
+
+
+def _now_or_later(now):  # type: ignore[no-untyped-def]
+    """A `NowOrLater` branch whose coroutine is only run when `now` says LATER."""
+    calls: list[tuple[object, ...]] = []
+
+    async def later(*args: object) -> object:
+        calls.append(args)
+        await asyncio.sleep(0)
+        return [mem(9, sim=0.9)]
+
+    return ctxcore.NowOrLater(later, now), calls
+
+
+def test_branches_that_answer_now_assemble_without_a_task_or_a_pass_of_the_event_loop() -> None:
+    asked: list[tuple[object, ...]] = []
+
+    def directive_now(scope: Scope) -> object:
+        asked.append((scope,))
+        return "Be brief."
+
+    def hot_now(scope: Scope, query: Query, limit: int) -> object:
+        asked.append((scope, query, limit))
+        return [mem(1)]
+
+    directive, d_calls = _now_or_later(directive_now)
+    hot, h_calls = _now_or_later(hot_now)
+    cold, c_calls = _now_or_later(lambda *args: [mem(2, sim=0.9), mem(3, org="org-b")])
+
+    async def main() -> tuple[ctxcore.AssembledContext, bool, set[asyncio.Task[object]]]:
+        loop_passed = asyncio.Event()
+        asyncio.get_running_loop().call_soon(loop_passed.set)
+        ctx = await ctxcore.assemble(request(options=AssemblyOptions(max_memories=7)), sources=Sources(directive, hot, cold))
+        return ctx, loop_passed.is_set(), {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    ctx, loop_passed, tasks = asyncio.run(main())
+    assert status(ctx) == {"directive": "ok", "hot": "ok", "cold": "ok"}
+    assert set(ctx.selected_ids) == {"m1", "m2"} and "Be brief." in ctx.text
+    assert not loop_passed and tasks == set()
+    assert d_calls == h_calls == c_calls == []
+    assert asked == [(Scope(ORG, AGENT),), (Scope(ORG, AGENT), Query("q"), 7)]
+    # An answer at once is checked like any other: the foreign memory is dropped and counted.
+    cold_rec = next(b for b in ctx.branches if b.branch.value == "cold")
+    assert (cold_rec.items, cold_rec.dropped_out_of_scope) == (1, 1)
+    assert "m3" not in ctx.selected_ids
+
+
+def test_a_branch_that_says_later_runs_its_coroutine_and_keeps_its_timeout() -> None:
+    cfg = AssemblyConfig(hot_timeout_ms=10, cold_timeout_ms=1000)
+    hot_cancelled: list[bool] = []
+    hot = ctxcore.NowOrLater(_half_a_second(hot_cancelled), lambda *args: ctxcore.LATER)
+    cold, cold_calls = _now_or_later(lambda *args: ctxcore.LATER)
+    ctx = run(request(), Sources(_answers_at_once("D"), hot, cold), config=cfg)
+    assert status(ctx) == {"directive": "ok", "hot": "timeout", "cold": "ok"}
+    assert hot_cancelled == [True] and ctx.selected_ids == ("m9",)
+    assert cold_calls == [(Scope(ORG, AGENT), Query("q"), 64, AssemblyConfig().min_similarity)]
+
+
+def test_a_branch_whose_now_fails_or_answers_badly_is_an_error_of_that_branch_only() -> None:
+    def down(*args: object) -> object:
+        raise RuntimeError("index offline")
+
+    directive = ctxcore.NowOrLater(_answers_at_once("unused"), lambda scope: 42)
+    hot, hot_calls = _now_or_later(down)
+    cold, _ = _now_or_later(lambda *args: [mem(2, sim=0.9)])
+    ctx = run(request(), Sources(directive, hot, cold))
+    assert status(ctx) == {"directive": "error", "hot": "error", "cold": "ok"}
+    errors = {b.branch.value: b.error for b in ctx.branches}
+    assert errors["directive"] == "malformed result: expected str or None, got int"
+    assert errors["hot"] == "RuntimeError: index offline"
+    assert hot_calls == [] and ctx.selected_ids == ("m2",)
+    assert set(ctx.degradation_reasons) == {"directive_error", "hot_error"}
+
+
+def test_a_branch_with_no_time_left_is_not_asked_now() -> None:
+    asked: list[object] = []
+    hot = ctxcore.NowOrLater(_hang, lambda *args: asked.append(args) or [mem(1)])
+    ctx = run(request(), Sources(None, hot, None), deadline=time.monotonic() - 1.0)
+    assert status(ctx)["hot"] == "timeout" and asked == [] and ctx.selected_ids == ()
+
+
+def test_now_or_later_checks_what_it_is_given() -> None:
+    with pytest.raises(TypeError, match="must be callable"):
+        ctxcore.NowOrLater(_hang, "not a function")  # type: ignore[arg-type]
 
 
 def test_caller_deadline_caps_the_wall() -> None:

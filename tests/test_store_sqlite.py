@@ -460,6 +460,74 @@ def test_directives_are_cached_briefly_refreshed_in_the_background_and_fresh_aft
         SqliteMemoryStore(store.path, directive_cache_seconds=-1)
 
 
+def test_branches_answer_now_from_what_the_store_keeps_and_later_otherwise(store: SqliteMemoryStore) -> None:
+    scope, other = SCOPES[0], SCOPES[1]
+    q = Query("refunds within 30 days")
+    with SqliteMemoryStore(store.path, embedder=HashingEmbedder(64)) as s:
+        # Nothing read yet: every branch must be read by a reader thread.
+        assert s.directive_now(scope) is ctxcore.LATER
+        assert s.hot_now(scope, q, 4) is ctxcore.LATER
+        assert s.cold_now(scope, q, 4, 0.0) is ctxcore.LATER
+        directive, hot, cold = run(s.directive(scope)), run(s.hot(scope, q, 4)), run(s.cold(scope, q, 4, 0.0))
+        # Read once, kept: the same answers at once.
+        assert s.directive_now(scope) == directive == "acme policy\n\nacme/support role"
+        now_hot, now_cold = s.hot_now(scope, q, 4), s.cold_now(scope, q, 4, 0.0)
+        assert not isinstance(now_hot, ctxcore.memory.Later) and not isinstance(now_cold, ctxcore.memory.Later)
+        assert [r.id for r in now_hot] == [r.id for r in hot] and len(hot) == 4
+        assert [(r.id, r.similarity) for r in now_cold] == [(r.id, r.similarity) for r in cold] and cold
+        assert {(r.organization_id, r.agent_id) for r in [*now_hot, *now_cold]} == {("acme", "support")}
+        assert s.hot_now(other, q, 4) is ctxcore.LATER  # another scope's rows are not kept
+        # A write to the scope: what was kept is no longer current.
+        s.add(NewMemory("acme-support-new", "acme", "support", "Refunds now take 45 days.", created_at=2000.0))
+        assert s.hot_now(scope, q, 4) is ctxcore.LATER
+        assert s.cold_now(scope, q, 4, 0.0) is ctxcore.LATER
+        assert run(s.hot(scope, q, 4))[0].id == "acme-support-new"
+        s.set_directive("acme", "support", "new role")
+        assert s.directive_now(scope) is ctxcore.LATER
+        with pytest.raises(TypeError):
+            s.hot_now(("acme", "support"), q, 4)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="min_similarity"):
+            s.cold_now(scope, q, 4, float("nan"))
+    with pytest.raises(MemoryStoreError, match="closed"):
+        s.hot_now(scope, q, 4)
+
+
+def test_a_second_assembly_from_kept_rows_runs_without_a_pass_of_the_event_loop(store: SqliteMemoryStore) -> None:
+    sources = Sources.from_store(store)
+    assert all(isinstance(b, ctxcore.NowOrLater) for b in (sources.directive, sources.hot, sources.cold))
+    req = ctxcore.AssemblyRequest("acme", "support", "gpt-4", Query("refunds within 30 days"))
+
+    async def main() -> tuple[ctxcore.AssembledContext, ctxcore.AssembledContext, bool]:
+        first = await ctxcore.assemble(req, sources=sources, config=ROOMY)
+        loop_passed = asyncio.Event()
+        asyncio.get_running_loop().call_soon(loop_passed.set)
+        second = await ctxcore.assemble(req, sources=sources, config=ROOMY)
+        return first, second, loop_passed.is_set()
+
+    first, second, loop_passed = run(main())
+    assert not loop_passed
+    assert [b.status.value for b in second.branches] == ["ok", "ok", "ok"]
+    assert second.selected_ids == first.selected_ids and first.selected_ids
+    assert second.sections["directive"] == first.sections["directive"]
+
+
+def test_served_branches_answer_now_for_the_authorized_scope_only(store: SqliteMemoryStore) -> None:
+    pytest.importorskip("grpc")
+    from ctxcore.service.server import scoped_sources
+
+    authorized, asked = SCOPES[0], SCOPES[3]
+    q = Query("refunds within 30 days")
+    run(store.hot(authorized, q, 4))
+    scoped = scoped_sources(Sources.from_store(store), authorized)
+    assert isinstance(scoped.hot, ctxcore.NowOrLater) and isinstance(scoped.directive, ctxcore.NowOrLater)
+    got = scoped.hot.now(asked, q, 4)
+    assert [r.id for r in got] == [r.id for r in run(store.hot(authorized, q, 4))]
+    assert [r.id for r in run(scoped.hot(asked, q, 4))] == [r.id for r in got]
+    assert run(scoped.directive(asked)) == "acme policy\n\nacme/support role"
+    plain = scoped_sources(Sources(hot=store.hot), authorized)
+    assert not isinstance(plain.hot, ctxcore.NowOrLater) and plain.directive is None
+
+
 def test_bad_query_arguments_are_typed_errors(store: SqliteMemoryStore) -> None:
     with pytest.raises(TypeError):
         run(store.hot(("acme", "support"), Query(""), 5))  # type: ignore[arg-type]

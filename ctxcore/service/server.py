@@ -44,7 +44,7 @@ from grpc_reflection.v1alpha import reflection
 from ..budget import compute_budget
 from ..catalog import Catalog, ModelCapability, default_catalog, load_catalog
 from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, TokenizerMismatch, UnknownModel
-from ..memory import MemoryRecord, Query, Scope, Sources
+from ..memory import MemoryRecord, NowOrLater, Query, Scope, Sources
 from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
@@ -206,25 +206,29 @@ def scoped_sources(sources: Sources, scope: Scope) -> Sources:
     """`sources` bound to `scope`: whatever scope the pipeline passes, every branch
     queries the authorized one. The pipeline still checks each memory's scope."""
 
-    d, h, c = sources.directive, sources.hot, sources.cold
-
-    async def directive(_: Scope) -> str | None:
-        assert d is not None
-        return await d(scope)
-
-    async def hot(_: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
-        assert h is not None
-        return await h(scope, query, limit)
-
-    async def cold(_: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
-        assert c is not None
-        return await c(scope, query, limit, min_similarity)
-
     return Sources(
-        directive=directive if d is not None else None,
-        hot=hot if h is not None else None,
-        cold=cold if c is not None else None,
+        directive=_scoped(sources.directive, scope),
+        hot=_scoped(sources.hot, scope),
+        cold=_scoped(sources.cold, scope),
     )
+
+
+def _scoped(fn: Callable[..., Awaitable[Any]] | None, scope: Scope) -> Any:
+    """`fn` with `scope` in place of the scope it is called with (a `NowOrLater` stays one)."""
+    if fn is None:
+        return None
+
+    def call(_: Scope, *args: Any) -> Awaitable[Any]:
+        return fn(scope, *args)
+
+    if not isinstance(fn, NowOrLater):
+        return call
+    now = fn.now
+
+    def at_once(_: Scope, *args: Any) -> Any:
+        return now(scope, *args)
+
+    return NowOrLater(call, at_once)
 
 
 async def _open_sqlite(cfg: ServiceConfig) -> Any:

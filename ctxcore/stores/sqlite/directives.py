@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 
-from ...memory import Scope
+from ...memory import LATER, Later, Scope
 
 __all__ = ["DIRECTIVE_CACHE_SECONDS", "DIRECTIVE_STALE_SECONDS", "DirectiveCache", "read_directive", "write_directive"]
 
@@ -112,6 +112,18 @@ class DirectiveCache:
         """`scope`'s directive: from the cache while fresh; from the cache while stale, with
         one background read begun by `start_read` (None: none could start); else awaited
         from `read` and cached."""
+        cached = self.at_hand(scope, start_read)
+        if cached is not LATER:
+            return cached
+        now = time.monotonic()
+        generation = self.generation
+        value = await read()
+        self.put(scope, generation, now, value)
+        return value
+
+    def at_hand(self, scope: Scope, start_read: Callable[[], Future[str | None] | None]) -> str | None | Later:
+        """`scope`'s directive from the cache while fresh; from the cache while stale, with
+        one background read begun by `start_read`; else `LATER` (it must be read)."""
         now = time.monotonic()
         state, cached = self.lookup(scope, now)
         if state == self.FRESH:
@@ -119,10 +131,7 @@ class DirectiveCache:
         if state == self.STALE:
             self._refresh(scope, now, start_read)
             return cached
-        generation = self.generation
-        value = await read()
-        self.put(scope, generation, now, value)
-        return value
+        return LATER
 
     def _refresh(self, scope: Scope, now: float, start_read: Callable[[], Future[str | None] | None]) -> None:
         if not self.start_refresh(scope):

@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ...memory import (
-    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_limit,
-    check_min_similarity,
+    LATER, ForgetReport, Later, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats,
+    check_limit, check_min_similarity,
 )
 from ...tokens import estimator_families, exact_families
 from ..counting import count_memory_tokens, stored_token_counts
@@ -513,6 +513,13 @@ class SqliteMemoryStore:
         return await self._directives.fetch(scope, lambda: self._run(self._directive_job, scope),
                                             lambda: self._readers.submit(self._directive_job, scope))
 
+    def directive_now(self, scope: Scope) -> str | None | Later:
+        """`directive` from the store's directive cache, or `LATER` when it must be read
+        (`Sources.from_store` asks this first: see `NowOrLater`)."""
+        _check_scope(scope)
+        self._check_open()
+        return self._directives.at_hand(scope, lambda: self._readers.submit(self._directive_job, scope))
+
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`. Each carries
         its cosine similarity to the query when both have an embedding, else None.
@@ -523,13 +530,23 @@ class SqliteMemoryStore:
         ...     [r.id for r in asyncio.run(s.hot(Scope("o", "a"), Query(""), 2))]
         ['m4', 'm3']
         """
+        out = self.hot_now(scope, query, limit)
+        if out is LATER:
+            out = await self._run(self._hot_job, scope, query, limit)
+            self._note_access(scope, out)
+        return out
+
+    def hot_now(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord] | Later:
+        """`hot` from the scope's rows kept in memory when they are current (one read of
+        the scope's write counter, microseconds), else `LATER`: a reader thread must read
+        them (`Sources.from_store` asks this first: see `NowOrLater`)."""
         _check_scope(scope)
         check_limit(limit)
         _check_query(query)
         self._check_open()
         out = self._hot_kept(scope, query, limit)
         if out is None:
-            out = await self._run(self._hot_job, scope, query, limit)
+            return LATER
         self._note_access(scope, out)
         return out
 
@@ -570,13 +587,24 @@ class SqliteMemoryStore:
         Raises:
             MemoryStoreError: the query embedding's dimension differs from the store's.
         """
+        out = self.cold_now(scope, query, limit, min_similarity)
+        if out is LATER:
+            out = await self._run(self._cold_job, scope, query, limit, check_min_similarity(min_similarity))
+            self._note_access(scope, out)
+        return out
+
+    def cold_now(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord] | Later:
+        """`cold` where it is called when the scope's embedding matrix is kept and current
+        (see `_cold_here`: a few statements, a fraction of a millisecond), else `LATER`: a
+        reader thread must read (`Sources.from_store` asks this first: see `NowOrLater`)."""
         _check_scope(scope)
         check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
         _check_query(query)
+        self._check_open()
         out = self._cold_here(scope, query, limit, min_similarity)
         if out is None:
-            out = await self._run(self._cold_job, scope, query, limit, min_similarity)
+            return LATER
         self._note_access(scope, out)
         return out
 
