@@ -20,7 +20,7 @@ import pytest
 from service_support import FakeSources, make_tenants, open_config, running
 
 from ctxcore.client import ContextClient
-from ctxcore.memory import Query
+from ctxcore.memory import NowOrLater, Query, Sources
 from ctxcore.request import AssemblyRequest
 from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
 from ctxcore.errors import ConfigError
@@ -199,6 +199,60 @@ def test_admission_decisions() -> None:
     for _ in range(3):
         adm.release(0, 20.0, 10.0)
     assert adm.admitted == 0
+
+
+def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_admitted() -> None:
+    adm = Admission(max_queue=8, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    adm.lag_ms = 10.0
+    assert adm.tail_estimate() == pytest.approx(15.0)  # nothing seen yet: every call waits
+    assert not adm.decide(16.0).admitted  # 1 + 5 + 10 + 1 = 17 ms needed
+    for _ in range(100):  # calls that ran from admission to answer without the loop
+        assert adm.decide(45.0).admitted
+        adm.release(0, 2.0, 1.0, waited=False)
+    assert adm.waited_share < 0.01
+    assert adm.tail_estimate() == pytest.approx(5.0, abs=0.1)
+    assert adm.decide(8.0).admitted  # 1 + 5 + 1 = 7 ms needed now
+    adm.release(0, 2.0, 1.0, waited=False)
+    for _ in range(100):  # calls that waited for the loop again
+        assert adm.decide(45.0).admitted
+        adm.release(0, 2.0, 1.0, waited=True)
+    assert adm.waited_share > 0.99 and adm.tail_estimate() > 14.9
+    adm.release(0, 0.0, None, waited=False)  # a call that never ran says nothing
+    assert adm.waited_share > 0.99
+
+
+def test_a_server_learns_whether_its_calls_wait_for_the_loop() -> None:
+    fake = FakeSources(TENANTS)
+
+    def at_hand(branch: str) -> Any:
+        def now(scope: Any, *args: Any) -> Any:
+            t = fake.by_scope[scope]
+            return t.directive if branch == "directive" else t.memories[:2] if branch == "hot" else t.memories[2:]
+
+        return now
+
+    def waits(branch: str) -> Any:
+        async def read(*args: Any) -> Any:
+            await asyncio.sleep(0)
+            return await getattr(fake, branch)(*args)
+
+        return read
+
+    answers_now = Sources(*(NowOrLater(getattr(fake, b), at_hand(b)) for b in ("directive", "hot", "cold")))
+    waiting = Sources(*(waits(b) for b in ("directive", "hot", "cold")))
+
+    async def share(sources: Sources) -> tuple[float, int]:
+        async with running(open_config(), sources=sources) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}") as client:
+                selected = 0
+                for _ in range(60):
+                    r = await client.assemble(REQ, timeout=5.0)
+                    selected += r.pack.selected
+            return svc.admission.waited_share, selected
+
+    (now_share, now_selected), (wait_share, wait_selected) = asyncio.run(share(answers_now)), asyncio.run(share(waiting))
+    assert now_share < 0.1 and wait_share > 0.9
+    assert now_selected == wait_selected > 0
 
 
 def test_turns_go_in_arrival_order_and_none_is_lost() -> None:

@@ -15,7 +15,8 @@ else is done for it:
   admitted. That *tail* is modelled from recent calls as ``a + b x ahead``, where
   ``ahead`` is the number of admitted calls at arrival, fitted by exponentially weighted
   least squares (the newest calls count most), plus a margin of three times the recent
-  mean absolute error. A call whose deadline leaves less than ``min_retrieval_ms`` + that
+  mean absolute error, plus the event loop's lag in the share of recent calls that let
+  the loop run once admitted (a call whose branches all answer at once does not). A call whose deadline leaves less than ``min_retrieval_ms`` + that
   estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
@@ -95,6 +96,9 @@ _HALF_LIFE_S = 0.25
 _PRIOR_WEIGHT = 1.0
 #: Pulls the slope toward 0 while few calls have been seen at different queue lengths.
 _RIDGE = 4.0
+#: Weight of the newest call in `Admission.waited_share` (exponentially weighted): it
+#: follows the last few dozen calls.
+_WAITED_WEIGHT = 0.05
 #: The margin over the fitted tail, in mean absolute errors: for errors with an
 #: exponential tail, mean x ln(100) = 4.6 x mean is their p99.
 _MARGIN_MAES = 4.6
@@ -222,6 +226,9 @@ class Admission:
         self.model = TailModel(prior_ms=floor_tail_ms)
         self.admitted = 0
         self.lag_ms = 0.0
+        #: The share of recent admitted calls that let the event loop run between their
+        #: admission and their end (1 until calls show otherwise): see `tail_estimate`.
+        self.waited_share = 1.0
         self.sustained_lag_ms = 0.0
         self._last_late = 0.0
         self._sojourn_ms = 0.0
@@ -261,14 +268,17 @@ class Admission:
 
     def tail_estimate(self) -> float:
         """The tail a call arriving now should be given, in ms: the model's, plus the
-        loop's current lag (every step of the call waits that long for the loop)."""
+        loop's current lag in the share of recent calls that waited for the loop once
+        admitted (each step of such a call waits that long for the loop; a call whose
+        branches all answer at once runs from its admission to its answer without
+        letting the loop run, and its tail is its own work, which the model has)."""
         m = self.model
         est = m.predict(self.admitted) + m.margin()
         if m.peak_ms > 0:
             # The line is fitted where calls were seen; far beyond, calls mostly waiting on
             # retrieval do not each add their slope, so twice the longest recent tail caps it.
             est = min(est, PEAK_FACTOR * m.peak_ms)
-        return max(self.floor_tail_ms, est) + self.lag_ms
+        return max(self.floor_tail_ms, est) + self.lag_ms * self.waited_share
 
     def decide(self, remaining_ms: float | None) -> Decision:
         """Whether a call with `remaining_ms` to its deadline (None: no deadline) may run.
@@ -300,13 +310,14 @@ class Admission:
         self.admitted += 1
         return Decision(True, "ok", tail)
 
-    def release(self, ahead: int, sojourn_ms: float, retrieval_ms: float | None) -> None:
+    def release(self, ahead: int, sojourn_ms: float, retrieval_ms: float | None, waited: bool = True) -> None:
         """A call admitted with `ahead` calls before it ended after `sojourn_ms` (0: its
         time says nothing of an ordinary call's), of which `retrieval_ms` went to retrieval
-        (None when it never got that far)."""
+        (None when it never got that far); `waited`: it let the event loop run on the way."""
         self.admitted = max(0, self.admitted - 1)
         if sojourn_ms > 0:  # a call refused before it started says nothing of the time one takes
             self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
+            self.waited_share += _WAITED_WEIGHT * (float(waited) - self.waited_share)
         if retrieval_ms is not None:
             self.model.observe(ahead, max(0.0, sojourn_ms - retrieval_ms))
 

@@ -146,6 +146,19 @@ class _FullCollections:
 _FULL_COLLECTIONS = _FullCollections()
 
 
+class _LoopPass:
+    """Scheduled with ``loop.call_soon`` at some point of a call: `seen` once the event
+    loop has run it, i.e. once the call has let the loop run (it waited for something)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self) -> None:
+        self.seen = True
+
+
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
 _SERVER_FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
@@ -702,6 +715,9 @@ class ContextService:
         ahead = self.admission.admitted
         remaining_ms, tail_ms = self._admit(context)
         t_admit = time.perf_counter()
+        # Whether the call lets the loop run from here to its end (see Admission.waited_share).
+        loop_pass = _LoopPass()
+        asyncio.get_running_loop().call_soon(loop_pass)
         # What the tail model learns from (ordinary calls only: a long history costs more
         # after retrieval in proportion, and would make ordinary calls look slow): the time
         # from the end of retrieval, or from its wall when retrieval overran it, to the answer.
@@ -780,7 +796,7 @@ class ContextService:
             # A large call runs beside the turns: its time says nothing of the time an
             # ordinary call takes in its turn (the line's estimates).
             self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm and typical else 0.0,
-                                   retrieval_ms if typical else None)
+                                   retrieval_ms if typical else None, loop_pass.seen)
             self.metrics.admitted.set(self.admission.admitted)
             if remaining_ms is not None and not waited_in_vain:  # a call refused in line did no work
                 in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
