@@ -21,7 +21,7 @@ import numbers
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Generic, Protocol, TypeVar, cast, overload, runtime_checkable
+from typing import Any, Final, Protocol, cast, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -631,10 +631,7 @@ class Later(enum.Enum):
 #: What a branch's `now` function returns when its answer needs a wait (see `NowOrLater`).
 LATER: Final = Later.LATER
 
-_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
-
-
-class NowOrLater(Generic[_F]):
+class NowOrLater:
     """A branch that can often answer at once: called, it is the coroutine function `fn`;
     its `now` takes the same arguments and returns the answer at once, or `LATER` when the
     answer needs a wait (a read off the event loop's thread, a network call). Retrieval
@@ -652,7 +649,7 @@ class NowOrLater(Generic[_F]):
 
     __slots__ = ("_fn", "now")
 
-    def __init__(self, fn: _F, now: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Awaitable[Any]], now: Callable[..., Any]) -> None:
         if not callable(fn) or not callable(now):
             raise TypeError("NowOrLater: fn and now must be callable")
         self._fn = fn

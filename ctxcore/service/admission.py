@@ -16,8 +16,9 @@ else is done for it:
   ``ahead`` is the number of admitted calls at arrival, fitted by exponentially weighted
   least squares (the newest calls count most), plus a margin of three times the recent
   mean absolute error, plus the event loop's lag in the share of recent calls that let
-  the loop run once admitted (a call whose branches all answer at once does not). A call whose deadline leaves less than ``min_retrieval_ms`` + that
-  estimate + the response headroom is refused with DEADLINE_EXCEEDED at once; an admitted
+  the loop run once admitted (a call whose branches all answer at once does not). A call
+  whose deadline leaves less than ``min_retrieval_ms`` + that estimate + the response
+  headroom is refused with DEADLINE_EXCEEDED at once; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
 - **turns** (``max_running``; by default one with the SQLite store read in the server's
