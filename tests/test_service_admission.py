@@ -221,6 +221,75 @@ def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_
     assert adm.waited_share > 0.99
 
 
+def test_the_lag_probe_sleeps_while_no_call_arrives_and_an_arrival_wakes_it() -> None:
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        adm = Admission(max_queue=8, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0,
+                        probe_idle_after_s=0.05)
+        out["before_start"] = adm.probing
+        adm.start()
+        out["started"] = adm.probing
+
+        async def until(cond: Any) -> bool:
+            for _ in range(400):
+                if cond():
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+
+        out["slept"] = await until(lambda: not adm.probing)
+        out["lag_asleep"] = (adm.lag_ms, adm.sustained_lag_ms)
+        assert adm.decide(45.0).admitted  # an arrival wakes it
+        out["woke"] = await until(lambda: adm.probing)
+        # Awake while a call is admitted, however long it runs: it measures the loop's lag.
+        seen = 0.0
+        for _ in range(3):
+            time.sleep(0.03)  # the loop blocked
+            for _ in range(10):
+                await asyncio.sleep(0.001)
+                seen = max(seen, adm.lag_ms)
+            await asyncio.sleep(0.03)
+        out["awake_with_a_call"] = adm.probing
+        out["lag_measured"] = seen
+        adm.release(0, 2.0, 1.0)
+        out["slept_again"] = await until(lambda: not adm.probing)
+        out["lag_after"] = adm.lag_ms
+        await adm.stop()
+        out["stopped"] = adm.probing
+        return out
+
+    out = asyncio.run(main())
+    assert out["before_start"] is False and out["started"] is True
+    assert out["slept"] and out["lag_asleep"] == (0.0, 0.0)
+    assert out["woke"] and out["awake_with_a_call"] is True
+    assert out["lag_measured"] > 5.0
+    assert out["slept_again"] and out["lag_after"] == 0.0
+    assert out["stopped"] is False
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="probe_idle_after_s"):
+            Admission(probe_idle_after_s=bad)
+
+
+def test_an_idle_server_stops_probing_its_loop_and_answers_the_next_call_at_once() -> None:
+    async def main() -> tuple[bool, bool, int, bool]:
+        async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}") as client:
+                await client.assemble(REQ, timeout=5.0)
+                busy = svc.admission.probing
+                for _ in range(300):  # idle: asleep after PROBE_IDLE_AFTER_S (1 s)
+                    if not svc.admission.probing:
+                        break
+                    await asyncio.sleep(0.01)
+                idle = svc.admission.probing
+                r = await client.assemble(REQ, timeout=5.0)
+                await asyncio.sleep(0.02)
+                return busy, idle, r.pack.selected, svc.admission.probing
+
+    busy, idle, selected, after = asyncio.run(main())
+    assert busy is True and idle is False
+    assert selected > 0 and after is True
+
+
 def test_a_server_learns_whether_its_calls_wait_for_the_loop() -> None:
     fake = FakeSources(TENANTS)
 
