@@ -255,7 +255,6 @@ class Admission:
         """Start measuring the event loop's lag (call from the loop)."""
         if self._probe is None:
             self._wake = asyncio.Event()
-            self._asleep = False
             self._last_arrival = time.monotonic()
             self._probe = asyncio.get_running_loop().create_task(self._measure_lag(), name="ctxcore-loop-lag")
 
@@ -265,8 +264,7 @@ class Admission:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
-            self._probe = None
-            self._asleep = False
+            self._probe = None  # (a sleeping probe left its sleep on the way out)
 
     @property
     def probing(self) -> bool:
