@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -52,6 +53,7 @@ from .v1 import context_assembly_pb2 as pb
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "CONNECTION_COST_DECAY_S",
     "MAX_CONNECTIONS",
     "MAX_TIMEOUT_S",
     "ContextClient",
@@ -70,6 +72,21 @@ MAX_CONNECTIONS = 64
 #: timeout into an absolute deadline that overflows past about 2**31 seconds, and then
 #: fails every call at once with DEADLINE_EXCEEDED; no call needs anything near this.
 MAX_TIMEOUT_S = 1e8
+#: How fast a connection's latency estimate fades while it carries no call, in seconds
+#: (an e-fold): a connection passed over for answering slowly is tried again once its
+#: estimate has faded below the others'.
+CONNECTION_COST_DECAY_S = 1.0
+#: The weight of a call's latency in its connection's estimate (an exponential average).
+_COST_WEIGHT = 0.3
+#: Statuses that say the process behind a connection is failing or overloaded rather than
+#: the request being wrong: such a call counts as slow as its deadline (up to
+#: `_MAX_PENALTY_S`), however fast it failed, so that a process refusing calls at once
+#: does not look like the fastest one and draw more of them.
+_SLOW_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+})
+_MAX_PENALTY_S = 1.0
 
 
 def _timeout(value: object, what: str = "timeout") -> float:
@@ -170,9 +187,14 @@ class ContextClient:
             to every replica of a target list). A server run with ``ctxcore serve
             --workers N``, like replicas behind a balancer of connections (an L4 load
             balancer, a Kubernetes Service), answers all calls of one connection from one
-            process. With several, each call goes on the connection with the fewest calls
-            in flight (the next in turn among equals), so calls spread over the processes
-            behind them and move away from a slower one.
+            process. With several, each call goes on a connection with the fewest calls
+            in flight and, among those, the one whose recent `assemble` calls answered
+            fastest (an exponential average that fades while the connection is idle,
+            `CONNECTION_COST_DECAY_S`; a call failed for overload counts as slow as its
+            deadline); the next in turn among equals. So calls spread over the processes
+            behind them and move away from a slower or busier one. Open more connections
+            than the calls you keep in flight (twice as many, say): a call then finds an
+            idle connection on the fastest process.
 
     Raises:
         ValueError: a timeout out of range; an `api_key` or `token` that is not printable
@@ -235,30 +257,62 @@ class ContextClient:
             for ch in self._channels
         ]
         self._in_flight = [0] * connections
+        # Each connection's latency estimate (seconds; 0 before its first answer) and when
+        # it was last set (time.monotonic()).
+        self._cost = [0.0] * connections
+        self._cost_at = [0.0] * connections
         self._turn = 0
 
+    def _faded(self, k: int, now: float) -> float:
+        c = self._cost[k]
+        return c * math.exp((self._cost_at[k] - now) / CONNECTION_COST_DECAY_S) if c else 0.0
+
     def _pick(self) -> int:
-        """The connection for the next call: fewest calls in flight, the next in turn
-        among equals."""
-        n = len(self._in_flight)
+        """The connection for the next call: fewest calls in flight, then the lowest
+        latency estimate, then the next in turn."""
+        flight = self._in_flight
+        n = len(flight)
         if n == 1:
             return 0
         start = self._turn
         self._turn = (start + 1) % n
-        best, low = start, self._in_flight[start]
-        for k in range(1, n):
+        low = min(flight)
+        now = time.monotonic()
+        best, best_cost = start, math.inf
+        for k in range(n):
             i = (start + k) % n
-            if self._in_flight[i] < low:
-                best, low = i, self._in_flight[i]
+            if flight[i] == low:
+                c = self._faded(i, now)
+                if c < best_cost:
+                    best, best_cost = i, c
         return best
 
     async def _call(self, which: int, msg: Any, timeout: float) -> Any:
         k = self._pick()
         self._in_flight[k] += 1
+        t0 = time.monotonic()
+        took: float | None = None
         try:
-            return await self._methods[k][which](msg, timeout=timeout, metadata=self._metadata())
+            answer = await self._methods[k][which](msg, timeout=timeout, metadata=self._metadata())
+            took = time.monotonic() - t0
+            return answer
+        except grpc.aio.AioRpcError as exc:
+            took = time.monotonic() - t0
+            if exc.code() in _SLOW_CODES:
+                took = max(took, min(timeout, _MAX_PENALTY_S))
+            raise
         finally:
             self._in_flight[k] -= 1
+            # What a connection's process is worth is learned from assemblies only: the
+            # other calls cost next to nothing on a busy process too.
+            if took is not None and which == 0 and len(self._cost) > 1:
+                now = time.monotonic()
+                if self._cost_at[k]:
+                    c = self._faded(k, now)
+                    self._cost[k] = c + _COST_WEIGHT * (took - c)
+                else:  # the connection's first answer
+                    self._cost[k] = took
+                self._cost_at[k] = now
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         md: list[tuple[str, str]] = []

@@ -329,28 +329,41 @@ def test_a_client_with_several_connections_reaches_every_worker(group: Group) ->
     assert group.stop() == 0
 
 
-def test_calls_go_to_the_connection_with_fewest_in_flight() -> None:
-    """A real gRPC server on loopback that notes each call's peer (its client port): three
-    calls at once take three connections; calls one at a time take each in turn."""
-    from collections import Counter
+class _PeerServer:
+    """A real gRPC server on loopback whose AssembleContext notes each call's peer (its
+    client port: one per connection) and answers a peer as `behave` says: ``"fast"``,
+    ``"slow"`` (after `slow_s`) or ``"refuse"`` (UNAVAILABLE at once). Peers are numbered
+    in the order their first call arrives; the first `hold` calls wait until all of them
+    have arrived, so that they take `hold` connections."""
 
-    from ctxcore.service.wire import SERVICE_NAME
-    from ctxcore.v1 import context_assembly_pb2 as pb
+    def __init__(self, behave: dict[int, str], hold: int = 0, slow_s: float = 0.03) -> None:
+        self.behave, self.hold, self.slow_s = behave, hold, slow_s
+        self.peers: list[str] = []
+        self.order: list[str] = []
 
-    peers: list[str] = []
+    def index(self, peer: str) -> int:
+        return self.order.index(peer)
 
-    async def main() -> None:
+    async def run(self, body: Any) -> None:
+        from ctxcore.service.wire import SERVICE_NAME
+        from ctxcore.v1 import context_assembly_pb2 as pb
+
         held = asyncio.Event()
-        arrived = 0
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            nonlocal arrived
-            peers.append(context.peer())
-            arrived += 1
-            if arrived == 3:
+            peer = context.peer()
+            if peer not in self.order:
+                self.order.append(peer)
+            self.peers.append(peer)
+            if len(self.peers) == self.hold:
                 held.set()
-            if arrived <= 3:
+            if len(self.peers) <= self.hold:
                 await held.wait()
+            how = self.behave.get(self.index(peer), "fast")
+            if how == "slow":
+                await asyncio.sleep(self.slow_s)
+            elif how == "refuse":
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
             return pb.AssembledContext()
 
         server = grpc.aio.server()
@@ -362,16 +375,91 @@ def test_calls_go_to_the_connection_with_fewest_in_flight() -> None:
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
-            async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=3) as c:
-                await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
-                for _ in range(6):
-                    await c.assemble(_request())
+            await body(port)
         finally:
             await server.stop(None)
 
-    asyncio.run(main())
-    assert len(set(peers[:3])) == 3, peers
-    assert Counter(peers[3:]) == {p: 2 for p in set(peers[:3])}, peers
+
+async def _calls(c: ContextClient, n: int) -> int:
+    """`n` calls one at a time; the number that failed UNAVAILABLE."""
+    refused = 0
+    for _ in range(n):
+        try:
+            await c.assemble(_request())
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+            refused += 1
+    return refused
+
+
+def test_calls_at_once_take_the_connections_with_fewest_in_flight() -> None:
+    from collections import Counter
+
+    srv = _PeerServer({}, hold=3)
+
+    async def body(port: int) -> None:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=3) as c:
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
+            # Three at once again: each connection holds one, whatever their speeds.
+            srv.hold = 6
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
+
+    asyncio.run(srv.run(body))
+    assert len(set(srv.peers[:3])) == 3, srv.peers
+    assert Counter(srv.peers[3:]) == {p: 1 for p in srv.order}, srv.peers
+
+
+def test_calls_move_away_from_a_slower_connection() -> None:
+    """One connection's process answers 30 ms late, the others at once: once each has
+    answered, calls one at a time go to the quick ones."""
+    srv = _PeerServer({0: "slow"}, hold=3)
+
+    async def body(port: int) -> None:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=3) as c:
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
+            await _calls(c, 30)
+
+    asyncio.run(srv.run(body))
+    later = [srv.index(p) for p in srv.peers[3:]]
+    assert len(later) == 30 and 0 not in later, later
+
+
+def test_a_connection_refusing_at_once_does_not_draw_calls() -> None:
+    """A process that fails every call at once (UNAVAILABLE: draining, overloaded) is not
+    the fastest one: its quick failures count as slow as the call's deadline."""
+    srv = _PeerServer({0: "refuse"}, hold=3)
+
+    async def body(port: int) -> None:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=0.5, connections=3) as c:
+            results = await asyncio.gather(*(c.assemble(_request()) for _ in range(3)), return_exceptions=True)
+            assert sum(isinstance(r, grpc.aio.AioRpcError) for r in results) == 1, results
+            assert await _calls(c, 30) == 0
+
+    asyncio.run(srv.run(body))
+    later = [srv.index(p) for p in srv.peers[3:]]
+    assert len(later) == 30 and 0 not in later, later
+
+
+def test_a_passed_over_connection_is_tried_again_once_its_estimate_fades(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxcore.client
+
+    monkeypatch.setattr(ctxcore.client, "CONNECTION_COST_DECAY_S", 0.005)
+    srv = _PeerServer({0: "slow"}, hold=2, slow_s=0.02)
+
+    async def body(port: int) -> None:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=2) as c:
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(2)))
+            # The quick connection, used last, holds the fresher estimate; the slow one's
+            # is older and fades further in each pause of many e-folds, below the quick
+            # one's: it is tried again.
+            seen: set[int] = set()
+            for _ in range(8):
+                await asyncio.sleep(0.2)
+                await c.assemble(_request())
+                seen.add(srv.index(srv.peers[-1]))
+            assert seen == {0, 1}, srv.peers
+
+    asyncio.run(srv.run(body))
 
 
 @pytest.mark.parametrize("bad", [0, 65, True, 2.0, "2"])
