@@ -23,6 +23,7 @@ SERVER_MODULES = (
     "ctxcore.service.metrics",
     "ctxcore.service.cli",
     "ctxcore.service.workers",
+    "ctxcore.service.cpus",
 )
 
 

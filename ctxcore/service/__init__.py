@@ -33,6 +33,8 @@ if TYPE_CHECKING:
         ServiceConfig as ServiceConfig,
         TlsConfig as TlsConfig,
         load_service_config as load_service_config,
+    )
+    from .cpus import (
         usable_cpus as usable_cpus,
     )
     from .errors import (
@@ -64,7 +66,7 @@ _WHERE = {
     "ServiceConfig": "config",
     "TlsConfig": "config",
     "load_service_config": "config",
-    "usable_cpus": "config",
+    "usable_cpus": "cpus",
     "SERVICE_NAME": "wire",
     "ContextService": "server",
     "scoped_sources": "server",

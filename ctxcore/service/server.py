@@ -34,7 +34,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -44,7 +44,7 @@ from grpc_reflection.v1alpha import reflection
 from ..budget import compute_budget
 from ..catalog import Catalog, ModelCapability, default_catalog, load_catalog
 from ..errors import ConfigError, ContextOverflow, InvalidFormatInput, TokenizerMismatch, UnknownModel
-from ..memory import MemoryRecord, NowOrLater, Query, Scope, Sources
+from ..memory import NowOrLater, Query, Scope, Sources
 from ..request import AssemblyRequest
 from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
