@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -188,13 +189,13 @@ class ContextClient:
             --workers N``, like replicas behind a balancer of connections (an L4 load
             balancer, a Kubernetes Service), answers all calls of one connection from one
             process. With several, each call goes on a connection with the fewest calls
-            in flight and, among those, the one whose recent `assemble` calls answered
-            fastest (an exponential average that fades while the connection is idle,
-            `CONNECTION_COST_DECAY_S`; a call failed for overload counts as slow as its
-            deadline); the next in turn among equals. So calls spread over the processes
-            behind them and move away from a slower or busier one. Open more connections
-            than the calls you keep in flight (twice as many, say): a call then finds an
-            idle connection on the fastest process.
+            in flight: the next in turn among them, or another of them drawn at random
+            whose recent `assemble` calls answered faster (an exponential average that
+            fades while the connection is idle, `CONNECTION_COST_DECAY_S`; a call failed
+            for overload counts as slow as its deadline). So calls spread over the
+            processes behind them and move away from a slower or busier one. Open more
+            connections than the calls you keep in flight (twice as many, say), so that a
+            call has idle connections to choose from.
 
     Raises:
         ValueError: a timeout out of range; an `api_key` or `token` that is not printable
@@ -262,30 +263,32 @@ class ContextClient:
         self._cost = [0.0] * connections
         self._cost_at = [0.0] * connections
         self._turn = 0
+        self._rng = random.Random()
 
     def _faded(self, k: int, now: float) -> float:
         c = self._cost[k]
         return c * math.exp((self._cost_at[k] - now) / CONNECTION_COST_DECAY_S) if c else 0.0
 
     def _pick(self) -> int:
-        """The connection for the next call: fewest calls in flight, then the lowest
-        latency estimate, then the next in turn."""
+        """The connection for the next call, among those with the fewest calls in flight:
+        the next in turn, unless another of them, drawn at random, has the lower latency
+        estimate. (Two choices, not the lowest of all: callers that all went for the one
+        quickest process would pile onto it before its estimate caught up.)"""
         flight = self._in_flight
         n = len(flight)
         if n == 1:
             return 0
-        start = self._turn
-        self._turn = (start + 1) % n
         low = min(flight)
+        cands = [i for i in range(n) if flight[i] == low]
+        start = self._turn
+        k = next((j for j, i in enumerate(cands) if i >= start), 0)
+        first = cands[k]
+        self._turn = (first + 1) % n
+        if len(cands) == 1:
+            return first
+        other = cands[(k + 1 + self._rng.randrange(len(cands) - 1)) % len(cands)]
         now = time.monotonic()
-        best, best_cost = start, math.inf
-        for k in range(n):
-            i = (start + k) % n
-            if flight[i] == low:
-                c = self._faded(i, now)
-                if c < best_cost:
-                    best, best_cost = i, c
-        return best
+        return other if self._faded(other, now) < self._faded(first, now) else first
 
     async def _call(self, which: int, msg: Any, timeout: float) -> Any:
         k = self._pick()

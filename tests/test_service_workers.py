@@ -440,6 +440,22 @@ def test_a_connection_refusing_at_once_does_not_draw_calls() -> None:
     assert len(later) == 30 and 0 not in later, later
 
 
+def test_calls_do_not_all_pile_onto_the_quickest_connection() -> None:
+    """Seven connections answer 5 ms late, one at once: the quick one takes the calls for
+    which it is one of the two compared (about a quarter of them), not all of them, so
+    that many callers together do not pile onto one process before it slows down."""
+    srv = _PeerServer({i: "slow" for i in range(1, 8)}, hold=8, slow_s=0.005)
+
+    async def body(port: int) -> None:
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=8) as c:
+            await asyncio.gather(*(c.assemble(_request()) for _ in range(8)))
+            await _calls(c, 40)
+
+    asyncio.run(srv.run(body))
+    later = [srv.index(p) for p in srv.peers[8:]]
+    assert len(later) == 40 and 0 < later.count(0) <= 30, later
+
+
 def test_a_passed_over_connection_is_tried_again_once_its_estimate_fades(monkeypatch: pytest.MonkeyPatch) -> None:
     import ctxcore.client
 
