@@ -412,13 +412,15 @@ def test_two_replicas_round_robin(db: Path, servers: list[Server]) -> None:
 #: `build-db` store) on this 2-core machine, where the load driver takes ~0.5 ms of CPU a
 #: call beside the servers: one process keeps one core busy, two share what is left.
 WORKERS_OVER_ONE = 1.05
-WORKER_CONNECTIONS = 16
+#: Twice the calls in flight (`ContextClient`'s advice): each call has idle connections to
+#: choose from.
+WORKER_CONNECTIONS = 2 * CONCURRENCY
 
 
 def test_worker_processes_serve_more_than_one(db: Path, servers: list[Server]) -> None:
     """One replica with ``--workers 2`` against one process: interleaved rounds of the
     closed loop at 16 in flight (generous deadlines, so throughput shows as calls/s, not
-    as errors) over 16 connections; then each at the 45 ms client timeout."""
+    as errors) over 32 connections; then each at the 45 ms client timeout."""
     servers.append(Server(db))
     servers.append(Server(db, "--workers", "2"))
     one, two = servers
