@@ -262,7 +262,7 @@ def test_ingest_throughput_with_exact_counts(tmp_path: Path) -> None:
         store.add_many(batch)
         with_counts = time.perf_counter() - t0
     with mock.patch("ctxcore.stores.sqlite.store.exact_families", return_value=()), \
-            mock.patch("ctxcore.stores.sqlite.ingest.exact_families", return_value=()):
+            mock.patch("ctxcore.stores.counting.exact_families", return_value=()):
         with SqliteMemoryStore(tmp_path / "without.db", embedder=HashingEmbedder()) as store:
             t0 = time.perf_counter()
             store.add_many(batch)

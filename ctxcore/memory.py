@@ -322,6 +322,18 @@ def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: 
     return arr
 
 
+def check_scope(scope: object) -> None:
+    """Raise TypeError unless `scope` is a `Scope` (a source's ``scope`` argument)."""
+    if not isinstance(scope, Scope):
+        raise TypeError(f"scope must be a ctxcore Scope, got {type(scope).__name__}")
+
+
+def check_query(query: object) -> None:
+    """Raise TypeError unless `query` is a `Query` (a source's ``query`` argument)."""
+    if not isinstance(query, Query):
+        raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
+
+
 def check_limit(limit: object) -> None:
     """Raise ValueError unless `limit` is an int in [0, `MAX_RETRIEVAL_LIMIT`] (a source's
     ``limit`` argument)."""

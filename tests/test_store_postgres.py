@@ -282,7 +282,7 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
     # an index scan for the app role (with sequential scans priced out, a condition the
     # index may not take would show as a Seq Scan here).
     from ctxcore.stores.postgres import _COLD_NO_VECTOR, _query_keys
-    from ctxcore.stores.sqlite import _fts_terms
+    from ctxcore.stores._text import fts_terms
 
     db = pg_server.new_database()
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
@@ -293,7 +293,7 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
     with psycopg.connect(db.app_url) as conn:
         conn.execute("SELECT set_config('ctxcore.organization_id', 'org1', true), "
                      "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)")
-        params = {"org": "org1", "agent": "support", "limit": 10, "terms": _query_keys(_fts_terms("refund 返金")),
+        params = {"org": "org1", "agent": "support", "limit": 10, "terms": _query_keys(fts_terms("refund 返金")),
                   "cap": 30, "n": 100.0, "nterms": 8}
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + _COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
 
@@ -419,9 +419,9 @@ def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(pg_server: PgServer,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # A large scope walks the HNSW index, which holds every scope: the walk goes on past
     # other scopes' rows (a third of them nearer the query) until it has the limit's rows.
-    from ctxcore.stores import postgres
+    from ctxcore.stores.postgres import store as postgres_store
 
-    monkeypatch.setattr(postgres, "HNSW_MIN_SCOPE", 50)  # this scope walks the HNSW index
+    monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE", 50)  # this scope walks the HNSW index
     rng = random.Random(3)
     dim = 16
     q = [1.0] + [0.0] * (dim - 1)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["CJK_RUN", "cjk_spaced", "normalize", "raw_words", "words"]
+__all__ = [
+    "CJK_RUN", "MAX_FTS_TERMS", "cjk_spaced", "fts_terms", "normalize", "raw_words", "strip_diacritics", "words",
+]
 
 # Han (URO, extension A, compatibility, the supplementary planes), kana, half-width kana,
 # Hangul syllables and jamo, bopomofo.
@@ -45,3 +47,36 @@ def raw_words(text: str) -> list[str]:
 def words(text: str) -> list[str]:
     """The words of `text`, every CJK character a word of its own."""
     return _WORD.findall(cjk_spaced(text))
+
+
+#: At most this many distinct query terms go into a full-text query, so a long query text
+#: cannot make one arbitrarily expensive.
+MAX_FTS_TERMS = 32
+
+
+def strip_diacritics(token: str) -> str:
+    """`token` without its combining marks: what FTS5's unicode61 tokenizer's
+    remove_diacritics does, near enough to look a term up in an index of words (a miss
+    only costs the pruning of that one term)."""
+    if token.isascii():
+        return token  # nothing to decompose
+    return "".join(c for c in unicodedata.normalize("NFKD", token) if not unicodedata.combining(c))
+
+
+def fts_terms(text: str) -> list[tuple[str, ...]]:
+    """The distinct full-text terms of `text` (at most `MAX_FTS_TERMS`), each as the
+    tokens of one phrase: a word, or two consecutive CJK characters."""
+    terms: dict[tuple[str, ...], None] = {}
+    for run in raw_words(normalize(text)):
+        for piece in CJK_RUN.split(run):
+            if not piece:
+                continue
+            if CJK_RUN.fullmatch(piece):
+                grams = [(piece,)] if len(piece) == 1 else [(piece[i], piece[i + 1]) for i in range(len(piece) - 1)]
+                for g in grams:
+                    terms.setdefault(g, None)
+            else:
+                terms.setdefault((piece,), None)
+            if len(terms) >= MAX_FTS_TERMS:
+                return list(terms)
+    return list(terms)

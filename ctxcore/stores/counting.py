@@ -13,6 +13,8 @@ function.
 
 from __future__ import annotations
 
+import json
+
 from ..counting import (
     BUILTIN_SPLIT_FAMILIES,
     boundary_allowance,
@@ -20,13 +22,14 @@ from ..counting import (
     count_memory_tokens,
     memory_units,
 )
-from ..tokens import count_tokens, estimate_tokens_batch
+from ..tokens import count_tokens, estimate_tokens_batch, exact_families
 
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",
     "boundary_allowance",
     "count_exact_batch",
     "count_memory_tokens",
+    "exact_json",
     "memory_units",
     "stored_token_counts",
 ]
@@ -42,3 +45,15 @@ def stored_token_counts(texts: list[str], family: str, *, exact: bool) -> list[i
     if exact:
         return [count_tokens(t, family).value for t in texts]
     return [int(x) for x in estimate_tokens_batch(texts, family).tolist()]
+
+
+def exact_json(ids: list[str], texts: list[str]) -> list[str | None]:
+    """Each memory's exact counts in every installed exact family, as the JSON stored in
+    ``memories.exact_tokens`` (None when no exact family is installed)."""
+    fams = exact_families()
+    if not fams:
+        return [None] * len(ids)
+    counts = {f: c.tolist() for f, c in count_memory_tokens(ids, texts, fams).items()}
+    return [
+        json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))
+    ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity
+from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity, check_scope
 from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
@@ -155,7 +155,7 @@ class HttpMemorySource:
 
     async def directive(self, scope: Scope) -> str | None:
         """``GET /v1/directive``: the directive of `scope`, or None."""
-        _check_scope(scope)
+        check_scope(scope)
         doc = await self._request(
             "GET", "/v1/directive", params={"organization_id": scope.organization_id, "agent_id": scope.agent_id}
         )
@@ -180,7 +180,7 @@ class HttpMemorySource:
     async def _retrieve(
         self, branch: str, scope: Scope, query: Query, limit: int, min_similarity: float | None
     ) -> list[MemoryRecord]:
-        _check_scope(scope)
+        check_scope(scope)
         if not isinstance(query, Query):
             raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
         check_limit(limit)
@@ -309,8 +309,3 @@ def _record(
         token_kind=tok[2],
         exact_tokens=exact,
     )
-
-
-def _check_scope(scope: object) -> None:
-    if not isinstance(scope, Scope):
-        raise TypeError(f"scope must be a ctxcore Scope, got {type(scope).__name__}")

@@ -36,16 +36,6 @@ from .schema import SCHEMA_VERSION
 from .store import ACCESS_FLUSH_SECONDS, DEFAULT_TOKEN_FAMILY, SqliteMemoryStore
 from .vectors import DEFAULT_CACHE_BYTES
 
-# The helpers the PostgreSQL store shares with this one (ctxcore.stores.postgres imports
-# them from here).
-from .fulltext import _fts_terms as _fts_terms
-from .fulltext import _strip_diacritics as _strip_diacritics
-from .ingest import _at_index as _at_index, exact_json
-from .store import _check_query as _check_query
-from .store import _check_scope as _check_scope, _clip as _clip
-
-_exact_json = exact_json
-
 __all__ = [
     "ACCESS_FLUSH_SECONDS",
     "DEFAULT_CACHE_BYTES",

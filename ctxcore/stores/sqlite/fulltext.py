@@ -18,12 +18,11 @@ import json
 import math
 import sqlite3
 import threading
-import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...memory import Scope
-from .._text import CJK_RUN, normalize, raw_words, words
+from .._text import MAX_FTS_TERMS, fts_terms, normalize, strip_diacritics, words
 
 if TYPE_CHECKING:
     from .readers import Job
@@ -39,9 +38,6 @@ __all__ = [
     "search",
 ]
 
-#: At most this many distinct query terms go into a full-text query, so a long query text
-#: cannot make one arbitrarily expensive.
-MAX_FTS_TERMS = 32
 #: A query term found in more than this fraction of the scope's memories says little
 #: about any of them (function words: "to", "the", "der", "的") and is left out of the
 #: full-text query; every hit it alone would bring carries the 0.5 relevance sentinel,
@@ -146,38 +142,11 @@ def _quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
 
-def _strip_diacritics(token: str) -> str:
-    # What the unicode61 tokenizer's remove_diacritics does, near enough to look a term
-    # up in the FTS5 vocabulary (a miss only costs the pruning of that one term).
-    if token.isascii():
-        return token  # nothing to decompose
-    return "".join(c for c in unicodedata.normalize("NFKD", token) if not unicodedata.combining(c))
-
-
-def _fts_terms(text: str) -> list[tuple[str, ...]]:
-    """The distinct full-text terms of `text` (at most `MAX_FTS_TERMS`), each as the
-    tokens of one phrase: a word, or two consecutive CJK characters."""
-    terms: dict[tuple[str, ...], None] = {}
-    for run in raw_words(normalize(text)):
-        for piece in CJK_RUN.split(run):
-            if not piece:
-                continue
-            if CJK_RUN.fullmatch(piece):
-                grams = [(piece,)] if len(piece) == 1 else [(piece[i], piece[i + 1]) for i in range(len(piece) - 1)]
-                for g in grams:
-                    terms.setdefault(g, None)
-            else:
-                terms.setdefault((piece,), None)
-            if len(terms) >= MAX_FTS_TERMS:
-                return list(terms)
-    return list(terms)
-
-
 def _search_terms(text: str) -> list[tuple[str, ...]]:
-    """`_fts_terms` as this store indexes them: a word FTS5 would split is its pieces
+    """`fts_terms` as this store indexes them: a word FTS5 would split is its pieces
     (`_fts_words`), each a term."""
     out: dict[tuple[str, ...], None] = {}
-    for t in _fts_terms(text):
+    for t in fts_terms(text):
         if len(t) == 1 and not t[0].isascii():
             for w in _fts_words([t[0]]):
                 out.setdefault((w,), None)
@@ -203,9 +172,9 @@ _TERMS_CACHE_CHARS = 512
 
 def _terms_and_spellings(text: str) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
     """`_search_terms(text)`, and each term's tokens as the vocabulary spells them
-    (`_strip_diacritics`)."""
+    (`strip_diacritics`)."""
     terms = tuple(_search_terms(text))
-    return terms, tuple(tuple(_strip_diacritics(tok) for tok in t) for t in terms)
+    return terms, tuple(tuple(strip_diacritics(tok) for tok in t) for t in terms)
 
 
 _kept_terms = functools.lru_cache(maxsize=1024)(_terms_and_spellings)
@@ -235,7 +204,7 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
     >>> fts_match_expression(Scope("o", "a"), "?!") is None
     True
     """
-    terms = _fts_terms(text)
+    terms = fts_terms(text)
     return _fts_expression(scope, terms) if terms else None
 
 

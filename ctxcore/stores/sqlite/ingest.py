@@ -12,8 +12,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ...tokens import exact_families
-from ..counting import count_memory_tokens
 from ..errors import InvalidMemory
 from ..records import NewMemory
 from .fulltext import _fts_body
@@ -23,7 +21,6 @@ __all__ = [
     "OnConflict",
     "check_batch",
     "delete_memories",
-    "exact_json",
     "insert_batch",
     "insert_memory",
     "remove_rows",
@@ -181,18 +178,6 @@ def remove_where(conn: sqlite3.Connection, where: str, args: Sequence[object]) -
     ).fetchall()
     remove_rows(conn, rows)
     return len(rows)
-
-
-def exact_json(ids: list[str], texts: list[str]) -> list[str | None]:
-    """Each memory's exact counts in every installed exact family, as the JSON stored in
-    ``memories.exact_tokens`` (None when no exact family is installed)."""
-    fams = exact_families()
-    if not fams:
-        return [None] * len(ids)
-    counts = {f: c.tolist() for f, c in count_memory_tokens(ids, texts, fams).items()}
-    return [
-        json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))
-    ]
 
 
 def _at_index(message: str, index: int) -> str:

@@ -18,23 +18,22 @@ import numpy.typing as npt
 
 from ...memory import (
     LATER, ForgetReport, Later, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats,
-    check_limit, check_min_similarity,
+    check_limit, check_min_similarity, check_query, check_scope,
 )
 from ...tokens import estimator_families, exact_families
-from ..counting import count_memory_tokens, stored_token_counts
-from ..embedding import Embedder, HashingEmbedder
+from ..counting import count_memory_tokens, exact_json, stored_token_counts
+from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..records import Directive, NewMemory, check_owner, expiry_cutoff
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import rows_to_batch as _batch
 from . import fulltext
 from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
-from .fulltext import FTS_MAX_DOC_FRACTION, FTS_QUERY_TERMS, DocFrequencies
+from .fulltext import DocFrequencies
 from .ingest import (
     _PROGRESS_CHUNK,
     OnConflict,
     check_batch,
-    exact_json,
     insert_batch,
     insert_memory,
     remove_rows,
@@ -110,6 +109,7 @@ class SqliteMemoryStore:
     connections.
 
     >>> import asyncio, tempfile, os
+    >>> from ctxcore.stores import HashingEmbedder
     >>> path = os.path.join(tempfile.mkdtemp(), "mem.db")
     >>> with SqliteMemoryStore(path, embedder=HashingEmbedder(64)) as store:
     ...     _ = store.add(NewMemory("m1", "acme", "support", "Customer prefers email."))
@@ -216,7 +216,7 @@ class SqliteMemoryStore:
         else:
             targets = list(scopes)
             for sc in targets:
-                _check_scope(sc)
+                check_scope(sc)
         loaded = 0
         room = self._cold_rows.max_bytes > 0
         for sc in targets:
@@ -509,14 +509,14 @@ class SqliteMemoryStore:
         ...     asyncio.run(s.directive(Scope("acme", "support"))), asyncio.run(s.directive(Scope("acme", "sales")))
         ('Be brief.', None)
         """
-        _check_scope(scope)
+        check_scope(scope)
         return await self._directives.fetch(scope, lambda: self._run(self._directive_job, scope),
                                             lambda: self._readers.submit(self._directive_job, scope))
 
     def directive_now(self, scope: Scope) -> str | None | Later:
         """`directive` from the store's directive cache, or `LATER` when it must be read
         (`Sources.from_store` asks this first: see `NowOrLater`)."""
-        _check_scope(scope)
+        check_scope(scope)
         self._check_open()
         return self._directives.at_hand(scope, lambda: self._readers.submit(self._directive_job, scope))
 
@@ -540,9 +540,9 @@ class SqliteMemoryStore:
         """`hot` from the scope's rows kept in memory when they are current (one read of
         the scope's write counter, microseconds), else `LATER`: a reader thread must read
         them (`Sources.from_store` asks this first: see `NowOrLater`)."""
-        _check_scope(scope)
+        check_scope(scope)
         check_limit(limit)
-        _check_query(query)
+        check_query(query)
         self._check_open()
         out = self._hot_kept(scope, query, limit)
         if out is None:
@@ -597,10 +597,10 @@ class SqliteMemoryStore:
         """`cold` where it is called when the scope's embedding matrix is kept and current
         (see `_cold_here`: a few statements, a fraction of a millisecond), else `LATER`: a
         reader thread must read (`Sources.from_store` asks this first: see `NowOrLater`)."""
-        _check_scope(scope)
+        check_scope(scope)
         check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
-        _check_query(query)
+        check_query(query)
         self._check_open()
         out = self._cold_here(scope, query, limit, min_similarity)
         if out is None:
@@ -877,7 +877,7 @@ class SqliteMemoryStore:
         ...     s.delete(Scope("o", "a"), ["m1", "m2"])
         1
         """
-        _check_scope(scope)
+        check_scope(scope)
         if isinstance(ids, (str, bytes)):
             raise TypeError("ids must be an iterable of ids, not one str")
         wanted = list(ids)
@@ -948,7 +948,7 @@ class SqliteMemoryStore:
         True
         [('likes coffee', 0.9)]
         """
-        _check_scope(scope)
+        check_scope(scope)
         if not isinstance(memory_id, str) or not memory_id:
             raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
         probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
@@ -1050,21 +1050,6 @@ class SqliteMemoryStore:
         (directives,) = conn.execute(f"SELECT count(*) FROM directives {where}", args).fetchone()
         return StoreStats(tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in rows),
                           int(directives))
-
-
-def _clip(x: float) -> float:
-    # float32 rounding can put a unit vector's cosine with itself a hair past 1.
-    return min(1.0, max(-1.0, x))
-
-
-def _check_scope(scope: object) -> None:
-    if not isinstance(scope, Scope):
-        raise TypeError(f"scope must be a ctxcore Scope, got {type(scope).__name__}")
-
-
-def _check_query(query: object) -> None:
-    if not isinstance(query, Query):
-        raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
 
 
 def _roll_back(conn: sqlite3.Connection) -> None:

@@ -1,108 +1,60 @@
-"""The memory store many machines share: PostgreSQL with pgvector and full-text search.
-
-`PostgresMemoryStore` implements `ctxcore.memory.MemoryStore` (and the lifecycle of
-`ctxcore.memory.MemoryLifecycle`) with the same semantics as `SqliteMemoryStore`, on one
-database that any number of ``ctxcore serve`` replicas read and write:
-
-- cold retrieval merges pgvector hits (cosine distance, an HNSW index; the ANN cutoff
-  ``min_similarity`` is applied in SQL to the scope's nearest rows before any row is
-  hydrated) with full-text hits (a term table on a b-tree holding the same normalized
-  words as the SQLite store's FTS5 index, CJK characters one word each, and pairs of
-  adjacent CJK characters; relevance = the 0.5 full-text sentinel), in one statement.
-  A b-tree on text equality, unlike a ``tsvector`` match on GIN, stays usable under
-  row-level security (its operator is leakproof). User text only reaches the database as
-  bound parameters, never as query syntax;
-- hot retrieval is the agent's newest memories off an index;
-- directives per organization and agent, with the same short in-memory cache;
-- every statement is parameterized and filtered by organization *and* agent, and the
-  tables carry row-level security policies on the organization and agent as a second
-  wall: every transaction sets its scope (``set_config(..., true)``), so even a query
-  that forgot its ``WHERE`` cannot read another tenant. ``FORCE ROW LEVEL SECURITY``
-  makes the policies bind the table owner too;
-- versioned, idempotent migrations (``ctxcore_migrations``), applied under an advisory
-  lock by `migrate` (``ctxcore memories init --db postgresql://...``) or on first open.
-
-Connections come from psycopg 3's `AsyncConnectionPool`, run on the store's own event
-loop thread, so the store serves any caller's loop (and ``asyncio.run`` called many
-times) and its blocking ingest methods work from plain threads. Credentials come from the
-URL, the ``PG*`` environment variables or a password file (libpq's own rules); they are
-never logged: `redact_dsn` removes them from every repr, log line and error message.
-
-psycopg is an optional dependency (``pip install 'ctxcore-llm[postgres]'``); SQLite-only users
-never import it.
-
->>> redact_dsn("postgresql://app:s3cret@db.example:5432/memories?sslmode=require")
-'postgresql://app:***@db.example:5432/memories?sslmode=require'
->>> redact_dsn("host=db user=app password='s e c' dbname=m")
-'host=db user=app password=*** dbname=m'
-"""
+"""`PostgresMemoryStore`: the store's reads (hot, cold, directives), writes, lifecycle and
+maintenance over its connection pool."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import hashlib
 import logging
 import math
-import re
 import threading
 import time
-import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import psycopg
+import psycopg_pool
+from psycopg import sql
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
 
-from ..memory import (
-    ForgetReport, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats, check_limit,
+from ...memory import (
+    ForgetReport,
+    MemoryBatch,
+    MemoryOrigin,
+    MemoryRecord,
+    Query,
+    Scope,
+    ScopeStats,
+    StoreStats,
+    check_limit,
     check_min_similarity,
+    check_query,
+    check_scope,
 )
-from ..tokens import estimator_families, exact_families
-from ._text import _CJK_CHAR, normalize, words
-from .counting import stored_token_counts
-from .urls import is_postgres_url
-from .embedding import Embedder, HashingEmbedder
-from .errors import InvalidMemory, MemoryStoreError
-from .records import Directive, NewMemory, check_owner, expiry_cutoff, rows_to_batch
-from .reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from .sqlite.ingest import check_batch
-from .sqlite.directives import DirectiveCache
-from .sqlite.vectors import QueryVectors, embed
-from .sqlite import (
+from ...tokens import estimator_families, exact_families
+from .._text import fts_terms
+from ..counting import exact_json, stored_token_counts
+from ..embedding import Embedder, HashingEmbedder
+from ..errors import InvalidMemory, MemoryStoreError
+from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
+from ..records import Directive, NewMemory, check_owner, expiry_cutoff, rows_to_batch
+from ..sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
     FTS_MAX_DOC_FRACTION,
     FTS_PRUNE_MIN_DOCS,
     FTS_QUERY_TERMS,
-    _check_query,
-    _check_scope,
-    _exact_json,
-    _fts_terms,
-    _strip_diacritics,
 )
-
-try:
-    import psycopg
-    from psycopg import sql
-    from psycopg.rows import TupleRow
-    import psycopg_pool
-    from psycopg_pool import AsyncConnectionPool
-except ImportError as _exc:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        "PostgresMemoryStore needs psycopg 3 and psycopg_pool: pip install 'ctxcore-llm[postgres]'"
-    ) from _exc
-
-__all__ = [
-    "ACCESS_FLUSH_SECONDS",
-    "DEFAULT_POOL_SIZE",
-    "HNSW_MIN_SCOPE",
-    "SCOPE_SIZE_SECONDS",
-    "PG_SCHEMA_VERSION",
-    "PostgresMemoryStore",
-    "is_postgres_url",
-    "redact_dsn",
-]
+from ..sqlite.directives import DirectiveCache
+from ..sqlite.ingest import check_batch
+from ..sqlite.vectors import QueryVectors, embed
+from .dsn import _password_of, redact_dsn
+from .loop import _Loop
+from .schema import _MIGRATION_LOCK, _VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, _insert_terms
+from .statements import _COLD_NO_VECTOR, _COLD_VECTOR_EXACT, _COLD_VECTOR_INDEXED, _HOT, _WARM_SCOPE
+from .terms import _doc_terms, _query_keys
 
 _log = logging.getLogger("ctxcore.stores.postgres")
 
@@ -128,456 +80,10 @@ _ORG_WIDE = ""
 _EF_SEARCH = 64
 _T = TypeVar("_T")
 
-# A memory as read back from its `memories` row `m`; the read time is the later of the one
-# given at ingest and the last read written (`memory_reads`, one key lookup per row read
-# back: a join would let the planner hash the whole scope).
-_COLUMNS = (
-    "m.seq, m.id, m.organization_id, m.agent_id, m.text, m.confidence, m.importance, m.created_at, "
-    "greatest(m.accessed_at, (SELECT r.accessed_at FROM memory_reads r WHERE r.seq = m.seq)), "
-    "m.token_count, m.token_family, m.token_kind, m.exact_tokens::text"
-)
-_COLUMN_COUNT = 13
-
-# ---- the cold query, one statement ----------------------------------------------------------
-#
-# Vector path: the scope's `limit` nearest rows, then the ANN cutoff, before any row is
-# hydrated. Full-text path: each search key's newest matches in the scope off the term
-# table's b-tree (text equality is leakproof, so row-level security leaves the index
-# usable), at most cap + 1 of them: a key with more is a stop word of this scope and left
-# out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores the IDF of each
-# it holds, in millionths (integers: a sum that does not depend on the order it is taken
-# in), more and rarer words first, then newest; each key's count is returned as well. The two paths are taken in turn (the
-# k-th vector hit, then the k-th text hit; a text hit the vector path found is not repeated),
-# at most `limit` entries, and only those rows are read back.
-_COLD_TEXT = """
-hits AS MATERIALIZED (
-    SELECT t.k, m.seq FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL (
-        SELECT seq FROM memory_terms WHERE organization_id = %(org)s AND agent_id = %(agent)s AND term = t.term
-        ORDER BY seq DESC LIMIT %(cap)s + 1) m),
-counts AS (SELECT k, count(*) AS n FROM hits GROUP BY k),
-chosen AS (
-    SELECT k, ln(1.0 + %(n)s::float8 / (n + 1)::float8) AS idf FROM counts WHERE n <= %(cap)s
-    ORDER BY n, k LIMIT %(nterms)s),
-weights AS (
-    SELECT array_agg(coalesce(round(c.idf * 1e6)::integer, 0) ORDER BY g.k) AS w
-    FROM generate_series(1, cardinality(%(terms)s::text[])) AS g(k) LEFT JOIN chosen c ON c.k = g.k),
-txt AS (
-    SELECT h.seq, row_number() OVER (ORDER BY sum(w.w[h.k]) DESC, h.seq DESC) AS r
-    FROM hits h CROSS JOIN weights w WHERE w.w[h.k] > 0 GROUP BY h.seq),
-picked AS (
-    SELECT seq, sim, r, 0 AS src FROM vec
-    UNION ALL
-    SELECT seq, NULL, r, 1 FROM txt WHERE r <= %(limit)s AND seq NOT IN (SELECT seq FROM vec)
-    ORDER BY r, src LIMIT %(limit)s)
-SELECT * FROM (
-    SELECT """ + _COLUMNS + """, p.sim, NULL::bigint AS stop, p.r, p.src
-    FROM picked p JOIN memories m ON m.seq = p.seq WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s
-    UNION ALL
-    SELECT """ + ", ".join(["NULL"] * (_COLUMN_COUNT + 1)) + """, k, n, NULL FROM counts) o
-ORDER BY r NULLS LAST, src"""
-_COLD_VECTOR = """WITH nearest AS MATERIALIZED (
-    SELECT seq, embedding <=> %(q)s::vector AS d FROM memory_vectors
-    WHERE organization_id = %(org)s AND agent_id = %(agent)s ORDER BY {order} LIMIT %(limit)s),
-vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
-""" + _COLD_TEXT
-# A large scope walks the HNSW index (ordered by the distance operator itself); a small
-# one is scanned exactly off the scope index: ordered by an expression no index serves,
-# since otherwise the planner, which cannot see the scope's size through row-level
-# security, walks the HNSW index for a scope of 1% of the table (~200 ms at 100,000).
-_COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vector")
-_COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
-# The hot query: the scope's newest rows, each with the similarity of its embedding (looked
-# up by key in the scope's own partition) to the query's.
-_HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
-        "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
-        "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
-        "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s")
-#: The scope the pool's connections are warmed in (statements run with `limit` 0: nothing
-#: is read back, nothing noted).
-_WARM_SCOPE = "ctxcore-warm"
-_COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
-""" + _COLD_TEXT
-
-# ---- the schema, as versioned migrations ------------------------------------------------
-
-# Every policy reads the scope a transaction set with set_config(..., true). An unset
-# setting reads as NULL (or '' once set earlier on the connection), which matches no
-# row: a transaction that forgot its scope sees nothing.
-_SCOPE_ORG = "current_setting('ctxcore.organization_id', true)"
-_SCOPE_AGENT = "current_setting('ctxcore.agent_id', true)"
-_ALL_AGENTS = "current_setting('ctxcore.all_agents', true) = 'on'"
-_ADMIN = "current_setting('ctxcore.admin', true) = 'on'"
-
-# A migration step that is not one SQL statement (it computes in Python).
-_Step = Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]]
-# Memories read back per statement while the terms of an existing database are filled in.
-_BACKFILL_CHUNK = 2_000
-
-
-async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
-    """Migration 2: fill `memory_terms` from the memories already stored (their terms are
-    computed here, by the same code as at ingest), and give every role that may write
-    ``memories`` the same rights on the new table."""
-    await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
-    last = 0
-    while True:
-        cur = await conn.execute(
-            "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
-            (last, _BACKFILL_CHUNK))
-        rows = await cur.fetchall()
-        if not rows:
-            break
-        await _insert_terms(conn, [(int(s), o, a, _doc_terms(t)) for s, o, a, t in rows])
-        last = int(rows[-1][0])
-    await _grant_as_on_memories(conn, "memory_terms")
-    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
-
-
-async def _grant_as_on_memories(conn: psycopg.AsyncConnection[TupleRow], table: str) -> None:
-    """Give every role that may write ``memories`` the same rights on a new `table`."""
-    cur = await conn.execute(
-        "SELECT DISTINCT grantee FROM information_schema.role_table_grants WHERE table_schema = current_schema() "
-        "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user")
-    for (role,) in await cur.fetchall():
-        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-            sql.Identifier(table), sql.Identifier(role)))
-
-
-async def _grant_reads(conn: psycopg.AsyncConnection[TupleRow]) -> None:
-    """Migration 3: the app roles of an existing database get rights on `memory_reads`."""
-    await _grant_as_on_memories(conn, "memory_reads")
-
-
-async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
-                        docs: Sequence[tuple[int, str, str, Sequence[str]]]) -> None:
-    """Insert the terms of memories, given as (seq, organization_id, agent_id, terms), in
-    one statement (COPY is not allowed into a table under row-level security)."""
-    orgs: list[str] = []
-    agents: list[str] = []
-    terms: list[str] = []
-    seqs: list[int] = []
-    for seq, org, agent, ts in docs:
-        orgs += [org] * len(ts)
-        agents += [agent] * len(ts)
-        terms += ts
-        seqs += [seq] * len(ts)
-    if terms:
-        await conn.execute(
-            "INSERT INTO memory_terms (organization_id, agent_id, term, seq) "
-            "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])",
-            (orgs, agents, terms, seqs))
-
-
-#: Partitions of `memory_vectors` (hash of organization and agent), each with its own HNSW
-#: index. A vector search walks one partition's graph, filtered to the scope: the fewer
-#: other scopes' rows share it, the fewer it passes over (at 100,000 memories in 100 scopes,
-#: a 10,000-memory scope's nearest 64 took ~7 ms in one graph and ~1.2 ms in its partition).
-#: Fixed when the table is created.
-VECTOR_PARTITIONS = 16
-# The HNSW index (cosine), created on every partition once the dimension is fixed.
-_VECTOR_INDEX = ("CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors "
-                 "USING hnsw (embedding vector_cosine_ops)")
-
-
-async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
-    """Migration 4: embeddings move out of `memories` into `memory_vectors`, partitioned by
-    scope (VECTOR_PARTITIONS hash partitions of organization and agent), under the same
-    policies; the stored ones are copied over, then indexed, then the old column and its
-    index dropped. The app roles get the same rights on it as on `memories` (on the
-    partitioned table only: the partitions themselves grant nothing to anyone but the
-    owner, so row-level security cannot be walked around through them)."""
-    cur = await conn.execute("SELECT value FROM ctxcore_meta WHERE key = 'embedding_dim'")
-    row = await cur.fetchone()
-    dim = None if row is None else int(row[0])
-    vector = sql.SQL("vector") if dim is None else sql.SQL("vector({})").format(sql.Literal(dim))
-    await conn.execute(sql.SQL(
-        """CREATE TABLE IF NOT EXISTS memory_vectors (
-            organization_id text NOT NULL,
-            agent_id text NOT NULL,
-            seq bigint NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
-            embedding {} NOT NULL,
-            PRIMARY KEY (organization_id, agent_id, seq)
-        ) PARTITION BY HASH (organization_id, agent_id)""").format(vector))
-    for k in range(VECTOR_PARTITIONS):
-        await conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} PARTITION OF memory_vectors FOR VALUES WITH (MODULUS {}, REMAINDER {})"
-        ).format(sql.Identifier(f"memory_vectors_{k:02d}"), sql.Literal(VECTOR_PARTITIONS), sql.Literal(k)))
-    for statement in (
-        # The cascade of a delete finds a memory's embedding by this index.
-        "CREATE INDEX IF NOT EXISTS memory_vectors_seq ON memory_vectors (seq)",
-        "ALTER TABLE memory_vectors ENABLE ROW LEVEL SECURITY",
-        "ALTER TABLE memory_vectors FORCE ROW LEVEL SECURITY",
-        "DROP POLICY IF EXISTS memory_vectors_scope ON memory_vectors",
-        f"CREATE POLICY memory_vectors_scope ON memory_vectors USING ((organization_id = {_SCOPE_ORG} "
-        f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
-        "DROP POLICY IF EXISTS memory_vectors_admin ON memory_vectors",
-        f"CREATE POLICY memory_vectors_admin ON memory_vectors TO CURRENT_USER USING ({_ADMIN})",
-        "SELECT set_config('ctxcore.admin', 'on', true)",
-        "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-        "SELECT organization_id, agent_id, seq, embedding FROM memories WHERE embedding IS NOT NULL",
-        "SELECT set_config('ctxcore.admin', 'off', true)",
-        "DROP INDEX IF EXISTS memories_embedding",
-        "ALTER TABLE memories DROP COLUMN IF EXISTS embedding",
-    ):
-        await conn.execute(statement)  # constant DDL: no user input
-    if dim is not None:
-        await conn.execute(_VECTOR_INDEX)
-    await _grant_as_on_memories(conn, "memory_vectors")
-
-
-_BACKFILL_TERMS: _Step = _backfill_terms
-_GRANT_READS: _Step = _grant_reads
-_PARTITION_VECTORS: _Step = _partition_vectors
-
-MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
-    (
-        1,
-        "memories, directives, full-text and vector indexes, row-level security",
-        (
-            "CREATE TABLE IF NOT EXISTS ctxcore_meta (key text PRIMARY KEY, value text NOT NULL)",
-            """CREATE TABLE IF NOT EXISTS memories (
-                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                id text NOT NULL UNIQUE,
-                organization_id text NOT NULL CHECK (organization_id <> ''),
-                agent_id text NOT NULL CHECK (agent_id <> ''),
-                text text NOT NULL,
-                embedding vector,
-                fts tsvector NOT NULL,
-                confidence double precision NOT NULL CHECK (confidence BETWEEN 0 AND 1),
-                importance double precision CHECK (importance BETWEEN 0 AND 1),
-                created_at double precision NOT NULL,
-                accessed_at double precision,
-                token_count integer NOT NULL CHECK (token_count >= 0),
-                token_family text NOT NULL,
-                token_kind text NOT NULL CHECK (token_kind IN ('exact', 'estimate')),
-                exact_tokens jsonb
-            )""",
-            "CREATE INDEX IF NOT EXISTS memories_recent ON memories "
-            "(organization_id, agent_id, created_at DESC, seq DESC)",
-            "CREATE INDEX IF NOT EXISTS memories_fts ON memories USING gin (fts)",
-            """CREATE TABLE IF NOT EXISTS directives (
-                organization_id text NOT NULL CHECK (organization_id <> ''),
-                agent_id text NOT NULL,
-                text text NOT NULL,
-                updated_at double precision NOT NULL,
-                PRIMARY KEY (organization_id, agent_id)
-            )""",
-            "ALTER TABLE memories ENABLE ROW LEVEL SECURITY",
-            "ALTER TABLE memories FORCE ROW LEVEL SECURITY",
-            "ALTER TABLE directives ENABLE ROW LEVEL SECURITY",
-            "ALTER TABLE directives FORCE ROW LEVEL SECURITY",
-            "DROP POLICY IF EXISTS memories_scope ON memories",
-            # IS TRUE: the same rows, but not an index condition, so the planner indexes the
-            # statements' own (equal) scope filters and the full-text search can be kept on GIN.
-            f"CREATE POLICY memories_scope ON memories USING ((organization_id = {_SCOPE_ORG} "
-            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
-            "DROP POLICY IF EXISTS directives_scope ON directives",
-            f"CREATE POLICY directives_scope ON directives USING (organization_id = {_SCOPE_ORG} "
-            f"AND (agent_id = {_SCOPE_AGENT} OR agent_id = '' OR {_ALL_AGENTS})) "
-            f"WITH CHECK (organization_id = {_SCOPE_ORG} AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS}))",
-            # The schema owner (the role that ran the migrations) may read across scopes
-            # when it says so (stats, retention): no other role can, whatever it sets.
-            "DROP POLICY IF EXISTS memories_admin ON memories",
-            f"CREATE POLICY memories_admin ON memories TO CURRENT_USER USING ({_ADMIN})",
-            "DROP POLICY IF EXISTS directives_admin ON directives",
-            f"CREATE POLICY directives_admin ON directives TO CURRENT_USER USING ({_ADMIN})",
-        ),
-    ),
-    (
-        2,
-        "full text on a term table (b-tree, usable under row-level security) in place of tsvector/GIN",
-        (
-            # One row per distinct search key of a memory (its words, and its pairs of
-            # adjacent CJK characters): `term = $1` is a b-tree condition with a leakproof
-            # operator, so PostgreSQL uses the index under row-level security, where the
-            # tsvector match (not leakproof) could only filter a scan of the whole scope.
-            """CREATE TABLE IF NOT EXISTS memory_terms (
-                organization_id text NOT NULL,
-                agent_id text NOT NULL,
-                term text NOT NULL,
-                seq bigint NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
-                PRIMARY KEY (organization_id, agent_id, term, seq)
-            )""",
-            # The cascade of a delete finds a memory's terms by this index.
-            "CREATE INDEX IF NOT EXISTS memory_terms_seq ON memory_terms (seq)",
-            "ALTER TABLE memory_terms ENABLE ROW LEVEL SECURITY",
-            "ALTER TABLE memory_terms FORCE ROW LEVEL SECURITY",
-            "DROP POLICY IF EXISTS memory_terms_scope ON memory_terms",
-            f"CREATE POLICY memory_terms_scope ON memory_terms USING ((organization_id = {_SCOPE_ORG} "
-            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
-            "DROP POLICY IF EXISTS memory_terms_admin ON memory_terms",
-            f"CREATE POLICY memory_terms_admin ON memory_terms TO CURRENT_USER USING ({_ADMIN})",
-            _BACKFILL_TERMS,
-            "DROP INDEX IF EXISTS memories_fts",
-            "ALTER TABLE memories DROP COLUMN IF EXISTS fts",
-        ),
-    ),
-    (
-        3,
-        "read times in their own table: writing them never makes a new version of a memory's row",
-        (
-            # An UPDATE of `memories` that finds no room on the row's page writes the new
-            # version elsewhere and inserts it into every index, the HNSW index included
-            # (milliseconds per row, and dead entries every vector search then walks past).
-            # Read times change on every read, so they live in a narrow table of their own;
-            # `memories.accessed_at` keeps the time given at ingest, and a read returns the
-            # later of the two.
-            """CREATE TABLE IF NOT EXISTS memory_reads (
-                seq bigint PRIMARY KEY REFERENCES memories (seq) ON DELETE CASCADE,
-                organization_id text NOT NULL,
-                agent_id text NOT NULL,
-                accessed_at double precision NOT NULL
-            )""",
-            "ALTER TABLE memory_reads ENABLE ROW LEVEL SECURITY",
-            "ALTER TABLE memory_reads FORCE ROW LEVEL SECURITY",
-            "DROP POLICY IF EXISTS memory_reads_scope ON memory_reads",
-            f"CREATE POLICY memory_reads_scope ON memory_reads USING ((organization_id = {_SCOPE_ORG} "
-            f"AND (agent_id = {_SCOPE_AGENT} OR {_ALL_AGENTS})) IS TRUE)",
-            "DROP POLICY IF EXISTS memory_reads_admin ON memory_reads",
-            f"CREATE POLICY memory_reads_admin ON memory_reads TO CURRENT_USER USING ({_ADMIN})",
-            _GRANT_READS,
-        ),
-    ),
-    (
-        4,
-        "embeddings in a table partitioned by scope, an HNSW index per partition",
-        (_PARTITION_VECTORS,),
-    ),
-)
-#: Version of the database layout this code writes (the highest migration).
-PG_SCHEMA_VERSION = MIGRATIONS[-1][0]
-# Any 64-bit constant: migrations of one database run one at a time.
-_MIGRATION_LOCK = 0x63747863_6F726531
-
-
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def redact_dsn(dsn: str) -> str:
-    """`dsn` with its password (in the URL's user info or a ``password`` parameter)
-    replaced by ``***``: what is shown in reprs, logs and errors.
-
-    >>> redact_dsn("postgresql:///m?host=/tmp&password=x&user=a")
-    'postgresql:///m?host=/tmp&password=***&user=a'
-    """
-    if is_postgres_url(dsn):
-        parts = urllib.parse.urlsplit(dsn)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{hostinfo}"
-        query = "&".join(
-            ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv)
-            for kv in parts.query.split("&")
-        ) if parts.query else ""
-        # Not urlunsplit: it drops the "//" of an empty host (postgresql:///db).
-        return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-                + (f"#{parts.fragment}" if parts.fragment else ""))
-    return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
-
-
-def _password_of(dsn: str) -> str | None:
-    """The password `dsn` holds, if any. Raises `MemoryStoreError` (never quoting libpq,
-    whose message repeats the token it cannot read: a malformed password, say) when
-    `dsn` is not a connection string libpq can parse, before anything connects."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        raise MemoryStoreError(
-            f"{redact_dsn(dsn)} is not a PostgreSQL connection string libpq can read: check the URL's "
-            "percent-encoding (a '%' in a password is written %25) or the key=value quoting"
-        ) from None
-    pw = params.get("password")
-    return str(pw) if pw else None
-
-
-#: A search key longer than this many UTF-8 bytes is stored as a digest (a b-tree entry
-#: holds at most ~2.7 kB; no real word comes near).
-TERM_MAX_BYTES = 256
-
-
-def _term_key(term: str) -> str:
-    # Words are letters and digits only, so neither the "#" of a digest nor the space of
-    # a character pair can make two different terms one key.
-    raw = term.encode()
-    return term if len(raw) <= TERM_MAX_BYTES else "#" + hashlib.sha256(raw).hexdigest()
-
-
-def _doc_terms(text: str) -> list[str]:
-    """The search keys of a memory's text: its distinct words as the SQLite store's FTS5
-    index holds them (NFKC, case folded, diacritics removed, every CJK character a word),
-    and each pair of adjacent CJK characters (a query's CJK run is searched as its
-    character pairs, as the FTS5 phrase "c1 c2" finds them).
-
-    >>> _doc_terms("Rückgabe: 返金は30日以内")
-    ['30', 'ruckgabe', 'は', '以', '以 内', '内', '日', '日 以', '返', '返 金', '金', '金 は']
-    """
-    ws = words(normalize(text))
-    keys = {_strip_diacritics(w) for w in ws}
-    for a, b in zip(ws, ws[1:]):
-        if _CJK_CHAR.fullmatch(a) and _CJK_CHAR.fullmatch(b):
-            keys.add(_strip_diacritics(a) + " " + _strip_diacritics(b))
-    keys.discard("")
-    return sorted(_term_key(k) for k in keys)
-
-
-def _query_keys(terms: Sequence[tuple[str, ...]]) -> list[str]:
-    """The search keys of a query's full-text terms (`_fts_terms`: a word, or two adjacent
-    CJK characters), in the same form as `_doc_terms`; bound as parameters, never parsed.
-
-    >>> _query_keys([("returns",), ("返", "金"), ("it's",)])
-    ['returns', '返 金', "it's"]
-    """
-    out: list[str] = []
-    for t in terms:
-        key = " ".join(_strip_diacritics(tok) for tok in t)
-        if key.strip():
-            out.append(_term_key(key))
-    return out
-
 
 def _vector_text(v: npt.NDArray[np.float32]) -> str:
     # pgvector's text form; repr of the float32 value as a double round-trips exactly.
     return "[" + ",".join(map(repr, v.tolist())) + "]"
-
-
-class _Loop:
-    """The store's own event loop, on a daemon thread: the connection pool lives here."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.call_soon(ready.set)
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="ctxcore-postgres", daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run `coro` on the store's loop and block for its result (any thread but the loop's)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Await `coro` run on the store's loop from another loop; cancelling the caller
-        cancels it there (psycopg then cancels the statement on the server)."""
-        cf: concurrent.futures.Future[_T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return await asyncio.wrap_future(cf)
-        except asyncio.CancelledError:
-            cf.cancel()
-            raise
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 
@@ -874,7 +380,7 @@ class PostgresMemoryStore:
         self._check_open()
         if scopes is not None:
             for sc in scopes:
-                _check_scope(sc)
+                check_scope(sc)
         self._run(self._warm())
         return 0
 
@@ -990,7 +496,7 @@ class PostgresMemoryStore:
         if not batch:
             return []
         counts = self._count([m.text for m in batch])
-        exact = _exact_json([m.id for m in batch], [m.text for m in batch])
+        exact = exact_json([m.id for m in batch], [m.text for m in batch])
         vectors = [self._vector_of(m) for m in batch]
         dims = {v.size for v in vectors if v is not None}
         for i, v in enumerate(vectors):
@@ -1121,7 +627,7 @@ class PostgresMemoryStore:
         or whichever exists, or None. Served from memory for `directive_cache_seconds`,
         then (as in the SQLite store) served at once for up to a minute more while one
         background read refreshes it."""
-        _check_scope(scope)
+        check_scope(scope)
         return await self._directives.fetch(
             scope, lambda: self._call(self._directive(scope)),
             lambda: None if self._closed else asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop))
@@ -1142,9 +648,9 @@ class PostgresMemoryStore:
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`; each with its
         cosine similarity to the query when both have an embedding, else None."""
-        _check_scope(scope)
+        check_scope(scope)
         check_limit(limit)
-        _check_query(query)
+        check_query(query)
         if limit == 0:
             return []
         qv = self._query_vector(query)
@@ -1183,16 +689,16 @@ class PostgresMemoryStore:
         Raises:
             MemoryStoreError: the query embedding's dimension differs from the store's.
         """
-        _check_scope(scope)
+        check_scope(scope)
         check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
-        _check_query(query)
+        check_query(query)
         if limit == 0:
             return []
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        terms = self._search_keys(scope, _query_keys(_fts_terms(query.text)))
+        terms = self._search_keys(scope, _query_keys(fts_terms(query.text)))
         seqs, batch = await self._call(self._cold(scope, qv, terms, limit, min_similarity))
         self._note(scope, seqs)
         return batch
@@ -1390,7 +896,7 @@ class PostgresMemoryStore:
         full-text entries are gone for every reader at commit (PostgreSQL's vacuum then
         reclaims the index space)."""
         self._check_open()
-        _check_scope(scope)
+        check_scope(scope)
         wanted = _ids(ids)
         if not wanted:
             return 0
@@ -1455,7 +961,7 @@ class PostgresMemoryStore:
             InvalidMemory: a new value is invalid (named).
         """
         self._check_open()
-        _check_scope(scope)
+        check_scope(scope)
         fields = _check_update(scope, memory_id, text, confidence, importance, embedding)
         new_vec: npt.NDArray[np.float32] | None = None
         sets: list[str] = []
@@ -1471,7 +977,7 @@ class PostgresMemoryStore:
             sets += ["text = %s", "token_count = %s", "token_family = %s", "token_kind = %s",
                      "exact_tokens = %s::jsonb"]
             params += [fields["text"], self._count([fields["text"]])[0], self._family,
-                       "exact" if self._exact else "estimate", _exact_json([memory_id], [fields["text"]])[0]]
+                       "exact" if self._exact else "estimate", exact_json([memory_id], [fields["text"]])[0]]
         # A new text or embedding replaces the stored embedding (none: the stale one goes).
         vector: str | None | bool = False
         if "text" in fields or "embedding" in fields:
@@ -1624,4 +1130,3 @@ def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: fl
     if embedding is not None:
         out["embedding"] = probe.embedding
     return out
-

@@ -1,0 +1,60 @@
+"""Connection strings: `redact_dsn` removes the password from a URL or libpq ``key=value``
+string before it reaches a repr, a log line or an error message.
+
+>>> redact_dsn("postgresql://app:s3cret@db.example:5432/memories?sslmode=require")
+'postgresql://app:***@db.example:5432/memories?sslmode=require'
+>>> redact_dsn("host=db user=app password='s e c' dbname=m")
+'host=db user=app password=*** dbname=m'
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+import psycopg
+
+from ..errors import MemoryStoreError
+from ..urls import is_postgres_url
+
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """`dsn` with its password (in the URL's user info or a ``password`` parameter)
+    replaced by ``***``: what is shown in reprs, logs and errors.
+
+    >>> redact_dsn("postgresql:///m?host=/tmp&password=x&user=a")
+    'postgresql:///m?host=/tmp&password=***&user=a'
+    """
+    if is_postgres_url(dsn):
+        parts = urllib.parse.urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostinfo}"
+        query = "&".join(
+            ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv)
+            for kv in parts.query.split("&")
+        ) if parts.query else ""
+        # Not urlunsplit: it drops the "//" of an empty host (postgresql:///db).
+        return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+                + (f"#{parts.fragment}" if parts.fragment else ""))
+    return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
+
+
+def _password_of(dsn: str) -> str | None:
+    """The password `dsn` holds, if any. Raises `MemoryStoreError` (never quoting libpq,
+    whose message repeats the token it cannot read: a malformed password, say) when
+    `dsn` is not a connection string libpq can parse, before anything connects."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise MemoryStoreError(
+            f"{redact_dsn(dsn)} is not a PostgreSQL connection string libpq can read: check the URL's "
+            "percent-encoding (a '%' in a password is written %25) or the key=value quoting"
+        ) from None
+    pw = params.get("password")
+    return str(pw) if pw else None
