@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ._text import cjk_spaced, normalize, raw_words
 
-__all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder", "clip_cosine", "unit"]
+__all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder", "unit"]
 
 #: Default dimension. Signed hashing leaves unrelated texts a cosine of about
 #: ±1/sqrt(dim) from bucket collisions: ±0.06 at 256, far below any useful cutoff, at two
@@ -209,9 +209,3 @@ class HashingEmbedder:
             parts.append(tri + _SALT_TRIGRAM)
             weights.append(np.full(tri.size, _TRIGRAM_WEIGHT))
         return np.concatenate(parts), np.concatenate(weights)
-
-
-def clip_cosine(x: float) -> float:
-    """A cosine clipped to [-1, 1]: float32 rounding can put a unit vector's cosine with
-    itself a hair past 1."""
-    return min(1.0, max(-1.0, x))
