@@ -25,7 +25,7 @@ from ctxcore.request import AssemblyRequest
 from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
 from ctxcore.errors import ConfigError
 from ctxcore.service.config import ServiceConfig, load_service_config
-from ctxcore.service.server import HELD_FULL_COLLECTION_THRESHOLD
+from ctxcore.service.fullgc import HELD_FULL_COLLECTION_THRESHOLD
 from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
 from ctxcore.v1 import context_assembly_pb2 as pb
 
@@ -694,9 +694,9 @@ def test_full_collections_are_held_off_for_a_bounded_stretch(monkeypatch: pytest
     large call to arrive puts the threshold back, and it stays back until none runs."""
     import gc
 
-    from ctxcore.service import server
+    from ctxcore.service import fullgc
 
-    monkeypatch.setattr(server, "FULL_COLLECTIONS_HELD_AT_MOST_S", 0.0)
+    monkeypatch.setattr(fullgc, "FULL_COLLECTIONS_HELD_AT_MOST_S", 0.0)
     seen: list[tuple[str, int]] = []
     gate = asyncio.Event()
     entered = asyncio.Queue[int]()

@@ -24,6 +24,7 @@ SERVER_MODULES = (
     "ctxcore.service.cli",
     "ctxcore.service.workers",
     "ctxcore.service.cpus",
+    "ctxcore.service.fullgc",
 )
 
 

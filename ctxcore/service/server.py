@@ -51,6 +51,7 @@ from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
 from .auth import Authenticator, Principal
 from .config import ServiceConfig, check_tls_files
 from .errors import ServiceError
+from .fullgc import FULL_COLLECTIONS
 from .convert import (
     MAX_DETAILS_CHARS,
     MAX_MODELS,
@@ -88,63 +89,6 @@ TYPICAL_BYTES = 64 * 1024
 #: parts; the event loop, which answers health checks and refuses calls at arrival, waits
 #: up to one interval for the GIL at every callback, so a shorter one keeps the loop prompt.
 SWITCH_INTERVAL_S = 0.0005
-
-#: The cyclic collector's oldest-generation threshold while a large call runs (Python's
-#: default is 10): see `_FullCollections`.
-HELD_FULL_COLLECTION_THRESHOLD = 1 << 30
-#: The longest full collections are held off at a stretch: when large calls overlap for
-#: longer, each waiting collection runs (so that cyclic garbage cannot pile up under an
-#: endless stream of them) until none is running.
-FULL_COLLECTIONS_HELD_AT_MOST_S = 5.0
-
-
-class _FullCollections:
-    """Holds off the cyclic collector's full collections while large calls run.
-
-    A large call's request (20,000 messages and the objects made from them) lives for
-    hundreds of milliseconds and is promoted to the oldest generation; each full collection
-    while it runs walks all of it in one step that holds the GIL for 6-60 ms, which every
-    other call waits out. The young generations still collect as usual (cheap, and where
-    cyclic garbage is found); the last large call to end restores the threshold, and the
-    next full collection finds the large call's objects gone (freed by reference counts).
-    Large calls overlapping for over `FULL_COLLECTIONS_HELD_AT_MOST_S` get no more hold
-    until none runs. The event loop's thread enters and leaves: plain counters suffice."""
-
-    __slots__ = ("_held_since", "_running", "_saved")
-
-    def __init__(self) -> None:
-        self._running = 0
-        self._saved = 0
-        self._held_since: float | None = None
-
-    def hold(self) -> None:
-        self._running += 1
-        if self._running == 1:
-            t = gc.get_threshold()
-            self._saved = t[2]
-            gc.set_threshold(t[0], t[1], HELD_FULL_COLLECTION_THRESHOLD)
-            self._held_since = time.monotonic()
-        elif self._held_since is not None and time.monotonic() - self._held_since > FULL_COLLECTIONS_HELD_AT_MOST_S:
-            self._put_back()
-
-    def release(self) -> None:
-        self._running -= 1
-        if self._running == 0:
-            self._put_back()
-
-    def _put_back(self) -> None:
-        if self._held_since is None:
-            return
-        self._held_since = None
-        t = gc.get_threshold()
-        # Only the threshold set here is put back (not one set meanwhile by the application).
-        if len(t) == 3 and t[2] == HELD_FULL_COLLECTION_THRESHOLD:
-            gc.set_threshold(t[0], t[1], self._saved)
-
-
-#: One per process, as the collector is.
-_FULL_COLLECTIONS = _FullCollections()
-
 
 class _LoopPass:
     """Scheduled with ``loop.call_soon`` at some point of a call: `seen` once the event
@@ -726,7 +670,7 @@ class ContextService:
         turn: Turns | None = None
         waited_in_vain = False
         if not typical:
-            _FULL_COLLECTIONS.hold()
+            FULL_COLLECTIONS.hold()
         try:
             if req is None or scope is None:
                 # Linear, but long enough to hold up every other call if run on the loop.
@@ -789,7 +733,7 @@ class ContextService:
                                                                     principal.name)
         finally:
             if not typical:
-                _FULL_COLLECTIONS.release()
+                FULL_COLLECTIONS.release()
             if turn is not None:
                 turn.give_back()
             t_end = time.perf_counter()
