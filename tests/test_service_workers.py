@@ -123,7 +123,9 @@ def test_workers_share_the_port_and_drain_on_sigterm(group: Group) -> None:
     assert group.stop() == 0
     for i in (0, 1):
         events = [r["event"] for r in group.log if r.get("worker") == i and not r["event"].startswith("worker_")]
-        assert events[0] == "starting" and "serving" in events and events[-2:] == ["draining", "stopped"], events
+        # A worker opens its store before it binds the shared port ("starting"), then serves.
+        assert events[:3] == ["store_open", "starting", "serving"], events
+        assert events[-2:] == ["draining", "stopped"], events
     mine = [r["event"] for r in group.log if "worker" not in r]
     assert mine[0] == "starting" and mine[-1] == "stopped" and "signal" in mine, mine
     calls = [r for r in group.log if r["event"] == "call"]
@@ -327,6 +329,44 @@ def test_a_client_with_several_connections_reaches_every_worker(group: Group) ->
     # (Which worker a connection reaches is the kernel's hash: all 16 on one has odds 2**-15.)
     assert sum(counts) == 64 and min(counts) >= 1, counts
     assert group.stop() == 0
+
+
+def test_a_worker_listens_on_the_shared_port_only_once_it_can_answer() -> None:
+    """A worker of a group (``workers`` > 1) opens its store and warms up before it binds:
+    a worker started again beside running ones is given no connection, whose calls would
+    fail UNAVAILABLE, until it answers. (A single process binds first: a port in use then
+    fails its start at once.)"""
+    from service_support import FakeSources, make_tenants, open_config
+
+    from ctxcore.service import ContextService
+
+    tenants = make_tenants(1)
+    t = tenants[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def opener() -> Any:
+            await gate.wait()
+            return FakeSources(tenants)
+
+        svc = ContextService(open_config(bind=f"127.0.0.1:{port}", workers=2), store_opener=opener)
+        starting = asyncio.ensure_future(svc.start())
+        await asyncio.sleep(0.3)
+        assert not starting.done()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        gate.set()
+        assert await starting == port
+        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0) as c:
+            ctx = await c.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q")))
+            assert ctx.scope.agent_id == t.scope.agent_id
+        await svc.stop(0)
+
+    asyncio.run(main())
 
 
 class _PeerServer:

@@ -363,6 +363,26 @@ class ContextService:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if cfg.reflection_enabled:
             reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        # A worker of a group (``workers`` > 1) binds the shared port only once it can
+        # answer: a worker started again after one died would otherwise be given new
+        # connections by the kernel while it loads, and fail their calls UNAVAILABLE. A
+        # single process binds first, so that a port in use fails the start at once.
+        if cfg.workers > 1:
+            families, warm_ms = await self._load()
+            await self._listen(server, creds)
+        else:
+            await self._listen(server, creds)
+            families, warm_ms = await self._load()
+        self._ready = True
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log_event("serving", port=self.port, tokenizers=list(families), tokenizers_ms=warm_ms)
+        return self.port
+
+    async def _listen(self, server: grpc.aio.Server, creds: grpc.ServerCredentials | None) -> None:
+        """Bind the port, start serving it (calls are refused UNAVAILABLE until `_ready`)
+        and the metrics endpoint."""
+        cfg = self.config
         try:
             if creds is None:
                 self.port = server.add_insecure_port(cfg.bind)
@@ -380,8 +400,13 @@ class ContextService:
             except OSError as exc:
                 await server.stop(0)
                 raise ConfigError(f"cannot serve metrics on {cfg.metrics_bind}:{cfg.metrics_port}: {exc}") from None
-        log_event("starting", bind=cfg.bind, port=self.port, tls=tls is not None,
+        log_event("starting", bind=cfg.bind, port=self.port, tls=cfg.auth.tls is not None,
                   reflection=cfg.reflection_enabled, metrics_port=self.metrics_port)
+
+    async def _load(self) -> tuple[tuple[str, ...], float]:
+        """Open the store and warm the tokenizers and the pipeline; the tokenizer families
+        warmed and the warm-up's milliseconds."""
+        cfg = self.config
         if self._sources is None:
             opener = self._store_opener or (lambda: _open_sqlite(cfg))
             self._store = await opener()
@@ -392,12 +417,7 @@ class ContextService:
         t0 = time.perf_counter()
         families = await asyncio.to_thread(_warm_tokenizers)
         await self._warm_pipeline()
-        warm_ms = round((time.perf_counter() - t0) * 1000, 1)
-        self._ready = True
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log_event("serving", port=self.port, tokenizers=list(families), tokenizers_ms=warm_ms)
-        return self.port
+        return families, round((time.perf_counter() - t0) * 1000, 1)
 
     async def _warm_pipeline(self) -> None:
         if self._assembly_config is None:
