@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity, check_scope
+from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity, check_query, check_scope
 from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
@@ -181,8 +181,7 @@ class HttpMemorySource:
         self, branch: str, scope: Scope, query: Query, limit: int, min_similarity: float | None
     ) -> list[MemoryRecord]:
         check_scope(scope)
-        if not isinstance(query, Query):
-            raise TypeError(f"query must be a ctxcore Query, got {type(query).__name__}")
+        check_query(query)
         check_limit(limit)
         q: dict[str, Any] = {"text": query.text}
         if query.embedding is not None:
