@@ -449,30 +449,19 @@ def test_calls_at_once_take_the_connections_with_fewest_in_flight() -> None:
     assert Counter(srv.peers[3:]) == {p: 1 for p in srv.order}, srv.peers
 
 
-def test_calls_move_away_from_a_slower_connection() -> None:
-    """One connection's process answers 30 ms late, the others at once: once each has
-    answered, calls one at a time go to the quick ones."""
-    srv = _PeerServer({0: "slow"}, hold=3)
-
-    async def body(port: int) -> None:
-        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0, connections=3) as c:
-            await asyncio.gather(*(c.assemble(_request()) for _ in range(3)))
-            await _calls(c, 30)
-
-    asyncio.run(srv.run(body))
-    later = [srv.index(p) for p in srv.peers[3:]]
-    assert len(later) == 30 and 0 not in later, later
-
-
-def test_a_connection_refusing_at_once_does_not_draw_calls() -> None:
-    """A process that fails every call at once (UNAVAILABLE: draining, overloaded) is not
-    the fastest one: its quick failures count as slow as the call's deadline."""
-    srv = _PeerServer({0: "refuse"}, hold=3)
+@pytest.mark.parametrize("how", ["slow", "refuse"])
+def test_calls_move_away_from_a_slow_or_refusing_connection(how: str) -> None:
+    """One connection's process answers 30 ms late (``slow``) or fails every call at once
+    (``refuse``: UNAVAILABLE, as when draining or overloaded; its quick failures count as
+    slow as the call's deadline), the others answer at once: once each has answered, calls
+    one at a time go to the quick ones."""
+    srv = _PeerServer({0: how}, hold=3)
 
     async def body(port: int) -> None:
         async with ContextClient(f"127.0.0.1:{port}", timeout=0.5, connections=3) as c:
             results = await asyncio.gather(*(c.assemble(_request()) for _ in range(3)), return_exceptions=True)
-            assert sum(isinstance(r, grpc.aio.AioRpcError) for r in results) == 1, results
+            failed = sum(isinstance(r, grpc.aio.AioRpcError) for r in results)
+            assert failed == (1 if how == "refuse" else 0), results
             assert await _calls(c, 30) == 0
 
     asyncio.run(srv.run(body))
