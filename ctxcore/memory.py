@@ -147,6 +147,9 @@ class MemoryRecord:
             closing tag, ``ctxcore.stores.counting.count_memory_tokens``), as counted by the
             store at ingest; None when the store has none. An assembly for one of these
             families prices the memory from it without tokenizing.
+        fulltext_score: the full-text ranker's score for the query (BM25 or the store's
+            own ranker: >= 0, higher is better) when the full-text path found the memory;
+            None otherwise. A memory both paths found carries its `similarity` and this.
 
     >>> MemoryRecord("m1", "org", "agent", "likes tea", similarity=0.8).relevance
     0.8
@@ -169,6 +172,7 @@ class MemoryRecord:
     token_family: str | None = None
     token_kind: str | None = None
     exact_tokens: Mapping[str, int] | None = field(default=None, hash=False)
+    fulltext_score: float | None = None
 
     def __post_init__(self) -> None:
         # Checked once here, where a source builds the record, so that the assembly's hot
@@ -191,6 +195,8 @@ class MemoryRecord:
             and (ca is None or (type(ca) is float and ca - ca == 0.0))
             and (aa is None or (type(aa) is float and aa - aa == 0.0))
             and (n is None or (type(n) is int and 0 <= n <= MAX_MEMORY_TOKENS))
+            and (self.fulltext_score is None or (type(self.fulltext_score) is float
+                                                 and 0.0 <= self.fulltext_score < math.inf))
         ):
             self._check_fields()
         counts = self.exact_tokens
@@ -253,7 +259,8 @@ class MemoryRecord:
 
 #: The range of each number of a `MemoryRecord` (times only need to be finite).
 _RANGES = (("similarity", -1.0, 1.0), ("confidence", 0.0, 1.0), ("importance", 0.0, 1.0),
-           ("created_at", -math.inf, math.inf), ("accessed_at", -math.inf, math.inf))
+           ("created_at", -math.inf, math.inf), ("accessed_at", -math.inf, math.inf),
+           ("fulltext_score", 0.0, math.inf))
 
 
 def _unicode(text: str) -> bool:
@@ -368,7 +375,7 @@ def _same_records(records: Sequence[MemoryRecord], other: Any) -> bool:
 
 #: The columns `MemoryBatch.with_similarity` copies (lists and arrays).
 _COPIED_COLUMNS = ("ids", "texts", "origins", "confidence", "importance", "created_at", "accessed_at", "rank",
-                   "token_count", "token_family", "token_kind", "exact_tokens")
+                   "token_count", "token_family", "token_kind", "exact_tokens", "fulltext_score")
 
 
 class MemoryBatch(Sequence[MemoryRecord]):
@@ -394,7 +401,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
 
     __slots__ = ("organization_id", "agent_id", "ids", "texts", "origins", "similarity", "confidence",
                  "importance", "created_at", "accessed_at", "rank", "token_count", "token_family", "token_kind",
-                 "exact_tokens", "_records")
+                 "exact_tokens", "fulltext_score", "reference", "_records")
 
     def __init__(
         self,
@@ -414,6 +421,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
         token_family: Sequence[str | None] | None = None,
         token_kind: Sequence[str | None] | None = None,
         exact_tokens: Sequence[Mapping[str, int] | str | None] | None = None,
+        fulltext_score: Sequence[float | None] | npt.NDArray[np.float64] | None = None,
     ) -> None:
         n = len(ids)
         self.organization_id = organization_id
@@ -438,6 +446,10 @@ class MemoryBatch(Sequence[MemoryRecord]):
         self.importance = _in_range(_nan_or(importance, n, "importance"), 0.0, "importance")
         self.created_at = _nan_or(created_at, n, "created_at")
         self.accessed_at = _nan_or(accessed_at, n, "accessed_at")
+        self.fulltext_score = _nan_or(fulltext_score, n, "fulltext_score")
+        k = _core.first_outside(self.fulltext_score, 0.0, math.inf)
+        if k >= 0:
+            raise ValueError(f"MemoryBatch: fulltext_score of memory {k} must be >= 0, got {self.fulltext_score[k]}")
         self.rank = list(rank) if rank is not None else [None] * n
         self.token_count = list(token_count) if token_count is not None else [None] * n
         self.token_family = list(token_family) if token_family is not None else [None] * n
@@ -460,6 +472,10 @@ class MemoryBatch(Sequence[MemoryRecord]):
                 raise ValueError(f"MemoryBatch: memory {self.ids[k]!r}: exact_tokens must be None, a JSON object "
                                  f"text or a mapping of family names to ints in [0, 2**40], got {c!r:.60}")
         self._records: list[MemoryRecord | None] = [None] * n
+        #: Per signal (``"vector"``, ``"fulltext"``), the (mean, standard deviation) of its
+        #: score over every memory of the scope for this query, when the store knows them
+        #: (the fused value model standardizes each signal by them).
+        self.reference: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -478,6 +494,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
                 created_at=num(self.created_at), accessed_at=num(self.accessed_at), rank=self.rank[i],
                 token_count=self.token_count[i], token_family=self.token_family[i], token_kind=self.token_kind[i],
                 exact_tokens=_parse_counts(counts) if isinstance(counts, str) else counts,
+                fulltext_score=num(self.fulltext_score),
             )
             self._records[i] = rec
         return rec
@@ -555,6 +572,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
         for name in _COPIED_COLUMNS:
             setattr(out, name, getattr(self, name).copy())
         out._records = [None] * len(self.ids)
+        out.reference = dict(self.reference)
         return out
 
     def __eq__(self, other: Any) -> bool:

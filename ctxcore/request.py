@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from .memory import MAX_RETRIEVAL_LIMIT, Query, Scope
-from .scoring import COMPONENTS
+from .scoring import COMPONENTS, ValueModel
+
+#: How many memories each retrieval path returns at most by default: the candidates the
+#: value model ranks. The token budget, not this, decides how many are selected.
+DEFAULT_POOL = 200
 
 __all__ = [
+    "DEFAULT_POOL",
     "AssemblyOptions",
     "AssemblyRequest",
     "HistoryPolicy",
@@ -484,12 +489,19 @@ class AssemblyOptions:
 
     Attributes:
         weights: optional weights for the score components that are present
-            (``similarity``, ``confidence``, ``recency``, ``importance``); None keeps the
-            interim formula.
+            (``similarity``, ``confidence``, ``recency``, ``importance``): the weighted
+            formula runs instead of the value model.
+        value_model: what a memory is worth to the packer: a `ctxcore.ValueModel` (fused
+            relevance with confidence, importance and recency factors), None for the
+            default `ValueModel()`, or ``"interim"`` for the interim formula
+            0.85 x similarity + 0.15 x confidence.
         relevance_floor: drop memories whose relevance is below this (default from
             `ctxcore.scoring`); must stay below the full-text sentinel 0.5.
         min_similarity: the ANN cutoff passed to cold retrieval.
-        max_memories: at most this many memories are retrieved per branch and selected.
+        pool: how many memories each retrieval path returns at most (the candidates the
+            value model ranks).
+        max_memories: at most this many memories are selected; None (the default): the
+            token budget alone decides.
         pinned_memory_ids: memories taken first (while they fit) when retrieved.
         history_policy: what to do when the fixed parts alone overflow the window.
         context_enabled: False skips retrieval: directive-only/history-only context.
@@ -501,12 +513,14 @@ class AssemblyOptions:
     weights: Mapping[str, float] | None = None
     relevance_floor: float | None = None
     min_similarity: float | None = None
-    max_memories: int = 64
+    max_memories: int | None = None
     pinned_memory_ids: frozenset[str] = field(default_factory=frozenset)
     history_policy: HistoryPolicy = HistoryPolicy.STRICT
     context_enabled: bool = True
     skip_memory: bool = False
     rendering: Rendering = Rendering.TEXT
+    value_model: ValueModel | str = field(default_factory=ValueModel)
+    pool: int = DEFAULT_POOL
 
     if TYPE_CHECKING:
         # What callers may pass (the generated __init__ converts): any iterable of ids,
@@ -516,12 +530,14 @@ class AssemblyOptions:
             weights: Mapping[str, float] | None = None,
             relevance_floor: float | None = None,
             min_similarity: float | None = None,
-            max_memories: int = 64,
+            max_memories: int | None = None,
             pinned_memory_ids: Iterable[str] = frozenset(),
             history_policy: HistoryPolicy | str = HistoryPolicy.STRICT,
             context_enabled: bool = True,
             skip_memory: bool = False,
             rendering: Rendering | str = Rendering.TEXT,
+            value_model: ValueModel | str | None = None,
+            pool: int = DEFAULT_POOL,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -547,9 +563,21 @@ class AssemblyOptions:
         for name in ("context_enabled", "skip_memory"):
             if not isinstance(getattr(self, name), bool):  # "false" would be truthy
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        if isinstance(self.max_memories, bool) or not isinstance(self.max_memories, int) or not (
-                0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT):
-            raise ValueError(f"max_memories must be an int in [0, 2**31 - 1], got {self.max_memories!r:.40}")
+        if self.max_memories is not None and (isinstance(self.max_memories, bool) or not isinstance(
+                self.max_memories, int) or not 0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT):
+            raise ValueError(f"max_memories must be None or an int in [0, 2**31 - 1], got {self.max_memories!r:.40}")
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or not 0 <= self.pool <= MAX_RETRIEVAL_LIMIT:
+            raise ValueError(f"pool must be an int in [0, 2**31 - 1], got {self.pool!r:.40}")
+        vm: Any = self.value_model
+        if vm is None:
+            object.__setattr__(self, "value_model", ValueModel())
+        elif isinstance(vm, str) and not isinstance(vm, enum.Enum):
+            if vm == "fused":
+                object.__setattr__(self, "value_model", ValueModel())
+            elif vm != "interim":
+                raise ValueError(f"value_model must be a ValueModel, 'fused' or 'interim', got {vm!r:.40}")
+        elif not isinstance(vm, ValueModel):
+            raise TypeError(f"value_model must be a ValueModel or str, got {type(vm).__name__}")
         for name in ("relevance_floor", "min_similarity"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):

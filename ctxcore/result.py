@@ -95,6 +95,9 @@ class TraceEntry:
         recounted: True when the store's token count was of another tokenizer family or
             kind (or missing) and was recomputed rather than mixed.
         pricing: how `tokens` was obtained (`Pricing`); empty when it never reached pricing.
+        signal: under the fused value model, the signal that contributed most to its
+            relevance (``fulltext`` or ``vector``), or ``pinned`` for a pinned memory;
+            empty under the other formulas or when it never reached scoring.
     """
 
     memory_id: str
@@ -105,6 +108,7 @@ class TraceEntry:
     relevance: float = 0.0
     recounted: bool = False
     pricing: str = ""
+    signal: str = ""
 
 
 class WallSource(enum.StrEnum):

@@ -2,7 +2,7 @@
 
 The stage between retrieval and packing. Two thresholds and one score, kept apart:
 
-- the retrieval-time ANN cutoff (`ScoringConfig.min_similarity`, 0.70), which the vector
+- the retrieval-time ANN cutoff (`ScoringConfig.min_similarity`, 0), which the vector
   path applies before hydration to decide what is worth loading;
 - the scoring-time relevance floor (`ScoringConfig.relevance_floor`, 0.15), which drops
   loaded candidates whose relevance is below it before ranking. It must stay below 0.5,
@@ -34,6 +34,16 @@ from .memory import FULLTEXT_RELEVANCE_SENTINEL
 
 __all__ = [
     "COMPONENTS",
+    "DEFAULT_ABSOLUTE_FLOOR",
+    "DEFAULT_IMPORTANCE_WEIGHT",
+    "DEFAULT_RELATIVE_FLOOR",
+    "DEFAULT_RRF_K",
+    "DEFAULT_SHARPNESS",
+    "SIGNALS",
+    "FusionMethod",
+    "ValueModel",
+    "fuse",
+    "value_scores",
     "DEFAULT_MIN_SIMILARITY",
     "DEFAULT_RELEVANCE_FLOOR",
     "FULL_TEXT_RELEVANCE",
@@ -56,8 +66,11 @@ DEFAULT_RELEVANCE_FLOOR = 0.15
 #: Relevance of a full-text hit with no cosine score ("a fixed relevance sentinel of 0.5");
 #: the floor must stay below it. One value: `ctxcore.memory.FULLTEXT_RELEVANCE_SENTINEL`.
 FULL_TEXT_RELEVANCE = FULLTEXT_RELEVANCE_SENTINEL
-#: Retrieval-time ANN cutoff of the vector path ("min_similarity around 0.70").
-DEFAULT_MIN_SIMILARITY = 0.70
+#: Retrieval-time ANN cutoff of the vector path: 0 keeps every memory of positive cosine,
+#: so the vector path returns the request's `pool` nearest and the value model ranks
+#: them. An absolute cutoff such as 0.70 suits only embedders whose cosines are
+#: calibrated to it; a static or lexical embedder's relevant matches score well below.
+DEFAULT_MIN_SIMILARITY = 0.0
 #: The components a weighted score may combine, in a fixed order.
 COMPONENTS = ("similarity", "confidence", "recency", "importance")
 
@@ -69,6 +82,7 @@ class ScoreFormula(enum.StrEnum):
 
     INTERIM = "interim"  #: 0.85 x similarity + 0.15 x confidence
     WEIGHTED = "weighted"  #: the caller's weights over the components present
+    FUSED = "fused"  #: the fused value model (`ValueModel`): ranked signals fused, then factors
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,3 +352,263 @@ def score_candidates(
         ignored_weights=ignored,
         relevance_floor=config.relevance_floor,
     )
+
+
+# ---- the fused value model ------------------------------------------------------------
+
+#: Reciprocal-rank fusion's constant (`FusionMethod.RRF`): a candidate ranked r-th
+#: (1 = best) in a signal adds weight / (k + r); 20 ranked better than the customary 60 on
+#: the labelled conversational corpora (docs/quality.md).
+DEFAULT_RRF_K = 20.0
+#: The value model's sharpness: value = relevance ** sharpness (before the factors). Fused
+#: relevance falls slowly with rank; raised to this power, a candidate well below the best
+#: is worth a small fraction of it, so the knapsack does not prefer several short, weakly
+#: related memories to the one that answers (docs/quality.md gives the sweep).
+DEFAULT_SHARPNESS = 8.0
+#: Z-score fusion: relevance = exp((z - z_best) / temperature), z the weighted sum of the
+#: standardized signals; each standardized signal is capped at `DEFAULT_Z_CAP` (a word
+#: only one memory holds would otherwise outweigh every other signal).
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_Z_CAP = 8.0
+#: Candidates whose relevance is below this fraction of the request's best are dropped.
+DEFAULT_RELATIVE_FLOOR = 0.02
+#: Candidates whose fused relevance is below this are dropped, whatever the best is.
+DEFAULT_ABSOLUTE_FLOOR = 0.01
+#: Importance's factor is ``1 - w + w * importance`` (1 when a memory has none).
+DEFAULT_IMPORTANCE_WEIGHT = 0.5
+#: Signals a fused relevance combines, in a fixed order, and why a selected memory is in.
+SIGNALS = ("fulltext", "vector")
+
+
+class FusionMethod(enum.StrEnum):
+    """How the fused value model combines the ranked signals."""
+
+    RRF = "rrf"  #: reciprocal-rank fusion: sum of weight / (k + rank)
+    WEIGHTED = "weighted"  #: weighted mean of each signal min-max scaled to [0, 1] over the candidates
+    ZSCORE = "zscore"  #: weighted sum of each signal standardized over the scope, as a softmax share of the best
+
+
+def _weight(name: str, v: object, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r:.40}")
+    return float(v)
+
+
+@dataclass(frozen=True, slots=True)
+class ValueModel:
+    """The fused value model: what a candidate memory is worth to the packer.
+
+    Relevance is the base. The full-text and vector signals each rank the request's
+    candidates (a memory both retrieval paths found carries both signals), and the ranks are
+    fused (`FusionMethod`) into a relevance in [0, 1] where 1 is the best place in every
+    signal present; a candidate with no signal is worth 0. The value is then
+
+        value = relevance ** sharpness * confidence ** confidence_exponent
+                * (1 - importance_weight + importance_weight * importance)
+                * recency factor
+
+    where a missing importance counts 1 and the recency factor is
+    ``0.5 ** (age_days / recency_half_life_days)`` when a half-life is set, else 1. A
+    candidate is dropped when its relevance is below `absolute_floor` or below
+    `relative_floor` times the best relevance of the request. (`ScoringConfig`'s
+    relevance floor is the interim and weighted formulas' floor on similarity.)
+
+    >>> ValueModel().record()["fusion"]
+    'weighted'
+    >>> ValueModel(rrf_k=0)
+    Traceback (most recent call last):
+    ...
+    ctxcore.ConfigError: rrf_k must be a finite number > 0, got 0
+    """
+
+    fusion: FusionMethod = FusionMethod.WEIGHTED
+    rrf_k: float = DEFAULT_RRF_K
+    fulltext_weight: float = 1.0
+    vector_weight: float = 1.0
+    sharpness: float = DEFAULT_SHARPNESS
+    relative_floor: float = DEFAULT_RELATIVE_FLOOR
+    absolute_floor: float = DEFAULT_ABSOLUTE_FLOOR
+    confidence_exponent: float = 1.0
+    importance_weight: float = DEFAULT_IMPORTANCE_WEIGHT
+    recency_half_life_days: float | None = None
+    temperature: float = DEFAULT_TEMPERATURE
+    z_cap: float = DEFAULT_Z_CAP
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "fusion", FusionMethod(self.fusion))
+        except ValueError:
+            raise ConfigError(f"fusion must be one of {[m.value for m in FusionMethod]}, got {self.fusion!r:.40}") from None
+        object.__setattr__(self, "rrf_k", _weight("rrf_k", self.rrf_k, positive=True))
+        object.__setattr__(self, "temperature", _weight("temperature", self.temperature, positive=True))
+        object.__setattr__(self, "z_cap", _weight("z_cap", self.z_cap, positive=True))
+        for name in ("fulltext_weight", "vector_weight", "sharpness", "confidence_exponent"):
+            object.__setattr__(self, name, _weight(name, getattr(self, name)))
+        if self.fulltext_weight + self.vector_weight == 0:
+            raise ConfigError("fulltext_weight and vector_weight may not both be 0")
+        for name in ("relative_floor", "absolute_floor", "importance_weight"):
+            v = _weight(name, getattr(self, name))
+            if v > 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {v!r}")
+            object.__setattr__(self, name, v)
+        if self.recency_half_life_days is not None:
+            object.__setattr__(self, "recency_half_life_days",
+                               _weight("recency_half_life_days", self.recency_half_life_days, positive=True))
+
+    def record(self) -> dict[str, Any]:
+        """The model's parameters, as a result records them."""
+        return {
+            "fusion": self.fusion.value,
+            "rrf_k": self.rrf_k,
+            "fulltext_weight": self.fulltext_weight,
+            "vector_weight": self.vector_weight,
+            "sharpness": self.sharpness,
+            "relative_floor": self.relative_floor,
+            "absolute_floor": self.absolute_floor,
+            "confidence_exponent": self.confidence_exponent,
+            "importance_weight": self.importance_weight,
+            "recency_half_life_days": self.recency_half_life_days,
+            "temperature": self.temperature,
+            "z_cap": self.z_cap,
+        }
+
+
+def _ranks(key: FloatArray, present: npt.NDArray[np.bool_]) -> FloatArray:
+    """1-based rank of each present entry by `key`, best (largest) first; equal keys share
+    the better rank. NaN where absent."""
+    out = np.full(key.shape[0], np.nan)
+    vals = key[present]
+    if vals.size:
+        s = np.sort(vals)
+        out[present] = (vals.size - np.searchsorted(s, vals, side="right") + 1).astype(np.float64)
+    return out
+
+
+def fuse(
+    similarity: Any,
+    fulltext_score: Any,
+    *,
+    fulltext: Any = None,
+    model: ValueModel | None = None,
+    reference: Mapping[str, tuple[float, float]] | None = None,
+) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """The fused relevance of each candidate, in [0, 1], and its dominant signal (an index
+    into `SIGNALS`, -1 for none).
+
+    Args:
+        similarity: cosine similarity per candidate, NaN where it has none.
+        fulltext_score: the full-text ranker's score per candidate (>= 0), NaN where the
+            full-text path did not score it.
+        fulltext: optional bool per candidate: found by full text without a score (a source
+            that gives only a ranked list); such hits rank after the scored ones, in the
+            order given.
+        model: the value model (`ValueModel()` by default).
+        reference: per signal (``"vector"``, ``"fulltext"``), the (mean, standard
+            deviation) of its score over the whole scope, which z-score fusion
+            standardizes by; a signal without one is standardized over the candidates.
+
+    >>> rel, dom = fuse([0.9, 0.2, float("nan")], [float("nan"), 3.0, 1.0])
+    >>> [round(x, 3) for x in rel.tolist()], dom.tolist()
+    ([0.5, 0.5, 0.0], [1, 0, -1])
+    >>> rel, _ = fuse([0.9, 0.2, float("nan")], [float("nan"), 3.0, 1.0], model=ValueModel(fusion="rrf", rrf_k=1))
+    >>> [round(x, 3) for x in rel.tolist()]
+    [0.5, 0.833, 0.333]
+    """
+    model = model if model is not None else ValueModel()
+    sim = np.asarray(similarity, dtype=np.float64)
+    fts = np.asarray(fulltext_score, dtype=np.float64)
+    if sim.ndim != 1 or fts.shape != sim.shape:
+        raise ValueError("similarity and fulltext_score must be 1-D arrays of one length")
+    n = sim.shape[0]
+    lex_key = np.where(np.isnan(fts), -np.inf, fts)
+    lex_present = ~np.isnan(fts)
+    if fulltext is not None:
+        ft = np.asarray(fulltext, dtype=bool)
+        if ft.shape != sim.shape:
+            raise ValueError("fulltext must be one bool per candidate")
+        unscored = ft & ~lex_present
+        if unscored.any():
+            # After every scored hit (scores are >= 0), in the order given.
+            lex_key = lex_key.copy()
+            lex_key[unscored] = -1.0 - np.arange(int(unscored.sum()), dtype=np.float64)
+            lex_present = lex_present | unscored
+    vec_present = ~np.isnan(sim)
+    weights = np.array([model.fulltext_weight if lex_present.any() else 0.0,
+                        model.vector_weight if vec_present.any() else 0.0])
+    if n == 0 or weights.sum() == 0:
+        return np.zeros(n), np.full(n, -1, dtype=np.int64)
+    if model.fusion is FusionMethod.RRF:
+        k = model.rrf_k
+        parts = np.stack([
+            np.nan_to_num(weights[0] / (k + _ranks(lex_key, lex_present)), nan=0.0),
+            np.nan_to_num(weights[1] / (k + _ranks(np.where(vec_present, sim, -np.inf), vec_present)), nan=0.0),
+        ])
+        top = float(weights.sum() / (k + 1.0))
+    elif model.fusion is FusionMethod.ZSCORE:
+        ref = reference or {}
+
+        def standard(v: FloatArray, present: npt.NDArray[np.bool_], name: str, absent: float) -> FloatArray:
+            vals = np.where(present, v, absent)
+            mean, std = ref.get(name) or (float(vals.mean()), float(vals.std()))
+            if not std > 0:
+                return np.zeros(n)
+            return np.minimum((vals - mean) / std, model.z_cap)
+
+        lex_val = np.where(lex_present & (lex_key >= 0), lex_key, 0.0)
+        parts = np.stack([weights[0] * standard(lex_val, lex_present, "fulltext", 0.0),
+                          weights[1] * standard(sim, vec_present, "vector",
+                                                float(np.nanmin(sim)) if vec_present.any() else 0.0)])
+        z = parts.sum(axis=0) / weights.sum()
+        relevance = np.exp((z - float(z.max())) / model.temperature)
+        dominant = np.argmax(parts, axis=0).astype(np.int64)
+        return relevance, dominant
+    else:
+        # Each signal min-max scaled over the candidates that carry it: the best is 1,
+        # the weakest 0 (the spread within the pool is what tells candidates apart; the
+        # scope's mean, below every pooled cosine, compresses it and measured worse).
+        def scaled(v: FloatArray, present: npt.NDArray[np.bool_]) -> FloatArray:
+            out = np.zeros(n)
+            if present.any():
+                lo, hi = float(v[present].min()), float(v[present].max())
+                out[present] = 1.0 if hi == lo else (v[present] - lo) / (hi - lo)
+            return out
+
+        lex, vec = scaled(lex_key, lex_present), scaled(sim, vec_present)
+        parts = np.stack([weights[0] * lex, weights[1] * vec])
+        top = float(weights.sum())
+    total = parts.sum(axis=0)
+    relevance = np.clip(total / top, 0.0, 1.0)
+    dominant = np.where(total > 0, np.argmax(parts, axis=0), -1).astype(np.int64)
+    return relevance, dominant
+
+
+def value_scores(
+    relevance: Any,
+    confidence: Any,
+    *,
+    importance: Any = None,
+    age_days: Any = None,
+    model: ValueModel | None = None,
+) -> FloatArray:
+    """Each candidate's value under `model` from its fused relevance and factors (see
+    `ValueModel`); `importance` and `age_days` may hold NaN (no factor).
+
+    >>> value_scores([1.0, 0.5], [1.0, 1.0], model=ValueModel(sharpness=2)).tolist()
+    [1.0, 0.25]
+    """
+    model = model if model is not None else ValueModel()
+    rel = _array("relevance", relevance, None)
+    n = rel.shape[0]
+    v = np.power(rel, model.sharpness)
+    conf = _array("confidence", confidence, n)
+    if model.confidence_exponent != 1.0:
+        conf = np.power(conf, model.confidence_exponent)
+    v = v * conf
+    if importance is not None and model.importance_weight > 0:
+        imp = np.asarray(importance, dtype=np.float64)
+        w = model.importance_weight
+        v = v * np.where(np.isnan(imp), 1.0, 1.0 - w + w * np.nan_to_num(imp))
+    if age_days is not None and model.recency_half_life_days is not None:
+        age = np.asarray(age_days, dtype=np.float64)
+        v = v * np.where(np.isnan(age), 1.0, np.power(0.5, np.maximum(0.0, np.nan_to_num(age)) / model.recency_half_life_days))
+    return v

@@ -13,9 +13,18 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..memory import MemoryBatch, MemoryRecord, _Chain
+from ..memory import MemoryBatch, MemoryOrigin, MemoryRecord, _Chain
 from ..result import TraceReason
-from ..scoring import ScoreWeights, ScoringConfig, score_candidates
+from ..scoring import (
+    SIGNALS,
+    ScoreFormula,
+    ScoreWeights,
+    ScoringConfig,
+    ValueModel,
+    fuse,
+    score_candidates,
+    value_scores,
+)
 from .config import RECENCY_HALF_LIFE_DAYS
 from .trace import _REASON_CODE, TraceTable, _TraceRows
 
@@ -35,6 +44,8 @@ class _Columns:
     stored: npt.NDArray[np.int64]
     distinct_origins: list[str]
     origin_code: npt.NDArray[np.int64]
+    fulltext: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+    reference: dict[str, tuple[float, float]] = field(default_factory=dict)
     scores: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
     relevance: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
 
@@ -48,45 +59,62 @@ class _Columns:
         set of columns per part), records are read in one C pass, and the parts of a
         chained result are joined."""
         parts = mems.parts if isinstance(mems, _Chain) else (mems,)
+        out = cls._of_parts(parts, family)
+        for p in parts:
+            if type(p) is MemoryBatch:
+                for k, v in p.reference.items():
+                    out.reference.setdefault(k, v)
+        return out
+
+    @classmethod
+    def _of_parts(cls, parts: Sequence[Sequence[MemoryRecord]], family: str) -> _Columns:
         if not parts:
-            return cls(*_core.memory_columns((), MemoryRecord, family))
+            return cls._with_fulltext(cls(*_core.memory_columns((), MemoryRecord, family)), ())
         if all(type(p) is MemoryBatch for p in parts):
             return cls._of_batches(parts, family)  # type: ignore[arg-type]
         cols = [cls._of_batches((p,), family) if type(p) is MemoryBatch else
-                cls(*_core.memory_columns(p, MemoryRecord, family)) for p in parts]
+                cls._with_fulltext(cls(*_core.memory_columns(p, MemoryRecord, family)), p) for p in parts]
         if len(cols) == 1:
             return cols[0]
         origins = [o for c in cols for o in c.origins]
         return cls._joined(
             [i for c in cols for i in c.ids], [t for c in cols for t in c.texts], origins,
-            [[getattr(c, f) for c in cols] for f in ("similarity", "confidence", "importance", "created_at", "stored")],
+            [[getattr(c, f) for c in cols]
+             for f in ("similarity", "confidence", "importance", "created_at", "stored", "fulltext")],
         )
+
+    @staticmethod
+    def _with_fulltext(cols: _Columns, records: Sequence[MemoryRecord]) -> _Columns:
+        cols.fulltext = np.array([np.nan if (v := getattr(r, "fulltext_score", None)) is None else v
+                                  for r in records], dtype=np.float64)
+        return cols
 
     @classmethod
     def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> _Columns:
         if len(parts) == 1:
             b = parts[0]
             return cls._joined(b.ids, b.texts, list(b.origins),
-                               [[b.similarity], [b.confidence], [b.importance], [b.created_at], [b.counts(family)]])
+                               [[b.similarity], [b.confidence], [b.importance], [b.created_at], [b.counts(family)],
+                                [b.fulltext_score]])
         return cls._joined(
             [i for p in parts for i in p.ids], [t for p in parts for t in p.texts], [o for p in parts for o in p.origins],
             [[p.similarity for p in parts], [p.confidence for p in parts], [p.importance for p in parts],
-             [p.created_at for p in parts], [p.counts(family) for p in parts]],
+             [p.created_at for p in parts], [p.counts(family) for p in parts], [p.fulltext_score for p in parts]],
         )
 
     @classmethod
     def _joined(cls, ids: list[str], texts: list[str], origins: list[str],
                 numbers: list[list[npt.NDArray[Any]]]) -> _Columns:
         """Columns from the parts' arrays of similarity, confidence, importance, creation
-        time and stored count (one array each: used as it is)."""
+        time, stored count and full-text score (one array each: used as it is)."""
         distinct = list(dict.fromkeys(origins))
         if len(distinct) == 1:
             code = np.zeros(len(origins), dtype=np.int64)
         else:
             index = {o: k for k, o in enumerate(distinct)}
             code = np.fromiter(map(index.__getitem__, origins), dtype=np.int64, count=len(origins))
-        sim, conf, imp, created, stored = (a[0] if len(a) == 1 else np.concatenate(a) for a in numbers)
-        return cls(ids, texts, origins, sim, conf, imp, created, stored, distinct, code)
+        sim, conf, imp, created, stored, fts = (a[0] if len(a) == 1 else np.concatenate(a) for a in numbers)
+        return cls(ids, texts, origins, sim, conf, imp, created, stored, distinct, code, fts)
 
 
 def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
@@ -114,42 +142,102 @@ def _recency(created_at: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.
 
 
 
-def gate(cols: _Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int,
-         trace: TraceTable) -> tuple[npt.NDArray[np.intp], dict[str, Any]]:
+def _merge_signals(cols: _Columns) -> None:
+    """A memory returned by more than one path (the hot and the cold one, say) carries the
+    signals of all of them: each row of an id gets the id's best similarity and full-text
+    score (rows that are alike then score alike; the first is kept)."""
+    ids = cols.ids
+    if len(dict.fromkeys(ids)) == len(ids):
+        return
+    rows: dict[str, list[int]] = {}
+    for i, mid in enumerate(ids):
+        rows.setdefault(mid, []).append(i)
+    sim, fts = cols.similarity.copy(), cols.fulltext.copy()
+    for group in rows.values():
+        if len(group) > 1:
+            g = np.array(group)
+            for a in (sim, fts):
+                vals = a[g]
+                if not np.isnan(vals).all():
+                    a[g] = np.nanmax(vals)
+    cols.similarity, cols.fulltext = sim, fts
+
+
+def _fused(cols: _Columns, model: ValueModel, config: ScoringConfig,
+           now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], list[str], dict[str, Any]]:
+    """Scores, the floors' verdict, each row's dominant signal and the record, under the
+    fused value model."""
+    _merge_signals(cols)
+    is_fulltext = np.fromiter((o == MemoryOrigin.FULLTEXT for o in cols.origins), dtype=bool, count=cols.n)
+    relevance, dominant = fuse(cols.similarity, cols.fulltext, fulltext=is_fulltext, model=model,
+                               reference=cols.reference)
+    age = (now - cols.created_at) / 86400.0
+    scores = value_scores(relevance, cols.confidence, importance=cols.importance, age_days=age, model=model)
+    best = float(relevance.max()) if relevance.size else 0.0
+    kept = (relevance >= model.absolute_floor) & (relevance >= model.relative_floor * best) & (relevance > 0)
+    cols.relevance = relevance
+    signal_names = ("", *SIGNALS)
+    signals = [signal_names[d + 1] for d in dominant.tolist()]
+    record = {
+        "formula": ScoreFormula.FUSED.value,
+        "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight},
+        "ignored_weights": [],
+        "value_model": model.record(),
+        "relevance_floor": model.absolute_floor,
+        "relative_floor": model.relative_floor,
+        "evaluated": int(cols.n),
+        "below_relevance_floor": int(cols.n - np.count_nonzero(kept)),
+    }
+    return scores, kept, signals, record
+
+
+def gate(cols: _Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int | None,
+         trace: TraceTable, model: ValueModel | None = None) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
     """Score the candidates, gate them on relevance, keep the best-scored row of each id
-    and at most `max_memories` of them (best first, then by id). Sets ``cols.scores`` and
-    ``cols.relevance``; every row that goes no further is added to `trace` with its
-    reason. Returns the rows that go on to pricing and packing, and the scoring record."""
+    and at most `max_memories` of them (best first, then by id; None: no count cap). With
+    `model` and no `weights`, the fused value model scores; otherwise the interim or the
+    weighted formula. Sets ``cols.scores`` and ``cols.relevance``; every row that goes no
+    further is added to `trace` with its reason. Returns the rows that go on to pricing and
+    packing, the scoring record, and each row's dominant signal (empty strings outside the
+    fused model)."""
     if not cols.n:
-        return np.empty(0, dtype=np.intp), {}
-    full_text = np.isnan(cols.similarity)
-    imp = cols.importance
-    scored = score_candidates(
-        np.where(full_text, 0.0, cols.similarity),
-        cols.confidence,
-        recency=_recency(cols.created_at, time.time()) if weights is not None else None,
-        importance=None if weights is None or np.isnan(imp).any() else imp,
-        full_text=full_text,
-        weights=weights,
-        config=config,
-    )
-    cols.scores = scored.scores
-    cols.relevance = scored.relevance
+        return np.empty(0, dtype=np.intp), {}, []
+    if model is not None and weights is None:
+        scores, kept, signals, record = _fused(cols, model, config, time.time())
+        cols.scores = scores
+    else:
+        full_text = np.isnan(cols.similarity)
+        imp = cols.importance
+        scored = score_candidates(
+            np.where(full_text, 0.0, cols.similarity),
+            cols.confidence,
+            recency=_recency(cols.created_at, time.time()) if weights is not None else None,
+            importance=None if weights is None or np.isnan(imp).any() else imp,
+            full_text=full_text,
+            weights=weights,
+            config=config,
+        )
+        cols.scores = scored.scores
+        cols.relevance = scored.relevance
+        kept = scored.kept
+        signals = [""] * cols.n
+        record = scored.record()
     first = _best_of_each_id(cols.ids, cols.scores)
-    keep = scored.kept.copy()
+    keep = kept.copy()
     reason = np.full(cols.n, _REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
     if first is not None:
         keep &= first
         reason[~first] = _REASON_CODE[TraceReason.DUPLICATE]
     out = np.flatnonzero(~keep)
-    trace.add_rows(_TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out]))
+    trace.add_rows(_TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out],
+                              signal=[signals[i] for i in out.tolist()]))
     cand = np.flatnonzero(keep)
-    if cand.size > max_memories:
+    if max_memories is not None and cand.size > max_memories:
         ids, sc = cols.ids, cols.scores
         ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
         over = ranked[max_memories:]
         trace.add_rows(_TraceRows(cols.ids, cols.origins, over,
                                   np.full(over.size, _REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
-                                  cols.scores[over], cols.relevance[over]))
+                                  cols.scores[over], cols.relevance[over], signal=[signals[i] for i in over.tolist()]))
         cand = ranked[:max_memories]
-    return cand, scored.record()
+    return cand, record, signals

@@ -37,7 +37,10 @@ from .context import AssembledContext
 from .gate import _Columns, gate
 from .plan import _Plan, _plan, _settle
 from .pricing import price_candidates
-from .trace import _PACK_REASON_CODES, TraceTable, _TraceRows
+from .trace import _PACK_REASON_CODES, _REASON_CODE, TraceTable, _TraceRows
+
+_PINNED = "pinned"
+_PINNED_CODE = int(_REASON_CODE[TraceReason.PINNED])
 
 _T = TypeVar("_T")
 
@@ -136,7 +139,7 @@ async def assemble(
         sources,
         wall=wall,
         timeouts=cfg.branch_timeouts,
-        limit=opts.max_memories,
+        limit=opts.pool,
         min_similarity=min_sim,
         run_directive=run_directive,
         run_memory=run_memory,
@@ -184,7 +187,8 @@ def _finish(
     for m in retrieved.out_of_scope:
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     cols = _Columns.of(retrieved.memories, cap.tokenizer_family)
-    cand, scoring_record = gate(cols, weights, scoring_config, opts.max_memories, trace)
+    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace,
+                                         None if opts.value_model == "interim" else opts.value_model)
     t_scored = time.perf_counter()
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
@@ -203,8 +207,11 @@ def _finish(
                                                      cfg.packing_headroom_ms / 2)
         pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids)
         memory_total = int(pack_result.tokens_used)
-        trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, _PACK_REASON_CODES[pack_result.reasons],
-                                  cols.scores[cand], cols.relevance[cand], costs, recounted, pricing))
+        pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
+        trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,
+                                  cols.scores[cand], cols.relevance[cand], costs, recounted, pricing,
+                                  signal=[_PINNED if r == _PINNED_CODE else signals[i]
+                                          for i, r in zip(cand.tolist(), pack_reasons.tolist())]))
         selected = cand[pack_result.indices]
     t_packed = time.perf_counter()
 

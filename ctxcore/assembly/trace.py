@@ -40,6 +40,7 @@ class _TraceRows:
     tokens: npt.NDArray[np.int64] | None = None
     recounted: npt.NDArray[np.bool_] | None = None
     pricing: npt.NDArray[np.uint8] | None = None
+    signal: Sequence[str] | None = None
 
 
 class TraceTable:
@@ -58,7 +59,7 @@ class TraceTable:
 
     __slots__ = ("_blocks", "_columns")
 
-    _FIELDS = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "pricing")
+    _FIELDS = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "pricing", "signal")
 
     def __init__(self) -> None:
         self._blocks: list[_TraceRows | tuple[Any, ...]] = []
@@ -93,6 +94,8 @@ class TraceTable:
             if not isinstance(b, _TraceRows):
                 for f, v in zip(self._FIELDS, b):
                     cols[f].append(v)
+                if len(b) < len(self._FIELDS):
+                    cols["signal"].append("")
                 continue
             at = b.at.tolist()
             n = len(at)
@@ -104,6 +107,7 @@ class TraceTable:
                 cols[name].extend(arr.tolist() if arr is not None else [zero] * n)
             cols["pricing"].extend(map(_PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None
                                    else [""] * n)
+            cols["signal"].extend(b.signal if b.signal is not None else [""] * n)
         self._columns = cols
         return cols
 
@@ -146,6 +150,12 @@ class TraceTable:
     def pricing(self) -> list[str]:
         """How each row's cost was obtained (a `Pricing` value, or empty)."""
         return self._joined()["pricing"]
+
+    @property
+    def signal(self) -> list[str]:
+        """Each row's dominant signal under the fused value model (``fulltext``,
+        ``vector``, ``pinned``), or empty."""
+        return self._joined()["signal"]
 
     def entries(self) -> tuple[TraceEntry, ...]:
         """The rows as `TraceEntry` objects, in order."""

@@ -9,6 +9,7 @@ Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never the
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from ..memory import MemoryBatch, MemoryOrigin, Scope, _finite, _unicode
 from .embedding import unit
 from .errors import InvalidMemory
 
-__all__ = ["Directive", "NewMemory", "rows_to_batch"]
+__all__ = ["Directive", "NewMemory", "fulltext_stats", "rows_to_batch"]
 
 #: The columns both stores read a memory back as, in this order (a store's statement may
 #: add its own after them).
@@ -268,12 +269,30 @@ class Directive:
 
 
 def rows_to_batch(scope: Scope, rows: Sequence[Sequence[Any]], origins: Sequence[MemoryOrigin],
-                  similarity: npt.NDArray[np.float64]) -> MemoryBatch:
+                  similarity: npt.NDArray[np.float64],
+                  fulltext_score: npt.NDArray[np.float64] | None = None) -> MemoryBatch:
     """Rows of `STORED_COLUMNS` as the columns the assembly reads (records are built only
-    if a caller reads them). Every row is of `scope`: the stores' queries filter on it."""
+    if a caller reads them), with each row's cosine and full-text score (NaN: none). Every
+    row is of `scope`: the stores' queries filter on it."""
     cols = list(zip(*rows)) if rows else [()] * len(STORED_COLUMNS)
     return MemoryBatch(
         scope.organization_id, scope.agent_id, ids=cols[1], texts=cols[4], origins=origins, similarity=similarity,
         confidence=cols[5], importance=cols[6], created_at=cols[7], accessed_at=cols[8], rank=range(len(rows)),
         token_count=cols[9], token_family=cols[10], token_kind=cols[11], exact_tokens=cols[12],
+        fulltext_score=fulltext_score,
     )
+
+
+def fulltext_stats(scores: Sequence[float], in_scope: int) -> tuple[float, float]:
+    """The mean and standard deviation of the full-text score over the `in_scope`
+    memories of a scope, from the best `scores` (every memory not among them scores
+    about 0: it matched no term, or too few to be among the best).
+
+    >>> fulltext_stats([3.0, 1.0], 4)
+    (1.0, 1.224744871391589)
+    """
+    n = max(in_scope, len(scores), 1)
+    total = math.fsum(scores)
+    mean = total / n
+    var = max(0.0, math.fsum(x * x for x in scores) / n - mean * mean)
+    return mean, math.sqrt(var)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -40,11 +39,10 @@ __all__ = [
 
 #: A query term found in more than this fraction of the scope's memories says little
 #: about any of them (function words: "to", "the", "der", "的") and is left out of the
-#: full-text query; every hit it alone would bring carries the 0.5 relevance sentinel,
-#: which passes the relevance floor. 3% removes the function words of the 100k benchmark
-#: corpus while keeping topic words such as "refund" (2.3% of it). Both stores count
-#: within the scope.
-FTS_MAX_DOC_FRACTION = 0.03
+#: full-text query, which bounds the rows BM25 scores. 10% removes the function words of
+#: conversational and support corpora while keeping names and topic words a
+#: conversation returns to. Both stores count within the scope.
+FTS_MAX_DOC_FRACTION = 0.10
 #: Terms are pruned only when they are in more than this many of the scope's memories, so
 #: a small scope keeps its terms.
 FTS_PRUNE_MIN_DOCS = 8
@@ -57,8 +55,6 @@ _DF_CACHE_GROWTH = 1.1
 _DF_CACHE_TERMS = 100_000
 # Absent tokens are remembered for at most this many scopes at a time.
 _DF_ABSENT_SCOPES = 4096
-# A term's IDF weight in the ranking, in these units (integers sum exactly).
-_IDF_UNITS = 1_000_000
 
 
 @functools.lru_cache(maxsize=4096)
@@ -302,14 +298,14 @@ class DocFrequencies:
 def search(
     conn: sqlite3.Connection, job: Job, scope: Scope, text: str, limit: int, df: DocFrequencies,
     counts: tuple[int, int],
-) -> list[int]:
-    """The rowids of `scope`'s memories that hold more and rarer terms of `text`, best
-    first (ties: newest first), at most `limit`. `counts`: the scope's (memories, write
-    counter) as the caller just read them on `conn`."""
+) -> tuple[list[int], list[float]]:
+    """The rowids of `scope`'s memories that match terms of `text`, best first by BM25
+    (ties: newest first), at most `limit`, and their BM25 scores (>= 0). `counts`: the
+    scope's (memories, write counter) as the caller just read them on `conn`."""
     terms, spelled = _query_terms(text)
     in_scope, version = counts
     if not terms or not in_scope:
-        return []
+        return [], []
     tag = _scope_tag(scope.organization_id, scope.agent_id)
     state = (tag, in_scope, version)
     keys = {tok: tag + sp for t, st in zip(terms, spelled) for tok, sp in zip(t, st)}
@@ -331,31 +327,19 @@ def search(
     # something.
     chosen = [(d, k) for d, k in by_rarity if 0 < d <= cap][:FTS_QUERY_TERMS]
     if not chosen:
-        return []
-    # One statement: per term, its newest `limit` matches in the scope (FTS5 stops after
-    # `limit` rows, where a single OR query ranked by bm25 would score every match of
-    # every term first), each carrying its term's IDF in the scope; a memory scores the
-    # IDFs of the chosen terms it holds. The ranking runs inside SQLite, so only the `limit` rows
-    # returned cross into Python (each row fetched re-takes the GIL, which under load
-    # waits behind the other threads). The IDFs are summed as integers (micro-units), so
-    # the order the rows are added in cannot change a sum or break a tie differently.
+        return [], []
+    # One statement: the chosen terms OR-ed, ranked by FTS5's Okapi BM25 (k1 = 1.2,
+    # b = 0.75) inside SQLite, so only the `limit` best rows cross into Python, as one row
+    # of two lists (each row fetched re-takes the GIL). bm25() is negative, better lower:
+    # the score returned is its negation. Ties: newest first.
     job.check()
-    hits = " UNION ALL ".join(
-        "SELECT * FROM (SELECT rowid AS r, ? AS w FROM memory_words WHERE memory_words MATCH ? "
-        "ORDER BY rowid DESC LIMIT ?)"
-        for _ in chosen
-    )
-    args: list[object] = []
-    for d, k in chosen:
-        args += [round(_IDF_UNITS * math.log(1.0 + in_scope / (d + 1.0))), phrases.get(k) or _tagged_phrase(tag, terms[k]),
-                 limit]
-    # The `limit` best come back as one row of two lists (a row fetched is a step of the
-    # statement, each re-taking the GIL: one step, not one per hit), put back in order here.
-    sql = (f"SELECT group_concat(r), group_concat(t) FROM (SELECT r, sum(w) AS t FROM ({hits}) GROUP BY r "
-           "ORDER BY t DESC, r DESC LIMIT ?)")
-    got = conn.execute(sql, [*args, limit]).fetchone()
+    expression = " OR ".join(phrases.get(k) or _tagged_phrase(tag, terms[k]) for _, k in chosen)
+    sql = ("SELECT group_concat(r), group_concat(s) FROM (SELECT rowid AS r, -bm25(memory_words) AS s "
+           "FROM memory_words WHERE memory_words MATCH ? ORDER BY s DESC, r DESC LIMIT ?)")
+    got = conn.execute(sql, (expression, limit)).fetchone()
     if got is None or got[0] is None:
-        return []
+        return [], []
     rowids = [int(v) for v in got[0].split(",")]
-    totals = [int(v) for v in got[1].split(",")]
-    return [r for _, r in sorted(zip(totals, rowids), reverse=True)]
+    scores = [max(0.0, float(v)) for v in got[1].split(",")]
+    order = sorted(range(len(rowids)), key=lambda i: (-scores[i], -rowids[i]))
+    return [rowids[i] for i in order], [scores[i] for i in order]

@@ -24,7 +24,7 @@ from ...tokens import estimator_families, exact_families
 from ..counting import count_memory_tokens, exact_json, stored_token_counts
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff
+from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import rows_to_batch as _batch
 from . import fulltext
@@ -567,10 +567,12 @@ class SqliteMemoryStore:
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
     ) -> Sequence[MemoryRecord]:
-        """Vector hits (cosine >= `min_similarity`, best first) and full-text hits
-        (similarity None; memories holding more and rarer query words first, then newest
-        first), taken in turn from each path, one entry per memory, at most `limit`. The
-        `rank` of each record is its position in the result.
+        """Each path's ranked list, one entry per memory with both signals: at most
+        `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
+        full-text hits (BM25, best first, then newest first) the vector path did not
+        return. Every record carries its cosine `similarity` where it has an embedding and
+        its `fulltext_score` (BM25) where full text found it. The `rank` of each record is
+        its position in the result.
 
         Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of all
         memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
@@ -680,7 +682,12 @@ class SqliteMemoryStore:
         if row is None:  # nothing was ever written to the scope
             return _batch(scope, [], [], np.empty(0))
         version = int(row[0])
+        text_hits, text_scores = fulltext.search(conn, job, scope, query.text, limit, self._df,
+                                                 (int(row[1]), int(row[0])))
+        job.check()
         vector_hits: list[tuple[int, float]] = []
+        text_sims: list[float | None] = [None] * len(text_hits)
+        vector_stats: tuple[float, float] | None = None
         if qv is not None:
             if here:
                 mat = self._vectors_cache.kept(scope, version)
@@ -691,27 +698,23 @@ class SqliteMemoryStore:
             if mat is not None:
                 version = mat.version
                 if mat.n:
-                    vector_hits = nearest(mat, qv, min_similarity, limit)
-        job.check()
-        text_hits = fulltext.search(conn, job, scope, query.text, limit, self._df, (int(row[1]), int(row[0])))
-        # Take from each path in turn so neither starves the other; a memory found by both
-        # keeps its vector entry (it has a real similarity).
-        # (Each path's rowids are distinct: a matrix row per memory, full-text hits grouped.)
-        merged: list[tuple[int, float | None]] = []
+                    vector_hits, text_sims, vector_stats = nearest(mat, qv, min_similarity, limit, text_hits)
+        # Both paths' lists, each memory once with both signals: its cosine (for a
+        # full-text hit too, when it has an embedding) and its BM25 score when full text
+        # found it. Vector hits first, best first, then the full-text hits the vector path
+        # did not return, best first. (Each path's rowids are distinct.)
+        by_text = dict(zip(text_hits, text_scores))
+        merged: list[tuple[int, float | None, float | None, MemoryOrigin]] = [
+            (rid, sim, by_text.get(rid), MemoryOrigin.VECTOR) for rid, sim in vector_hits]
         vector_ids = {rid for rid, _ in vector_hits}
-        nv, nt = len(vector_hits), len(text_hits)
-        for k in range(max(nv, nt)):
-            if k < nv:
-                merged.append(vector_hits[k])
-            if k < nt and text_hits[k] not in vector_ids:
-                merged.append((text_hits[k], None))
-        merged = merged[:limit]
+        merged += [(rid, sim, score, MemoryOrigin.FULLTEXT)
+                   for rid, score, sim in zip(text_hits, text_scores, text_sims) if rid not in vector_ids]
         if not merged:
             return _batch(scope, [], [], np.empty(0))
         job.check()
         # Rows returned since the scope's last write are kept (`RowCache`): only the others
         # are looked up, and kept for the next read (they are read after `version` was).
-        rows, missing = self._cold_rows.get(scope, version, [rid for rid, _ in merged])
+        rows, missing = self._cold_rows.get(scope, version, [m[0] for m in merged])
         if missing:
             fetched = conn.execute(
                 f"SELECT {_COLUMNS} FROM {_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
@@ -720,13 +723,19 @@ class SqliteMemoryStore:
             ).fetchall()
             self._cold_rows.put(scope, version, fetched)
             rows.update((row[0], row) for row in fetched)
-        found = [(rows[rid], sim) for rid, sim in merged if rid in rows]  # a row gone since is not returned
-        return _batch(
+        found = [(rows[m[0]], m) for m in merged if m[0] in rows]  # a row gone since is not returned
+        out = _batch(
             scope,
             [row for row, _ in found],
-            [MemoryOrigin.FULLTEXT if sim is None else MemoryOrigin.VECTOR for _, sim in found],
-            np.clip(np.array([np.nan if sim is None else sim for _, sim in found], dtype=np.float64), -1.0, 1.0),
+            [m[3] for _, m in found],
+            np.clip(np.array([np.nan if m[1] is None else m[1] for _, m in found], dtype=np.float64), -1.0, 1.0),
+            np.array([np.nan if m[2] is None else m[2] for _, m in found], dtype=np.float64),
         )
+        if vector_stats is not None:
+            out.reference["vector"] = vector_stats
+        if text_scores:
+            out.reference["fulltext"] = fulltext_stats(text_scores, int(row[1]))
+        return out
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 

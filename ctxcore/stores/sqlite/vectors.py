@@ -9,8 +9,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -117,9 +120,12 @@ class Matrix:
         return int(self.rowids.nbytes + self.vectors.nbytes)
 
 
-def nearest(mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, limit: int) -> list[tuple[int, float]]:
+def nearest(mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, limit: int,
+            also: Sequence[int] = ()) -> tuple[list[tuple[int, float]], list[float | None], tuple[float, float]]:
     """(rowid, cosine) of the rows of `mat` with cosine >= `min_similarity` to `qv`, best
-    first (ties: lower rowid first), at most `limit`."""
+    first (ties: lower rowid first), at most `limit`; the cosine of each rowid of `also`
+    (None for one without a row in `mat`); and the mean and standard deviation of the
+    cosine over every row."""
     if mat.vectors.shape[1] != qv.size:
         raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {mat.vectors.shape[1]}")
     # The ANN cutoff, before anything is read back from the database. einsum, not `@`:
@@ -129,10 +135,21 @@ def nearest(mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, lim
     sims = np.einsum("ij,j->i", mat.vectors[: mat.n], qv)
     idx = np.flatnonzero(sims >= min_similarity)
     if idx.size > limit:
-        idx = idx[np.argpartition(-sims[idx], limit - 1)[:limit]]
+        idx = idx[np.argpartition(-sims[idx], limit - 1)[:limit]] if limit else idx[:0]
     rowids = mat.rowids[idx]
     order = np.lexsort((rowids, -sims[idx]))
-    return list(zip(rowids[order].tolist(), sims[idx[order]].astype(np.float64).tolist()))
+    hits = list(zip(rowids[order].tolist(), sims[idx[order]].astype(np.float64).tolist()))
+    extra: list[float | None] = []
+    if len(also):
+        # Rows are appended in rowid order: a binary search finds each.
+        have = mat.rowids[: mat.n]
+        want = np.asarray(also, dtype=np.int64)
+        at = np.minimum(np.searchsorted(have, want), max(mat.n - 1, 0))
+        found = (have[at] == want) if mat.n else np.zeros(want.size, dtype=bool)
+        vals = sims[at].astype(np.float64) if mat.n else np.zeros(want.size)
+        extra = [float(v) if f else None for v, f in zip(vals.tolist(), found.tolist())]
+    stats = (float(sims.mean()), float(sims.std())) if sims.size else (0.0, 0.0)
+    return hits, extra, stats
 
 
 class VectorCache:
