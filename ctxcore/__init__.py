@@ -69,7 +69,7 @@ from .packing import (
     pack,
     pack_arrays,
 )
-from .request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
+from .request import DEFAULT_POOL, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
 from .result import (
     Branch,
     BranchRecord,
@@ -166,6 +166,7 @@ __all__ = [
     "ModelCapability",
     "ScoreFormula",
     "ScoreWeights",
+    "DEFAULT_POOL",
     "FusionMethod",
     "ValueModel",
     "ScoredCandidates",

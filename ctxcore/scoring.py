@@ -36,6 +36,7 @@ __all__ = [
     "COMPONENTS",
     "DEFAULT_ABSOLUTE_FLOOR",
     "DEFAULT_IMPORTANCE_WEIGHT",
+    "DEFAULT_RECENCY_WEIGHT",
     "DEFAULT_RELATIVE_FLOOR",
     "DEFAULT_RRF_K",
     "DEFAULT_SHARPNESS",
@@ -374,10 +375,14 @@ DEFAULT_Z_CAP = 8.0
 DEFAULT_RELATIVE_FLOOR = 0.02
 #: Candidates whose fused relevance is below this are dropped, whatever the best is.
 DEFAULT_ABSOLUTE_FLOOR = 0.01
+#: Weight of the recency list (the hot path's newest memories) beside full text and
+#: vector (1 each): enough that recent memories are worth something when nothing else
+#: matches, too little to outrank a match.
+DEFAULT_RECENCY_WEIGHT = 0.1
 #: Importance's factor is ``1 - w + w * importance`` (1 when a memory has none).
 DEFAULT_IMPORTANCE_WEIGHT = 0.5
 #: Signals a fused relevance combines, in a fixed order, and why a selected memory is in.
-SIGNALS = ("fulltext", "vector")
+SIGNALS = ("fulltext", "vector", "recency")
 
 
 class FusionMethod(enum.StrEnum):
@@ -398,9 +403,10 @@ def _weight(name: str, v: object, *, positive: bool = False) -> float:
 class ValueModel:
     """The fused value model: what a candidate memory is worth to the packer.
 
-    Relevance is the base. The full-text and vector signals each rank the request's
-    candidates (a memory both retrieval paths found carries both signals), and the ranks are
-    fused (`FusionMethod`) into a relevance in [0, 1] where 1 is the best place in every
+    Relevance is the base. The full-text, vector and recency signals each rank the
+    request's candidates (a memory two retrieval paths found carries both signals; the
+    recency list is the hot path's newest memories), and they are fused (`FusionMethod`,
+    each signal weighted) into a relevance in [0, 1] where 1 is the best place in every
     signal present; a candidate with no signal is worth 0. The value is then
 
         value = relevance ** sharpness * confidence ** confidence_exponent
@@ -425,6 +431,7 @@ class ValueModel:
     rrf_k: float = DEFAULT_RRF_K
     fulltext_weight: float = 1.0
     vector_weight: float = 1.0
+    recency_weight: float = DEFAULT_RECENCY_WEIGHT
     sharpness: float = DEFAULT_SHARPNESS
     relative_floor: float = DEFAULT_RELATIVE_FLOOR
     absolute_floor: float = DEFAULT_ABSOLUTE_FLOOR
@@ -442,10 +449,10 @@ class ValueModel:
         object.__setattr__(self, "rrf_k", _weight("rrf_k", self.rrf_k, positive=True))
         object.__setattr__(self, "temperature", _weight("temperature", self.temperature, positive=True))
         object.__setattr__(self, "z_cap", _weight("z_cap", self.z_cap, positive=True))
-        for name in ("fulltext_weight", "vector_weight", "sharpness", "confidence_exponent"):
+        for name in ("fulltext_weight", "vector_weight", "recency_weight", "sharpness", "confidence_exponent"):
             object.__setattr__(self, name, _weight(name, getattr(self, name)))
-        if self.fulltext_weight + self.vector_weight == 0:
-            raise ConfigError("fulltext_weight and vector_weight may not both be 0")
+        if self.fulltext_weight + self.vector_weight + self.recency_weight == 0:
+            raise ConfigError("fulltext_weight, vector_weight and recency_weight may not all be 0")
         for name in ("relative_floor", "absolute_floor", "importance_weight"):
             v = _weight(name, getattr(self, name))
             if v > 1:
@@ -462,6 +469,7 @@ class ValueModel:
             "rrf_k": self.rrf_k,
             "fulltext_weight": self.fulltext_weight,
             "vector_weight": self.vector_weight,
+            "recency_weight": self.recency_weight,
             "sharpness": self.sharpness,
             "relative_floor": self.relative_floor,
             "absolute_floor": self.absolute_floor,
@@ -489,6 +497,7 @@ def fuse(
     fulltext_score: Any,
     *,
     fulltext: Any = None,
+    recency: Any = None,
     model: ValueModel | None = None,
     reference: Mapping[str, tuple[float, float]] | None = None,
 ) -> tuple[FloatArray, npt.NDArray[np.int64]]:
@@ -502,6 +511,8 @@ def fuse(
         fulltext: optional bool per candidate: found by full text without a score (a source
             that gives only a ranked list); such hits rank after the scored ones, in the
             order given.
+        recency: optional creation time per candidate of the recency list (the hot path:
+            the newest memories), NaN for the others; newer ranks higher.
         model: the value model (`ValueModel()` by default).
         reference: per signal (``"vector"``, ``"fulltext"``), the (mean, standard
             deviation) of its score over the whole scope, which z-score fusion
@@ -533,8 +544,13 @@ def fuse(
             lex_key[unscored] = -1.0 - np.arange(int(unscored.sum()), dtype=np.float64)
             lex_present = lex_present | unscored
     vec_present = ~np.isnan(sim)
+    rec = np.full(n, np.nan) if recency is None else np.asarray(recency, dtype=np.float64)
+    if rec.shape != sim.shape:
+        raise ValueError("recency must be one number (or NaN) per candidate")
+    rec_present = ~np.isnan(rec)
     weights = np.array([model.fulltext_weight if lex_present.any() else 0.0,
-                        model.vector_weight if vec_present.any() else 0.0])
+                        model.vector_weight if vec_present.any() else 0.0,
+                        model.recency_weight if rec_present.any() else 0.0])
     if n == 0 or weights.sum() == 0:
         return np.zeros(n), np.full(n, -1, dtype=np.int64)
     if model.fusion is FusionMethod.RRF:
@@ -542,6 +558,7 @@ def fuse(
         parts = np.stack([
             np.nan_to_num(weights[0] / (k + _ranks(lex_key, lex_present)), nan=0.0),
             np.nan_to_num(weights[1] / (k + _ranks(np.where(vec_present, sim, -np.inf), vec_present)), nan=0.0),
+            np.nan_to_num(weights[2] / (k + _ranks(np.where(rec_present, rec, -np.inf), rec_present)), nan=0.0),
         ])
         top = float(weights.sum() / (k + 1.0))
     elif model.fusion is FusionMethod.ZSCORE:
@@ -557,24 +574,29 @@ def fuse(
         lex_val = np.where(lex_present & (lex_key >= 0), lex_key, 0.0)
         parts = np.stack([weights[0] * standard(lex_val, lex_present, "fulltext", 0.0),
                           weights[1] * standard(sim, vec_present, "vector",
-                                                float(np.nanmin(sim)) if vec_present.any() else 0.0)])
+                                                float(np.nanmin(sim)) if vec_present.any() else 0.0),
+                          weights[2] * standard(rec, rec_present, "recency",
+                                                float(np.nanmin(rec)) if rec_present.any() else 0.0)])
         z = parts.sum(axis=0) / weights.sum()
         relevance = np.exp((z - float(z.max())) / model.temperature)
         dominant = np.argmax(parts, axis=0).astype(np.int64)
         return relevance, dominant
     else:
-        # Each signal min-max scaled over the candidates that carry it: the best is 1,
-        # the weakest 0 (the spread within the pool is what tells candidates apart; the
-        # scope's mean, below every pooled cosine, compresses it and measured worse).
+        # Each signal min-max scaled over the m candidates that carry it: the best is 1,
+        # the weakest 1 / (m + 1) (the spread within the pool is what tells candidates
+        # apart; the scope's mean, below every pooled cosine, compresses it and measured
+        # worse).
         def scaled(v: FloatArray, present: npt.NDArray[np.bool_]) -> FloatArray:
             out = np.zeros(n)
             if present.any():
-                lo, hi = float(v[present].min()), float(v[present].max())
-                out[present] = 1.0 if hi == lo else (v[present] - lo) / (hi - lo)
+                vals = v[present]
+                lo, hi = float(vals.min()), float(vals.max())
+                lo -= (hi - lo) / vals.size
+                out[present] = 1.0 if hi == lo else (vals - lo) / (hi - lo)
             return out
 
         lex, vec = scaled(lex_key, lex_present), scaled(sim, vec_present)
-        parts = np.stack([weights[0] * lex, weights[1] * vec])
+        parts = np.stack([weights[0] * lex, weights[1] * vec, weights[2] * scaled(rec, rec_present)])
         top = float(weights.sum())
     total = parts.sum(axis=0)
     relevance = np.clip(total / top, 0.0, 1.0)

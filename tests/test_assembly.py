@@ -261,7 +261,7 @@ def test_branches_that_answer_now_assemble_without_a_task_or_a_pass_of_the_event
     async def main() -> tuple[ctxcore.AssembledContext, bool, set[asyncio.Task[object]]]:
         loop_passed = asyncio.Event()
         asyncio.get_running_loop().call_soon(loop_passed.set)
-        ctx = await ctxcore.assemble(request(options=AssemblyOptions(max_memories=7)), sources=Sources(directive, hot, cold))
+        ctx = await ctxcore.assemble(request(options=AssemblyOptions(pool=7)), sources=Sources(directive, hot, cold))
         return ctx, loop_passed.is_set(), {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
     ctx, loop_passed, tasks = asyncio.run(main())
@@ -284,7 +284,7 @@ def test_a_branch_that_says_later_runs_its_coroutine_and_keeps_its_timeout() -> 
     ctx = run(request(), Sources(_answers_at_once("D"), hot, cold), config=cfg)
     assert status(ctx) == {"directive": "ok", "hot": "timeout", "cold": "ok"}
     assert hot_cancelled == [True] and ctx.selected_ids == ("m9",)
-    assert cold_calls == [(Scope(ORG, AGENT), Query("q"), 64, AssemblyConfig().min_similarity)]
+    assert cold_calls == [(Scope(ORG, AGENT), Query("q"), ctxcore.DEFAULT_POOL, AssemblyConfig().min_similarity)]
 
 
 def test_a_branch_whose_now_fails_or_answers_badly_is_an_error_of_that_branch_only() -> None:
@@ -335,10 +335,11 @@ def test_out_of_scope_memories_are_dropped_counted_and_traced() -> None:
     assert "memory number 10" not in ctx.text
 
 
-def test_duplicates_keep_the_best_score_and_the_gate_applies() -> None:
+def test_duplicates_keep_the_best_score_and_the_interim_gate_applies() -> None:
     hot = [mem(1, sim=0.5), mem(2, sim=0.10)]
     cold = [mem(1, sim=0.9), MemoryRecord("ft", ORG, AGENT, "full text hit", origin=MemoryOrigin.FULLTEXT)]
-    ctx = run(request(), Sources(None, memories_of(hot), memories_of(cold)))
+    ctx = run(request(options=AssemblyOptions(value_model="interim")), Sources(None, memories_of(hot), memories_of(cold)))
+    assert ctx.scoring["formula"] == "interim"
     reasons = {(e.memory_id, e.reason) for e in ctx.trace}
     assert ("m1", TraceReason.DUPLICATE) in reasons and ("m1", TraceReason.SELECTED) in reasons
     assert ("m2", TraceReason.BELOW_RELEVANCE_FLOOR) in reasons

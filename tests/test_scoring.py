@@ -16,9 +16,9 @@ unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 def test_constants_are_the_designed_ones() -> None:
     assert (ctxcore.INTERIM_SIMILARITY_WEIGHT, ctxcore.INTERIM_CONFIDENCE_WEIGHT) == (0.85, 0.15)
     assert ctxcore.DEFAULT_RELEVANCE_FLOOR == 0.15 < ctxcore.FULL_TEXT_RELEVANCE == 0.5
-    assert ctxcore.DEFAULT_MIN_SIMILARITY == 0.70
+    assert ctxcore.DEFAULT_MIN_SIMILARITY == 0.0
     cfg = ScoringConfig()
-    assert (cfg.relevance_floor, cfg.min_similarity) == (0.15, 0.70)
+    assert (cfg.relevance_floor, cfg.min_similarity) == (0.15, 0.0)
 
 
 @given(st.lists(st.tuples(unit, unit), max_size=50))

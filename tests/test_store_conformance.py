@@ -158,12 +158,15 @@ def test_ann_cutoff_applies_before_hydration(make: Factory) -> None:
                                                              abs=1e-6)
     top2 = run(s.cold(A, q, 2, 0.0))
     assert [r.id for r in top2] == ["v0", "v1"] and [r.rank for r in top2] == [0, 1]
-    # Vector hits under the cutoff never take a slot: the rest of `limit` goes to text hits.
+    # Each path returns at most `limit`; vector hits under the cutoff are not returned, and
+    # a full-text hit carries its cosine too.
     mixed = run(s.cold(A, Query("kettle", (1.0, 0.0, 0.0)), 5, 0.9))
-    assert len(mixed) == 5
     assert [r.id for r in mixed if r.origin is MemoryOrigin.VECTOR] == ["v0", "v1"]
-    assert len([r for r in mixed if r.origin is MemoryOrigin.FULLTEXT]) == 3
-    assert all(r.similarity is None or r.similarity >= 0.9 for r in mixed)
+    text = [r for r in mixed if r.origin is MemoryOrigin.FULLTEXT]
+    assert len(text) == 5 and len(mixed) == 7
+    assert all(r.fulltext_score is not None and r.fulltext_score > 0 for r in text)
+    assert all(r.similarity is not None and r.similarity < 0.9 for r in text)
+    assert all(r.similarity >= 0.9 for r in mixed if r.origin is MemoryOrigin.VECTOR)
     with pytest.raises(MemoryStoreError, match="2 dimensions"):
         run(s.cold(A, Query("", (1.0, 0.0)), 5, 0.5))
 

@@ -169,7 +169,16 @@ def _fused(cols: _Columns, model: ValueModel, config: ScoringConfig,
     fused value model."""
     _merge_signals(cols)
     is_fulltext = np.fromiter((o == MemoryOrigin.FULLTEXT for o in cols.origins), dtype=bool, count=cols.n)
-    relevance, dominant = fuse(cols.similarity, cols.fulltext, fulltext=is_fulltext, model=model,
+    is_hot = np.fromiter((o == MemoryOrigin.HOT for o in cols.origins), dtype=bool, count=cols.n)
+    if is_hot.any():
+        # The hot path's order is newest first; creation times rank it where known.
+        order = -np.arange(cols.n, dtype=np.float64)
+        created = np.where(np.isnan(cols.created_at), order, cols.created_at) if not np.isnan(
+            cols.created_at[is_hot]).any() else order
+        recency = np.where(is_hot, created, np.nan)
+    else:
+        recency = None
+    relevance, dominant = fuse(cols.similarity, cols.fulltext, fulltext=is_fulltext, recency=recency, model=model,
                                reference=cols.reference)
     age = (now - cols.created_at) / 86400.0
     scores = value_scores(relevance, cols.confidence, importance=cols.importance, age_days=age, model=model)
@@ -180,7 +189,8 @@ def _fused(cols: _Columns, model: ValueModel, config: ScoringConfig,
     signals = [signal_names[d + 1] for d in dominant.tolist()]
     record = {
         "formula": ScoreFormula.FUSED.value,
-        "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight},
+        "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight,
+                    "recency": model.recency_weight},
         "ignored_weights": [],
         "value_model": model.record(),
         "relevance_floor": model.absolute_floor,
