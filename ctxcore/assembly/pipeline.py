@@ -30,7 +30,7 @@ from ..retrieval import (
     compute_wall,
     retrieve,
 )
-from ..scoring import ScoreWeights, ScoringConfig
+from ..scoring import ScoreWeights, ScoringConfig, ValueModel
 from ..tokens import TokenCount
 from .config import AssemblyConfig
 from .context import AssembledContext
@@ -187,8 +187,8 @@ def _finish(
     for m in retrieved.out_of_scope:
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     cols = _Columns.of(retrieved.memories, cap.tokenizer_family)
-    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace,
-                                         None if opts.value_model == "interim" else opts.value_model)
+    model = opts.value_model if isinstance(opts.value_model, ValueModel) else None  # "interim"
+    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
     t_scored = time.perf_counter()
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
