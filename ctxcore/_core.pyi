@@ -170,4 +170,5 @@ def encode_trace_rows(
     recounted: npt.NDArray[np.bool_] | None,
     hide_id_reason: int,
     field: int,
+    signals: Sequence[str] | None = None,
 ) -> bytes: ...

@@ -60,7 +60,7 @@ const typename A::value_type* column(const std::optional<A>& a, std::size_t n, c
 py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, const I64& at, const I32& reasons,
                             const std::optional<I64>& tokens, const std::optional<F64>& score,
                             const std::optional<F64>& relevance, const std::optional<Bool>& recounted,
-                            std::int32_t hide_id_reason, std::uint32_t field) {
+                            std::int32_t hide_id_reason, std::uint32_t field, const py::handle& signals) {
   if (field == 0 || field >= (1u << 29)) throw py::value_error("field must be a protobuf field number");
   const Items id_items(ids, "ids must be a sequence");
   const Items origin_items(origins, "origins must be a sequence");
@@ -72,6 +72,11 @@ py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, co
   const double* sc = column(score, n, "score");
   const double* rel = column(relevance, n, "relevance");
   const bool* rc = column(recounted, n, "recounted");
+  std::optional<Items> signal_items;
+  if (!signals.is_none()) {
+    signal_items.emplace(signals, "signals must be a sequence");
+    if (signal_items->n != n) throw py::value_error("signals must hold one str per trace row (" + std::to_string(n) + ")");
+  }
   std::string out;
   out.reserve(n * 64);
   for (std::size_t k = 0; k < n; ++k) {
@@ -91,6 +96,7 @@ py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, co
     e.score = sc != nullptr ? sc[k] : 0.0;
     e.relevance = rel != nullptr ? rel[k] : 0.0;
     e.recounted = rc != nullptr && rc[k];
+    if (signal_items) e.signal = utf8(signal_items->items[k], "the signal", k);
     ctxcore::wire::append_trace_entry(out, field, e);
   }
   return py::bytes(out);
@@ -101,9 +107,9 @@ py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, co
 void register_wire(py::module_& m) {
   m.def("encode_trace_rows", &encode_trace_rows, py::arg("ids"), py::arg("origins"), py::arg("at"),
         py::arg("reasons"), py::arg("tokens"), py::arg("score"), py::arg("relevance"), py::arg("recounted"),
-        py::arg("hide_id_reason"), py::arg("field"),
+        py::arg("hide_id_reason"), py::arg("field"), py::arg("signals") = py::none(),
         "Trace rows (row k is candidate at[k] of ids/origins; reasons are wire enum values; a None\n"
-        "column is zeros) as serialized entries of repeated field `field`. Private: used by\n"
+        "column is zeros; signals, when given, one str per row) as serialized entries of repeated field `field`. Private: used by\n"
         "ctxcore.service.convert.");
 }
 

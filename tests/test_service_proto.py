@@ -139,9 +139,10 @@ def test_branch_errors_lose_their_message_on_the_wire() -> None:
     assert branch_error_class("$$$ CANARY: x") == "error"
 
 
-def _trace_context() -> ctxcore.AssembledContext:
-    """A context whose trace has every kind of row: another scope's memory, a duplicate,
-    one under the relevance floor, one over the request's maximum, selected and not."""
+def _trace_context(value_model: str = "interim") -> ctxcore.AssembledContext:
+    """A context whose trace has every kind of row (under the interim formula): another
+    scope's memory, a duplicate, one under the relevance floor, one over the request's
+    maximum, selected and not."""
     from ctxcore import MemoryRecord, Sources
 
     def rec(i: str, org: str = "org", sim: float | None = 0.9, text: str = "the kettle is descaled weekly") -> MemoryRecord:
@@ -154,7 +155,7 @@ def _trace_context() -> ctxcore.AssembledContext:
     async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
         return [rec(f"m-{k}", sim=None, text="kettle " * (200 + k)) for k in range(6)]
 
-    req = AssemblyRequest("org", "agent", "gpt-4o", Query("kettle"), options=AssemblyOptions(max_memories=6))
+    req = AssemblyRequest("org", "agent", "gpt-4o", Query("kettle"), options=AssemblyOptions(max_memories=6, value_model=value_model))
     return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot, cold=cold)))
 
 
@@ -169,9 +170,17 @@ def test_the_wire_trace_is_the_contexts_trace_entry_by_entry() -> None:
         assert got.reason == enum_to_proto(want.reason, pb.TraceReason, "TRACE_REASON")
         # Another scope's memory id never leaves the server.
         assert got.memory_id == ("" if want.reason is TraceReason.OUT_OF_SCOPE else want.memory_id)
-        assert (got.origin, got.tokens, got.score, got.relevance, got.recounted) == (
-            str(want.origin), want.tokens, want.score, want.relevance, want.recounted)
+        assert (got.origin, got.tokens, got.score, got.relevance, got.recounted, got.signal) == (
+            str(want.origin), want.tokens, want.score, want.relevance, want.recounted, want.signal)
     assert "foreign-secret" not in str(wire) and "foreign-secret".encode() not in assembled_to_proto(ctx).SerializeToString()
+
+
+def test_the_wire_trace_carries_each_rows_dominant_signal() -> None:
+    ctx = _trace_context("fused")
+    wire = assembled_to_proto(ctx, "p").trace
+    assert [e.signal for e in wire] == [e.signal for e in ctx.trace]
+    selected = [e for e in ctx.trace if e.reason is TraceReason.SELECTED]
+    assert selected and all(e.signal == "vector" for e in selected)  # the hot rows carry similarity
 
 
 _FINITE = st.floats(allow_nan=False, width=64)

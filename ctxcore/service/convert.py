@@ -516,7 +516,7 @@ def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
     Python, ~4x faster than setting each entry's fields for 100 rows."""
     t = getattr(ctx, "trace_table", None)
     if t is None:
-        rows: Any = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted)
+        rows: Any = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted, e.signal)
                      for e in ctx.trace)
         _rows_into(rows, out)
         return
@@ -524,15 +524,15 @@ def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
         if isinstance(block, _TraceRows):
             out.MergeFromString(_core.encode_trace_rows(
                 block.ids, block.origins, block.at, _WIRE_REASONS[block.reason], block.tokens, block.score,
-                block.relevance, block.recounted, _HIDDEN_ID_REASON, _TRACE_FIELD,
+                block.relevance, block.recounted, _HIDDEN_ID_REASON, _TRACE_FIELD, block.signal,
             ))
         else:
-            _rows_into((block[:7],), out)
+            _rows_into(((*block[:7], block[8] if len(block) > 8 else ""),), out)
 
 
 def _rows_into(rows: Any, out: pb.AssembledContext) -> None:
     add, codes, foreign = out.trace.add, _TRACE_CODES, TraceReason.OUT_OF_SCOPE
-    for m, r, o, k, s, rel, rc in rows:
+    for m, r, o, k, s, rel, rc, sig in rows:
         e = add()
         # Another tenant's memory ids never cross the boundary: an out-of-scope entry says
         # only that something was dropped, and how it was found.
@@ -544,6 +544,7 @@ def _rows_into(rows: Any, out: pb.AssembledContext) -> None:
         e.score = s
         e.relevance = rel
         e.recounted = rc
+        e.signal = sig
 
 
 def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledContext:

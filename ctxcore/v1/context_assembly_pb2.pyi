@@ -326,7 +326,7 @@ class PackRecord(_message.Message):
     def __init__(self, path: _Optional[_Union[PackPath, str]] = ..., budget: _Optional[int] = ..., tokens_used: _Optional[int] = ..., total_score: _Optional[float] = ..., upper_bound: _Optional[float] = ..., evaluated: _Optional[int] = ..., selected: _Optional[int] = ..., excluded_for_budget: _Optional[int] = ..., truncated: _Optional[bool] = ..., proven_optimal: _Optional[bool] = ..., dp_cells: _Optional[int] = ..., search_nodes: _Optional[int] = ...) -> None: ...
 
 class TraceEntry(_message.Message):
-    __slots__ = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted")
+    __slots__ = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "signal")
     MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +334,7 @@ class TraceEntry(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RELEVANCE_FIELD_NUMBER: _ClassVar[int]
     RECOUNTED_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
     memory_id: str
     reason: TraceReason
     origin: str
@@ -341,7 +342,8 @@ class TraceEntry(_message.Message):
     score: float
     relevance: float
     recounted: bool
-    def __init__(self, memory_id: _Optional[str] = ..., reason: _Optional[_Union[TraceReason, str]] = ..., origin: _Optional[str] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recounted: _Optional[bool] = ...) -> None: ...
+    signal: str
+    def __init__(self, memory_id: _Optional[str] = ..., reason: _Optional[_Union[TraceReason, str]] = ..., origin: _Optional[str] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ..., relevance: _Optional[float] = ..., recounted: _Optional[bool] = ..., signal: _Optional[str] = ...) -> None: ...
 
 class BranchRecord(_message.Message):
     __slots__ = ("branch", "status", "latency_ms", "error", "items", "dropped_out_of_scope")

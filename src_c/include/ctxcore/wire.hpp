@@ -27,6 +27,7 @@ struct TraceEntry {
   double score = 0.0;
   double relevance = 0.0;
   bool recounted = false;
+  std::string_view signal;  // the dominant signal of a fused value; empty when none
 };
 
 // Appends `value` as a base-128 varint.
