@@ -46,8 +46,9 @@ TEST(Wire, FieldsComeInNumberOrderAndDefaultsAreLeftOut) {
   e.tokens = 300;
   e.score = 1.0;  // 0x3FF0000000000000, little-endian
   e.recounted = true;
-  const std::string want = std::string("\x42\x19", 2) + "\x0a\x02m1" + "\x10\x03" + "\x1a\x03hot" + "\x20\xac\x02" +
-                           std::string("\x29\x00\x00\x00\x00\x00\x00\xf0\x3f", 9) + "\x38\x01";
+  e.signal = "vector";
+  const std::string want = std::string("\x42\x21", 2) + "\x0a\x02m1" + "\x10\x03" + "\x1a\x03hot" + "\x20\xac\x02" +
+                           std::string("\x29\x00\x00\x00\x00\x00\x00\xf0\x3f", 9) + "\x38\x01" + "\x42\x06vector";
   EXPECT_EQ(encoded(e), want);
   EXPECT_EQ(ctxcore::wire::trace_entry_size(e), want.size() - 2);
 }
