@@ -4,10 +4,16 @@ The first stage of an assembly (request -> budget -> retrieval -> scoring -> pac
 format). Every obligation is paid from the model's context window before memory gets
 anything::
 
-    usable = context_window - response_reserve - safety_buffer - directive_tokens
-             - messages_tokens - tool_schema_tokens - formatter_overhead_tokens  (>= 0)
+    usable = min(context_window - response_reserve, token_budget) - safety_buffer
+             - directive_tokens - messages_tokens - tool_schema_tokens
+             - formatter_overhead_tokens                                     (>= 0)
     response_reserve = min(max_output_tokens, clamp(ceil(0.15 * window), 500, 4096))
-    safety_buffer    = ceil(window * the tokenizer policy's safety fraction)
+    safety_buffer    = ceil(base * the tokenizer policy's safety fraction)
+    base             = min(context_window - response_reserve, token_budget), or the
+                       window when no token budget binds
+
+where ``token_budget`` is the caller's optional cap on the whole payload (every part but
+the response), independent of the window: a payload priced this way never exceeds it.
 
 and a budget whose usable part is below 256 tokens is marked constrained. The fraction and
 bounds are a `BudgetPolicy`; the window, output limit and safety fraction come from the
@@ -34,6 +40,7 @@ __all__ = [
     "RESPONSE_MIN",
     "Budget",
     "BudgetPolicy",
+    "check_token_budget",
     "compute_budget",
 ]
 
@@ -125,6 +132,9 @@ class Budget:
         shortfall: how far the obligations exceed the window (0 when they fit).
         usable: what is left for memories, >= 0.
         constrained: usable < the policy's ``constrained_below`` (256 by default).
+        token_budget: the caller's cap on the whole payload, or None. When it binds (it
+            is below ``context_window - response_reserve``), the payload's terms and
+            the safety buffer are paid from it instead of from the window.
 
     >>> b = compute_budget("gpt-4", directive_tokens=300, messages_tokens=1200)
     >>> (b.response_reserve, b.safety_buffer, b.usable, b.constrained)
@@ -146,6 +156,7 @@ class Budget:
     shortfall: int
     usable: int
     constrained: bool
+    token_budget: int | None = None
 
     @property
     def usable_count(self) -> TokenCount:
@@ -178,6 +189,7 @@ class Budget:
             "shortfall": self.shortfall,
             "usable": self.usable,
             "constrained": self.constrained,
+            "token_budget": self.token_budget,
         }
 
 
@@ -205,6 +217,7 @@ def compute_budget(
     formatter_overhead_tokens: int | TokenCount = 0,
     catalog: Catalog | None = None,
     policy: BudgetPolicy | None = None,
+    token_budget: int | None = None,
 ) -> Budget:
     """Divide a model's context window and return what is left for memories.
 
@@ -216,6 +229,8 @@ def compute_budget(
         formatter_overhead_tokens: the formatter's fixed overhead, estimated before packing.
         catalog: where to look the model up; the shipped catalog by default.
         policy: the response-reserve and constrained settings; `BudgetPolicy()` by default.
+        token_budget: a cap on the whole payload (directive, messages, tools, formatting
+            and memories), an int >= 1, or None for the window alone.
 
     Returns:
         A `Budget` with every term, ``usable`` (clamped at 0) and ``constrained``.
@@ -223,13 +238,17 @@ def compute_budget(
     Raises:
         UnknownModel: the name is not in the catalog (with close matches).
         TokenizerMismatch: a `TokenCount` term is of another family or kind than the model's.
-        TypeError, ValueError: a term is not an int / `TokenCount`, or is negative.
+        TypeError, ValueError: a term is not an int / `TokenCount`, or is negative; the
+            token budget is not an int >= 1.
 
     >>> b = compute_budget("gpt-4o", directive_tokens=1500, messages_tokens=6000)
     >>> (b.response_reserve, b.safety_buffer, b.usable)
     (4096, 640, 115764)
     >>> compute_budget("gpt-4", messages_tokens=7000).usable
     0
+    >>> b = compute_budget("gpt-4o", directive_tokens=100, token_budget=2000)
+    >>> (b.safety_buffer, b.usable)
+    (10, 1890)
     """
     if isinstance(model_or_capability, ModelCapability):
         cap = model_or_capability
@@ -256,9 +275,15 @@ def compute_budget(
             ),
         )
     )
+    check_token_budget(token_budget)
     reserve = policy.response_reserve(cap.context_window, cap.max_output_tokens)
-    safety = _ceil_product(cap.context_window, cap.safety_fraction)
-    remaining = cap.context_window - reserve - safety - sum(values.values())
+    room = cap.context_window - reserve
+    if token_budget is not None and token_budget < room:
+        safety = _ceil_product(token_budget, cap.safety_fraction)
+        room = token_budget
+    else:
+        safety = _ceil_product(cap.context_window, cap.safety_fraction)
+    remaining = room - safety - sum(values.values())
     usable = max(0, remaining)
     return Budget(
         model=cap.name,
@@ -276,4 +301,21 @@ def compute_budget(
         shortfall=max(0, -remaining),
         usable=usable,
         constrained=usable < policy.constrained_below,
+        token_budget=token_budget,
     )
+
+
+def check_token_budget(token_budget: object) -> None:
+    """Raise unless ``token_budget`` is None or an int >= 1 (a cap on a payload's tokens).
+
+    >>> check_token_budget(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: token_budget must be an int >= 1 or None, got 0
+    """
+    if token_budget is None:
+        return
+    if isinstance(token_budget, bool) or not isinstance(token_budget, int):
+        raise TypeError(f"token_budget must be an int >= 1 or None, got {type(token_budget).__name__}")
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be an int >= 1 or None, got {token_budget!r}")

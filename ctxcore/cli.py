@@ -307,6 +307,7 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
         req = AssemblyRequest(
             args.org, args.agent, args.model, Query(args.query), messages=_read_messages(args.messages),
             options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format),
+            token_budget=args.token_budget,
         )
         ctx = asyncio.run(run(req))
     except LookupError as exc:
@@ -368,7 +369,10 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
     p.add_argument("--query", default=DEMO_QUERY if demo else None, required=not demo, help="what the request is about")
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
-    p.add_argument("--max-memories", type=_positive_int, default=64, help="most memories per branch and in the context")
+    p.add_argument("--max-memories", type=_positive_int, default=None,
+                   help="most memories in the context (default: no count cap, the token budget decides)")
+    p.add_argument("--token-budget", type=_positive_int, default=None, metavar="N",
+                   help="a cap on the whole payload in the model's tokens (default: the model's window)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
     p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
                    help="text (the context as one string), or the OpenAI / Anthropic request payload "

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from .budget import check_token_budget
 from .memory import MAX_RETRIEVAL_LIMIT, Query, Scope
 from .scoring import COMPONENTS, ValueModel
 
@@ -600,6 +601,11 @@ class AssemblyOptions:
 class AssemblyRequest:
     """Everything one assembly needs from the caller.
 
+    ``token_budget`` caps the whole assembled payload (directive, messages, tools,
+    formatting and memories) in the model's tokens, independent of its window: the
+    payload's count never exceeds it; history is trimmed oldest first (tool calls with
+    their results) to make room, and the result's ``history_dropped`` says what went.
+
     >>> r = AssemblyRequest("org-1", "agent-7", "gpt-4o", Query("what is our refund policy?"))
     >>> r.scope
     Scope(organization_id='org-1', agent_id='agent-7')
@@ -612,6 +618,7 @@ class AssemblyRequest:
     messages: tuple[Message, ...] = ()
     tools: tuple[Mapping[str, Any], ...] = ()
     options: AssemblyOptions = field(default_factory=AssemblyOptions)
+    token_budget: int | None = None
 
     if TYPE_CHECKING:
         # What callers may pass (the generated __init__ converts): any sequence (a list,
@@ -626,10 +633,12 @@ class AssemblyRequest:
             messages: Sequence[Message | Mapping[str, Any]] = (),
             tools: Sequence[Mapping[str, Any]] = (),
             options: AssemblyOptions = ...,
+            token_budget: int | None = None,
         ) -> None: ...
 
     def __post_init__(self) -> None:
         Scope(self.organization_id, self.agent_id)  # validates both ids
+        check_token_budget(self.token_budget)
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")
         if isinstance(self.query, str):

@@ -46,6 +46,14 @@ def _turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
 
 
 def _overflow_message(budget: Budget) -> str:
+    tb = budget.token_budget
+    if tb is not None and tb < budget.context_window - budget.response_reserve:
+        return (
+            f"the request does not fit its token budget of {tb}: directive {budget.directive_tokens} + messages "
+            f"{budget.messages_tokens} + tools {budget.tool_schema_tokens} + formatting "
+            f"{budget.formatter_overhead_tokens} + safety buffer {budget.safety_buffer} exceed it by "
+            f"{budget.shortfall} tokens"
+        )
     return (
         f"the request does not fit {budget.model}'s {budget.context_window}-token window: "
         f"directive {budget.directive_tokens} + messages {budget.messages_tokens} + tools "

@@ -4,8 +4,10 @@ overflow and trimming decisions), and the budget once the directive is known.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -90,27 +92,34 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
     groups = _turn_groups(request.messages)
     last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
     droppable = [g for g in groups if not g[0] <= last_user < g[1]]
-    if request.options.history_policy == HistoryPolicy.STRICT:
-        droppable = []
-    prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
     if payload is None:
         fixed = ledger.frame_and_directive(None, bool(history), tools_json is not None)[0]
     else:
         fixed = payload.fixed_tokens
-    budget = compute_budget(
-        lcap,
-        messages_tokens=int(message_costs.sum()),
-        tool_schema_tokens=tools_tokens,
-        formatter_overhead_tokens=fixed,
-        policy=cfg.budget_policy,
-    )
+    of = functools.partial(compute_budget, lcap, messages_tokens=int(message_costs.sum()),
+                           tool_schema_tokens=tools_tokens, formatter_overhead_tokens=fixed,
+                           policy=cfg.budget_policy)
+    budget = of(token_budget=request.token_budget)
+    strict = _strict(request, of)
+    if strict:
+        droppable = []
+    prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
     most = int(prefix[-1]) if prefix.size else 0
     if budget.shortfall > most:
-        if request.options.history_policy == HistoryPolicy.STRICT:
+        if strict:
             raise ContextOverflow(_overflow_message(budget), budget)
         raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
     return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
                  time.perf_counter(), payload)
+
+
+def _strict(request: AssemblyRequest, window_only: Callable[[], Budget]) -> bool:
+    """Whether an overflow refuses the request instead of trimming history: under the
+    strict policy, unless only the caller's token budget (not the window) is exceeded --
+    a turn never fails for its token budget, history makes room for it."""
+    if request.options.history_policy != HistoryPolicy.STRICT:
+        return False
+    return request.token_budget is None or window_only().shortfall > 0
 
 
 def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[int, int, int]:
@@ -133,19 +142,15 @@ def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: A
     drops, and the directive's tokens and framing. Raises `ContextOverflow` as `_plan`."""
     fixed, directive_tokens, directive_framing = _directive_share(plan, directive, plan.cap.name)
     messages_tokens = int(plan.message_costs.sum())
-    budget = compute_budget(
-        plan.cap,
-        directive_tokens=directive_tokens,
-        messages_tokens=messages_tokens,
-        tool_schema_tokens=plan.tools_tokens,
-        formatter_overhead_tokens=fixed,
-        policy=cfg.budget_policy,
-    )
+    of = functools.partial(compute_budget, plan.cap, directive_tokens=directive_tokens,
+                           messages_tokens=messages_tokens, tool_schema_tokens=plan.tools_tokens,
+                           formatter_overhead_tokens=fixed, policy=cfg.budget_policy)
+    budget = of(token_budget=request.token_budget)
     kept_idx: list[int] = list(range(len(plan.history)))
     dropped: list[HistoryDrop] = []
     if budget.shortfall > 0:
         most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
-        if request.options.history_policy == HistoryPolicy.STRICT:
+        if _strict(request, of):
             raise ContextOverflow(_overflow_message(budget), budget)
         if budget.shortfall > most:
             raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
@@ -158,5 +163,6 @@ def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: A
             tool_schema_tokens=plan.tools_tokens,
             formatter_overhead_tokens=fixed,
             policy=cfg.budget_policy,
+            token_budget=request.token_budget,
         )
     return budget, kept_idx, dropped, directive_tokens, directive_framing

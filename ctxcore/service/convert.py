@@ -24,7 +24,7 @@ from .. import _core
 from ..assembly.trace import _TRACE_REASONS, _TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
-from ..memory import FULLTEXT_RELEVANCE_SENTINEL, Query, Scope, _unicode
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, _unicode
 from ..errors import UnknownModel
 from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
@@ -382,6 +382,13 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
         if o.max_memories > MAX_MEMORIES_LIMIT:
             raise _bad("options.max_memories", f"must be <= max_memories = {MAX_MEMORIES_LIMIT}, got {o.max_memories}")
         kw["max_memories"] = o.max_memories
+    if o.HasField("pool"):
+        if o.pool > MAX_RETRIEVAL_LIMIT:
+            raise _bad("options.pool", f"must be <= {MAX_RETRIEVAL_LIMIT}, got {o.pool}")
+        kw["pool"] = o.pool
+    if o.value_model not in ("", "fused", "interim"):
+        raise _bad("options.value_model", f"must be 'fused' or 'interim', got {quote(o.value_model[:40])}")
+    kw["value_model"] = o.value_model or "fused"
     if len(o.pinned_memory_ids) > MAX_MEMORIES_LIMIT:
         raise _too_many("options.pinned_memory_ids", len(o.pinned_memory_ids), "max_pinned_memory_ids")
     for i, mid in enumerate(o.pinned_memory_ids):
@@ -444,8 +451,11 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
             raise _bad(f"tools_json[{i}]", f"must be a JSON object, got {type(obj).__name__}")
         tools.append(obj)
     options = _options(msg.options) if msg.HasField("options") else AssemblyOptions()
+    token_budget = msg.token_budget if msg.HasField("token_budget") else None
+    if token_budget is not None and token_budget < 1:
+        raise _bad("token_budget", f"must be >= 1 when set, got {token_budget}")
     try:
-        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options)
+        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options, token_budget)
     except (TypeError, ValueError) as exc:
         raise _bad("request", str(exc)[:200]) from None
 

@@ -15,7 +15,8 @@ from typing import Any, TypeVar, cast
 
 from ..budget import Budget
 from ..catalog import ModelCapability
-from ..request import AssemblyRequest, Message, ToolCall
+from ..request import DEFAULT_POOL, AssemblyRequest, Message, ToolCall
+from ..scoring import ValueModel
 from ..tokens import TokenKind
 from ..v1 import context_assembly_pb2 as pb
 
@@ -140,13 +141,21 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
     o = req.options
     opts = pb.AssemblyOptions(
         weights=dict(o.weights or {}),
-        max_memories=o.max_memories,
         pinned_memory_ids=sorted(o.pinned_memory_ids),
         history_policy=enum_to_proto(o.history_policy, pb.HistoryPolicy, "HISTORY_POLICY"),
         context_enabled=o.context_enabled,
         skip_memory=o.skip_memory,
         rendering=enum_to_proto(o.rendering, pb.Rendering, "RENDERING"),
     )
+    if o.max_memories is not None:
+        opts.max_memories = o.max_memories
+    if o.pool != DEFAULT_POOL:
+        opts.pool = o.pool
+    if o.value_model == "interim":
+        opts.value_model = "interim"
+    elif o.value_model != ValueModel():
+        raise ValueError("a ValueModel with other parameters than the defaults cannot cross the wire: "
+                         "the service runs 'fused' (the defaults) or 'interim'")
     if o.relevance_floor is not None:
         opts.relevance_floor = o.relevance_floor
     if o.min_similarity is not None:
@@ -159,6 +168,7 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
         messages=[message_to_proto(m) for m in req.messages],
         tools_json=[json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools],
         options=opts,
+        token_budget=req.token_budget,
     )
 
 
@@ -166,6 +176,8 @@ def budget_to_proto(b: Budget) -> pb.Budget:
     """The wire form of a `Budget`."""
     rec = b.record()
     rec["estimate_kind"] = enum_to_proto(b.estimate_kind, pb.EstimateKind, "ESTIMATE_KIND")
+    if rec["token_budget"] is None:
+        del rec["token_budget"]
     return pb.Budget(**rec)
 
 
@@ -193,6 +205,7 @@ def budget_from_proto(m: pb.Budget) -> Budget:
         shortfall=m.shortfall,
         usable=m.usable,
         constrained=m.constrained,
+        token_budget=m.token_budget if m.HasField("token_budget") else None,
     )
 
 

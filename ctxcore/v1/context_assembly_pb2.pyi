@@ -141,7 +141,7 @@ class Query(_message.Message):
     def __init__(self, text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AssemblyOptions(_message.Message):
-    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory", "rendering")
+    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory", "rendering", "pool", "value_model")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,8 @@ class AssemblyOptions(_message.Message):
     CONTEXT_ENABLED_FIELD_NUMBER: _ClassVar[int]
     SKIP_MEMORY_FIELD_NUMBER: _ClassVar[int]
     RENDERING_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_MODEL_FIELD_NUMBER: _ClassVar[int]
     weights: _containers.ScalarMap[str, float]
     relevance_floor: float
     min_similarity: float
@@ -167,10 +169,12 @@ class AssemblyOptions(_message.Message):
     context_enabled: bool
     skip_memory: bool
     rendering: Rendering
-    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ...) -> None: ...
+    pool: int
+    value_model: str
+    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., pool: _Optional[int] = ..., value_model: _Optional[str] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
-    __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options")
+    __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options", "token_budget")
     ORGANIZATION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +182,7 @@ class AssembleContextRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     organization_id: str
     agent_id: str
     model: str
@@ -185,7 +190,8 @@ class AssembleContextRequest(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     tools_json: _containers.RepeatedScalarFieldContainer[str]
     options: AssemblyOptions
-    def __init__(self, organization_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[AssemblyOptions, _Mapping]] = ...) -> None: ...
+    token_budget: int
+    def __init__(self, organization_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[AssemblyOptions, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class ComputeBudgetRequest(_message.Message):
     __slots__ = ("model", "directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens")
@@ -248,7 +254,7 @@ class GetModelCapabilitiesResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelCapability, _Mapping]]] = ..., tokenizer_policies: _Optional[_Iterable[_Union[TokenizerPolicy, _Mapping]]] = ..., catalog_source: _Optional[str] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("model", "tokenizer_family", "estimate_kind", "context_window", "max_output_tokens", "response_reserve", "safety_fraction", "safety_buffer", "directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens", "shortfall", "usable", "constrained")
+    __slots__ = ("model", "tokenizer_family", "estimate_kind", "context_window", "max_output_tokens", "response_reserve", "safety_fraction", "safety_buffer", "directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens", "shortfall", "usable", "constrained", "token_budget")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FAMILY_FIELD_NUMBER: _ClassVar[int]
     ESTIMATE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +270,7 @@ class Budget(_message.Message):
     SHORTFALL_FIELD_NUMBER: _ClassVar[int]
     USABLE_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     model: str
     tokenizer_family: str
     estimate_kind: EstimateKind
@@ -279,7 +286,8 @@ class Budget(_message.Message):
     shortfall: int
     usable: int
     constrained: bool
-    def __init__(self, model: _Optional[str] = ..., tokenizer_family: _Optional[str] = ..., estimate_kind: _Optional[_Union[EstimateKind, str]] = ..., context_window: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., response_reserve: _Optional[int] = ..., safety_fraction: _Optional[float] = ..., safety_buffer: _Optional[int] = ..., directive_tokens: _Optional[int] = ..., messages_tokens: _Optional[int] = ..., tool_schema_tokens: _Optional[int] = ..., formatter_overhead_tokens: _Optional[int] = ..., shortfall: _Optional[int] = ..., usable: _Optional[int] = ..., constrained: _Optional[bool] = ...) -> None: ...
+    token_budget: int
+    def __init__(self, model: _Optional[str] = ..., tokenizer_family: _Optional[str] = ..., estimate_kind: _Optional[_Union[EstimateKind, str]] = ..., context_window: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., response_reserve: _Optional[int] = ..., safety_fraction: _Optional[float] = ..., safety_buffer: _Optional[int] = ..., directive_tokens: _Optional[int] = ..., messages_tokens: _Optional[int] = ..., tool_schema_tokens: _Optional[int] = ..., formatter_overhead_tokens: _Optional[int] = ..., shortfall: _Optional[int] = ..., usable: _Optional[int] = ..., constrained: _Optional[bool] = ..., token_budget: _Optional[int] = ...) -> None: ...
 
 class Section(_message.Message):
     __slots__ = ("name", "text")
