@@ -32,6 +32,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index.core",),
     "bench": ("pytest_benchmark", "markupsafe", "matplotlib"),
+    "wordllama": ("wordllama",),
+    "sentence-transformers": ("sentence_transformers",),
 }
 
 

@@ -380,6 +380,25 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--plot", metavar="FILE", type=_plot_file, help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
 
 
+def _embedder(spec: str) -> Any:
+    """The embedder a ``--embedder`` value names (None for ``none``)."""
+    from .stores import HashingEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder, WordLlamaEmbedder
+
+    kind, _, arg = spec.partition(":")
+    if kind == "none" and not arg:
+        return None
+    if kind == "hashing" and not arg:
+        return HashingEmbedder()
+    if kind == "wordllama" and not arg:
+        return WordLlamaEmbedder()
+    if kind == "sentence-transformers" and arg:
+        return SentenceTransformerEmbedder(arg)
+    if kind == "openai" and arg:
+        return OpenAIEmbedder(arg)
+    raise CliError(f"--embedder {spec!r}: not an embedder (hashing, wordllama, sentence-transformers:PATH, "
+                   "openai:MODEL or none)")
+
+
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
     from .stores import is_postgres_url
@@ -389,7 +408,7 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     db = Path(args.db)
     created = not is_postgres_url(args.db) and not db.exists()
     try:
-        embedder = HashingEmbedder() if args.embedder == "hashing" else None
+        embedder = _embedder(args.embedder)
         if is_postgres_url(args.db):
             from .stores.postgres_cli import open_cli_store
 
@@ -489,9 +508,11 @@ def _add_memories_add(mem: Any) -> None:
     ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
                     'and directives {"type": "directive", organization_id, agent_id?, text} (\'-\': stdin)')
     ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
-    ma.add_argument("--embedder", choices=("hashing", "none"), default="hashing",
-                    help="embed memories that carry no embedding with the offline hashing embedder (default) "
-                    "or not at all; use none when the file carries your own model's embeddings")
+    ma.add_argument("--embedder", default="hashing", metavar="NAME",
+                    help="embed memories that carry no embedding: hashing (offline, lexical; the default), "
+                    "wordllama (offline, semantic: pip install 'ctxcore-llm[wordllama]'), "
+                    "sentence-transformers:PATH (a local model directory), openai:MODEL (an OpenAI-compatible "
+                    "endpoint: $OPENAI_BASE_URL, key in $OPENAI_API_KEY), or none (the file carries embeddings)")
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
     ma.add_argument("--on-conflict", choices=("error", "skip", "replace"), default="error",
                     help="a memory whose id is already stored: fail the whole file (default), keep the stored "

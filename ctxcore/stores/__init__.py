@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .embedders import EmbedderError, OpenAIEmbedder, SentenceTransformerEmbedder, WordLlamaEmbedder, embedder_from_name
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
 from .ingest import DEMO_DATASET, IngestReport, ingest_jsonl, load_demo, read_jsonl
@@ -65,7 +66,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "Directive",
     "Embedder",
+    "EmbedderError",
     "HashingEmbedder",
+    "OpenAIEmbedder",
+    "SentenceTransformerEmbedder",
+    "WordLlamaEmbedder",
+    "embedder_from_name",
     "HttpMemorySource",
     "IngestReport",
     "InvalidMemory",

@@ -8,7 +8,8 @@ import sqlite3
 from collections.abc import Callable
 
 from ...memory import Scope
-from ..embedding import Embedder, HashingEmbedder
+from ..embedders import embedder_from_name
+from ..embedding import Embedder
 from ..errors import MemoryStoreError
 from .fulltext import FTS_TOKENIZER, _fts_body
 
@@ -173,7 +174,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
         if embedder is None and row is not None:
             # Opened without an embedder: use the one the database was built with,
             # when it is one ctxcore can rebuild (queries then get embeddings too).
-            embedder = HashingEmbedder.from_name(row[0])
+            embedder = embedder_from_name(row[0])
         elif embedder is not None:
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('embedder', ?)", (embedder.name,))

