@@ -136,7 +136,23 @@ def user_dir(tmp_path: Path) -> Path:
 
 def test_the_plugin_is_a_pytest11_entry_point() -> None:
     eps = {ep.name: ep.value for ep in entry_points(group="pytest11")}
-    assert eps.get("ctxcore") == "ctxcore.benchmarking.pytest_plugin"
+    assert eps.get("ctxcore") == "ctxcore_pytest"
+
+
+def test_a_session_without_gates_imports_neither_ctxcore_nor_numpy(tmp_path: Path) -> None:
+    (tmp_path / "test_plain.py").write_text(textwrap.dedent("""
+        import sys
+
+        def test_nothing_heavy_is_loaded():
+            loaded = {m for m in sys.modules if m.split(".")[0] in ("ctxcore", "numpy")}
+            assert not loaded, sorted(loaded)
+    """), encoding="utf-8")
+    proc = _pytest(tmp_path, "test_plain.py")
+    out = proc.stdout + proc.stderr
+    assert _outcomes(out) == {"test_nothing_heavy_is_loaded": "PASSED"}, out
+    # The marker is still described, from the light module.
+    markers = _pytest(tmp_path, "--markers")
+    assert "ctxcore_gate(p99_ms=None" in markers.stdout
 
 
 def test_gates_pass_on_generous_bounds_and_fail_on_impossible_ones(user_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """ctxcore's latency gates as a pytest plugin, on top of pytest-benchmark.
 
-Registered through the ``pytest11`` entry point ``ctxcore``, so installing ctxcore makes
-it available; it does nothing unless a test asks for the ``ctxcore_gate`` fixture (it adds
+The ``pytest11`` entry point ``ctxcore`` (the light `ctxcore_pytest` module, which loads
+this one when a test asks for a gate) makes it available once ctxcore is installed; it does nothing unless a test asks for the ``ctxcore_gate`` fixture (it adds
 the ``ctxcore_gate`` marker's description, and a summary section only when a gate ran).
 Without pytest-benchmark (``pip install 'ctxcore-llm[bench]'``, or when disabled with ``-p
 no:benchmark``) it still loads, and a test that asks for a gate fails saying what is missing.
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from ctxcore_pytest import MARKER, RESULTS as _RESULTS
 
 from .gates import (
     DEFAULT_REFERENCE_ROUNDS,
@@ -51,10 +52,7 @@ from .references import MARKUPSAFE, NUMPY_DP, PACK_ONLY, columns_of, markupsafe_
 
 __all__ = ["MARKER", "Gated", "LatencyGate"]
 
-#: The marker's and the fixture's name.
-MARKER = "ctxcore_gate"
 _SETTINGS = ("p99_ms", "median_ms", "max_ratio", "rounds", "warmup", "reference_rounds")
-_RESULTS = pytest.StashKey[list[tuple[str, StageResult]]]()
 #: A reference argument: True for the stage's own, False/None for none, or a call.
 ReferenceArg = bool | Callable[[], object] | None
 
@@ -253,41 +251,8 @@ class LatencyGate:
         return Gated(value, result)
 
 
-class _Gates:
-    """Registered when pytest-benchmark is there: the fixture builds on its ``benchmark``."""
-
-    @pytest.fixture
-    def ctxcore_gate(self, request: pytest.FixtureRequest, benchmark: Any) -> LatencyGate:
-        """Latency gates on ctxcore's stages (see `LatencyGate`)."""
-        return LatencyGate(request, benchmark)
-
-
-class _NoBenchmark:
-    """Registered without pytest-benchmark: asking for a gate fails and says why."""
-
-    @pytest.fixture
-    def ctxcore_gate(self) -> LatencyGate:
-        """Latency gates need pytest-benchmark."""
-        pytest.fail("the ctxcore_gate fixture builds on pytest-benchmark, which is not installed or is disabled "
-                    "(-p no:benchmark): pip install 'ctxcore-llm[bench]'", pytrace=False)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Describe the marker and register the fixture (with or without pytest-benchmark)."""
-    config.addinivalue_line(
-        "markers",
-        f"{MARKER}(p99_ms=None, median_ms=None, max_ratio=None, rounds={DEFAULT_ROUNDS}, warmup={DEFAULT_WARMUP}, "
-        f"reference_rounds={DEFAULT_REFERENCE_ROUNDS}): default bounds for the ctxcore_gate fixture in this test",
-    )
-    plugin = _Gates() if config.pluginmanager.hasplugin("benchmark") else _NoBenchmark()
-    config.pluginmanager.register(plugin, "ctxcore-gates")
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """A "ctxcore latency gates" section: percentiles and verdicts of every gate that ran."""
-    results = config.stash.get(_RESULTS, [])
-    if not results:
-        return
+def write_summary(terminalreporter: Any, results: Sequence[tuple[str, StageResult]]) -> None:
+    """The "ctxcore latency gates" section: percentiles and verdicts of every gate that ran."""
     tr = terminalreporter
     tr.write_sep("-", "ctxcore latency gates")
     width = max(len(n) for n, _ in results)
