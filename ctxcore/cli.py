@@ -497,6 +497,7 @@ def _add_memories(sub: Any) -> None:
     actions = mem.add_subparsers(dest="action", required=True)
     _add_memories_add(actions)
     _add_memories_recount(actions)
+    _add_memories_reembed(actions)
     _add_memories_optimize(actions)
     from .stores.postgres_cli import add_lifecycle_subcommands  # init, delete, forget, stats
 
@@ -548,6 +549,41 @@ def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
         return {"updated": updated}, f"counted {updated} memories in {args.db}"
 
     return _on_sqlite_store(args, out, work)
+
+
+def _cmd_memories_reembed(args: argparse.Namespace, out: TextIO) -> int:
+    if args.db.startswith(("postgresql://", "postgres://")):
+        raise CliError("reembed runs on a SQLite store; a PostgreSQL store is re-embedded by loading it into a new "
+                       "database with the new embedder (`ctxcore memories add --embedder ...`)")
+    embedder = _embedder(args.embedder)
+    if embedder is None:
+        raise CliError("--embedder none: reembed needs an embedder")
+
+    def work(store: Any) -> tuple[dict[str, Any], str]:
+        before = store.embedder.name if store.embedder is not None else None
+        seen = [0]
+        with _progress(args, "memories") as bar:
+            def step(done: int, total: int) -> None:
+                bar.update(done - seen[0])
+                seen[0] = done
+
+            n = store.reembed(embedder, batch=args.batch, progress=step)
+        return ({"embedded": n, "embedder": embedder.name, "previous": before},
+                f"embedded {n} memories of {args.db} with {embedder.name}")
+
+    return _on_sqlite_store(args, out, work)
+
+
+def _add_memories_reembed(mem: Any) -> None:
+    mr = mem.add_parser("reembed", help="embed every memory again with another embedder (resumable)")
+    mr.add_argument("--db", required=True, help="the SQLite memory store")
+    mr.add_argument("--embedder", required=True, metavar="NAME",
+                    help="the new embedder (as for `memories add`: wordllama, hashing, sentence-transformers:PATH, "
+                    "openai:MODEL)")
+    mr.add_argument("--batch", type=_positive_int, default=256, help="memories per embedder call and transaction")
+    mr.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    mr.add_argument("--json", action="store_true", help="print one JSON document")
+    mr.set_defaults(func=_cmd_memories_reembed)
 
 
 def _add_memories_recount(mem: Any) -> None:

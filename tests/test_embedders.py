@@ -293,3 +293,80 @@ def test_memories_add_takes_an_embedder_by_name(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / "b.db"),
                           "--embedder", "word2vec"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--embedder 'word2vec'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---- re-embedding a store ------------------------------------------------------------------------
+
+class _Interrupting:
+    """An embedder that fails after `ok` batches (an interrupted run)."""
+
+    def __init__(self, inner: Any, ok: int) -> None:
+        self.inner, self.ok = inner, ok
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    def embed(self, text: str) -> Any:
+        return self.inner.embed(text)
+
+    def embed_batch(self, texts: list[str]) -> Any:
+        if self.ok == 0:
+            raise KeyboardInterrupt
+        self.ok -= 1
+        return self.inner.embed_batch(texts)
+
+
+def _scope_vectors(db: Path) -> dict[str, bytes | None]:
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        return dict(c.execute("SELECT id, embedding FROM memories").fetchall())
+
+
+def test_reembed_replaces_every_vector_and_resumes_after_an_interruption(tmp_path: Path,
+                                                                        wordllama: WordLlamaEmbedder) -> None:
+    db = tmp_path / "m.db"
+    texts = {f"m{i}": f"Memory {i}: my niece Clara visits on day {i} of the month." for i in range(50)}
+    texts["blank"] = "!!!"
+    with SqliteMemoryStore(db, embedder=HashingEmbedder(64)) as s:
+        s.add_many([NewMemory(k, ORG, AGENT, t) for k, t in texts.items()])
+        before = _scope_vectors(db)
+        with pytest.raises(KeyboardInterrupt):
+            s.reembed(_Interrupting(wordllama, ok=2), batch=10)
+        # Interrupted: nothing changed for readers, the store still answers with its embedder.
+        assert _scope_vectors(db) == before and s.embedder is not None and s.embedder.name.startswith("hashing")
+        with pytest.raises(MemoryStoreError, match="being re-embedded with 'wordllama"):
+            s.reembed(HashingEmbedder(32))
+        s.add(NewMemory("late", ORG, AGENT, "Added while the re-embedding was interrupted."))
+    with SqliteMemoryStore(db) as s:  # a new process resumes with the same embedder
+        seen: list[tuple[int, int]] = []
+        n = s.reembed(wordllama, batch=10, progress=lambda d, t: seen.append((d, t)))
+        assert n == 52 - 20 and seen[-1] == (52, 52)
+        assert s.embedder is wordllama
+        recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("my sister's daughter"), 3, 0.0))
+        assert recs and all(r.similarity is not None for r in recs if r.origin is ctxcore.MemoryOrigin.VECTOR)
+    after = _scope_vectors(db)
+    assert set(after) == set(texts) | {"late"}
+    for k, v in after.items():
+        want = wordllama.embed(texts.get(k, "Added while the re-embedding was interrupted."))
+        assert v is not None and np.allclose(np.frombuffer(v, dtype=np.float32), want, atol=1e-5), k
+    with SqliteMemoryStore(db) as s:
+        assert s.embedder is not None and s.embedder.name == wordllama.name
+    with pytest.raises(MemoryStoreError, match="hashing-v1/dim=64"):
+        SqliteMemoryStore(db, embedder=HashingEmbedder(64))
+
+
+def test_memories_reembed_on_the_command_line(tmp_path: Path) -> None:
+    src = tmp_path / "m.jsonl"
+    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
+                                         "text": f"fact {i} about the kettle"}) for i in range(30)) + "\n")
+    db = tmp_path / "m.db"
+    subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q"],
+                   check=True, capture_output=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "reembed", "--db", str(db), "--embedder",
+                          "wordllama", "--json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["embedded"] == 30 and doc["embedder"] == "wordllama/l2_supercat/dim=256"
+    assert doc["previous"].startswith("hashing-v1/")

@@ -391,6 +391,104 @@ class SqliteMemoryStore:
             # generation is older), and every read from now on sees the new text.
             self._directives.invalidate()
 
+    def reembed(self, embedder: Embedder, *, batch: int = 256,
+                progress: Callable[[int, int], None] | None = None) -> int:
+        """Embed every memory again with `embedder` and make it the store's embedder.
+
+        The new vectors go to a side table in one short write transaction per batch, so
+        the store keeps serving with its current embedder meanwhile; the last transaction
+        swaps them in, records the new embedder's name and dimension, and moves every
+        scope's write counter (cached vectors are read again, in every process). An
+        interrupted run resumes where it stopped when called again with the same
+        embedder (memories added meanwhile are embedded too); another embedder is refused
+        until that run completes. Memories stored with caller-supplied embeddings get the
+        new embedder's. `progress(done, total)` is called after each batch. Returns how
+        many memories were embedded by this call.
+
+        Raises:
+            MemoryStoreError: a re-embedding to another embedder is under way.
+        """
+        self._check_open()
+        if not isinstance(embedder, Embedder):
+            raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        w = self._writer
+        with self._write_lock:
+            w.execute("BEGIN IMMEDIATE")
+            try:
+                w.execute("CREATE TABLE IF NOT EXISTS reembed_vectors (memory_rowid INTEGER PRIMARY KEY, "
+                          "embedding BLOB)")
+                row = w.execute("SELECT value FROM meta WHERE key = 'reembed_to'").fetchone()
+                if row is not None and row[0] != embedder.name:
+                    raise MemoryStoreError(f"{self._path} is being re-embedded with {row[0]!r}: finish that run "
+                                           f"(`ctxcore memories reembed` with it) before {embedder.name!r}")
+                if row is None:
+                    w.execute("DELETE FROM reembed_vectors")
+                    w.execute("INSERT INTO meta VALUES ('reembed_to', ?)", (embedder.name,))
+                w.execute("COMMIT")
+            except BaseException:
+                if w.in_transaction:
+                    w.execute("ROLLBACK")
+                raise
+        embedded = 0
+        dim: int | None = None
+        while True:
+            with self._write_lock:
+                last = w.execute("SELECT coalesce(max(memory_rowid), 0) FROM reembed_vectors").fetchone()[0]
+                total = int(w.execute("SELECT count(*) FROM memories").fetchone()[0])
+                done = int(w.execute("SELECT count(*) FROM reembed_vectors").fetchone()[0])
+                rows = w.execute("SELECT rowid, text FROM memories WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                                 (last, batch)).fetchall()
+            if rows:
+                vecs = embed_many(embedder, [r[1] for r in rows])
+                for v in vecs:
+                    if v is not None:
+                        if dim is None:
+                            dim = v.size
+                        elif v.size != dim:
+                            raise MemoryStoreError(f"embedder {embedder.name!r} returned {v.size} dimensions after "
+                                                   f"{dim}")
+            with self._write_lock:
+                w.execute("BEGIN IMMEDIATE")
+                try:
+                    if rows:
+                        w.executemany("INSERT OR REPLACE INTO reembed_vectors VALUES (?, ?)",
+                                      [(r[0], None if v is None else v.tobytes()) for r, v in zip(rows, vecs)])
+                    elif w.execute("SELECT 1 FROM memories WHERE rowid > ? LIMIT 1", (last,)).fetchone() is None:
+                        self._swap_in(w, embedder, dim)
+                        w.execute("COMMIT")
+                        break
+                    w.execute("COMMIT")
+                except BaseException:
+                    if w.in_transaction:
+                        w.execute("ROLLBACK")
+                    raise
+            embedded += len(rows)
+            if progress is not None and rows:
+                progress(min(done + len(rows), total), total)
+        self._embedder = embedder
+        self._query_vectors = QueryVectors()
+        return embedded
+
+    def _swap_in(self, w: sqlite3.Connection, embedder: Embedder, dim: int | None) -> None:
+        """The last step of `reembed`, inside its transaction."""
+        if dim is None:
+            row = w.execute("SELECT embedding FROM reembed_vectors WHERE embedding IS NOT NULL LIMIT 1").fetchone()
+            dim = None if row is None else len(row[0]) // 4
+        w.execute("UPDATE memories SET embedding = (SELECT r.embedding FROM reembed_vectors r "
+                  "WHERE r.memory_rowid = memories.rowid)")
+        w.execute("INSERT OR REPLACE INTO meta VALUES ('embedder', ?)", (embedder.name,))
+        if dim is None:
+            w.execute("DELETE FROM meta WHERE key = 'embedding_dim'")
+        else:
+            w.execute("INSERT OR REPLACE INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
+        w.execute("UPDATE scopes SET version = version + 1, embedded = (SELECT count(*) FROM memories m "
+                  "WHERE m.organization_id = scopes.organization_id AND m.agent_id = scopes.agent_id "
+                  "AND m.embedding IS NOT NULL)")
+        w.execute("DELETE FROM meta WHERE key = 'reembed_to'")
+        w.execute("DROP TABLE reembed_vectors")
+
     def recount(self, families: Sequence[str] | None = None, *, batch: int = 2000) -> int:
         """Count every memory that lacks an exact count for one of `families` (default:
         every installed exact family) and store the counts: the backfill for a database
