@@ -124,8 +124,8 @@ class WordLlamaEmbedder:
         if isinstance(dim, bool) or dim not in (64, 128, 256):
             raise ValueError(f"dim must be 64, 128 or 256, got {dim!r:.40}")
         require("wordllama", "WordLlamaEmbedder")
-        import wordllama
-        from wordllama import WordLlama
+        import wordllama  # type: ignore[import-untyped,unused-ignore]
+        from wordllama import WordLlama  # type: ignore[import-untyped,unused-ignore]
 
         here = Path(wordllama.__file__).parent
         try:
@@ -194,7 +194,7 @@ class SentenceTransformerEmbedder:
             if not p.is_dir():
                 raise EmbedderError(f"no sentence-transformers model directory at {p}")
             require("sentence-transformers", "SentenceTransformerEmbedder")
-            from sentence_transformers import SentenceTransformer
+            from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found,unused-ignore]
 
             try:
                 model = SentenceTransformer(str(p), device=device, local_files_only=True)
