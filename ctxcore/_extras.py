@@ -34,6 +34,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "bench": ("pytest_benchmark", "markupsafe", "matplotlib"),
     "wordllama": ("wordllama",),
     "sentence-transformers": ("sentence_transformers",),
+    "eval": ("bm25s",),
 }
 
 

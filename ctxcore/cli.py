@@ -458,6 +458,78 @@ def _progress(args: argparse.Namespace, unit: str, total: int | None = None) -> 
         yield bar
 
 
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if not out or any(b <= 0 for b in out):
+        raise argparse.ArgumentTypeError(f"budgets must be positive token counts, got {text!r}")
+    return tuple(sorted(set(out)))
+
+
+def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    import asyncio
+    import logging
+
+    from .evaluation import LabelError, evaluate, plot_recall, read_labels
+    from .stores import MemoryStoreError, SqliteMemoryStore, is_postgres_url
+
+    try:
+        labels = read_labels(args.labels, organization_id=args.org, agent_id=args.agent)
+    except LabelError as exc:
+        raise CliError(str(exc)) from None
+
+    def run(store: Any) -> int:
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
+        report = asyncio.run(evaluate(store, labels, budgets=args.budget, model=args.model))
+        if args.plot:
+            from .benchmarking.plots import PlotError
+
+            try:
+                plot_recall(report, args.plot)
+            except PlotError as exc:
+                raise CliError(str(exc)) from None
+        if args.json:
+            json.dump(report.record(), out, indent=2)
+            out.write("\n")
+        else:
+            out.write(report.table() + "\n")
+        return 0
+
+    if is_postgres_url(args.db):
+        from .stores.postgres_cli import open_cli_store
+
+        with open_cli_store(args.db) as pg_store:
+            return run(pg_store)
+    if not Path(args.db).exists():
+        raise CliError(f"no database at {args.db}")
+    try:
+        store = SqliteMemoryStore(args.db)
+    except MemoryStoreError as exc:
+        raise CliError(str(exc)) from None
+    with store:
+        return run(store)
+
+
+def _add_eval(sub: Any) -> None:
+    from .evaluation import DEFAULT_EVAL_BUDGETS, DEFAULT_EVAL_MODEL
+
+    e = sub.add_parser("eval", help="evidence recall at equal spend: ctxcore against BM25, dense, their fusion "
+                                    "and recency on your store and labels")
+    e.add_argument("--db", required=True, help="the memory store (a SQLite file)")
+    e.add_argument("--labels", required=True,
+                   help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line")
+    e.add_argument("--budget", type=_budgets, default=DEFAULT_EVAL_BUDGETS,
+                   help="comma-separated spends in tokens (default: %(default)s)")
+    e.add_argument("--model", default=DEFAULT_EVAL_MODEL, help="the model whose tokens are charged (default: %(default)s)")
+    e.add_argument("--org", help="the organization of labels that name none")
+    e.add_argument("--agent", help="the agent of labels that name none")
+    e.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    e.add_argument("--plot", metavar="FILE", help="also draw recall against spend (.png, .svg or .pdf)")
+    e.set_defaults(func=_cmd_eval)
+
+
 def _add_pack(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack candidates from a JSON Lines file into a token budget")
     p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line ('-': stdin)")
@@ -631,6 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_assemble(sub)
     _add_demo(sub)
     _add_memories(sub)
+    _add_eval(sub)
     _add_bench(sub)
     from .service.cli import add_subcommands as _add_service_subcommands
 

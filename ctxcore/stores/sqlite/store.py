@@ -1135,6 +1135,26 @@ class SqliteMemoryStore:
 
         return self._write(run)
 
+    def memories(self, scope: Scope) -> MemoryBatch:
+        """Every memory of `scope`, oldest first (ties: first stored first), as a batch
+        without similarities: what an evaluation ranks its baselines over
+        (``ctxcore eval``). It reads the whole scope; the assembly never calls it.
+
+        >>> import tempfile, os
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db")) as s:
+        ...     _ = s.add_many([NewMemory("m1", "o", "a", "tea", created_at=2.0), NewMemory("m2", "o", "a", "jam", created_at=1.0)])
+        ...     list(s.memories(Scope("o", "a")).ids)
+        ['m2', 'm1']
+        """
+        self._check_open()
+        check_scope(scope)
+        rows = self._readers.connection().execute(
+            f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+            "ORDER BY created_at, memories.rowid",
+            (scope.organization_id, scope.agent_id),
+        ).fetchall()
+        return _batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
+
     def stats(self, organization_id: str | None = None) -> StoreStats:
         """Memories, embedded memories and stored tokens per scope (of one organization, or
         of the whole store), and the directive count.
