@@ -47,6 +47,8 @@ class PackOutput:
     def dominated(self) -> int: ...
     @property
     def free_items(self) -> int: ...
+    @property
+    def rank_order(self) -> bool: ...
 
 def pack_arrays(
     ids: Sequence[str],
@@ -58,6 +60,7 @@ def pack_arrays(
     cell_ceiling: int,
     search_node_limit: int,
     core_cell_limit: int,
+    rank_tolerance: float = ...,
 ) -> PackOutput: ...
 
 MIN_NONCE_HEX_DIGITS: int

@@ -180,6 +180,7 @@ class PackResult:
     search_nodes: int = field(repr=False, default=0)
     dominated: int = field(repr=False, default=0)
     free_items: int = field(repr=False, default=0)
+    rank_order: bool = field(repr=False, default=False)
     _candidate_ids: tuple[str, ...] = field(repr=False, default=())
     _tokens: npt.NDArray[np.int64] = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
     _scores: npt.NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
@@ -444,6 +445,7 @@ def pack_arrays(
     bucket_tokens: int = DEFAULT_BUCKET_TOKENS,
     cell_ceiling: int = DEFAULT_CELL_CEILING,
     search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
+    rank_tolerance: float = 0.0,
 ) -> PackResult:
     """Pack candidates given as parallel arrays: the fast path.
 
@@ -457,6 +459,10 @@ def pack_arrays(
         bucket_tokens: DP granularity in tokens.
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
+        rank_tolerance: in [0, 1). When > 0, the rank-order packing (by score, each
+            candidate that still fits) is kept unless the optimized packing's total score
+            exceeds it by more than this share (``rank_order`` says which was kept); 0
+            keeps the optimized packing.
 
     Returns:
         The `PackResult`; ``tokens_used <= budget`` always.
@@ -478,6 +484,9 @@ def pack_arrays(
     node_limit = _as_int(search_node_limit, "search_node_limit")
     if node_limit < 0:
         raise ValueError(f"search_node_limit must be >= 0, got {node_limit}")
+    if (isinstance(rank_tolerance, bool) or not isinstance(rank_tolerance, (int, float))
+            or not 0.0 <= rank_tolerance < 1.0):
+        raise ValueError(f"rank_tolerance must be a number in [0, 1), got {rank_tolerance!r:.40}")
 
     score_arr = _scores_array(scores)
     n = len(id_list)
@@ -497,7 +506,7 @@ def pack_arrays(
 
     out = _core.pack_arrays(
         id_list, tok_arr, score_arr, pin_arr, _to_int64(budget_int), _to_int64(bucket), _to_int64(ceiling), _to_int64(node_limit),
-        CORE_CELL_LIMIT,
+        CORE_CELL_LIMIT, float(rank_tolerance),
     )
     (tokens_used, total_score, upper_bound, path, evaluated, excluded, truncated, proven, dp_cells, nodes, dominated,
      free_items) = out.summary
@@ -523,6 +532,7 @@ def pack_arrays(
         search_nodes=nodes,
         dominated=dominated,
         free_items=free_items,
+        rank_order=out.rank_order,
         _candidate_ids=out.candidate_ids,
         _tokens=_frozen(tok_arr),
         _scores=_frozen(score_arr),

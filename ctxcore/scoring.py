@@ -371,6 +371,11 @@ DEFAULT_SHARPNESS = 8.0
 #: only one memory holds would otherwise outweigh every other signal).
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_Z_CAP = 8.0
+#: The packer keeps the rank-order packing (best value first, each memory that still fits)
+#: unless the knapsack's optimum is worth more than this share above it: the knapsack
+#: decides where the values differ materially, never by trading one memory for several
+#: shorter, barely valued ones in the tail of the ranking (docs/quality.md).
+DEFAULT_RANK_TOLERANCE = 0.01
 #: Candidates whose relevance is below this fraction of the request's best are dropped.
 DEFAULT_RELATIVE_FLOOR = 0.02
 #: Candidates whose fused relevance is below this are dropped, whatever the best is.
@@ -414,8 +419,10 @@ class ValueModel:
                 * recency factor
 
     where a missing importance counts 1 and the recency factor is
-    ``0.5 ** (age_days / recency_half_life_days)`` when a half-life is set, else 1. A
-    candidate is dropped when its relevance is below `absolute_floor` or below
+    ``0.5 ** (age_days / recency_half_life_days)`` when a half-life is set, else 1. The
+    packer keeps the rank-order packing of these values (best first, each memory that
+    still fits) unless the knapsack's optimum is worth more than `rank_tolerance` above
+    it (0: the knapsack's optimum always). A candidate is dropped when its relevance is below `absolute_floor` or below
     `relative_floor` times the best relevance of the request. (`ScoringConfig`'s
     relevance floor is the interim and weighted formulas' floor on similarity.)
 
@@ -440,6 +447,7 @@ class ValueModel:
     recency_half_life_days: float | None = None
     temperature: float = DEFAULT_TEMPERATURE
     z_cap: float = DEFAULT_Z_CAP
+    rank_tolerance: float = DEFAULT_RANK_TOLERANCE
 
     def __post_init__(self) -> None:
         try:
@@ -453,6 +461,10 @@ class ValueModel:
             object.__setattr__(self, name, _weight(name, getattr(self, name)))
         if self.fulltext_weight + self.vector_weight + self.recency_weight == 0:
             raise ConfigError("fulltext_weight, vector_weight and recency_weight may not all be 0")
+        tol = _weight("rank_tolerance", self.rank_tolerance)
+        if tol >= 1:
+            raise ConfigError(f"rank_tolerance must be in [0, 1), got {tol!r}")
+        object.__setattr__(self, "rank_tolerance", tol)
         for name in ("relative_floor", "absolute_floor", "importance_weight"):
             v = _weight(name, getattr(self, name))
             if v > 1:
@@ -478,6 +490,7 @@ class ValueModel:
             "recency_half_life_days": self.recency_half_life_days,
             "temperature": self.temperature,
             "z_cap": self.z_cap,
+            "rank_tolerance": self.rank_tolerance,
         }
 
 

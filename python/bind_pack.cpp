@@ -39,7 +39,8 @@ struct PackOutput {
 
 PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
                        const py::object& pinned, std::int64_t budget, std::int64_t bucket_tokens,
-                       std::int64_t cell_ceiling, std::int64_t search_node_limit, std::int64_t core_cell_limit) {
+                       std::int64_t cell_ceiling, std::int64_t search_node_limit, std::int64_t core_cell_limit,
+                       double rank_tolerance) {
   if (!py::isinstance<py::list>(ids) && !py::isinstance<py::tuple>(ids))
     throw py::type_error("ids must be a list or tuple of str");
   // A tuple of the ids holds a reference to each: the UTF-8 buffers below belong to the
@@ -88,7 +89,7 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
     // bool is one byte here; reading it through unsigned char is always allowed.
     in.pinned = {reinterpret_cast<const std::uint8_t*>(v.data), v.size};
   }
-  ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit};
+  ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit, rank_tolerance};
   PackOutput out;
   out.candidate_ids = id_tuple;
   {
@@ -154,11 +155,12 @@ void register_pack(py::module_& m) {
       .def_property_readonly("dp_cells", [](const PackOutput& o) { return o.r.dp_cells; })
       .def_property_readonly("search_nodes", [](const PackOutput& o) { return o.r.search_nodes; })
       .def_property_readonly("dominated", [](const PackOutput& o) { return o.r.dominated; })
-      .def_property_readonly("free_items", [](const PackOutput& o) { return o.r.free_items; });
+      .def_property_readonly("free_items", [](const PackOutput& o) { return o.r.free_items; })
+      .def_property_readonly("rank_order", [](const PackOutput& o) { return o.r.rank_order; });
 
   m.def("pack_arrays", &pack_arrays, py::arg("ids"), py::arg("tokens"), py::arg("scores"), py::arg("pinned"),
         py::arg("budget"), py::arg("bucket_tokens"), py::arg("cell_ceiling"), py::arg("search_node_limit"),
-        py::arg("core_cell_limit"),
+        py::arg("core_cell_limit"), py::arg("rank_tolerance") = 0.0,
         "Pack validated arrays. Private: call ctxcore.pack_arrays.");
 }
 

@@ -59,6 +59,8 @@ void validate_options(const PackOptions& opt) {
   if (opt.search_node_limit < 0)
     throw std::invalid_argument("search_node_limit must be >= 0, got " +
                                 std::to_string(opt.search_node_limit));
+  if (!(opt.rank_tolerance >= 0.0 && opt.rank_tolerance < 1.0))
+    throw std::invalid_argument("rank_tolerance must be in [0, 1), got " + std::to_string(opt.rank_tolerance));
 }
 
 // A hash of an id for the duplicate check: eight bytes at a time, multiply-xorshift mixed
@@ -1084,6 +1086,25 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
           chosen[p] = 1;
           used += pool.t[p];
         }
+      }
+    }
+    if (options.rank_tolerance > 0.0 && res.path != PackPath::Trivial) {
+      // The rank-order packing: the pool is in rank order; each candidate that still fits.
+      std::vector<char> ranked(pool.size(), 0);
+      std::int64_t room_left = pool.capacity;
+      double ranked_value = 0.0, chosen_total = 0.0;
+      for (std::size_t p = 0; p < pool.size(); ++p) {
+        if (chosen[p]) chosen_total += pool.v[p];
+        if (pool.t[p] <= room_left) {
+          ranked[p] = 1;
+          room_left -= pool.t[p];
+          ranked_value += pool.v[p];
+        }
+      }
+      if (ranked != chosen && ranked_value >= (1.0 - options.rank_tolerance) * chosen_total) {
+        chosen.swap(ranked);
+        res.rank_order = true;
+        res.proven_optimal = res.proven_optimal && ranked_value >= chosen_total;
       }
     }
     for (std::size_t p = 0; p < pool.size(); ++p)

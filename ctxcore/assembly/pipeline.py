@@ -156,13 +156,15 @@ async def assemble(
 
 
 def _pack(cols: _Columns, cand: npt.NDArray[np.intp], costs: npt.NDArray[np.int64], usable: int,
-          pins: frozenset[str] | Sequence[str] | None) -> PackResult:
-    """The knapsack over the candidates' priced costs and scores (pinned ones first)."""
+          pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float) -> PackResult:
+    """The knapsack over the candidates' priced costs and scores (pinned ones first),
+    keeping the rank-order packing within `rank_tolerance` of it (`ValueModel`)."""
     rows = cand.tolist()
     pinned = None
     if pins:
         pinned = np.fromiter((cols.ids[i] in pins for i in rows), dtype=bool, count=len(rows))
-    return pack_arrays(list(map(cols.ids.__getitem__, rows)), costs, cols.scores[cand], usable, pinned=pinned)
+    return pack_arrays(list(map(cols.ids.__getitem__, rows)), costs, cols.scores[cand], usable, pinned=pinned,
+                       rank_tolerance=rank_tolerance)
 
 
 def _finish(
@@ -205,7 +207,8 @@ def _finish(
     if cand.size:
         costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
                                                      cfg.packing_headroom_ms / 2)
-        pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids)
+        pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids,
+                            model.rank_tolerance if model is not None else 0.0)
         memory_total = int(pack_result.tokens_used)
         pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
         trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,

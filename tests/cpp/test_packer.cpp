@@ -435,3 +435,81 @@ TEST(Packer, ManyLargeItemsAreSolvedExactly) {
 }
 
 }  // namespace
+
+// ---- rank tolerance: the rank-order packing unless the optimum is materially better ----
+
+PackOptions tolerant(double tolerance) {
+  PackOptions o = opts();
+  o.rank_tolerance = tolerance;
+  return o;
+}
+
+TEST(PackerRankTolerance, KeepsTheRankOrderPackingWhenTheOptimumGainsLittle) {
+  // One long memory ranked first against two short ones that together are worth a little
+  // more: the knapsack takes the two, the rank order the long one.
+  Items it;
+  it.add("long", 100, 1.0);
+  it.add("short1", 50, 0.505);
+  it.add("short2", 50, 0.505);
+  const auto exact = ctxcore::pack(it.input(), 100, opts());
+  ASSERT_EQ(exact.indices.size(), 2U);
+  EXPECT_FALSE(exact.rank_order);
+  const auto r = ctxcore::pack(it.input(), 100, tolerant(0.05));
+  expect_consistent(it, 100, r);
+  EXPECT_TRUE(r.rank_order);
+  ASSERT_EQ(r.indices.size(), 1U);
+  EXPECT_EQ(r.indices[0], 0);
+  EXPECT_EQ(r.reasons[1], Reason::BudgetExhausted);
+  EXPECT_FALSE(r.proven_optimal);
+}
+
+TEST(PackerRankTolerance, TheOptimumWinsWhenItIsMateriallyBetter) {
+  Items it;
+  it.add("long", 100, 1.0);
+  it.add("short1", 50, 0.9);
+  it.add("short2", 50, 0.9);
+  const auto r = ctxcore::pack(it.input(), 100, tolerant(0.05));
+  expect_consistent(it, 100, r);
+  EXPECT_FALSE(r.rank_order);
+  EXPECT_EQ(r.indices.size(), 2U);
+  EXPECT_NEAR(r.total_score, 1.8, 1e-12);
+}
+
+TEST(PackerRankTolerance, TheRankOrderSkipsWhatNoLongerFitsAndKeepsPinnedFirst) {
+  Items it;
+  it.add("pin", 30, 0.1, true);
+  it.add("a", 50, 1.0);
+  it.add("b", 40, 0.99);  // does not fit after a: skipped
+  it.add("c", 20, 0.98);
+  const auto r = ctxcore::pack(it.input(), 100, tolerant(0.5));
+  expect_consistent(it, 100, r);
+  EXPECT_EQ(r.reasons[0], Reason::Pinned);
+  EXPECT_EQ(r.reasons[1], Reason::Selected);
+  EXPECT_EQ(r.reasons[2], Reason::BudgetExhausted);
+  EXPECT_EQ(r.reasons[3], Reason::Selected);
+  EXPECT_EQ(r.tokens_used, 100);
+}
+
+TEST(PackerRankTolerance, OutOfRangeToleranceIsRejected) {
+  Items it;
+  it.add("a", 10, 1.0);
+  for (double bad : {-0.1, 1.0, std::nan("")}) {
+    EXPECT_THROW(ctxcore::pack(it.input(), 100, tolerant(bad)), std::invalid_argument);
+  }
+}
+
+TEST(PackerRankTolerance, RandomPackingsStayWithinBudgetAndNearTheOptimum) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> tok(1, 60);
+  std::uniform_real_distribution<double> score(0.01, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    Items it;
+    const int n = 2 + trial % 12;
+    for (int i = 0; i < n; ++i) it.add("m" + std::to_string(i), tok(rng), score(rng));
+    const std::int64_t budget = 20 + trial % 150;
+    const double best = brute_force(it, budget);
+    const auto r = ctxcore::pack(it.input(), budget, tolerant(0.02));
+    expect_consistent(it, budget, r);
+    EXPECT_GE(r.total_score, (1.0 - 0.02) * best - 1e-9);
+  }
+}

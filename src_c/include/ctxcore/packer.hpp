@@ -64,6 +64,10 @@ struct PackOptions {
   std::int64_t cell_ceiling = 0;       // max DP cells (items x buckets), > 0
   std::int64_t search_node_limit = 0;  // branch-and-bound nodes, >= 0 (0 = no search)
   std::int64_t core_cell_limit = 0;    // exact core DP cells, >= 0 (0 = no core step)
+  // In [0, 1): when > 0, the rank-order packing (candidates by score, each that still
+  // fits) is kept unless the optimized packing is worth more than 1 / (1 - tolerance)
+  // times it. 0: the optimized packing always.
+  double rank_tolerance = 0.0;
 };
 
 enum class PackPath : std::uint8_t { Trivial = 0, Dp = 1, Greedy = 2 };
@@ -90,6 +94,7 @@ struct PackResult {
   std::int64_t tokens_used = 0;
   double total_score = 0.0;
   double upper_bound = 0.0;  // LP relaxation bound; total_score <= upper_bound
+  bool rank_order = false;   // the rank-order packing was kept (PackOptions::rank_tolerance)
   PackPath path = PackPath::Trivial;
   std::int64_t evaluated = 0;
   std::int64_t excluded_for_budget = 0;
