@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
 from pg_support import PgServer
 
-from ctxcore.memory import Query, Scope
+from ctxcore.memory import MemoryOrigin, Query, Scope
 from ctxcore.stores import (
     HashingEmbedder,
     MemoryStoreError,
@@ -242,12 +243,12 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
         with PostgresMemoryStore(target.app_url, migrate=False) as app:
             results[name] = [
                 [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
-                 if r.similarity is None] for q in queries]
+                 if r.origin is MemoryOrigin.FULLTEXT] for q in queries]
             # The stored embeddings moved to the partitioned vector table (migration 4), which
             # the app role was given too: the same vector hits and hot similarities.
             results[name + " vectors"] = [
                 [(r.id, round(float(r.similarity), 5)) for r in asyncio.run(app.cold(a, Query(t), 10, 0.3))
-                 if r.similarity is not None] for t in texts]
+                 if r.origin is MemoryOrigin.VECTOR] for t in texts]
             results[name + " hot"] = [(r.id, round(float(r.similarity), 5))
                                       for r in asyncio.run(app.hot(a, Query(texts[0]), 10))]
             assert app.flush_accesses() > 0  # and the read-time table
@@ -469,3 +470,42 @@ def test_warm_runs_the_reads_once_per_connection_without_reading_anything(pg_ser
             assert s.warm() == 0
             assert s.flush_accesses() == 0  # warming read nothing
             assert answers() == before
+
+
+def test_cold_returns_both_lists_with_both_signals_and_the_scope_statistics(pg_server: PgServer) -> None:
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    rng = random.Random(7)
+    vecs = [[rng.uniform(-1, 1) for _ in range(4)] for _ in range(30)]
+    mems = [NewMemory(f"m{k}", "acme", "support", f"note {k}" + (" kettle" if k % 3 == 0 else "")
+                      + (" descaling" if k == 9 else ""), embedding=vecs[k]) for k in range(30)]
+    mems.append(NewMemory("x", "acme", "sales", "kettle descaling", embedding=[1.0, 0.0, 0.0, 0.0]))
+    with PostgresMemoryStore(db.owner_url) as s:
+        s.add_many(mems)
+        q = [1.0, 0.0, 0.0, 0.0]
+        got = asyncio.run(s.cold(scope, Query("kettle descaling", tuple(q)), 5, 0.5))
+        vector = [r for r in got if r.origin is MemoryOrigin.VECTOR]
+        text = [r for r in got if r.origin is MemoryOrigin.FULLTEXT]
+        unit = [np.asarray(v) / np.linalg.norm(v) for v in vecs]
+        cos = {f"m{k}": float(u[0]) for k, u in enumerate(unit)}
+        assert [r.id for r in vector] == sorted((i for i, c in cos.items() if c >= 0.5), key=lambda i: -cos[i])[:5]
+        # The memory holding both words ranks first among the text hits; the rest hold
+        # "kettle" alone and score alike, newest first.
+        if "m9" not in {r.id for r in vector}:
+            assert text[0].id == "m9"
+        assert {r.id for r in text} <= {f"m{k}" for k in range(0, 30, 3)}
+        for r in got:
+            assert r.similarity == pytest.approx(cos[r.id], abs=1e-5)  # both signals on every hit
+        for r in text:
+            assert r.fulltext_score is not None and r.fulltext_score > 0
+        scores = [r.fulltext_score for r in text]
+        assert scores == sorted(scores, reverse=True)
+        mean, std = got.reference["vector"]
+        assert mean == pytest.approx(float(np.mean(list(cos.values()))), abs=1e-5)
+        assert std == pytest.approx(float(np.std(list(cos.values()))), abs=1e-5)
+        fmean, fstd = got.reference["fulltext"]
+        assert fmean > 0 and fstd > 0
+        # No words: no full-text statistics; no embedding: no vector statistics.
+        assert "fulltext" not in asyncio.run(s.cold(scope, Query("", tuple(q)), 5, 0.5)).reference
+        alone = asyncio.run(s.cold(scope, Query("kettle"), 5, 0.5))
+        assert "vector" not in alone.reference and all(r.similarity is None for r in alone)

@@ -39,7 +39,7 @@ from ..counting import exact_json, stored_token_counts
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff, rows_to_batch
+from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats, rows_to_batch
 from ..sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
@@ -679,9 +679,13 @@ class PostgresMemoryStore:
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
     ) -> Sequence[MemoryRecord]:
-        """Vector hits (cosine >= `min_similarity`, best first) and full-text hits
-        (similarity None; memories holding more and rarer query words first, then newest
-        first), taken in turn from each path, one entry per memory, at most `limit`.
+        """Each path's ranked list, one entry per memory with both signals: at most
+        `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
+        full-text hits (the BM25 IDFs of the query terms a memory holds, summed; best
+        first, then newest first) the vector path did not return. Every record carries its
+        cosine `similarity` where it has an embedding and its `fulltext_score` where full
+        text found it; the batch's `reference` holds each signal's mean and standard
+        deviation over the scope (the cosine's over its newest 2,000 embeddings at most).
 
         Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of the
         scope's memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
@@ -728,16 +732,26 @@ class PostgresMemoryStore:
                                          large, terms, limit, min_similarity, cap, in_scope)
         found = []
         counts: dict[str, int] = {}
+        vector_stats: tuple[float, float] | None = None
         for row in rows:
-            if row[-3] is not None:  # a search key's match count (at most cap + 1: a stop word)
+            if row[-1] is None:  # a search key's match count (at most cap + 1: a stop word)
                 n = int(row[-2])
                 counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
+            elif row[-1] == 2:  # the cosine's mean and standard deviation over the scope
+                vector_stats = (float(row[-5]), float(row[-4] or 0.0))
             else:
                 found.append(row)
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
-        sims = np.clip(np.array([np.nan if r[-4] is None else r[-4] for r in found], dtype=np.float64), -1.0, 1.0)
-        origins = [MemoryOrigin.FULLTEXT if r[-4] is None else MemoryOrigin.VECTOR for r in found]
-        return [r[0] for r in found], rows_to_batch(scope, found, origins, sims)
+        sims = np.clip(np.array([np.nan if r[-5] is None else r[-5] for r in found], dtype=np.float64), -1.0, 1.0)
+        scores = np.array([np.nan if r[-4] is None else max(0.0, float(r[-4])) for r in found], dtype=np.float64)
+        origins = [MemoryOrigin.VECTOR if r[-1] == 0 else MemoryOrigin.FULLTEXT for r in found]
+        out = rows_to_batch(scope, found, origins, sims, scores)
+        if vector_stats is not None:
+            out.reference["vector"] = vector_stats
+        text_scores = [float(r[-4]) for r in found if r[-4] is not None]
+        if text_scores:
+            out.reference["fulltext"] = fulltext_stats(text_scores, in_scope)
+        return [r[0] for r in found], out
 
     @staticmethod
     async def _cold_rows(conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None, large: bool,
