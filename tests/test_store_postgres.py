@@ -17,7 +17,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from pg_support import PgServer
+from pg_support import OLD_PGVECTOR, PgServer
 
 from ctxcore.memory import MemoryOrigin, Query, Scope
 from ctxcore.stores import (
@@ -36,6 +36,20 @@ def pg_server() -> Iterator[PgServer]:
     server = PgServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def old_pg_server() -> Iterator[PgServer]:
+    """PostgreSQL with pgvector 0.6.2: no iterative index scans."""
+    server = PgServer(OLD_PGVECTOR).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["pgvector-0.8", "pgvector-0.6"])
+def any_server(request: pytest.FixtureRequest) -> PgServer:
+    server: PgServer = request.getfixturevalue("pg_server" if request.param == "pgvector-0.8" else "old_pg_server")
+    return server
 
 
 def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
@@ -416,13 +430,17 @@ def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
         assert "late" in results(warm, queries[0])
 
 
-def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(pg_server: PgServer,
+@pytest.mark.parametrize("walk", [True, False], ids=["index", "exact"])
+def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(any_server: PgServer, walk: bool,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # A large scope walks the HNSW index, which holds every scope: the walk goes on past
     # other scopes' rows (a third of them nearer the query) until it has the limit's rows.
     from ctxcore.stores.postgres import store as postgres_store
 
-    monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE", 50)  # this scope walks the HNSW index
+    pg_server = any_server
+    if walk:  # this scope walks the HNSW index (with or without iterative scans)
+        monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE", 50)
+        monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE_NO_ITERATIVE", 50)
     rng = random.Random(3)
     dim = 16
     q = [1.0] + [0.0] * (dim - 1)
@@ -509,3 +527,31 @@ def test_cold_returns_both_lists_with_both_signals_and_the_scope_statistics(pg_s
         assert "fulltext" not in asyncio.run(s.cold(scope, Query("", tuple(q)), 5, 0.5)).reference
         alone = asyncio.run(s.cold(scope, Query("kettle"), 5, 0.5))
         assert "vector" not in alone.reference and all(r.similarity is None for r in alone)
+
+
+def test_the_old_server_has_pgvector_before_iterative_scans(old_pg_server: PgServer) -> None:
+    with psycopg.connect(old_pg_server.url(), autocommit=True) as conn:
+        row = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    assert row is not None and tuple(int(x) for x in row[0].split(".")) < (0, 8)
+
+
+def test_a_cold_query_with_a_vector_runs_on_pgvector_before_0_8(old_pg_server: PgServer) -> None:
+    db = old_pg_server.new_database()
+    scope = Scope("acme", "support")
+    with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(), grant_to=db.app) as s:
+        s.add_many(NewMemory(f"m{k}", "acme", "support", f"refund note {k}") for k in range(10))
+        s.warm()
+        got = asyncio.run(s.cold(scope, Query("refund note 3"), 5, 0.1))
+        assert got[0].id == "m3" and got[0].origin is MemoryOrigin.VECTOR
+        assert "vector" in got.reference and "fulltext" in got.reference
+
+
+def test_pgvector_older_than_0_5_is_refused_at_open(pg_server: PgServer) -> None:
+    from ctxcore.stores.postgres import MIN_PGVECTOR, UnsupportedPgvector
+
+    db = pg_server.new_database()
+    pg_server.superuser("UPDATE pg_extension SET extversion = '0.4.4' WHERE extname = 'vector'", db=db.name)
+    with pytest.raises(UnsupportedPgvector, match=r"pgvector 0\.4\.4; ctxcore needs pgvector 0\.5\.0") as err:
+        PostgresMemoryStore(db.owner_url)
+    assert (err.value.found, err.value.needed) == ("0.4.4", ".".join(map(str, MIN_PGVECTOR)))
+    assert isinstance(err.value, MemoryStoreError)

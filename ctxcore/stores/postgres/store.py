@@ -78,6 +78,43 @@ _ORG_WIDE = ""
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
 # the scan going until `limit` rows of the scope are found.
 _EF_SEARCH = 64
+#: The oldest pgvector the store runs on (HNSW indexes came in 0.5.0).
+MIN_PGVECTOR = (0, 5, 0)
+#: From this pgvector on, a filtered HNSW scan goes on until it has `limit` rows of the
+#: scope (``hnsw.iterative_scan``).
+ITERATIVE_SCAN_PGVECTOR = (0, 8, 0)
+#: Without iterative scans, an HNSW scan stops after ``hnsw.ef_search`` candidates of the
+#: whole partition, however few are of the scope: scopes below this size are scanned
+#: exactly (all their k nearest, ~10 ms at this size), larger ones walk the index with the
+#: largest candidate list pgvector allows.
+HNSW_MIN_SCOPE_NO_ITERATIVE = 50_000
+_EF_SEARCH_MAX = 1_000
+
+
+class UnsupportedPgvector(MemoryStoreError):
+    """The database's pgvector is older than `MIN_PGVECTOR`. `found` and `needed` are the
+    versions as ``"0.4.4"`` strings."""
+
+    def __init__(self, message: str, found: str, needed: str) -> None:
+        super().__init__(message)
+        self.found = found
+        self.needed = needed
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """A pgvector version string as a tuple of ints (``"0.8.0"`` -> (0, 8, 0)); trailing
+    text after a number is ignored (``"0.7.0-dev"``)."""
+    out: list[int] = []
+    for part in text.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 _T = TypeVar("_T")
 
 
@@ -176,6 +213,7 @@ class PostgresMemoryStore:
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        self._pgvector: tuple[int, ...] = ()
         try:
             self._loop.run(self._open(pool_size, migrate, grant_to))
         except BaseException:
@@ -224,6 +262,7 @@ class PostgresMemoryStore:
         await conn.commit()
         assert row is not None
         installed, available = row
+        self._pgvector = _version(str(installed or available or ""))
         if installed is None and available is None:
             raise MemoryStoreError(
                 f"the PostgreSQL server of {self._shown} does not have the pgvector extension: install it "
@@ -239,6 +278,12 @@ class PostgresMemoryStore:
                     f"pgvector is available but not created in the database of {self._shown}, and this role may "
                     "not create it: a superuser must run CREATE EXTENSION vector there"
                 ) from None
+        found = str(installed or available)
+        needed = ".".join(map(str, MIN_PGVECTOR))
+        if self._pgvector < MIN_PGVECTOR:
+            raise UnsupportedPgvector(
+                f"the database of {self._shown} has pgvector {found}; ctxcore needs pgvector {needed} or later "
+                "(ALTER EXTENSION vector UPDATE after installing a newer one)", found, needed)
 
     @staticmethod
     async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
@@ -727,7 +772,7 @@ class PostgresMemoryStore:
             # statement is prepared on a connection (by `warm`, or by psycopg after five
             # runs), its generic plan is reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
             # partition is chosen at run time.
-            large = vector and in_scope >= HNSW_MIN_SCOPE
+            large = vector and in_scope >= (HNSW_MIN_SCOPE if self._iterative() else HNSW_MIN_SCOPE_NO_ITERATIVE)
             rows = await self._cold_rows(conn, org, agent, _vector_text(qv) if vector and qv is not None else None,
                                          large, terms, limit, min_similarity, cap, in_scope)
         found = []
@@ -753,18 +798,26 @@ class PostgresMemoryStore:
             out.reference["fulltext"] = fulltext_stats(text_scores, in_scope)
         return [r[0] for r in found], out
 
-    @staticmethod
-    async def _cold_rows(conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None, large: bool,
-                         terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
+    def _iterative(self) -> bool:
+        return self._pgvector >= ITERATIVE_SCAN_PGVECTOR
+
+    async def _cold_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
+                         large: bool, terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
                          prepare: bool | None = None) -> list[TupleRow]:
+        # hnsw.iterative_scan exists from pgvector 0.8 on (setting it before fails the
+        # transaction); before, a large scope's walk takes the most candidates allowed.
+        if self._iterative():
+            ef, scan = str(max(_EF_SEARCH, limit)), ", set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+        else:
+            ef, scan = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), ""
         async with conn.pipeline(), conn.transaction():
             await conn.execute(
                 "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
                 "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
-                "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                "set_config('hnsw.ef_search', %s, true)" + scan + ", "
                 "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
                 "set_config('plan_cache_mode', 'force_generic_plan', true)",
-                (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
+                (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
                 (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if q is not None else _COLD_NO_VECTOR,
                 {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
