@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -555,3 +556,50 @@ def test_pgvector_older_than_0_5_is_refused_at_open(pg_server: PgServer) -> None
         PostgresMemoryStore(db.owner_url)
     assert (err.value.found, err.value.needed) == ("0.4.4", ".".join(map(str, MIN_PGVECTOR)))
     assert isinstance(err.value, MemoryStoreError)
+
+
+def _cli_stats(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from ctxcore.cli import main
+
+    status = main(["memories", "stats", "--db", url])
+    captured = capsys.readouterr()
+    return status, captured.err
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresql://app:p%zz@db/x", r"^ctxcore: error: postgresql://app:\*\*\*@db/x is not a PostgreSQL connection "
+     r"string libpq can read"),
+    ("postgresql://app:pw@[::1/db", r"^ctxcore: error: postgresql://app:\*\*\*@\[::1/db is not a PostgreSQL"),
+    ("postgresql://app@host:notaport/db", r"the port 'notaport' is not a port number"),
+    ("postgresql://app:pw@localhost/db?sslmode=bogus", r"has a setting libpq does not accept .*invalid sslmode"),
+    ("postgresql://app:pw@127.0.0.1:1/db?connect_timeout=2", r"^ctxcore: error: cannot reach the PostgreSQL server "
+     r"\(postgresql://app:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$"),
+])
+def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
+        url: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = _cli_stats(url, capsys)
+    assert status != 0
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(expected, err.strip()), err
+    assert ":pw@" not in err
+
+
+def test_the_cli_says_a_login_or_a_database_or_pgvector_is_missing_in_one_line(
+        pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    db = pg_server.new_database()
+    plain = pg_server.new_database(vector=False)
+    password = db.owner_url.split("@")[0].rsplit(":", 1)[1]
+    cases = [
+        (db.owner_url.replace(db.owner, "nosuchrole"), r"the PostgreSQL server refused the login .*"
+         r'role "nosuchrole" does not exist$'),
+        (db.owner_url.replace(f"/{db.name}?", "/nosuchdb?"), r"the memory database does not exist on the "
+         r'PostgreSQL server .*database "nosuchdb" does not exist$'),
+        (plain.owner_url, r"pgvector is available but not created in the database .* a superuser must run "
+         r"CREATE EXTENSION vector there$"),
+    ]
+    for url, expected in cases:
+        status, err = _cli_stats(url, capsys)
+        assert status != 0
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert re.search(expected, err.strip()), err
+        assert password not in err

@@ -50,7 +50,7 @@ from ..sqlite import (
 from ..sqlite.directives import DirectiveCache
 from ..sqlite.ingest import check_batch
 from ..sqlite.vectors import QueryVectors, embed
-from .dsn import _password_of, redact_dsn
+from .dsn import _password_of, connect_error, redact_dsn
 from .loop import _Loop
 from .schema import _MIGRATION_LOCK, _VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, _insert_terms
 from .statements import _COLD_NO_VECTOR, _COLD_VECTOR_EXACT, _COLD_VECTOR_INDEXED, _HOT, _WARM_SCOPE
@@ -223,13 +223,24 @@ class PostgresMemoryStore:
 
     # ---- opening, migrations ---------------------------------------------------------------
 
+    def _connect_error(self, exc: BaseException) -> MemoryStoreError:
+        err = connect_error(self._shown, exc)
+        return MemoryStoreError(str(err).replace(self._secret, "***")) if self._secret else err
+
     def _error(self, what: str, exc: BaseException) -> MemoryStoreError:
-        msg = str(exc).strip()
+        msg = " ".join(str(exc).split())
         if self._secret:
             msg = msg.replace(self._secret, "***")
         return MemoryStoreError(f"{what} ({self._shown}): {msg}")
 
     async def _open(self, pool_size: int, migrate: bool, grant_to: str | None) -> None:
+        # One connection first: a failure is said in one line (the pool would retry and
+        # log each attempt).
+        try:
+            probe = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=10)
+            await probe.close()
+        except psycopg.Error as exc:
+            raise self._connect_error(exc) from None
         self._pool = AsyncConnectionPool(
             self._dsn, min_size=1, max_size=pool_size, open=False, name="ctxcore",
             kwargs={"autocommit": False}, timeout=10.0,
@@ -242,7 +253,7 @@ class PostgresMemoryStore:
                 conn = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=5)
                 await conn.close()
             except psycopg.Error as inner:
-                raise self._error("cannot connect to the memory database", inner) from None
+                raise self._connect_error(inner) from None
             raise self._error("cannot connect to the memory database", exc) from None
         async with self._pool.connection() as conn:
             try:
