@@ -19,11 +19,13 @@ _COLUMN_COUNT = 13
 # hydrated. Full-text path: each search key's newest matches in the scope off the term
 # table's b-tree (text equality is leakproof, so row-level security leaves the index
 # usable), at most cap + 1 of them: a key with more is a stop word of this scope and left
-# out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores the BM25 IDF
-# of each it holds (ln(1 + (N - n + 0.5) / (n + 0.5)), FTS5's and Lucene's weight; the
-# term table keeps a memory's distinct terms, so each counts once and there is no length
-# normalisation), summed in millionths (integers: a sum that does not depend on the order
-# it is taken in), best first, then newest; each key's count is returned as well. Both
+# out; of the rest, the FTS_QUERY_TERMS rarest are kept and a memory scores Okapi BM25
+# (k1 = 1.2, b = 0.75, as FTS5's bm25()): the IDF of each it holds (ln(1 + (N - n + 0.5) /
+# (n + 0.5)); the term table keeps a memory's distinct terms, so each counts once), summed
+# in millionths (integers: a sum that does not depend on the order it is taken in), times
+# (k1 + 1) / (1 + k1 (1 - b + b dl / avgdl)), dl a memory's count of distinct terms (off
+# the seq index) and avgdl the mean over the matched memories; best first, then newest;
+# each key's count is returned as well. Both
 # paths' lists come back, each memory once with both signals: the vector hits (best
 # first), then the `limit` best text hits the vector path did not return, each with its
 # cosine where it has an embedding (looked up by key). The last row carries the mean and
@@ -42,9 +44,14 @@ chosen AS (
 weights AS (
     SELECT array_agg(coalesce(round(c.idf * 1e6)::integer, 0) ORDER BY g.k) AS w
     FROM generate_series(1, cardinality(%(terms)s::text[])) AS g(k) LEFT JOIN chosen c ON c.k = g.k),
-txt AS (
-    SELECT h.seq, sum(w.w[h.k]) AS score, row_number() OVER (ORDER BY sum(w.w[h.k]) DESC, h.seq DESC) AS r
+matched AS MATERIALIZED (
+    SELECT h.seq, sum(w.w[h.k]) AS idf, (SELECT count(*) FROM memory_terms d WHERE d.seq = h.seq
+        AND d.organization_id = %(org)s AND d.agent_id = %(agent)s)::float8 AS dl
     FROM hits h CROSS JOIN weights w WHERE w.w[h.k] > 0 GROUP BY h.seq),
+scored AS (
+    SELECT seq, round(idf * 2.2 / (1 + 1.2 * (0.25 + 0.75 * dl / greatest(avg(dl) OVER (), 1))))::bigint AS score
+    FROM matched),
+txt AS (SELECT seq, score, row_number() OVER (ORDER BY score DESC, seq DESC) AS r FROM scored),
 besttxt AS MATERIALIZED (SELECT seq, score, r FROM txt WHERE r <= %(limit)s),
 picked AS (
     SELECT v.seq, v.sim, t.score, v.r, 0 AS src FROM vec v LEFT JOIN besttxt t ON t.seq = v.seq

@@ -737,8 +737,8 @@ class PostgresMemoryStore:
     ) -> Sequence[MemoryRecord]:
         """Each path's ranked list, one entry per memory with both signals: at most
         `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
-        full-text hits (the BM25 IDFs of the query terms a memory holds, summed; best
-        first, then newest first) the vector path did not return. Every record carries its
+        full-text hits (BM25 over the query terms a memory holds, its length its count
+        of distinct terms; best first, then newest first) the vector path did not return. Every record carries its
         cosine `similarity` where it has an embedding and its `fulltext_score` where full
         text found it; the batch's `reference` holds each signal's mean and standard
         deviation over the scope (the cosine's over its newest 2,000 embeddings at most).
