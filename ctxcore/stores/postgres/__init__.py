@@ -55,8 +55,12 @@ from .store import (
     ACCESS_FLUSH_SECONDS,
     DEFAULT_POOL_SIZE,
     HNSW_MIN_SCOPE,
+    HNSW_MIN_SCOPE_NO_ITERATIVE,
+    ITERATIVE_SCAN_PGVECTOR,
+    MIN_PGVECTOR,
     SCOPE_SIZE_SECONDS,
     PostgresMemoryStore,
+    UnsupportedPgvector,
 )
 from .terms import TERM_MAX_BYTES
 from .terms import _query_keys as _query_keys
@@ -65,12 +69,16 @@ __all__ = [
     "ACCESS_FLUSH_SECONDS",
     "DEFAULT_POOL_SIZE",
     "HNSW_MIN_SCOPE",
+    "HNSW_MIN_SCOPE_NO_ITERATIVE",
+    "ITERATIVE_SCAN_PGVECTOR",
     "MIGRATIONS",
+    "MIN_PGVECTOR",
     "PG_SCHEMA_VERSION",
     "SCOPE_SIZE_SECONDS",
     "TERM_MAX_BYTES",
     "VECTOR_PARTITIONS",
     "PostgresMemoryStore",
+    "UnsupportedPgvector",
     "is_postgres_url",
     "redact_dsn",
 ]

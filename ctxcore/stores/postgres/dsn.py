@@ -17,6 +17,7 @@ import psycopg
 from ..errors import MemoryStoreError
 from ..urls import is_postgres_url
 
+_URL_PASSWORD = re.compile(r"^([a-z]+://[^:/@]*:)[^@]*@", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
@@ -28,7 +29,10 @@ def redact_dsn(dsn: str) -> str:
     'postgresql:///m?host=/tmp&password=***&user=a'
     """
     if is_postgres_url(dsn):
-        parts = urllib.parse.urlsplit(dsn)
+        try:
+            parts = urllib.parse.urlsplit(dsn)
+        except ValueError:  # not a URL urllib can split (an unclosed "[" host): by pattern
+            return _URL_PASSWORD.sub(r"\1***@", dsn)
         netloc = parts.netloc
         if "@" in netloc:
             userinfo, _, hostinfo = netloc.rpartition("@")
@@ -56,5 +60,31 @@ def _password_of(dsn: str) -> str | None:
             f"{redact_dsn(dsn)} is not a PostgreSQL connection string libpq can read: check the URL's "
             "percent-encoding (a '%' in a password is written %25) or the key=value quoting"
         ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise MemoryStoreError(f"{redact_dsn(dsn)}: the port {port!r} is not a port number (1 to 65535)")
     pw = params.get("password")
     return str(pw) if pw else None
+
+
+_SERVER_PREFIX = re.compile(r"^(connection failed: |connection is bad: )?(connection to server (at|on socket) .*? failed: )?"
+                            r"(FATAL: +)?")
+
+
+def connect_error(shown: str, exc: BaseException) -> MemoryStoreError:
+    """One line saying why a connection to `shown` (a redacted DSN) failed: the login was
+    refused, the database does not exist, or the server cannot be reached; libpq's own
+    reason (its first line, without the repeated address) follows."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    detail = _SERVER_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
+    low = detail.lower()
+    if ("authentication failed" in low or "no password supplied" in low or "password" in low
+            or re.search(r'role ".*" does not exist', low) or "not permitted to log in" in low):
+        what = "the PostgreSQL server refused the login"
+    elif low.startswith("invalid ") or "is not a valid" in low:
+        what = "the PostgreSQL connection string has a setting libpq does not accept"
+    elif re.search(r'database ".*" does not exist', low):
+        what = "the memory database does not exist on the PostgreSQL server"
+    else:
+        what = "cannot reach the PostgreSQL server"
+    return MemoryStoreError(f"{what} ({shown}): {detail}")

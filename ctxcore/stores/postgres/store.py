@@ -39,7 +39,7 @@ from ..counting import exact_json, stored_token_counts
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff, rows_to_batch
+from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats, rows_to_batch
 from ..sqlite import (
     DEFAULT_TOKEN_FAMILY,
     DIRECTIVE_CACHE_SECONDS,
@@ -50,7 +50,7 @@ from ..sqlite import (
 from ..sqlite.directives import DirectiveCache
 from ..sqlite.ingest import check_batch
 from ..sqlite.vectors import QueryVectors, embed
-from .dsn import _password_of, redact_dsn
+from .dsn import _password_of, connect_error, redact_dsn
 from .loop import _Loop
 from .schema import _MIGRATION_LOCK, _VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, _insert_terms
 from .statements import _COLD_NO_VECTOR, _COLD_VECTOR_EXACT, _COLD_VECTOR_INDEXED, _HOT, _WARM_SCOPE
@@ -78,6 +78,43 @@ _ORG_WIDE = ""
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
 # the scan going until `limit` rows of the scope are found.
 _EF_SEARCH = 64
+#: The oldest pgvector the store runs on (HNSW indexes came in 0.5.0).
+MIN_PGVECTOR = (0, 5, 0)
+#: From this pgvector on, a filtered HNSW scan goes on until it has `limit` rows of the
+#: scope (``hnsw.iterative_scan``).
+ITERATIVE_SCAN_PGVECTOR = (0, 8, 0)
+#: Without iterative scans, an HNSW scan stops after ``hnsw.ef_search`` candidates of the
+#: whole partition, however few are of the scope: scopes below this size are scanned
+#: exactly (all their k nearest, ~10 ms at this size), larger ones walk the index with the
+#: largest candidate list pgvector allows.
+HNSW_MIN_SCOPE_NO_ITERATIVE = 50_000
+_EF_SEARCH_MAX = 1_000
+
+
+class UnsupportedPgvector(MemoryStoreError):
+    """The database's pgvector is older than `MIN_PGVECTOR`. `found` and `needed` are the
+    versions as ``"0.4.4"`` strings."""
+
+    def __init__(self, message: str, found: str, needed: str) -> None:
+        super().__init__(message)
+        self.found = found
+        self.needed = needed
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """A pgvector version string as a tuple of ints (``"0.8.0"`` -> (0, 8, 0)); trailing
+    text after a number is ignored (``"0.7.0-dev"``)."""
+    out: list[int] = []
+    for part in text.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 _T = TypeVar("_T")
 
 
@@ -176,6 +213,7 @@ class PostgresMemoryStore:
         self._closed = False
         self._loop = _Loop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
+        self._pgvector: tuple[int, ...] = ()
         try:
             self._loop.run(self._open(pool_size, migrate, grant_to))
         except BaseException:
@@ -185,13 +223,24 @@ class PostgresMemoryStore:
 
     # ---- opening, migrations ---------------------------------------------------------------
 
+    def _connect_error(self, exc: BaseException) -> MemoryStoreError:
+        err = connect_error(self._shown, exc)
+        return MemoryStoreError(str(err).replace(self._secret, "***")) if self._secret else err
+
     def _error(self, what: str, exc: BaseException) -> MemoryStoreError:
-        msg = str(exc).strip()
+        msg = " ".join(str(exc).split())
         if self._secret:
             msg = msg.replace(self._secret, "***")
         return MemoryStoreError(f"{what} ({self._shown}): {msg}")
 
     async def _open(self, pool_size: int, migrate: bool, grant_to: str | None) -> None:
+        # One connection first: a failure is said in one line (the pool would retry and
+        # log each attempt).
+        try:
+            probe = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=10)
+            await probe.close()
+        except psycopg.Error as exc:
+            raise self._connect_error(exc) from None
         self._pool = AsyncConnectionPool(
             self._dsn, min_size=1, max_size=pool_size, open=False, name="ctxcore",
             kwargs={"autocommit": False}, timeout=10.0,
@@ -204,7 +253,7 @@ class PostgresMemoryStore:
                 conn = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=5)
                 await conn.close()
             except psycopg.Error as inner:
-                raise self._error("cannot connect to the memory database", inner) from None
+                raise self._connect_error(inner) from None
             raise self._error("cannot connect to the memory database", exc) from None
         async with self._pool.connection() as conn:
             try:
@@ -224,6 +273,7 @@ class PostgresMemoryStore:
         await conn.commit()
         assert row is not None
         installed, available = row
+        self._pgvector = _version(str(installed or available or ""))
         if installed is None and available is None:
             raise MemoryStoreError(
                 f"the PostgreSQL server of {self._shown} does not have the pgvector extension: install it "
@@ -239,6 +289,12 @@ class PostgresMemoryStore:
                     f"pgvector is available but not created in the database of {self._shown}, and this role may "
                     "not create it: a superuser must run CREATE EXTENSION vector there"
                 ) from None
+        found = str(installed or available)
+        needed = ".".join(map(str, MIN_PGVECTOR))
+        if self._pgvector < MIN_PGVECTOR:
+            raise UnsupportedPgvector(
+                f"the database of {self._shown} has pgvector {found}; ctxcore needs pgvector {needed} or later "
+                "(ALTER EXTENSION vector UPDATE after installing a newer one)", found, needed)
 
     @staticmethod
     async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
@@ -679,9 +735,13 @@ class PostgresMemoryStore:
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
     ) -> Sequence[MemoryRecord]:
-        """Vector hits (cosine >= `min_similarity`, best first) and full-text hits
-        (similarity None; memories holding more and rarer query words first, then newest
-        first), taken in turn from each path, one entry per memory, at most `limit`.
+        """Each path's ranked list, one entry per memory with both signals: at most
+        `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
+        full-text hits (BM25 over the query terms a memory holds, its length its count
+        of distinct terms; best first, then newest first) the vector path did not return. Every record carries its
+        cosine `similarity` where it has an embedding and its `fulltext_score` where full
+        text found it; the batch's `reference` holds each signal's mean and standard
+        deviation over the scope (the cosine's over its newest 2,000 embeddings at most).
 
         Full-text search leaves out words found in more than `FTS_MAX_DOC_FRACTION` of the
         scope's memories (stop words) and searches the `FTS_QUERY_TERMS` rarest of the rest.
@@ -723,34 +783,52 @@ class PostgresMemoryStore:
             # statement is prepared on a connection (by `warm`, or by psycopg after five
             # runs), its generic plan is reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
             # partition is chosen at run time.
-            large = vector and in_scope >= HNSW_MIN_SCOPE
+            large = vector and in_scope >= (HNSW_MIN_SCOPE if self._iterative() else HNSW_MIN_SCOPE_NO_ITERATIVE)
             rows = await self._cold_rows(conn, org, agent, _vector_text(qv) if vector and qv is not None else None,
                                          large, terms, limit, min_similarity, cap, in_scope)
         found = []
         counts: dict[str, int] = {}
+        vector_stats: tuple[float, float] | None = None
         for row in rows:
-            if row[-3] is not None:  # a search key's match count (at most cap + 1: a stop word)
+            if row[-1] is None:  # a search key's match count (at most cap + 1: a stop word)
                 n = int(row[-2])
                 counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
+            elif row[-1] == 2:  # the cosine's mean and standard deviation over the scope
+                vector_stats = (float(row[-5]), float(row[-4] or 0.0))
             else:
                 found.append(row)
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
-        sims = np.clip(np.array([np.nan if r[-4] is None else r[-4] for r in found], dtype=np.float64), -1.0, 1.0)
-        origins = [MemoryOrigin.FULLTEXT if r[-4] is None else MemoryOrigin.VECTOR for r in found]
-        return [r[0] for r in found], rows_to_batch(scope, found, origins, sims)
+        sims = np.clip(np.array([np.nan if r[-5] is None else r[-5] for r in found], dtype=np.float64), -1.0, 1.0)
+        scores = np.array([np.nan if r[-4] is None else max(0.0, float(r[-4])) for r in found], dtype=np.float64)
+        origins = [MemoryOrigin.VECTOR if r[-1] == 0 else MemoryOrigin.FULLTEXT for r in found]
+        out = rows_to_batch(scope, found, origins, sims, scores)
+        if vector_stats is not None:
+            out.reference["vector"] = vector_stats
+        text_scores = [float(r[-4]) for r in found if r[-4] is not None]
+        if text_scores:
+            out.reference["fulltext"] = fulltext_stats(text_scores, in_scope)
+        return [r[0] for r in found], out
 
-    @staticmethod
-    async def _cold_rows(conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None, large: bool,
-                         terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
+    def _iterative(self) -> bool:
+        return self._pgvector >= ITERATIVE_SCAN_PGVECTOR
+
+    async def _cold_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
+                         large: bool, terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
                          prepare: bool | None = None) -> list[TupleRow]:
+        # hnsw.iterative_scan exists from pgvector 0.8 on (setting it before fails the
+        # transaction); before, a large scope's walk takes the most candidates allowed.
+        if self._iterative():
+            ef, scan = str(max(_EF_SEARCH, limit)), ", set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+        else:
+            ef, scan = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), ""
         async with conn.pipeline(), conn.transaction():
             await conn.execute(
                 "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
                 "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
-                "set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                "set_config('hnsw.ef_search', %s, true)" + scan + ", "
                 "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
                 "set_config('plan_cache_mode', 'force_generic_plan', true)",
-                (org, agent, str(max(_EF_SEARCH, limit)), "off" if large else "on", "off" if large else "on"))
+                (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
                 (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if q is not None else _COLD_NO_VECTOR,
                 {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
