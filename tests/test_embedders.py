@@ -96,7 +96,7 @@ def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(tmp_pa
                                                                         wordllama: WordLlamaEmbedder) -> None:
     facts = {"f1": "Clara, my sister's little girl, is allergic to peanuts.",
              "f2": "We adopted a grey tabby cat from the shelter in May."}
-    filler = [f"Reminder {i}: what the team must do before the sync in room {100 + i}; bring food if you can."
+    filler = [f"Reminder {i}: the quarterly sync moved to room {100 + i}; slides are due on Thursday."
               for i in range(200)]
     mems = [NewMemory(k, ORG, AGENT, t) for k, t in facts.items()]
     mems += [NewMemory(f"x{i}", ORG, AGENT, t) for i, t in enumerate(filler)]
