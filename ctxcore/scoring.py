@@ -533,7 +533,7 @@ def fuse(
 
     >>> rel, dom = fuse([0.9, 0.2, float("nan")], [float("nan"), 3.0, 1.0])
     >>> [round(x, 3) for x in rel.tolist()], dom.tolist()
-    ([0.5, 0.5, 0.0], [1, 0, -1])
+    ([0.5, 0.667, 0.167], [1, 0, 0])
     >>> rel, _ = fuse([0.9, 0.2, float("nan")], [float("nan"), 3.0, 1.0], model=ValueModel(fusion="rrf", rrf_k=1))
     >>> [round(x, 3) for x in rel.tolist()]
     [0.5, 0.833, 0.333]
