@@ -62,6 +62,8 @@ def pack_arrays(
 
 MIN_NONCE_HEX_DIGITS: int
 SAFETY_SENTENCE: str
+MIN_COMPACT_NONCE_DIGITS: int
+COMPACT_SAFETY_SENTENCE: str
 FORMAT_SECTIONS: tuple[str, ...]
 
 class InvalidFormatInput(ValueError):
@@ -77,6 +79,7 @@ def format_context(
     nonce: str,
     memories_frame: bool,
     record_pieces: bool,
+    memory_format: int = 0,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 
 ESTIMATOR_BLOCKS: int
@@ -158,6 +161,7 @@ def format_columns(
     nonce: str,
     memories_frame: bool = False,
     record_pieces: bool = False,
+    memory_format: int = 0,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 def encode_trace_rows(
     ids: Sequence[str],

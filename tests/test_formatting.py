@@ -26,9 +26,18 @@ from lxml import etree
 from testkit import adversarial_corpus
 
 import ctxcore
+from ctxcore.formatting import COMPACT_SAFETY_SENTENCE
 
 DATA = Path(__file__).parent / "data"
 NONCE = "0123456789abcdef" * 2
+COMPACT_NONCE = "01234567890123456789"
+FORMATS = ["verbose", "compact"]
+NONCES = {"verbose": NONCE, "compact": COMPACT_NONCE}
+# Per rendering: the element's tag, its nonce attribute, the safety sentence.
+RENDERING = {
+    "verbose": ("memory", "nonce", ctxcore.SAFETY_SENTENCE),
+    "compact": ("m", "n", COMPACT_SAFETY_SENTENCE),
+}
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
 # Example counts: a quick default, and the long runs behind @pytest.mark.slow.
@@ -84,36 +93,52 @@ def field(item: Any, key: str) -> Any:
     return getattr(item, key, None)
 
 
-def check_memories(out: ctxcore.FormattedContext, memories: Sequence[Any]) -> None:
-    """The memories section parses strictly and gives back each memory exactly."""
+def check_memories(
+    out: ctxcore.FormattedContext,
+    memories: Sequence[Any],
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = ("score", "source"),
+) -> None:
+    """The memories section parses strictly and gives back each memory exactly: its id
+    (through `handles` in the compact rendering), its text and the attributes written."""
     if not memories:
         assert "memories" not in out.sections
         return
+    tag, nonce_attr, sentence = RENDERING[memory_format]
+    if memory_format == "verbose":
+        attributes = ("score", "source")
+        assert dict(out.handles) == {}
+    else:
+        assert list(out.handles) == [f"m{i + 1}" for i in range(len(memories))]
     section = out.sections["memories"]
     assert section in out.text
     root = parse(section)
     assert root.tag == "memories"
-    assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
+    assert root.text == "\n" + sentence + "\n"
     children = list(root)
     assert len(children) == len(memories)
     # No element anywhere but the memory elements, and only they carry the nonce.
     assert sum(1 for _ in root.iter()) == len(memories) + 1
-    assert [el for el in root.iter() if el.get("nonce") is not None] == children
-    for el, m in zip(children, memories):
-        assert el.tag == "memory"
-        assert el.get("nonce") == out.nonce
-        assert el.get("id") == expected(field(m, "id"))
+    assert [el for el in root.iter() if el.get(nonce_attr) is not None] == children
+    for i, (el, m) in enumerate(zip(children, memories)):
+        assert el.tag == tag
+        assert el.get(nonce_attr) == out.nonce
+        if memory_format == "verbose":
+            assert el.get("id") == expected(field(m, "id"))
+        else:
+            assert el.get("id") == f"m{i + 1}"
+            assert out.handles[el.get("id")] == field(m, "id")
         assert (el.text or "") == expected(field(m, "text"))
         assert el.tail == "\n"
-        keys = {"nonce", "id"}
-        if field(m, "score") is not None:
+        keys = {nonce_attr, "id"}
+        if "score" in attributes and field(m, "score") is not None:
             keys.add("score")
             assert float(el.get("score")) == float(field(m, "score"))
-        if field(m, "source") is not None:
+        if "source" in attributes and field(m, "source") is not None:
             keys.add("source")
             assert el.get("source") == expected(field(m, "source"))
         assert set(el.keys()) == keys
-        assert el.keys()[:2] == ["nonce", "id"]
+        assert el.keys()[:2] == [nonce_attr, "id"]
 
 
 def check_history(out: ctxcore.FormattedContext, history: Sequence[Any]) -> None:
@@ -131,8 +156,18 @@ def check_history(out: ctxcore.FormattedContext, history: Sequence[Any]) -> None
         assert (el.text or "") == expected(field(m, "content"))
 
 
-def replaced_in(memories: Sequence[Any], history: Sequence[Any] = (), directive: str | None = None) -> int:
-    n = sum(illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories)
+def replaced_in(
+    memories: Sequence[Any],
+    history: Sequence[Any] = (),
+    directive: str | None = None,
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = (),
+) -> int:
+    if memory_format == "verbose":
+        n = sum(illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories)
+    else:  # the ids are handles; a source only when asked for
+        with_source = "source" in attributes
+        n = sum(illegal(field(m, "text")) + (illegal(field(m, "source") or "") if with_source else 0) for m in memories)
     n += sum(illegal(field(m, "role")) + illegal(field(m, "content")) for m in history)
     return n + illegal(directive or "")
 
@@ -198,13 +233,23 @@ messages = st.lists(
 )
 
 
-def roundtrip(memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None) -> None:
-    out = ctxcore.format_context(history=history, memories=memories, nonce=nonce)
+def roundtrip(
+    memories: list[dict[str, Any]],
+    history: list[dict[str, str]],
+    nonce: str | None,
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = (),
+) -> None:
+    if nonce is not None:
+        nonce = NONCES[memory_format]
+    out = ctxcore.format_context(
+        history=history, memories=memories, nonce=nonce, memory_format=memory_format, memory_attributes=attributes
+    )
     if nonce is not None:
         assert out.nonce == nonce
-    check_memories(out, memories)
+    check_memories(out, memories, memory_format, attributes)
     check_history(out, history)
-    assert out.replaced_chars == replaced_in(memories, history)
+    assert out.replaced_chars == replaced_in(memories, history, None, memory_format, attributes)
     assert list(out.sections) == [s for s, items in (("history", history), ("memories", memories)) if items]
     # With no directive the whole text is well-formed too: the sections are elements.
     if out.text:
@@ -218,6 +263,19 @@ ROUNDTRIP_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[H
 @given(memory_lists(), messages, st.sampled_from([None, NONCE]))
 def test_roundtrip_strict_xml(memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None) -> None:
     roundtrip(memories, history, nonce)
+
+
+@settings(max_examples=DEFAULT_EXAMPLES, **ROUNDTRIP_SETTINGS)  # type: ignore[arg-type]
+@given(
+    memory_lists(),
+    messages,
+    st.sampled_from([None, NONCE]),
+    st.sampled_from([(), ("score",), ("source",), ("score", "source")]),
+)
+def test_roundtrip_strict_xml_compact(
+    memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None, attributes: tuple[str, ...]
+) -> None:
+    roundtrip(memories, history, nonce, "compact", attributes)
 
 
 @pytest.mark.slow
@@ -297,22 +355,27 @@ def test_adversarial_corpus_fixture_covers_its_classes() -> None:
     assert max(len(m["text"]) for m in CORPUS) >= 1_000_000
 
 
-def test_adversarial_corpus_as_memories() -> None:
-    out = ctxcore.format_context(memories=CORPUS)
-    check_memories(out, CORPUS)
-    assert out.replaced_chars == replaced_in(CORPUS)
-    assert out.text.count("<memory ") == len(CORPUS)
-    assert out.text.count("</memory>") == len(CORPUS)
+@pytest.mark.parametrize("memory_format", FORMATS)
+def test_adversarial_corpus_as_memories(memory_format: str) -> None:
+    out = ctxcore.format_context(memories=CORPUS, memory_format=memory_format)
+    check_memories(out, CORPUS, memory_format)
+    assert out.replaced_chars == replaced_in(CORPUS, memory_format=memory_format)
+    tag = RENDERING[memory_format][0]
+    assert out.text.count(f"<{tag} ") == len(CORPUS)
+    assert out.text.count(f"</{tag}>") == len(CORPUS)
     assert out.text.count("<") == out.text.count(">")  # every bracket is ours
     assert "<!" not in out.text and "<?" not in out.text
 
 
+@pytest.mark.parametrize("memory_format", FORMATS)
 @pytest.mark.parametrize("memory", CORPUS, ids=[m["id"].encode("unicode_escape").decode()[:40] for m in CORPUS])
-def test_adversarial_corpus_one_by_one_in_every_position(memory: dict[str, Any]) -> None:
+def test_adversarial_corpus_one_by_one_in_every_position(memory: dict[str, Any], memory_format: str) -> None:
     history = [{"role": "user", "content": memory["text"]}, {"role": memory["id"], "content": "ok"}]
     memories = [{"id": "before", "text": "x"}, memory, {"id": "after", "text": "y"}]
-    out = ctxcore.format_context(directive="Answer briefly.", history=history, memories=memories)
-    check_memories(out, memories)
+    out = ctxcore.format_context(
+        directive="Answer briefly.", history=history, memories=memories, memory_format=memory_format
+    )
+    check_memories(out, memories, memory_format)
     check_history(out, history)
     assert list(out.sections) == ["directive", "history", "memories"]
 
