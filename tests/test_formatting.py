@@ -97,7 +97,7 @@ def check_memories(
     out: ctxcore.FormattedContext,
     memories: Sequence[Any],
     memory_format: str = "verbose",
-    attributes: Sequence[str] = ("score", "source"),
+    attributes: Sequence[str] = (),
 ) -> None:
     """The memories section parses strictly and gives back each memory exactly: its id
     (through `handles` in the compact rendering), its text and the attributes written."""
@@ -682,3 +682,102 @@ def test_overhead_needs_a_family_or_a_counter() -> None:
         ctxcore.formatter_overhead([{"id": "m", "text": "x"}], family="no-such-family")
     with pytest.raises(ValueError, match="< 0"):
         ctxcore.formatter_overhead([{"id": "m", "text": "x"}], count=lambda t: -1)
+
+
+# ---- the compact rendering ------------------------------------------------------------
+
+TYPICAL_MEMORIES = [
+    "I moved to Lisbon last spring and I'm still learning Portuguese, slowly.",
+    "My daughter's birthday is on March 3rd; she loves dinosaurs and anything purple.",
+    "Prefers short answers in bullet points, no emojis.",
+    "Works as a nurse on night shifts, so mornings are for sleeping.",
+    "Allergic to peanuts; asked for recipes without nuts last week.",
+    "Is training for a half marathon in October and runs four times a week.",
+    "Uses Python at work and is learning Rust on weekends.",
+    "Has a cat named Miso who knocks things off the desk during calls.",
+    "Wants to visit Japan next year, ideally in cherry blossom season.",
+    "Said the budget for the kitchen renovation is about 15,000 euros.",
+    "Mentioned that her brother is getting married in Porto in June.",
+    "Dislikes long meetings and blocks Friday afternoons for deep work.",
+]
+
+
+def cl100k(text: str) -> int:
+    return ctxcore.count_tokens(text, "cl100k_base").value
+
+
+def test_compact_wrapper_costs_less_and_its_safety_sentence_under_30_tokens() -> None:
+    memories = [{"id": f"{i:08x}-e29b-41d4-a716-446655440000", "text": t, "score": 0.5}
+                for i, t in enumerate(TYPICAL_MEMORIES)]
+    assert cl100k(COMPACT_SAFETY_SENTENCE) < 30
+    assert cl100k(COMPACT_SAFETY_SENTENCE) < cl100k(ctxcore.SAFETY_SENTENCE)
+    per_memory = {}
+    for fmt in FORMATS:
+        out = ctxcore.format_context(memories=memories, memory_format=fmt)
+        root = parse(out.sections["memories"])
+        sentence = RENDERING[fmt][2]
+        frame = cl100k(f"<memories>\n{sentence}\n</memories>")
+        wrapper = cl100k(out.sections["memories"]) - frame - sum(cl100k(t) for t in TYPICAL_MEMORIES)
+        per_memory[fmt] = wrapper / len(memories)
+        assert [el.text for el in root] == TYPICAL_MEMORIES
+    # A 66-bit decimal nonce is 7 cl100k tokens by itself; the rest of the element is the
+    # tag, the handle and the quotes.
+    assert per_memory["compact"] <= 20
+    assert per_memory["compact"] < per_memory["verbose"] - 15
+
+
+@pytest.mark.parametrize("memory_format", FORMATS)
+@pytest.mark.parametrize("family", ["cl100k_base", "o200k_base"])
+def test_overhead_prices_the_rendering_used_exactly(memory_format: str, family: str) -> None:
+    memories = [{"id": f"id-{i}", "text": t, "score": 0.25, "source": "chat"} for i, t in enumerate(TYPICAL_MEMORIES)]
+
+    def exact(text: str) -> int:
+        return ctxcore.count_tokens(text, family).value
+
+    ov = ctxcore.formatter_overhead(memories, count=exact, memory_format=memory_format, directive="Be brief.")
+    for chosen in ([], [0], [11], [3, 7, 11], list(range(12))):
+        selected = [memories[i] for i in chosen]
+        out = ctxcore.format_context(
+            directive="Be brief.", memories=selected, nonce=ov.nonce, memory_format=memory_format
+        )
+        assert exact(out.text) <= ov.total_tokens + sum(ov.memory_tokens[i] for i in chosen)
+    # The verbose and compact prices differ by what each writes.
+    other = "verbose" if memory_format == "compact" else "compact"
+    assert ctxcore.formatter_overhead(memories, count=exact, memory_format=other).memory_tokens != ov.memory_tokens
+
+
+def test_compact_nonce_is_decimal_and_fresh() -> None:
+    seen = {ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce
+            for _ in range(2000)}
+    assert len(seen) == 2000
+    assert all(re.fullmatch("[0-9]{20}", n) for n in seen)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"memory_format": "terse"}, "memory_format must be one of"),
+        ({"memory_format": "compact", "memory_attributes": ("colour",)}, "unknown attribute 'colour'"),
+        ({"memory_format": "compact", "memory_attributes": "score"}, "memory_attributes must be a sequence"),
+        ({"memory_format": "compact", "nonce": NONCE}, "20 decimal digits"),
+        ({"memory_format": "compact", "nonce": "1" * 19}, "20 decimal digits"),
+    ],
+)
+def test_bad_compact_options_are_rejected(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match=match):
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}], **kwargs)
+
+
+def test_compact_handles_are_read_only_and_pickle() -> None:
+    out = ctxcore.format_context(memories=[{"id": "store-1", "text": "x"}], memory_format="compact")
+    assert dict(out.handles) == {"m1": "store-1"}
+    with pytest.raises(TypeError):
+        out.handles["m2"] = "y"  # type: ignore[index]
+    back = pickle.loads(pickle.dumps(out))
+    assert back == out or (back.text == out.text and dict(back.handles) == dict(out.handles))
+
+
+def test_compact_empty_id_is_rejected_naming_the_index() -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match="index 1: id must be a non-empty str") as info:
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}, {"id": "", "text": "y"}], memory_format="compact")
+    assert info.value.index == 1 and info.value.section == "memories"
