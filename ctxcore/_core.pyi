@@ -65,6 +65,8 @@ def pack_arrays(
 
 MIN_NONCE_HEX_DIGITS: int
 SAFETY_SENTENCE: str
+MIN_COMPACT_NONCE_DIGITS: int
+COMPACT_SAFETY_SENTENCE: str
 FORMAT_SECTIONS: tuple[str, ...]
 
 class InvalidFormatInput(ValueError):
@@ -80,6 +82,7 @@ def format_context(
     nonce: str,
     memories_frame: bool,
     record_pieces: bool,
+    memory_format: int = 0,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 
 ESTIMATOR_BLOCKS: int
@@ -161,6 +164,7 @@ def format_columns(
     nonce: str,
     memories_frame: bool = False,
     record_pieces: bool = False,
+    memory_format: int = 0,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 def encode_trace_rows(
     ids: Sequence[str],

@@ -320,9 +320,15 @@ Formatted to_python(const ctxcore::FormattedText& r) {
   return {std::move(text), std::move(spans), r.replaced_chars, std::move(pieces)};
 }
 
+ctxcore::MemoryFormat to_memory_format(int v) {
+  if (v != static_cast<int>(ctxcore::MemoryFormat::Verbose) && v != static_cast<int>(ctxcore::MemoryFormat::Compact))
+    throw py::value_error("memory_format must be 0 (verbose) or 1 (compact), got " + std::to_string(v));
+  return static_cast<ctxcore::MemoryFormat>(v);
+}
+
 Formatted format_context(const py::object& directive, const py::object& history, const py::object& memories,
                          const py::object& tools_json, const py::str& nonce, bool memories_frame,
-                         bool record_pieces) {
+                         bool record_pieces, int memory_format) {
   Buffers buf(8);
   ctxcore::FormatInput in;
   in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
@@ -333,7 +339,7 @@ Formatted format_context(const py::object& directive, const py::object& history,
   const std::vector<ctxcore::Memory> mems = read_memories(memories, items);
   in.history = {messages.data(), messages.size()};
   in.memories = {mems.data(), mems.size()};
-  ctxcore::FormatOptions opt{memories_frame, record_pieces};
+  ctxcore::FormatOptions opt{memories_frame, record_pieces, to_memory_format(memory_format)};
 
   ctxcore::FormattedText r;
   {
@@ -355,7 +361,7 @@ Formatted format_columns(const py::object& directive, const py::object& history,
                          const py::list& texts, const py::array_t<double, py::array::c_style>& scores,
                          const py::list& sources, const py::array_t<std::int64_t, py::array::c_style>& order,
                          const py::object& tools_json, const py::str& nonce, bool memories_frame,
-                         bool record_pieces) {
+                         bool record_pieces, int memory_format) {
   const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
   if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
       static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
@@ -399,7 +405,7 @@ Formatted format_columns(const py::object& directive, const py::object& history,
   }
   in.history = {messages.data(), messages.size()};
   in.memories = {mems.data(), mems.size()};
-  ctxcore::FormatOptions opt{memories_frame, record_pieces};
+  ctxcore::FormatOptions opt{memories_frame, record_pieces, to_memory_format(memory_format)};
   ctxcore::FormattedText r;
   {
     py::gil_scoped_release nogil;  // as in format_context: only C++ data from here on
@@ -413,6 +419,9 @@ Formatted format_columns(const py::object& directive, const py::object& history,
 void register_format(py::module_& m) {
   m.attr("MIN_NONCE_HEX_DIGITS") = ctxcore::kMinNonceHexDigits;
   m.attr("SAFETY_SENTENCE") = py::str(ctxcore::kSafetySentence.data(), ctxcore::kSafetySentence.size());
+  m.attr("MIN_COMPACT_NONCE_DIGITS") = ctxcore::kMinCompactNonceDigits;
+  m.attr("COMPACT_SAFETY_SENTENCE") =
+      py::str(ctxcore::kCompactSafetySentence.data(), ctxcore::kCompactSafetySentence.size());
   m.attr("FORMAT_SECTIONS") = py::make_tuple(kSectionNames[0], kSectionNames[1], kSectionNames[2], kSectionNames[3]);
 
   invalid_format_type.call_once_and_store_result([&]() -> py::object {
@@ -442,11 +451,11 @@ void register_format(py::module_& m) {
 
   m.def("format_context", &format_context, py::arg("directive"), py::arg("history"), py::arg("memories"),
         py::arg("tools_json"), py::arg("nonce"), py::arg("memories_frame"), py::arg("record_pieces"),
-        "Serialize validated sections. Private: call ctxcore.format_context.");
+        py::arg("memory_format") = 0, "Serialize validated sections. Private: call ctxcore.format_context.");
   m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"),
         py::arg("texts"), py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"),
         py::arg("nonce"), py::arg("memories_frame") = false, py::arg("record_pieces") = false,
-        "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
+        py::arg("memory_format") = 0, "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 
 }  // namespace ctxcore_py

@@ -26,9 +26,18 @@ from lxml import etree
 from testkit import adversarial_corpus
 
 import ctxcore
+from ctxcore.formatting import COMPACT_SAFETY_SENTENCE
 
 DATA = Path(__file__).parent / "data"
 NONCE = "0123456789abcdef" * 2
+COMPACT_NONCE = "01234567890123456789"
+FORMATS = ["verbose", "compact"]
+NONCES = {"verbose": NONCE, "compact": COMPACT_NONCE}
+# Per rendering: the element's tag, its nonce attribute, the safety sentence.
+RENDERING = {
+    "verbose": ("memory", "nonce", ctxcore.SAFETY_SENTENCE),
+    "compact": ("m", "n", COMPACT_SAFETY_SENTENCE),
+}
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
 # Example counts: a quick default, and the long runs behind @pytest.mark.slow.
@@ -84,36 +93,52 @@ def field(item: Any, key: str) -> Any:
     return getattr(item, key, None)
 
 
-def check_memories(out: ctxcore.FormattedContext, memories: Sequence[Any]) -> None:
-    """The memories section parses strictly and gives back each memory exactly."""
+def check_memories(
+    out: ctxcore.FormattedContext,
+    memories: Sequence[Any],
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = (),
+) -> None:
+    """The memories section parses strictly and gives back each memory exactly: its id
+    (through `handles` in the compact rendering), its text and the attributes written."""
     if not memories:
         assert "memories" not in out.sections
         return
+    tag, nonce_attr, sentence = RENDERING[memory_format]
+    if memory_format == "verbose":
+        attributes = ("score", "source")
+        assert dict(out.handles) == {}
+    else:
+        assert list(out.handles) == [f"m{i + 1}" for i in range(len(memories))]
     section = out.sections["memories"]
     assert section in out.text
     root = parse(section)
     assert root.tag == "memories"
-    assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
+    assert root.text == "\n" + sentence + "\n"
     children = list(root)
     assert len(children) == len(memories)
     # No element anywhere but the memory elements, and only they carry the nonce.
     assert sum(1 for _ in root.iter()) == len(memories) + 1
-    assert [el for el in root.iter() if el.get("nonce") is not None] == children
-    for el, m in zip(children, memories):
-        assert el.tag == "memory"
-        assert el.get("nonce") == out.nonce
-        assert el.get("id") == expected(field(m, "id"))
+    assert [el for el in root.iter() if el.get(nonce_attr) is not None] == children
+    for i, (el, m) in enumerate(zip(children, memories)):
+        assert el.tag == tag
+        assert el.get(nonce_attr) == out.nonce
+        if memory_format == "verbose":
+            assert el.get("id") == expected(field(m, "id"))
+        else:
+            assert el.get("id") == f"m{i + 1}"
+            assert out.handles[el.get("id")] == field(m, "id")
         assert (el.text or "") == expected(field(m, "text"))
         assert el.tail == "\n"
-        keys = {"nonce", "id"}
-        if field(m, "score") is not None:
+        keys = {nonce_attr, "id"}
+        if "score" in attributes and field(m, "score") is not None:
             keys.add("score")
             assert float(el.get("score")) == float(field(m, "score"))
-        if field(m, "source") is not None:
+        if "source" in attributes and field(m, "source") is not None:
             keys.add("source")
             assert el.get("source") == expected(field(m, "source"))
         assert set(el.keys()) == keys
-        assert el.keys()[:2] == ["nonce", "id"]
+        assert el.keys()[:2] == [nonce_attr, "id"]
 
 
 def check_history(out: ctxcore.FormattedContext, history: Sequence[Any]) -> None:
@@ -131,8 +156,18 @@ def check_history(out: ctxcore.FormattedContext, history: Sequence[Any]) -> None
         assert (el.text or "") == expected(field(m, "content"))
 
 
-def replaced_in(memories: Sequence[Any], history: Sequence[Any] = (), directive: str | None = None) -> int:
-    n = sum(illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories)
+def replaced_in(
+    memories: Sequence[Any],
+    history: Sequence[Any] = (),
+    directive: str | None = None,
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = (),
+) -> int:
+    if memory_format == "verbose":
+        n = sum(illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories)
+    else:  # the ids are handles; a source only when asked for
+        with_source = "source" in attributes
+        n = sum(illegal(field(m, "text")) + (illegal(field(m, "source") or "") if with_source else 0) for m in memories)
     n += sum(illegal(field(m, "role")) + illegal(field(m, "content")) for m in history)
     return n + illegal(directive or "")
 
@@ -198,13 +233,23 @@ messages = st.lists(
 )
 
 
-def roundtrip(memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None) -> None:
-    out = ctxcore.format_context(history=history, memories=memories, nonce=nonce)
+def roundtrip(
+    memories: list[dict[str, Any]],
+    history: list[dict[str, str]],
+    nonce: str | None,
+    memory_format: str = "verbose",
+    attributes: Sequence[str] = (),
+) -> None:
+    if nonce is not None:
+        nonce = NONCES[memory_format]
+    out = ctxcore.format_context(
+        history=history, memories=memories, nonce=nonce, memory_format=memory_format, memory_attributes=attributes
+    )
     if nonce is not None:
         assert out.nonce == nonce
-    check_memories(out, memories)
+    check_memories(out, memories, memory_format, attributes)
     check_history(out, history)
-    assert out.replaced_chars == replaced_in(memories, history)
+    assert out.replaced_chars == replaced_in(memories, history, None, memory_format, attributes)
     assert list(out.sections) == [s for s, items in (("history", history), ("memories", memories)) if items]
     # With no directive the whole text is well-formed too: the sections are elements.
     if out.text:
@@ -218,6 +263,19 @@ ROUNDTRIP_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[H
 @given(memory_lists(), messages, st.sampled_from([None, NONCE]))
 def test_roundtrip_strict_xml(memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None) -> None:
     roundtrip(memories, history, nonce)
+
+
+@settings(max_examples=DEFAULT_EXAMPLES, **ROUNDTRIP_SETTINGS)  # type: ignore[arg-type]
+@given(
+    memory_lists(),
+    messages,
+    st.sampled_from([None, NONCE]),
+    st.sampled_from([(), ("score",), ("source",), ("score", "source")]),
+)
+def test_roundtrip_strict_xml_compact(
+    memories: list[dict[str, Any]], history: list[dict[str, str]], nonce: str | None, attributes: tuple[str, ...]
+) -> None:
+    roundtrip(memories, history, nonce, "compact", attributes)
 
 
 @pytest.mark.slow
@@ -297,22 +355,27 @@ def test_adversarial_corpus_fixture_covers_its_classes() -> None:
     assert max(len(m["text"]) for m in CORPUS) >= 1_000_000
 
 
-def test_adversarial_corpus_as_memories() -> None:
-    out = ctxcore.format_context(memories=CORPUS)
-    check_memories(out, CORPUS)
-    assert out.replaced_chars == replaced_in(CORPUS)
-    assert out.text.count("<memory ") == len(CORPUS)
-    assert out.text.count("</memory>") == len(CORPUS)
+@pytest.mark.parametrize("memory_format", FORMATS)
+def test_adversarial_corpus_as_memories(memory_format: str) -> None:
+    out = ctxcore.format_context(memories=CORPUS, memory_format=memory_format)
+    check_memories(out, CORPUS, memory_format)
+    assert out.replaced_chars == replaced_in(CORPUS, memory_format=memory_format)
+    tag = RENDERING[memory_format][0]
+    assert out.text.count(f"<{tag} ") == len(CORPUS)
+    assert out.text.count(f"</{tag}>") == len(CORPUS)
     assert out.text.count("<") == out.text.count(">")  # every bracket is ours
     assert "<!" not in out.text and "<?" not in out.text
 
 
+@pytest.mark.parametrize("memory_format", FORMATS)
 @pytest.mark.parametrize("memory", CORPUS, ids=[m["id"].encode("unicode_escape").decode()[:40] for m in CORPUS])
-def test_adversarial_corpus_one_by_one_in_every_position(memory: dict[str, Any]) -> None:
+def test_adversarial_corpus_one_by_one_in_every_position(memory: dict[str, Any], memory_format: str) -> None:
     history = [{"role": "user", "content": memory["text"]}, {"role": memory["id"], "content": "ok"}]
     memories = [{"id": "before", "text": "x"}, memory, {"id": "after", "text": "y"}]
-    out = ctxcore.format_context(directive="Answer briefly.", history=history, memories=memories)
-    check_memories(out, memories)
+    out = ctxcore.format_context(
+        directive="Answer briefly.", history=history, memories=memories, memory_format=memory_format
+    )
+    check_memories(out, memories, memory_format)
     check_history(out, history)
     assert list(out.sections) == ["directive", "history", "memories"]
 
@@ -619,3 +682,102 @@ def test_overhead_needs_a_family_or_a_counter() -> None:
         ctxcore.formatter_overhead([{"id": "m", "text": "x"}], family="no-such-family")
     with pytest.raises(ValueError, match="< 0"):
         ctxcore.formatter_overhead([{"id": "m", "text": "x"}], count=lambda t: -1)
+
+
+# ---- the compact rendering ------------------------------------------------------------
+
+TYPICAL_MEMORIES = [
+    "I moved to Lisbon last spring and I'm still learning Portuguese, slowly.",
+    "My daughter's birthday is on March 3rd; she loves dinosaurs and anything purple.",
+    "Prefers short answers in bullet points, no emojis.",
+    "Works as a nurse on night shifts, so mornings are for sleeping.",
+    "Allergic to peanuts; asked for recipes without nuts last week.",
+    "Is training for a half marathon in October and runs four times a week.",
+    "Uses Python at work and is learning Rust on weekends.",
+    "Has a cat named Miso who knocks things off the desk during calls.",
+    "Wants to visit Japan next year, ideally in cherry blossom season.",
+    "Said the budget for the kitchen renovation is about 15,000 euros.",
+    "Mentioned that her brother is getting married in Porto in June.",
+    "Dislikes long meetings and blocks Friday afternoons for deep work.",
+]
+
+
+def cl100k(text: str) -> int:
+    return ctxcore.count_tokens(text, "cl100k_base").value
+
+
+def test_compact_wrapper_costs_less_and_its_safety_sentence_under_30_tokens() -> None:
+    memories = [{"id": f"{i:08x}-e29b-41d4-a716-446655440000", "text": t, "score": 0.5}
+                for i, t in enumerate(TYPICAL_MEMORIES)]
+    assert cl100k(COMPACT_SAFETY_SENTENCE) < 30
+    assert cl100k(COMPACT_SAFETY_SENTENCE) < cl100k(ctxcore.SAFETY_SENTENCE)
+    per_memory = {}
+    for fmt in FORMATS:
+        out = ctxcore.format_context(memories=memories, memory_format=fmt)
+        root = parse(out.sections["memories"])
+        sentence = RENDERING[fmt][2]
+        frame = cl100k(f"<memories>\n{sentence}\n</memories>")
+        wrapper = cl100k(out.sections["memories"]) - frame - sum(cl100k(t) for t in TYPICAL_MEMORIES)
+        per_memory[fmt] = wrapper / len(memories)
+        assert [el.text for el in root] == TYPICAL_MEMORIES
+    # A 66-bit decimal nonce is 7 cl100k tokens by itself; the rest of the element is the
+    # tag, the handle and the quotes.
+    assert per_memory["compact"] <= 20
+    assert per_memory["compact"] < per_memory["verbose"] - 15
+
+
+@pytest.mark.parametrize("memory_format", FORMATS)
+@pytest.mark.parametrize("family", ["cl100k_base", "o200k_base"])
+def test_overhead_prices_the_rendering_used_exactly(memory_format: str, family: str) -> None:
+    memories = [{"id": f"id-{i}", "text": t, "score": 0.25, "source": "chat"} for i, t in enumerate(TYPICAL_MEMORIES)]
+
+    def exact(text: str) -> int:
+        return ctxcore.count_tokens(text, family).value
+
+    ov = ctxcore.formatter_overhead(memories, count=exact, memory_format=memory_format, directive="Be brief.")
+    for chosen in ([], [0], [11], [3, 7, 11], list(range(12))):
+        selected = [memories[i] for i in chosen]
+        out = ctxcore.format_context(
+            directive="Be brief.", memories=selected, nonce=ov.nonce, memory_format=memory_format
+        )
+        assert exact(out.text) <= ov.total_tokens + sum(ov.memory_tokens[i] for i in chosen)
+    # The verbose and compact prices differ by what each writes.
+    other = "verbose" if memory_format == "compact" else "compact"
+    assert ctxcore.formatter_overhead(memories, count=exact, memory_format=other).memory_tokens != ov.memory_tokens
+
+
+def test_compact_nonce_is_decimal_and_fresh() -> None:
+    seen = {ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce
+            for _ in range(2000)}
+    assert len(seen) == 2000
+    assert all(re.fullmatch("[0-9]{20}", n) for n in seen)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"memory_format": "terse"}, "memory_format must be one of"),
+        ({"memory_format": "compact", "memory_attributes": ("colour",)}, "unknown attribute 'colour'"),
+        ({"memory_format": "compact", "memory_attributes": "score"}, "memory_attributes must be a sequence"),
+        ({"memory_format": "compact", "nonce": NONCE}, "20 decimal digits"),
+        ({"memory_format": "compact", "nonce": "1" * 19}, "20 decimal digits"),
+    ],
+)
+def test_bad_compact_options_are_rejected(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match=match):
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}], **kwargs)
+
+
+def test_compact_handles_are_read_only_and_pickle() -> None:
+    out = ctxcore.format_context(memories=[{"id": "store-1", "text": "x"}], memory_format="compact")
+    assert dict(out.handles) == {"m1": "store-1"}
+    with pytest.raises(TypeError):
+        out.handles["m2"] = "y"  # type: ignore[index]
+    back = pickle.loads(pickle.dumps(out))
+    assert back == out or (back.text == out.text and dict(back.handles) == dict(out.handles))
+
+
+def test_compact_empty_id_is_rejected_naming_the_index() -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match="index 1: id must be a non-empty str") as info:
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}, {"id": "", "text": "y"}], memory_format="compact")
+    assert info.value.index == 1 and info.value.section == "memories"

@@ -29,6 +29,9 @@ namespace ctxcore {
 
 // 128 random bits written as hex: the shortest nonce the serializer accepts.
 inline constexpr std::size_t kMinNonceHexDigits = 32;
+// The compact rendering's nonce: at least 20 decimal digits (66 random bits), which
+// tokenize in fixed groups of three, so cheaper and steadier than hex in every family measured.
+inline constexpr std::size_t kMinCompactNonceDigits = 20;
 // The longest replacement of one input byte: "&quot;" or a JSON "\u0026".
 inline constexpr std::size_t kMaxGrowth = 6;
 
@@ -85,8 +88,14 @@ struct FormatInput {
   View<Message> history;       // empty: no section
   View<Memory> memories;       // empty: no section (unless FormatOptions::memories_frame)
   std::string_view tools_json; // JSON text of the tool schemas; empty: no section
-  std::string_view nonce;      // >= kMinNonceHexDigits lowercase hex digits
+  std::string_view nonce;      // verbose: >= kMinNonceHexDigits lowercase hex digits; compact: >= kMinCompactNonceDigits decimal digits
 };
+
+// How memory elements are written. Values are stable: the Python layer mirrors them.
+//   Verbose: <memory nonce="{hex}" id=".." score=".." source="..">..</memory>, kSafetySentence
+//   Compact: <m n="{decimal}" id=".." score=".." source="..">..</m>, kCompactSafetySentence
+// Both escape every attribute value and body the same way; only the names differ.
+enum class MemoryFormat : std::uint8_t { Verbose = 0, Compact = 1 };
 
 struct FormatOptions {
   // Write the memories section's frame even with no memories: what the overhead is priced
@@ -94,6 +103,8 @@ struct FormatOptions {
   bool memories_frame = false;
   // Record where every piece ends (FormattedText::pieces).
   bool record_pieces = false;
+  // The rendering of memory elements; it decides the nonce's alphabet (see is_valid_nonce).
+  MemoryFormat memory_format = MemoryFormat::Verbose;
 };
 
 // Offsets into the text, in bytes and in code points (what a caller holding the text in
@@ -125,6 +136,8 @@ struct FormattedText {
 
 // The text between <memories> and the first memory. Fixed, so its cost is fixed.
 extern const std::string_view kSafetySentence;
+// The same for the compact rendering: the same meaning in fewer tokens.
+extern const std::string_view kCompactSafetySentence;
 
 // Throws InvalidFormatInput for a bad nonce, an empty id or role, or a non-finite score.
 FormattedText format_context(const FormatInput& input, const FormatOptions& options = {});
@@ -144,5 +157,7 @@ void append_sanitized(std::string& out, std::string_view utf8, std::int64_t& rep
 
 // True when `nonce` is at least kMinNonceHexDigits lowercase hex digits and nothing else.
 bool is_valid_nonce(std::string_view nonce) noexcept;
+// True when `nonce` is at least kMinCompactNonceDigits decimal digits and nothing else.
+bool is_valid_compact_nonce(std::string_view nonce) noexcept;
 
 }  // namespace ctxcore
