@@ -335,21 +335,27 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
 
 
 def _cmd_assemble(args: argparse.Namespace, out: TextIO) -> int:
+    return _with_store(args.db, lambda store: _run_assembly(args, store, out))
+
+
+def _with_store(db: str, fn: Callable[[Any], int]) -> int:
+    """``fn(store)`` on the store `db` names (a SQLite file that exists, or a
+    ``postgresql://`` URL), closed afterwards; a store that cannot open is a `CliError`."""
     from .stores import MemoryStoreError, SqliteMemoryStore, is_postgres_url
 
-    if is_postgres_url(args.db):
+    if is_postgres_url(db):
         from .stores.postgres_cli import open_cli_store
 
-        with open_cli_store(args.db) as pg_store:
-            return _run_assembly(args, pg_store, out)
-    if not Path(args.db).exists():
-        raise CliError(f"no database at {args.db} (create one with `ctxcore memories add FILE --db {args.db}`)")
+        with open_cli_store(db) as pg_store:
+            return fn(pg_store)
+    if not Path(db).exists():
+        raise CliError(f"no database at {db} (create one with `ctxcore memories add FILE --db {db}`)")
     try:
-        store = SqliteMemoryStore(args.db)
+        store = SqliteMemoryStore(db)
     except MemoryStoreError as exc:
         raise CliError(str(exc)) from None
     with store:
-        return _run_assembly(args, store, out)
+        return fn(store)
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -473,7 +479,6 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     import logging
 
     from .evaluation import LabelError, evaluate, plot_recall, read_labels
-    from .stores import MemoryStoreError, SqliteMemoryStore, is_postgres_url
 
     try:
         labels = read_labels(args.labels, organization_id=args.org, agent_id=args.agent)
@@ -497,19 +502,7 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
             out.write(report.table() + "\n")
         return 0
 
-    if is_postgres_url(args.db):
-        from .stores.postgres_cli import open_cli_store
-
-        with open_cli_store(args.db) as pg_store:
-            return run(pg_store)
-    if not Path(args.db).exists():
-        raise CliError(f"no database at {args.db}")
-    try:
-        store = SqliteMemoryStore(args.db)
-    except MemoryStoreError as exc:
-        raise CliError(str(exc)) from None
-    with store:
-        return run(store)
+    return _with_store(args.db, run)
 
 
 def _add_eval(sub: Any) -> None:

@@ -263,23 +263,19 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
 
 
 def _nonce(nonce: object, code: int = 0) -> str:
-    if code == _FORMAT_CODES["compact"]:
-        if nonce is None:
-            return f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}"
-        if not isinstance(nonce, str):
-            raise _invalid(f"nonce must be a str or None, got {type(nonce).__name__}", FormatSection.MEMORIES)
-        if _COMPACT_NONCE.fullmatch(nonce) is None:
-            raise _invalid(
-                f"nonce must be at least {COMPACT_NONCE_DIGITS} decimal digits (0-9) for the compact rendering, "
-                f"got {len(nonce)} characters",
-                FormatSection.MEMORIES,
-            )
-        return nonce
+    compact = code == _FORMAT_CODES["compact"]
     if nonce is None:
-        return secrets.token_hex(NONCE_BYTES)
+        return (f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}" if compact
+                else secrets.token_hex(NONCE_BYTES))
     if not isinstance(nonce, str):
         raise _invalid(f"nonce must be a str or None, got {type(nonce).__name__}", FormatSection.MEMORIES)
-    if _NONCE.fullmatch(nonce) is None:
+    if compact and _COMPACT_NONCE.fullmatch(nonce) is None:
+        raise _invalid(
+            f"nonce must be at least {COMPACT_NONCE_DIGITS} decimal digits (0-9) for the compact rendering, "
+            f"got {len(nonce)} characters",
+            FormatSection.MEMORIES,
+        )
+    if not compact and _NONCE.fullmatch(nonce) is None:
         raise _invalid(
             f"nonce must be at least {MIN_NONCE_HEX_DIGITS} lowercase hex digits (0-9a-f), "
             f"got {len(nonce)} characters{'' if len(nonce) < MIN_NONCE_HEX_DIGITS else ' outside 0-9a-f'}",
