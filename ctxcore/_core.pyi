@@ -165,6 +165,8 @@ def format_columns(
     memories_frame: bool = False,
     record_pieces: bool = False,
     memory_format: int = 0,
+    attributes: int = 3,
+    handles: bool = False,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 def encode_trace_rows(
     ids: Sequence[str],

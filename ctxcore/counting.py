@@ -35,6 +35,7 @@ from . import _core, tokens
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",
     "boundary_allowance",
+    "compact_body_units",
     "count_exact_batch",
     "count_memory_tokens",
     "memory_units",
@@ -89,6 +90,34 @@ def memory_units(ids: Sequence[str], texts: Sequence[str]) -> list[str]:
             cut = piece.index('">', head)
             out.append(piece[head : cut + 1])
             out.append(piece[cut:])
+        begin = end
+    return out
+
+
+def compact_body_units(texts: Sequence[str]) -> list[str]:
+    """Each memory's body unit in the compact rendering, ``">ESCAPED BODY</m>"``, as the
+    serializer writes it. In the compact rendering an element is ``P + I + [M] + B`` with
+    ``P = '\\n<m n="NONCE"'``, ``I = ' id="mK'`` (the handle, without its closing quote)
+    and ``M`` the optional attributes; the cuts lie where the built-in families' chunks
+    always end, as in the verbose rendering. A body unit differs from the verbose ``B``
+    only in the closing tag's name, which is a chunk of its own.
+
+    Raises:
+        InvalidFormatInput: a text is not a str.
+
+    >>> compact_body_units(["a < b"])
+    ['">a &lt; b</m>']
+    """
+    if not texts:
+        return []
+    items = [{"id": "m", "text": t} for t in texts]
+    text, _, _, pieces = _core.format_context(None, (), items, None, _NONCE[:20], False, True, 1)
+    head = len(f'\n<m n="{_NONCE[:20]}" id="m')
+    out: list[str] = []
+    begin = 0
+    for kind, end in pieces:
+        if kind == 3:  # a memory element
+            out.append(text[begin + head : end])
         begin = end
     return out
 

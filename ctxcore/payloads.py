@@ -557,9 +557,11 @@ def rendering_costs(
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]],
     count: Callable[[str], int] | None = None,
+    memory_format: str = "verbose",
 ) -> RenderingCosts:
     """Price the fixed parts of a payload rendering by the provider's rule, in the
-    model's family (exact counts when `exact`, else the estimator; or `count`).
+    model's family (exact counts when `exact`, else the estimator; or `count`), with the
+    memories section's frame in `memory_format` (as for `ctxcore.format_context`).
 
     >>> c = rendering_costs(Rendering.OPENAI, model="gpt-4", family="cl100k_base", exact=True,
     ...                     directive="Be brief.", messages=[Message("user", "hi")], tools=())
@@ -573,11 +575,12 @@ def rendering_costs(
         count = _counter(family, exact)
         # The estimator prices the frame's pieces behind what precedes them (the formatter's
         # own pricing), which keeps the memory block's estimate within frame + memories.
-        memory_frame = formatter_overhead((), family=family).fixed_tokens if not exact else None
+        memory_frame = (formatter_overhead((), family=family, memory_format=memory_format).fixed_tokens
+                        if not exact else None)
     else:
         memory_frame = None
     if memory_frame is None:
-        memory_frame = formatter_overhead((), count=count).fixed_tokens
+        memory_frame = formatter_overhead((), count=count, memory_format=memory_format).fixed_tokens
     priced = [message_tokens(m, rendering, count, index=i) for i, m in enumerate(messages)]
     if rendering is Rendering.OPENAI:
         t = count_openai({"messages": [], "tools": render_openai(tools=tools).get("tools", [])}, count, model=model)
@@ -615,8 +618,10 @@ def price_rendering(
     directive: str | None,
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]],
+    memory_format: str = "verbose",
 ) -> tuple[FormatterOverhead, RenderingPrice]:
-    """Reprice the fixed parts of an assembly for the rendering asked for.
+    """Reprice the fixed parts of an assembly for the rendering asked for (`memory_format`:
+    the rendering of the memory elements `overhead` was priced for).
 
     For ``text`` the formatter's prices stand. For a payload (`rendering_costs`) the
     directive and tools terms become their tokens in the payload by the provider's rule,
@@ -638,7 +643,7 @@ def price_rendering(
     if rendering is Rendering.TEXT:
         return overhead, RenderingPrice(rendering, 0, overhead.directive_tokens + overhead.history_tokens)
     c = rendering_costs(rendering, model=model, family=family, exact=exact, directive=directive,
-                        messages=messages, tools=tools)
+                        messages=messages, tools=tools, memory_format=memory_format)
     repriced = replace(
         overhead,
         directive_tokens=c.directive_tokens,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from .budget import check_token_budget
+from .formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
 from .memory import MAX_RETRIEVAL_LIMIT, Query, Scope
 from .scoring import COMPONENTS, ValueModel
 
@@ -509,6 +510,12 @@ class AssemblyOptions:
         skip_memory: True skips the memory branches but still fetches the directive.
         rendering: the form the context is handed over in (``text``, ``openai``,
             ``anthropic``); the budget counts that rendering's framing.
+        memory_format: how memory elements are written: ``"compact"`` (the default:
+            ``<m n="NONCE" id="m1">``, ids as per-assembly handles mapped back in
+            `AssembledContext.handles`) or ``"verbose"`` (``<memory nonce=".." id="STORE ID"
+            score=".." source="..">``); see `ctxcore.format_context`.
+        memory_attributes: for the compact rendering, the optional attributes to write
+            (from ``("score", "source")``); none by default. The verbose rendering writes both.
     """
 
     weights: Mapping[str, float] | None = None
@@ -522,6 +529,8 @@ class AssemblyOptions:
     rendering: Rendering = Rendering.TEXT
     value_model: ValueModel | str = field(default_factory=ValueModel)
     pool: int = DEFAULT_POOL
+    memory_format: str = "compact"
+    memory_attributes: tuple[str, ...] = ()
 
     if TYPE_CHECKING:
         # What callers may pass (the generated __init__ converts): any iterable of ids,
@@ -539,6 +548,8 @@ class AssemblyOptions:
             rendering: Rendering | str = Rendering.TEXT,
             value_model: ValueModel | str | None = None,
             pool: int = DEFAULT_POOL,
+            memory_format: str = "compact",
+            memory_attributes: Iterable[str] = (),
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -561,6 +572,20 @@ class AssemblyOptions:
             if not isinstance(mid, str):
                 raise TypeError(f"pinned_memory_ids[{i}] must be a str, got {type(mid).__name__}")
         object.__setattr__(self, "pinned_memory_ids", frozenset(ids))
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ValueError(f"memory_format must be one of {MEMORY_FORMATS}, got {self.memory_format!r:.40}")
+        attrs: Any = self.memory_attributes
+        if isinstance(attrs, (str, bytes)):
+            raise TypeError(f"memory_attributes must be a collection of names, not a single {type(attrs).__name__}")
+        try:
+            attrs = tuple(attrs)
+        except TypeError:
+            raise TypeError(f"memory_attributes must be an iterable of str, got {type(attrs).__name__}") from None
+        for name in attrs:
+            if name not in MEMORY_ATTRIBUTES:
+                raise ValueError(f"memory_attributes: unknown attribute {name!r:.40}; known: {MEMORY_ATTRIBUTES}")
+        # One order whatever order they were named in: the rendering does not depend on it.
+        object.__setattr__(self, "memory_attributes", tuple(a for a in MEMORY_ATTRIBUTES if a in attrs))
         for name in ("context_enabled", "skip_memory"):
             if not isinstance(getattr(self, name), bool):  # "false" would be truthy
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")

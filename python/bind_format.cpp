@@ -355,13 +355,18 @@ Formatted format_context(const py::object& directive, const py::object& history,
 
 // The columnar form of format_context for the assembly: memory k of the context is row
 // order[k] of (ids, texts, scores, sources), its score rounded to four decimal places so
-// that the text carries no float noise. The columns come from validated records
+// that the text carries no float noise. `attributes` says which optional attributes are
+// written (bit 0 the score, bit 1 the source); with `handles` memory k's id is the handle
+// "m{k+1}" instead of its row's id. The columns come from validated records
 // (ctxcore.MemoryRecord); their types are checked again here all the same.
 Formatted format_columns(const py::object& directive, const py::object& history, const py::list& ids,
                          const py::list& texts, const py::array_t<double, py::array::c_style>& scores,
                          const py::list& sources, const py::array_t<std::int64_t, py::array::c_style>& order,
                          const py::object& tools_json, const py::str& nonce, bool memories_frame,
-                         bool record_pieces, int memory_format) {
+                         bool record_pieces, int memory_format, int attributes, bool handles) {
+  if (attributes < 0 || attributes > 3)
+    throw py::value_error("format_columns: attributes must be a mask of 1 (score) and 2 (source), got " +
+                          std::to_string(attributes));
   const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
   if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
       static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
@@ -376,6 +381,9 @@ Formatted format_columns(const py::object& directive, const py::object& history,
   Buffers items(3 * n + 2 * static_cast<std::size_t>(py::len(history)));
   const std::vector<ctxcore::Message> messages = read_history(history, items);
   std::vector<ctxcore::Memory> mems(n);
+  // The handles' text, written before any view of it is taken (no reallocation after).
+  std::vector<std::string> handle_text(handles ? n : 0);
+  for (std::size_t k = 0; k < handle_text.size(); ++k) handle_text[k] = "m" + std::to_string(k + 1);
   const double* sc = scores.data();
   const std::int64_t* ord = order.data();
   for (std::size_t k = 0; k < n; ++k) {
@@ -393,11 +401,11 @@ Formatted format_columns(const py::object& directive, const py::object& history,
     if (!PyUnicode_Check(text)) fail("text must be str");
     if (!std::isfinite(sc[row])) fail("score must be finite");
     ctxcore::Memory& m = mems[k];
-    m.id = items.utf8(id);
+    m.id = handles ? std::string_view(handle_text[k]) : items.utf8(id);
     m.text = items.utf8(text);
     m.score = std::nearbyint(sc[row] * 1e4) / 1e4;
-    m.has_score = true;
-    if (source != Py_None) {
+    m.has_score = (attributes & 1) != 0;
+    if ((attributes & 2) != 0 && source != Py_None) {
       if (!PyUnicode_Check(source)) fail("source must be str or None");
       m.source = items.utf8(source);
       m.has_source = true;
@@ -455,7 +463,8 @@ void register_format(py::module_& m) {
   m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"),
         py::arg("texts"), py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"),
         py::arg("nonce"), py::arg("memories_frame") = false, py::arg("record_pieces") = false,
-        py::arg("memory_format") = 0, "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
+        py::arg("memory_format") = 0, py::arg("attributes") = 3, py::arg("handles") = false,
+        "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 
 }  // namespace ctxcore_py

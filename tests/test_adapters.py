@@ -52,9 +52,14 @@ ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, 
 def check_block(block: str, ctx: ctxcore.AssembledContext) -> None:
     parser = etree.XMLParser(recover=False, resolve_entities=False, no_network=True, load_dtd=False)
     root = etree.fromstring(block.encode(), parser)
-    assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
-    assert [el.get("id") for el in root] == list(ctx.selected_ids)
-    assert all(el.get("nonce") == ctx.nonce for el in root)
+    if ctx.memory_format == "compact":
+        assert root.text == "\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE + "\n"
+        assert [ctx.handles[el.get("id")] for el in root] == list(ctx.selected_ids)
+        assert all(el.tag == "m" and el.get("n") == ctx.nonce for el in root)
+    else:
+        assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
+        assert [el.get("id") for el in root] == list(ctx.selected_ids)
+        assert all(el.get("nonce") == ctx.nonce for el in root)
 
 
 def test_adapters_stay_out_of_the_core_import_path() -> None:

@@ -221,12 +221,19 @@ def check_memory_block(block: str, ctx: ctxcore.AssembledContext, texts: dict[st
     assert block == ctx.sections["memories"]
     root = strict_parse(block)
     assert root.tag == "memories"
-    assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
     children = list(root)
     assert sum(1 for _ in root.iter()) == len(children) + 1  # nothing but memory elements
-    assert [el.get("id") for el in children] == [expected(i) for i in ctx.selected_ids]
+    if ctx.memory_format == "compact":
+        assert root.text == "\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE + "\n"
+        assert [el.get("id") for el in children] == [f"m{k + 1}" for k in range(len(children))]
+        assert [ctx.handles[el.get("id")] for el in children] == list(ctx.selected_ids)
+        tag, nonce_attr = "m", "n"
+    else:
+        assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
+        assert [el.get("id") for el in children] == [expected(i) for i in ctx.selected_ids]
+        tag, nonce_attr = "memory", "nonce"
     for el, mid in zip(children, ctx.selected_ids):
-        assert el.tag == "memory" and el.get("nonce") == ctx.nonce
+        assert el.tag == tag and el.get(nonce_attr) == ctx.nonce
         assert (el.text or "") == expected(texts[mid])
 
 
@@ -517,9 +524,9 @@ def test_the_ledger_carries_the_framing_of_the_rendering_asked_for() -> None:
     assert oa.framing_tokens == fixed.framing + role_extra + 3 + est("user")  # + the memory message's framing
     # The memories section's tags and safety sentence.
     if exact:
-        frame = ctxcore.formatter_overhead((), count=est).fixed_tokens
+        frame = ctxcore.formatter_overhead((), count=est, memory_format=oa.memory_format).fixed_tokens
     else:
-        frame = ctxcore.formatter_overhead((), family="cl100k_base").fixed_tokens
+        frame = ctxcore.formatter_overhead((), family="cl100k_base", memory_format=oa.memory_format).fixed_tokens
     assert b.directive_tokens + b.messages_tokens + b.tool_schema_tokens + b.formatter_overhead_tokens == \
         fixed.total + role_extra + 3 + est("user") + frame
     # Each message carries its own framing in the messages term: trimming takes it off with it.
@@ -782,7 +789,8 @@ def test_adversarial_corpus_inside_payloads(rendering: str) -> None:
     assert block is not None and len(ctx.selected_ids) == len(small)
     check_memory_block(block, ctx, {m["id"]: m["text"] for m in small})
     # No memory text leaves its element: the only unescaped brackets are the serializer's.
-    assert block.count("<memory ") == len(small) and block.count("</memory>") == len(small)
+    tag = "m" if ctx.memory_format == "compact" else "memory"
+    assert block.count(f"<{tag} ") == len(small) and block.count(f"</{tag}>") == len(small)
     if rendering == "openai":
         assert [m["content"] for m in p["messages"][1:-1]] == [h["content"] for h in history]
 
@@ -816,7 +824,7 @@ def test_cli_prints_the_payloads() -> None:
     assert out.returncode == 0, out.stderr
     p = json.loads(out.stdout)
     check_openai(p)
-    assert p["messages"][-1]["content"].startswith("<memories>\n" + ctxcore.SAFETY_SENTENCE)
+    assert p["messages"][-1]["content"].startswith("<memories>\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE)
     out = subprocess.run([exe, "demo", "--format", "anthropic", "--json"], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr

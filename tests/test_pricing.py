@@ -100,12 +100,28 @@ def _element_in_context(family: str, item: dict[str, object], nonce: str) -> int
     return max(count(c + element) - count(c) for c in (">", "."))
 
 
-def _assemble(family: str, mems: list[ctxcore.MemoryRecord], **kw: object) -> ctxcore.AssembledContext:
+def _compact_elements(ctx: ctxcore.AssembledContext, family: str) -> dict[str, int]:
+    """Store id -> exact tokens its compact element adds to the text, behind either
+    character that can precede it, read from the assembled text itself."""
+    section = ctx.sections["memories"]
+    body = section[len("<memories>\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE) : -len("\n</memories>")]
+    count = lambda s: ctxcore.count_tokens(s, family).value  # noqa: E731
+    out: dict[str, int] = {}
+    for part in body.split("\n<m n=")[1:]:
+        element = "\n<m n=" + part
+        handle = element.split(' id="', 1)[1].split('"', 1)[0]
+        out[ctx.handles[handle]] = max(count(c + element) - count(c) for c in (">", "."))
+    return out
+
+
+def _assemble(family: str, mems: list[ctxcore.MemoryRecord], memory_format: str = "verbose",
+              **kw: object) -> ctxcore.AssembledContext:
     async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
         return mems
 
     req = ctxcore.AssemblyRequest(
-        "o", "a", MODEL_OF[family], ctxcore.Query("q"), options=ctxcore.AssemblyOptions(max_memories=1000), **kw  # type: ignore[arg-type]
+        "o", "a", MODEL_OF[family], ctxcore.Query("q"),
+        options=ctxcore.AssemblyOptions(max_memories=1000, memory_format=memory_format), **kw  # type: ignore[arg-type]
     )
     return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), config=ROOMY))
 
@@ -121,27 +137,35 @@ def _records(family: str, pairs: list[tuple[str, str]], sims: list[float]) -> li
 SLACK: dict[str, list[int]] = {}
 
 
+@pytest.mark.parametrize("memory_format", ["verbose", "compact"])
 @pytest.mark.parametrize("family", EXACT_FAMILIES)
 @given(data=st.data())
 @settings(max_examples=120, deadline=None)
-def test_exact_element_price_bounds_its_exact_count(family: str, data: st.DataObject) -> None:
-    """Every memory element's priced cost (stored id+body count, head, score/source shape)
-    is at least the exact count it adds to the prompt, for adversarial and multilingual
-    ids and bodies; and the whole prompt's exact count is at most `prompt_tokens`."""
+def test_exact_element_price_bounds_its_exact_count(family: str, memory_format: str, data: st.DataObject) -> None:
+    """Every memory element's priced cost (from the stored id+body count: head, handle or
+    id, score/source shape) is at least the exact count it adds to the prompt, for
+    adversarial and multilingual ids and bodies, in both renderings; and the whole
+    prompt's exact count is at most `prompt_tokens`."""
     pairs = data.draw(st.lists(st.tuples(ids, bodies), min_size=1, max_size=8, unique_by=lambda p: p[0]))
     sims = data.draw(st.lists(st.floats(0.2, 1.0), min_size=len(pairs), max_size=len(pairs)))
-    ctx = _assemble(family, _records(family, pairs, sims))
+    ctx = _assemble(family, _records(family, pairs, sims), memory_format)
     assert ctx.prompt_tokens is not None and ctx.prompt_tokens.kind == ctxcore.TokenKind.EXACT
     assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value
     texts = dict(pairs)
+    compact = _compact_elements(ctx, family) if memory_format == "compact" else {}
+    assert set(compact) == set(ctx.selected_ids if compact else ())
     for e in ctx.trace:
         assert e.pricing == "stored"
-        item = {"id": e.memory_id, "text": texts[e.memory_id], "score": round(e.score, 4), "source": e.origin}
-        exact = _element_in_context(family, item, ctx.nonce)
-        assert exact <= e.tokens, (item, exact, e.tokens)
-        SLACK.setdefault(family, []).append(e.tokens - exact)
+        if memory_format == "compact":
+            exact = compact[e.memory_id]
+        else:
+            item = {"id": e.memory_id, "text": texts[e.memory_id], "score": round(e.score, 4), "source": e.origin}
+            exact = _element_in_context(family, item, ctx.nonce)
+        assert exact <= e.tokens, (e.memory_id, exact, e.tokens)
+        SLACK.setdefault(f"{family} {memory_format}", []).append(e.tokens - exact)
 
 
+@pytest.mark.parametrize("memory_format", ["verbose", "compact"])
 @pytest.mark.parametrize("family", EXACT_FAMILIES)
 @given(
     directive=st.one_of(st.none(), bodies),
@@ -150,7 +174,7 @@ def test_exact_element_price_bounds_its_exact_count(family: str, data: st.DataOb
     pairs=st.lists(st.tuples(ids, bodies), max_size=5, unique_by=lambda p: p[0]),
 )
 @settings(max_examples=80, deadline=None)
-def test_exact_prompt_price_bounds_the_whole_prompt(family, directive, history, tool_text, pairs) -> None:  # type: ignore[no-untyped-def]
+def test_exact_prompt_price_bounds_the_whole_prompt(family, memory_format, directive, history, tool_text, pairs) -> None:  # type: ignore[no-untyped-def]
     """Directive, messages and tools with adversarial ends (caller text next to the
     frame), and memories: the exact count of the whole prompt never exceeds the priced
     one (the directive's boundary allowance included)."""
@@ -164,7 +188,8 @@ def test_exact_prompt_price_bounds_the_whole_prompt(family, directive, history, 
 
     msgs = tuple(ctxcore.Message(r, c) for r, c in history) + (ctxcore.Message("user", "q"),)
     tools = ({"name": "t", "description": tool_text},) if tool_text is not None else ()
-    req = ctxcore.AssemblyRequest("o", "a", MODEL_OF[family], ctxcore.Query("q"), messages=msgs, tools=tools)
+    req = ctxcore.AssemblyRequest("o", "a", MODEL_OF[family], ctxcore.Query("q"), messages=msgs, tools=tools,
+                                  options=ctxcore.AssemblyOptions(memory_format=memory_format))
     ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(directive=directive_fn, hot=hot), config=ROOMY))
     assert ctx.prompt_tokens is not None
     assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value

@@ -105,7 +105,7 @@ def test_serve_answers_reflects_and_counts(served: Served) -> None:
             for q in ("Can I return shoes after three weeks?", "refund to gift card", "shipping to Canada"):
                 ctx = await client.assemble(_request(q))
                 assert ctx.scope.organization_id == ORG  # (the first call may degrade while caches warm)
-                bodies += re.findall(r'<memory [^>]*>([^<]{20,})</memory>', ctx.text)
+                bodies += re.findall(r'<(?:memory|m) [^>]*>([^<]{20,})</(?:memory|m)>', ctx.text)
         return bodies
 
     bodies = asyncio.run(main())

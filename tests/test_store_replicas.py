@@ -78,7 +78,7 @@ def _req(org: str, agent: str, q: str) -> AssemblyRequest:
 
 
 def _bodies(text: str) -> list[str]:
-    return re.findall(r"<memory [^>]*>([^<]+)</memory>", text)
+    return re.findall(r"<(?:memory|m) [^>]*>([^<]+)</(?:memory|m)>", text)
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,10 @@ class AssembledContext:
         framing_tokens: the provider's chat framing in the ledger (0 for ``text``).
         stable_prefix_tokens: tokens of the part that stays the same between turns of a
             conversation (tools, directive, history), which prompt caches can reuse.
+        memory_format: the rendering of the memory elements (`AssemblyOptions.memory_format`).
+        handles: in the compact rendering, each selected memory's handle (``m1``..``mN``, in
+            the order of `text`) -> its store id; empty in the verbose rendering, whose
+            elements carry the store ids.
     """
 
     text: str
@@ -84,6 +88,8 @@ class AssembledContext:
     rendering: Rendering = Rendering.TEXT
     framing_tokens: int = 0
     stable_prefix_tokens: int = 0
+    memory_format: str = "verbose"
+    handles: Mapping[str, str] = field(default_factory=dict)
 
     def to_openai(self, *, directive_role: str | None = None) -> dict[str, Any]:
         """The context as a Chat Completions request body: ``{"messages", "tools"}``.

@@ -20,6 +20,7 @@ from .. import _core, tokens
 from ..catalog import Catalog, ModelCapability
 from ..counting import boundary_allowance, count_exact_batch
 from ..errors import TokenizerUnavailable
+from ..formatting import _FORMAT_CODES
 from ..tokens import TokenKind, _estimator_for, exact_families
 
 #: Exact counting speed assumed when deciding whether a count can be had before the
@@ -114,10 +115,17 @@ def _split(text: str, pieces: Sequence[tuple[int, int]]) -> tuple[list[int], lis
 
 @dataclass(slots=True)
 class _Ledger:
-    """Prices the formatter's pieces in one family, exactly or with the estimator."""
+    """Prices the formatter's pieces in one family, exactly or with the estimator, for
+    one rendering of the memory elements (`memory_format`, as for `format_context`)."""
 
     family: str
     exact: bool
+    memory_format: str = "verbose"
+
+    @property
+    def format_code(self) -> int:
+        """The serializer's code of `memory_format`."""
+        return _FORMAT_CODES[self.memory_format]
 
     def costs(self, text: str, pieces: Sequence[tuple[int, int]], texts: Sequence[str]) -> list[int]:
         """Each piece's cost: its exact count on its own, or the estimator's price of it
@@ -140,7 +148,8 @@ class _Ledger:
     def price(self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None,
               frame: bool) -> tuple[list[int], list[int]]:
         """(kinds, costs) of every piece of the context formatted without memories."""
-        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, _PRICING_NONCE, frame, True)
+        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, _PRICING_NONCE, frame, True,
+                                                  self.format_code)
         kinds, texts = _split(text, pieces)
         return kinds, self.costs(text, pieces, texts)
 
@@ -148,7 +157,8 @@ class _Ledger:
         """The formatter's fixed text (with the memories section) and the directive's cost.
         Placeholders stand in for the messages and tools: the frame around them is the same.
         Kept per directive (a scope's repeats on every call), least recently used first out."""
-        key = (self.exact, has_history, has_tools, _CountCache.key(self.family, directive or ""), directive is None)
+        key = (self.exact, self.format_code, has_history, has_tools, _CountCache.key(self.family, directive or ""),
+               directive is None)
         got = _FRAMES.get_many([key])[0]
         if got is None:
             got = self._frame_and_directive(directive, has_history, has_tools)

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..catalog import Catalog, default_catalog
-from ..formatting import _SECTIONS, NONCE_BYTES, _Sections
+from ..formatting import _SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, _Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..request import AssemblyRequest
@@ -36,7 +36,7 @@ from .config import AssemblyConfig
 from .context import AssembledContext
 from .gate import _Columns, gate
 from .plan import _Plan, _plan, _settle
-from .pricing import price_candidates
+from .pricing import attribute_mask, price_candidates
 from .trace import _PACK_REASON_CODES, _REASON_CODE, TraceTable, _TraceRows
 
 _PINNED = "pinned"
@@ -200,13 +200,15 @@ def _finish(
     t_budgeted = time.perf_counter()
 
     # ---- price the candidates, pack
-    nonce = secrets.token_hex(NONCE_BYTES)
+    compact = opts.memory_format == "compact"
+    nonce = (f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}" if compact
+             else secrets.token_hex(NONCE_BYTES))
     pack_result: PackResult | None = None
     memory_total = 0
     selected = np.empty(0, dtype=np.intp)
     if cand.size:
         costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
-                                                     cfg.packing_headroom_ms / 2)
+                                                     cfg.packing_headroom_ms / 2, opts.memory_attributes)
         pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids,
                             model.rank_tolerance if model is not None else 0.0)
         memory_total = int(pack_result.tokens_used)
@@ -221,8 +223,10 @@ def _finish(
     # ---- format
     text, spans, replaced, _ = _core.format_columns(
         directive, history, cols.ids, cols.texts, cols.scores if cols.n else np.empty(0), cols.origins,
-        selected.astype(np.int64, copy=False), plan.tools_json, nonce,
+        selected.astype(np.int64, copy=False), plan.tools_json, nonce, False, False,
+        plan.ledger.format_code, attribute_mask(opts.memory_attributes) if compact else 3, compact,
     )
+    handles = {f"m{k + 1}": cols.ids[i] for k, i in enumerate(selected.tolist())} if compact else {}
     sections = _Sections(text, {str(_SECTIONS[k]): (begin, end) for k, begin, end in spans})
     t_end = time.perf_counter()
     timings = StageTimings(
@@ -271,4 +275,6 @@ def _finish(
         rendering=opts.rendering,
         framing_tokens=framing,
         stable_prefix_tokens=stable,
+        memory_format=opts.memory_format,
+        handles=handles,
     )

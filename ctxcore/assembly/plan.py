@@ -74,7 +74,8 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
         # is in estimate counts, never a mix).
         uncached = _uncached_bytes(texts, family)
         exact = uncached <= 0.5 * _time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
-    ledger = _Ledger(family, exact)
+    memory_format = request.options.memory_format
+    ledger = _Ledger(family, exact, memory_format)
     lcap = _ledger_capability(cat, cap, exact)
     rendering = request.options.rendering
     payload: RenderingCosts | None = None
@@ -86,7 +87,7 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
         # A payload: each message costs its content and its framing by the provider's rule
         # (additive over messages, so trimming takes a group's framing off with it).
         payload = rendering_costs(rendering, model=cap.name, family=family, exact=exact, directive=None,
-                                  messages=request.messages, tools=request.tools)
+                                  messages=request.messages, tools=request.tools, memory_format=memory_format)
         message_costs = np.array(payload.message_tokens, dtype=np.int64)
         tools_tokens = payload.tools_tokens
     groups = _turn_groups(request.messages)
@@ -129,7 +130,7 @@ def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[in
         return fixed, dcost, 0
     # The directive alone: no messages or tools to price again.
     d = rendering_costs(plan.payload.rendering, model=model, family=plan.ledger.family, exact=plan.ledger.exact,
-                        directive=directive, messages=(), tools=())
+                        directive=directive, messages=(), tools=(), memory_format=plan.ledger.memory_format)
     return plan.payload.fixed_tokens + d.directive_framing, d.directive_tokens, d.directive_framing
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..counting import boundary_allowance, count_exact_batch, memory_units
-from ..formatting import _price_estimated, formatter_overhead
+from ..counting import boundary_allowance, compact_body_units, count_exact_batch, memory_units
+from ..formatting import _FORMAT_CODES, MEMORY_ATTRIBUTES, _price_estimated
 from ..memory import MemoryBatch, MemoryRecord, _Chain
 from ..result import (
     Pricing,
@@ -32,7 +32,8 @@ from .trace import _PRICING_CODE
 
 
 class _ShapeCache:
-    """Exact counts of the score/source unit ``M`` per family and source, by the score's
+    """Exact counts of the attribute unit ``M`` per family, source and attribute mask
+    (1 the score, 2 the source; the verbose rendering writes both), by the score's
     four-decimal key ``k = rint(score * 1e4)``: a dense table over k in 0..10000 (the
     scores' range), looked up as arrays; other keys (a weighted score outside [0, 1]) in a
     bounded dict. Counted on first sight, in one batch per call. Thread-safe: a table
@@ -42,23 +43,27 @@ class _ShapeCache:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._tables: dict[tuple[str, str], npt.NDArray[np.int32]] = {}
-        self._other: dict[tuple[str, float, str], int] = {}
+        self._tables: dict[tuple[str, str, int], npt.NDArray[np.int32]] = {}
+        self._other: dict[tuple[str, float, str, int], int] = {}
         self._lock = threading.Lock()
 
-    def _table(self, family: str, source: str) -> npt.NDArray[np.int32]:
-        t = self._tables.get((family, source))
+
+    def _table(self, family: str, source: str, mask: int) -> npt.NDArray[np.int32]:
+        t = self._tables.get((family, source, mask))
         if t is None:
             with self._lock:
                 if len(self._tables) >= 256:  # sources are few; a flood of new ones resets
                     self._tables.clear()
-                t = self._tables.setdefault((family, source), np.full(self.SPAN, -1, dtype=np.int32))
+                t = self._tables.setdefault((family, source, mask), np.full(self.SPAN, -1, dtype=np.int32))
         return t
 
     def costs(self, family: str, keys: npt.NDArray[np.float64], sources: Sequence[str],
-              source_code: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``M`` of each (key, ``sources[source_code]``) pair."""
+              source_code: npt.NDArray[np.int64], mask: int = 3) -> npt.NDArray[np.int64]:
+        """``M`` of each (key, ``sources[source_code]``) pair, for the attributes in `mask`."""
         out = np.empty(keys.size, dtype=np.int64)
+        if mask == 0:
+            out.fill(0)
+            return out
         if len(sources) == 1:
             groups = [(sources[0], np.arange(keys.size))]
         else:
@@ -67,35 +72,35 @@ class _ShapeCache:
             k = keys[rows]
             dense = (k >= 0) & (k < self.SPAN)
             if dense.all():
-                out[rows] = self._dense(family, source, k.astype(np.intp))
+                out[rows] = self._dense(family, source, k.astype(np.intp), mask)
                 continue
-            out[rows[dense]] = self._dense(family, source, k[dense].astype(np.intp))
-            out[rows[~dense]] = self._sparse(family, source, k[~dense].tolist())
+            out[rows[dense]] = self._dense(family, source, k[dense].astype(np.intp), mask)
+            out[rows[~dense]] = self._sparse(family, source, k[~dense].tolist(), mask)
         return out
 
-    def _dense(self, family: str, source: str, k: npt.NDArray[np.intp]) -> npt.NDArray[np.int32]:
-        table = self._table(family, source)
+    def _dense(self, family: str, source: str, k: npt.NDArray[np.intp], mask: int) -> npt.NDArray[np.int32]:
+        table = self._table(family, source, mask)
         got = table[k]
         if (got < 0).any():
             new = np.unique(k[got < 0])
-            counted = _exact(_shape_texts([(v / 1e4, source) for v in new.tolist()]), family)
+            counted = _exact(_shape_texts([(v / 1e4, source) for v in new.tolist()], mask), family)
             table[new] = counted
             got = table[k]
         return got
 
-    def _sparse(self, family: str, source: str, keys: list[float]) -> list[int]:
+    def _sparse(self, family: str, source: str, keys: list[float], mask: int) -> list[int]:
         other = self._other
-        new = [v for v in dict.fromkeys(keys) if (family, v, source) not in other]
+        new = [v for v in dict.fromkeys(keys) if (family, v, source, mask) not in other]
         if new:
-            counted = _exact(_shape_texts([(v / 1e4, source) for v in new]), family)
+            counted = _exact(_shape_texts([(v / 1e4, source) for v in new], mask), family)
             with self._lock:
                 if len(other) + len(new) > self._capacity:
                     other.clear()
-                other.update({(family, v, source): c for v, c in zip(new, counted)})
-            lookup = {**other, **{(family, v, source): c for v, c in zip(new, counted)}}
+                other.update({(family, v, source, mask): c for v, c in zip(new, counted)})
+            lookup = {**other, **{(family, v, source, mask): c for v, c in zip(new, counted)}}
         else:
             lookup = other
-        return [lookup[(family, v, source)] for v in keys]
+        return [lookup[(family, v, source, mask)] for v in keys]
 
     def clear(self) -> None:
         with self._lock:
@@ -106,18 +111,88 @@ class _ShapeCache:
 _SHAPES = _ShapeCache(COUNT_CACHE_ENTRIES)
 
 
-def _head_cost(family: str, nonce: str) -> int:
+def _head_cost(family: str, nonce: str, fmt: int = 0) -> int:
     """``P``: the element's head with this assembly's nonce. An element always follows a
     ``>`` (the element before it) or the ``.`` of the safety sentence, and for the built-in
     families that character and the head's newline are one chunk: the head's cost is what
     it adds behind either (the larger), as the whole text is counted."""
     allow = boundary_allowance(family)
-    p_text = f'\n<memory nonce="{nonce}"'
+    p_text = f'\n<m n="{nonce}"' if fmt == _COMPACT else f'\n<memory nonce="{nonce}"'
     if allow == 0:
         a, b = _exact([">", "."], family)
         pa, pb = _exact([">" + p_text, "." + p_text], family, cache=False)
         return max(pa - a, pb - b)
     return _exact([p_text], family, cache=False)[0] + allow
+
+
+class _HandleCosts:
+    """The compact rendering's handle unit ``I = ' id="mK'`` per family: the most any of
+    the handles m1..mN costs (an element's handle is its place in the context, known only
+    after packing), from a table of exact counts grown as needed. Thread-safe: a grown
+    table replaces the old one whole."""
+
+    def __init__(self) -> None:
+        self._most: dict[str, npt.NDArray[np.int64]] = {}
+        self._lock = threading.Lock()
+
+    def most(self, family: str, n: int) -> int:
+        """The largest cost of the handles m1..m`n` (n >= 1)."""
+        table = self._most.get(family)
+        if table is None or table.size < n:
+            size = max(n, 1024, 0 if table is None else 2 * table.size)
+            counted = np.asarray(_exact([f' id="m{k}' for k in range(1, size + 1)], family, cache=False),
+                                 dtype=np.int64)
+            table = np.maximum.accumulate(counted)
+            with self._lock:
+                self._most[family] = table
+        return int(table[n - 1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._most.clear()
+
+
+_HANDLES = _HandleCosts()
+
+
+class _IdCosts:
+    """Exact counts of the verbose id unit ``I = ' id="ID"'`` by family and id, bounded:
+    a store's count is ``I + B`` of the verbose rendering, so the compact rendering's body
+    unit is that count less ``I`` (ids repeat across a scope's requests)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def costs(self, family: str, ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        known = self._data.get(family, {})
+        got = [known.get(i, -1) for i in ids]
+        missing = [k for k, v in enumerate(got) if v < 0]
+        if missing:
+            new_ids = list(dict.fromkeys(ids[k] for k in missing))
+            units = memory_units(new_ids, [""] * len(new_ids))[0::2]
+            counted = dict(zip(new_ids, count_exact_batch(units, family).tolist()))
+            for k in missing:
+                got[k] = counted[ids[k]]
+            with self._lock:
+                table = self._data.setdefault(family, {})
+                if len(table) + len(counted) > self._capacity:
+                    table.clear()
+                table.update(counted)
+        return np.array(got, dtype=np.int64)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+_IDS = _IdCosts(COUNT_CACHE_ENTRIES)
+_COMPACT = _FORMAT_CODES["compact"]
+_FORMAT_NAMES = {code: name for name, code in _FORMAT_CODES.items()}
+#: The verbose closing tag and the compact one: the only difference between the two
+#: renderings' body units (after a cut the built-in families always make, at ``</``).
+_CLOSE_TAGS = ("</memory>", "</m>")
 
 
 def _memory_costs_exact(
@@ -127,19 +202,34 @@ def _memory_costs_exact(
     nonce: str,
     deadline: float | None,
     headroom_ms: float,
+    fmt: int = 0,
+    mask: int = 3,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """Each candidate's exact cost ``P + (I + B) + M`` (see ``ctxcore.counting``), with
-    how it was priced (`Pricing` codes) and whether it was recounted: ``I + B`` from the
-    store's count, else counted in one batch when the time left allows, else estimated;
-    ``P`` once per assembly, ``M`` from the score/source shape table."""
+    """Each candidate's exact cost ``P + I + M + B`` (see ``ctxcore.counting``), with how it
+    was priced (`Pricing` codes) and whether it was recounted: the memory's own units from
+    the store's count, else counted in one batch when the time left allows, else
+    estimated; ``P`` once per assembly, ``M`` from the attribute shape table (the
+    attributes in `mask`). In the compact rendering (`fmt` 1) ``I`` is the dearest handle
+    of the candidates' count and the body unit is the store's count less the verbose id
+    unit, with the closing tag swapped."""
     allow = boundary_allowance(family)
+    compact = fmt == _COMPACT
     costs = cols.stored[cand]
     pricing = np.full(cand.size, _PRICING_CODE[Pricing.STORED.value], dtype=np.uint8)
     recounted = np.zeros(cand.size, dtype=bool)
+    if compact:
+        have = np.flatnonzero(costs >= 0)
+        if have.size:
+            # The store's ``I + B`` less the verbose ``I``, with the closing tag swapped (a
+            # cut of its own on either side: an allowance each for a registered family).
+            close_v, close_c = _exact(list(_CLOSE_TAGS), family)
+            ids = [cols.ids[k] for k in cand[have].tolist()]
+            costs[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
     missing = np.flatnonzero(costs < 0)
     if missing.size:
         rows = cand[missing].tolist()
-        units = memory_units([cols.ids[k] for k in rows], [cols.texts[k] for k in rows])
+        texts = [cols.texts[k] for k in rows]
+        units = compact_body_units(texts) if compact else memory_units([cols.ids[k] for k in rows], texts)
         nbytes = sum(len(u) for u in units)
         if nbytes <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
             per_unit = count_exact_batch(units, family)
@@ -147,12 +237,16 @@ def _memory_costs_exact(
         else:
             per_unit = estimate_tokens_batch(units, family)
             how = Pricing.ESTIMATED.value
-        costs[missing] = per_unit[0::2] + per_unit[1::2]
+        costs[missing] = per_unit if compact else per_unit[0::2] + per_unit[1::2]
         pricing[missing] = _PRICING_CODE[how]
         recounted[missing] = True
-    costs += _head_cost(family, nonce) + allow
-    costs += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins, cols.origin_code[cand])
-    costs += allow
+    costs += _head_cost(family, nonce, fmt) + allow
+    if compact:
+        costs += _HANDLES.most(family, max(int(cand.size), 1)) + allow
+    if mask:
+        costs += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins,
+                               cols.origin_code[cand], mask)
+        costs += allow
     return costs, pricing, recounted
 
 
@@ -169,16 +263,21 @@ def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | 
 
 
 def _memory_costs_estimated(
-    family: str, cols: _Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str
+    family: str, cols: _Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str,
+    fmt: int = 0, mask: int = 3,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
     """Each candidate's estimated cost: the estimator's price of its escaped, wrapped
-    element; a store's matching estimate of the raw text plus the wrapper can only raise
-    it (the larger is kept, never a mix of families or kinds)."""
+    element (in the compact rendering with the widest handle of the candidates' count);
+    a store's matching estimate of the raw text plus the wrapper can only raise it (the
+    larger is kept, never a mix of families or kinds)."""
     rows = cand.tolist()
+    compact = fmt == _COMPACT
+    ids = [f"m{'9' * len(str(max(len(rows), 1)))}"] * cols.n if compact else cols.ids
     # The candidates formatted once, in the memories frame, each element a piece: the
     # estimator prices each behind what can precede it (ctxcore.formatting._price_estimated).
     text, _, _, pieces = _core.format_columns(
-        None, (), cols.ids, cols.texts, cols.scores, cols.origins, cand.astype(np.int64), None, nonce, True, True
+        None, (), ids, cols.texts, cols.scores, cols.origins, cand.astype(np.int64), None, nonce, True, True,
+        fmt, mask,
     )
     kinds = [kind for kind, _ in pieces]
     priced = _price_estimated(text, kinds, [end for _, end in pieces], family)
@@ -192,21 +291,42 @@ def _memory_costs_estimated(
         if n is not None:
             if fam == family and how == kind:
                 if wrapper is None:
-                    wrapper = formatter_overhead((), family=family, nonce=nonce).wrapper_tokens
+                    wrapper = (_estimated_wrapper(family, nonce, fmt, mask, ids[0]) if compact
+                               else _estimated_wrapper(family, nonce, fmt, 0, "m"))
                 costs[k] = max(int(costs[k]), n + wrapper)
             else:
                 recounted[k] = True
     return costs, np.full(len(rows), _PRICING_CODE[Pricing.ESTIMATED.value], dtype=np.uint8), recounted
 
 
-def _shape_texts(shapes: Sequence[tuple[float, str]]) -> list[str]:
-    """The ``M`` unit of each (score, source) as the serializer writes it."""
+def _estimated_wrapper(family: str, nonce: str, fmt: int, mask: int, mid: str) -> int:
+    """The estimator's price of an element with an empty body (id `mid`, the attributes
+    in `mask`), behind what can precede it, as the candidates are priced."""
+    item: dict[str, object] = {"id": mid, "text": "", "score": 1.0, "source": ""}
+    if not mask & 1:
+        del item["score"]
+    if not mask & 2:
+        del item["source"]
+    text, _, _, pieces = _core.format_context(None, (), [item], None, nonce, True, True, fmt)
+    kinds = [kind for kind, _ in pieces]
+    priced = _price_estimated(text, kinds, [end for _, end in pieces], family)
+    return next(c for k, c in zip(kinds, priced) if k == _PIECE_MEMORY)
+
+
+def _shape_texts(shapes: Sequence[tuple[float, str]], mask: int = 3) -> list[str]:
+    """The ``M`` unit of each (score, source) as the serializer writes it, with the
+    attributes in `mask` (1 the score, 2 the source)."""
     if not shapes:
         return []
-    text, _, _, pieces = _core.format_context(
-        None, (), [{"id": "m", "text": "", "score": s, "source": src} for s, src in shapes], None,
-        _PRICING_NONCE, False, True,
-    )
+    items = []
+    for score, src in shapes:
+        item: dict[str, object] = {"id": "m", "text": ""}
+        if mask & 1:
+            item["score"] = score
+        if mask & 2:
+            item["source"] = src
+        items.append(item)
+    text, _, _, pieces = _core.format_context(None, (), items, None, _PRICING_NONCE, False, True)
     head = len(f'\n<memory nonce="{_PRICING_NONCE}" id="m"')
     tail = len('"></memory>')
     out = []
@@ -218,8 +338,6 @@ def _shape_texts(shapes: Sequence[tuple[float, str]]) -> list[str]:
     return out
 
 
-
-
 def price_candidates(
     cols: _Columns,
     mems: Sequence[MemoryRecord],
@@ -228,9 +346,19 @@ def price_candidates(
     nonce: str,
     deadline: float | None,
     headroom_ms: float,
+    attributes: Sequence[str] = MEMORY_ATTRIBUTES,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
     """Each candidate's cost in the ledger's tokens, how it was priced (`Pricing` codes)
-    and whether it was recounted: exact for an exact ledger, else the estimator's."""
+    and whether it was recounted: exact for an exact ledger, else the estimator's; in the
+    ledger's rendering of the memory elements, with `attributes` written (the compact
+    rendering's opt-in ones; the verbose rendering writes them all)."""
+    fmt = ledger.format_code
+    mask = 3 if fmt != _COMPACT else attribute_mask(attributes)
     if ledger.exact:
-        return _memory_costs_exact(ledger.family, cols, cand, nonce, deadline, headroom_ms)
-    return _memory_costs_estimated(ledger.family, cols, mems, cand, nonce)
+        return _memory_costs_exact(ledger.family, cols, cand, nonce, deadline, headroom_ms, fmt, mask)
+    return _memory_costs_estimated(ledger.family, cols, mems, cand, nonce, fmt, mask)
+
+
+def attribute_mask(attributes: Sequence[str]) -> int:
+    """The serializer's mask of the optional attributes named (1 the score, 2 the source)."""
+    return sum(1 << b for b, name in enumerate(MEMORY_ATTRIBUTES) if name in attributes)

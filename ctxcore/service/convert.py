@@ -26,6 +26,7 @@ from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, _unicode
 from ..errors import UnknownModel
+from ..formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
 from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
@@ -389,6 +390,18 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     if o.value_model not in ("", "fused", "interim"):
         raise _bad("options.value_model", f"must be 'fused' or 'interim', got {quote(o.value_model[:40])}")
     kw["value_model"] = o.value_model or "fused"
+    if o.memory_format not in ("", *MEMORY_FORMATS):
+        raise _bad("options.memory_format", f"must be one of {', '.join(MEMORY_FORMATS)}, got "
+                   f"{quote(o.memory_format[:40])}")
+    kw["memory_format"] = o.memory_format or "compact"
+    if len(o.memory_attributes) > len(MEMORY_ATTRIBUTES):
+        raise _bad("options.memory_attributes", f"names {len(o.memory_attributes)} attributes; there are "
+                   f"{len(MEMORY_ATTRIBUTES)} ({', '.join(MEMORY_ATTRIBUTES)})")
+    for i, name in enumerate(o.memory_attributes):
+        if name not in MEMORY_ATTRIBUTES:
+            raise _bad(f"options.memory_attributes[{i}]", f"must be one of {', '.join(MEMORY_ATTRIBUTES)}, got "
+                       f"{quote(name[:40])}")
+    kw["memory_attributes"] = tuple(o.memory_attributes)
     if len(o.pinned_memory_ids) > MAX_MEMORIES_LIMIT:
         raise _too_many("options.pinned_memory_ids", len(o.pinned_memory_ids), "max_pinned_memory_ids")
     for i, mid in enumerate(o.pinned_memory_ids):
@@ -621,3 +634,5 @@ def _payload_parts_to_proto(ctx: AssembledLike, out: pb.AssembledContext) -> Non
     out.rendering = enum_to_proto(getattr(ctx, "rendering", Rendering.TEXT), pb.Rendering, "RENDERING")
     out.framing_tokens = getattr(ctx, "framing_tokens", 0)
     out.stable_prefix_tokens = getattr(ctx, "stable_prefix_tokens", 0)
+    out.memory_format = getattr(ctx, "memory_format", "verbose")
+    out.handles.update(getattr(ctx, "handles", {}))

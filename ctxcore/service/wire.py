@@ -156,6 +156,9 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
     elif o.value_model != ValueModel():
         raise ValueError("a ValueModel with other parameters than the defaults cannot cross the wire: "
                          "the service runs 'fused' (the defaults) or 'interim'")
+    if o.memory_format != "compact":
+        opts.memory_format = o.memory_format
+    opts.memory_attributes.extend(o.memory_attributes)
     if o.relevance_floor is not None:
         opts.relevance_floor = o.relevance_floor
     if o.min_similarity is not None:

@@ -141,7 +141,7 @@ class Query(_message.Message):
     def __init__(self, text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AssemblyOptions(_message.Message):
-    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory", "rendering", "pool", "value_model")
+    __slots__ = ("weights", "relevance_floor", "min_similarity", "max_memories", "pinned_memory_ids", "history_policy", "context_enabled", "skip_memory", "rendering", "pool", "value_model", "memory_format", "memory_attributes")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,8 @@ class AssemblyOptions(_message.Message):
     RENDERING_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VALUE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     weights: _containers.ScalarMap[str, float]
     relevance_floor: float
     min_similarity: float
@@ -171,7 +173,9 @@ class AssemblyOptions(_message.Message):
     rendering: Rendering
     pool: int
     value_model: str
-    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., pool: _Optional[int] = ..., value_model: _Optional[str] = ...) -> None: ...
+    memory_format: str
+    memory_attributes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., pool: _Optional[int] = ..., value_model: _Optional[str] = ..., memory_format: _Optional[str] = ..., memory_attributes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
     __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options", "token_budget")
@@ -406,7 +410,14 @@ class StageTimings(_message.Message):
     def __init__(self, budget_ms: _Optional[float] = ..., retrieval_ms: _Optional[float] = ..., scoring_ms: _Optional[float] = ..., packing_ms: _Optional[float] = ..., formatting_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class AssembledContext(_message.Message):
-    __slots__ = ("text", "sections", "nonce", "model", "scope", "budget", "pack", "trace", "branches", "wall", "degraded", "degradation_reasons", "constrained", "history_dropped", "timings", "replaced_chars", "principal", "directive", "messages", "tools_json", "rendering", "framing_tokens", "stable_prefix_tokens")
+    __slots__ = ("text", "sections", "nonce", "model", "scope", "budget", "pack", "trace", "branches", "wall", "degraded", "degradation_reasons", "constrained", "history_dropped", "timings", "replaced_chars", "principal", "directive", "messages", "tools_json", "rendering", "framing_tokens", "stable_prefix_tokens", "memory_format", "handles")
+    class HandlesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -430,6 +441,8 @@ class AssembledContext(_message.Message):
     RENDERING_FIELD_NUMBER: _ClassVar[int]
     FRAMING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STABLE_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
     text: str
     sections: _containers.RepeatedCompositeFieldContainer[Section]
     nonce: str
@@ -453,4 +466,6 @@ class AssembledContext(_message.Message):
     rendering: Rendering
     framing_tokens: int
     stable_prefix_tokens: int
-    def __init__(self, text: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., nonce: _Optional[str] = ..., model: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., pack: _Optional[_Union[PackRecord, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[TraceEntry, _Mapping]]] = ..., branches: _Optional[_Iterable[_Union[BranchRecord, _Mapping]]] = ..., wall: _Optional[_Union[Wall, _Mapping]] = ..., degraded: _Optional[bool] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., constrained: _Optional[bool] = ..., history_dropped: _Optional[_Iterable[_Union[HistoryDrop, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., replaced_chars: _Optional[int] = ..., principal: _Optional[str] = ..., directive: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., framing_tokens: _Optional[int] = ..., stable_prefix_tokens: _Optional[int] = ...) -> None: ...
+    memory_format: str
+    handles: _containers.ScalarMap[str, str]
+    def __init__(self, text: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., nonce: _Optional[str] = ..., model: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., pack: _Optional[_Union[PackRecord, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[TraceEntry, _Mapping]]] = ..., branches: _Optional[_Iterable[_Union[BranchRecord, _Mapping]]] = ..., wall: _Optional[_Union[Wall, _Mapping]] = ..., degraded: _Optional[bool] = ..., degradation_reasons: _Optional[_Iterable[str]] = ..., constrained: _Optional[bool] = ..., history_dropped: _Optional[_Iterable[_Union[HistoryDrop, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., replaced_chars: _Optional[int] = ..., principal: _Optional[str] = ..., directive: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., framing_tokens: _Optional[int] = ..., stable_prefix_tokens: _Optional[int] = ..., memory_format: _Optional[str] = ..., handles: _Optional[_Mapping[str, str]] = ...) -> None: ...
