@@ -306,7 +306,8 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
     try:
         req = AssemblyRequest(
             args.org, args.agent, args.model, Query(args.query), messages=_read_messages(args.messages),
-            options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format),
+            options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format,
+                                    memory_format=args.memory_format, memory_attributes=args.memory_attributes),
             token_budget=args.token_budget,
         )
         ctx = asyncio.run(run(req))
@@ -379,11 +380,27 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="most memories in the context (default: no count cap, the token budget decides)")
     p.add_argument("--token-budget", type=_positive_int, default=None, metavar="N",
                    help="a cap on the whole payload in the model's tokens (default: the model's window)")
+    p.add_argument("--memory-format", choices=("compact", "verbose"), default="compact",
+                   help="memory elements: compact (<m n=.. id=\"m1\">, handles mapped back in --json's "
+                   "\"handles\") or verbose (<memory nonce=.. id=\"STORE ID\" score=.. source=..>)")
+    p.add_argument("--memory-attributes", type=_attribute_names, default=(), metavar="NAMES",
+                   help="compact: optional attributes to write, comma-separated from score,source (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
     p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
                    help="text (the context as one string), or the OpenAI / Anthropic request payload "
                    "(priced for that rendering)")
     p.add_argument("--plot", metavar="FILE", type=_plot_file, help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
+
+
+def _attribute_names(value: str) -> tuple[str, ...]:
+    """A ``--memory-attributes`` value: comma-separated names from score, source."""
+    from .formatting import MEMORY_ATTRIBUTES
+
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        if name not in MEMORY_ATTRIBUTES:
+            raise argparse.ArgumentTypeError(f"unknown attribute {name!r}; known: {', '.join(MEMORY_ATTRIBUTES)}")
+    return names
 
 
 def _embedder(spec: str) -> Any:

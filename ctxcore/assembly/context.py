@@ -163,6 +163,8 @@ class AssembledContext:
             "organization_id": self.scope.organization_id,
             "agent_id": self.scope.agent_id,
             "nonce": self.nonce,
+            "memory_format": self.memory_format,
+            "handles": dict(self.handles),
             "sections": list(self.sections),
             "budget": self.budget.record(),
             "pack": self.pack.record() if self.pack is not None else None,
