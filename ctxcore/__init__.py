@@ -82,6 +82,7 @@ from .result import (
     Wall,
     WallSource,
 )
+from .rerank import CrossEncoderReranker, Reranker, RerankRecord, RerankStatus
 from .retrieval import BranchTimeouts, Retrieved, compute_wall, retrieve
 from .scoring import (
     DEFAULT_MIN_SIMILARITY,
@@ -169,6 +170,10 @@ __all__ = [
     "DEFAULT_POOL",
     "FusionMethod",
     "ValueModel",
+    "CrossEncoderReranker",
+    "Reranker",
+    "RerankRecord",
+    "RerankStatus",
     "ScoredCandidates",
     "ScoringConfig",
     "TokenizerPolicy",

@@ -20,6 +20,7 @@ from ..retrieval import (
     BranchTimeouts,
     is_milliseconds,
 )
+from ..rerank import DEFAULT_RERANK_POOL, DEFAULT_RERANK_TIMEOUT_MS, check_rerank_settings
 from ..scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoringConfig
 
 #: Time kept after retrieval, under a caller deadline, for scoring, packing and formatting
@@ -38,6 +39,7 @@ _ENV = {
     "packing_headroom_ms": "CTXCORE_PACKING_HEADROOM_MS",
     "relevance_floor": "CTXCORE_RELEVANCE_FLOOR",
     "min_similarity": "CTXCORE_MIN_SIMILARITY",
+    "rerank_timeout_ms": "CTXCORE_RERANK_TIMEOUT_MS",
 }
 
 
@@ -66,10 +68,15 @@ class AssemblyConfig:
     relevance_floor: float = DEFAULT_RELEVANCE_FLOOR
     min_similarity: float = DEFAULT_MIN_SIMILARITY
     budget_policy: BudgetPolicy = field(default_factory=BudgetPolicy)
+    #: The rerank stage (when `assemble` is given a reranker): how many of the best
+    #: candidates it reads, and the longest it may take (``ctxcore.rerank``).
+    rerank_pool: int = DEFAULT_RERANK_POOL
+    rerank_timeout_ms: float = DEFAULT_RERANK_TIMEOUT_MS
 
     def __post_init__(self) -> None:
+        check_rerank_settings(self.rerank_pool, self.rerank_timeout_ms)
         for name in _ENV:
-            if name in ("relevance_floor", "min_similarity"):
+            if name in ("relevance_floor", "min_similarity", "rerank_timeout_ms"):
                 continue
             v = getattr(self, name)
             if not is_milliseconds(v):

@@ -13,6 +13,7 @@ from ..memory import Scope
 from ..packing import PackResult
 from ..payloads import default_directive_role, render_anthropic, render_openai
 from ..request import Message, Rendering
+from ..rerank import RerankRecord
 from ..result import (
     BranchRecord,
     HistoryDrop,
@@ -62,6 +63,8 @@ class AssembledContext:
         handles: in the compact rendering, each selected memory's handle (``m1``..``mN``, in
             the order of `text`) -> its store id; empty in the verbose rendering, whose
             elements carry the store ids.
+        rerank: what the rerank stage did, when `assemble` was given a reranker (None
+            otherwise).
     """
 
     text: str
@@ -90,6 +93,7 @@ class AssembledContext:
     stable_prefix_tokens: int = 0
     memory_format: str = "verbose"
     handles: Mapping[str, str] = field(default_factory=dict)
+    rerank: RerankRecord | None = None
 
     def to_openai(self, *, directive_role: str | None = None) -> dict[str, Any]:
         """The context as a Chat Completions request body: ``{"messages", "tools"}``.
@@ -165,6 +169,7 @@ class AssembledContext:
             "nonce": self.nonce,
             "memory_format": self.memory_format,
             "handles": dict(self.handles),
+            "rerank": self.rerank.record() if self.rerank is not None else None,
             "sections": list(self.sections),
             "budget": self.budget.record(),
             "pack": self.pack.record() if self.pack is not None else None,

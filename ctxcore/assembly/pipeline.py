@@ -9,6 +9,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..formatting import _SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, _Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..request import AssemblyRequest
+from ..rerank import Reranker, RerankRecord, RerankStatus, rerank
 from ..result import (
     BranchStatus,
     StageTimings,
@@ -58,6 +60,7 @@ async def assemble(
     config: AssemblyConfig | None = None,
     deadline: float | None = None,
     executor: Executor | None = None,
+    reranker: Reranker | None = None,
 ) -> AssembledContext:
     """Assemble the context for one request.
 
@@ -86,6 +89,10 @@ async def assemble(
             formatting) run; None runs them inline on the calling thread (the event loop).
             The compiled core releases the GIL, so a bounded thread pool keeps the event
             loop free while a large request is priced and packed.
+        reranker: an optional rerank stage (`ctxcore.rerank`): it reorders the
+            ``config.rerank_pool`` best candidates, in a worker thread, for at most
+            ``config.rerank_timeout_ms``; late or failing, it is skipped and the result's
+            ``rerank`` record and degradation reasons say so.
 
     Returns:
         The `AssembledContext`. Slow or failing sources degrade it; they never raise.
@@ -149,10 +156,61 @@ async def assemble(
     for b in retrieved.branches:
         if b.status in (BranchStatus.TIMEOUT, BranchStatus.ERROR):
             reasons.append(f"{b.branch.value}_{b.status.value}")
+    if reranker is None:
+        return await _in(
+            executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
+            t_start, t_retrieved,
+        )
+    scored = await _in(executor, _score, request, retrieved, plan, scoring_config, weights)
+    record = await _rerank(reranker, request, scored, cfg, deadline)
+    if record.status is not RerankStatus.OK:
+        reasons.append(f"rerank_{record.status.value}")
     return await _in(
         executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
-        t_start, t_retrieved,
+        t_start, t_retrieved, scored, record,
     )
+
+
+@dataclass(slots=True)
+class _Scored:
+    """The candidates once scored and gated: columns, the candidate rows, the trace so far."""
+
+    trace: TraceTable
+    cols: _Columns
+    cand: npt.NDArray[np.intp]
+    scoring_record: dict[str, Any]
+    signals: list[str]
+    model: ValueModel | None
+    t_scored: float
+
+
+def _score(request: AssemblyRequest, retrieved: Retrieved, plan: _Plan, scoring_config: ScoringConfig,
+           weights: ScoreWeights | None) -> _Scored:
+    """Scoring, the gate, de-duplication and the per-request cap, over columns."""
+    opts = request.options
+    trace = TraceTable()
+    for m in retrieved.out_of_scope:
+        trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
+    cols = _Columns.of(retrieved.memories, plan.cap.tokenizer_family)
+    model = opts.value_model if isinstance(opts.value_model, ValueModel) else None  # "interim"
+    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
+    return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
+
+
+async def _rerank(reranker: Reranker, request: AssemblyRequest, scored: _Scored, cfg: AssemblyConfig,
+                  deadline: float | None) -> RerankRecord:
+    """The rerank stage over the best candidates by value: it reorders them, and they take
+    the pool's values again in its order (the value scale stays the value model's)."""
+    cols, cand = scored.cols, scored.cand
+    values = cols.scores[cand]
+    top = np.argsort(-values, kind="stable")[: cfg.rerank_pool]
+    rows = cand[top]
+    order, record = await rerank(reranker, request.query.text, [cols.texts[i] for i in rows.tolist()],
+                                 timeout_ms=cfg.rerank_timeout_ms, deadline=deadline,
+                                 headroom_ms=cfg.packing_headroom_ms)
+    if order is not None:
+        cols.scores[rows[order]] = values[top]  # values[top] is sorted best first
+    return record
 
 
 def _pack(cols: _Columns, cand: npt.NDArray[np.intp], costs: npt.NDArray[np.int64], usable: int,
@@ -178,20 +236,20 @@ def _finish(
     deadline: float | None,
     t_start: float,
     t_retrieved: float,
+    scored: _Scored | None = None,
+    rerank_record: RerankRecord | None = None,
 ) -> AssembledContext:
-    """The stages after retrieval, synchronous: scoring and the gate, the directive's share
-    and history trimming, pricing, packing, formatting. Runs on the executor when given."""
+    """The stages after retrieval, synchronous: scoring and the gate (unless done before a
+    rerank), the directive's share and history trimming, pricing, packing, formatting.
+    Runs on the executor when given."""
     opts = request.options
     cap = plan.cap
 
     # ---- scoring, the gate, de-duplication, the per-request cap, over columns
-    trace = TraceTable()
-    for m in retrieved.out_of_scope:
-        trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
-    cols = _Columns.of(retrieved.memories, cap.tokenizer_family)
-    model = opts.value_model if isinstance(opts.value_model, ValueModel) else None  # "interim"
-    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
-    t_scored = time.perf_counter()
+    if scored is None:
+        scored = _score(request, retrieved, plan, scoring_config, weights)
+    trace, cols, cand, model = scored.trace, scored.cols, scored.cand, scored.model
+    scoring_record, signals, t_scored = scored.scoring_record, scored.signals, scored.t_scored
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
@@ -277,4 +335,5 @@ def _finish(
         stable_prefix_tokens=stable,
         memory_format=opts.memory_format,
         handles=handles,
+        rerank=rerank_record,
     )
