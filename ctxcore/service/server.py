@@ -188,13 +188,29 @@ def _scoped(fn: Callable[..., Awaitable[Any]] | None, scope: Scope) -> Any:
     return NowOrLater(call, at_once)
 
 
+async def _open_postgres(db_url: str) -> Any:
+    """The PostgreSQL store `ctxcore serve` serves, opened and warmed off the event loop;
+    ``ConfigError`` names the database with its password redacted."""
+    from ..stores import MemoryStoreError
+    from ..stores.postgres_cli import shown_db
+
+    t0 = time.perf_counter()
+    try:
+        from ..stores.postgres import PostgresMemoryStore
+
+        store = await asyncio.to_thread(PostgresMemoryStore, db_url)
+    except (ImportError, MemoryStoreError, ValueError) as exc:
+        raise ConfigError(f"cannot open the memory store {shown_db(db_url)}: {exc}") from None
+    await asyncio.to_thread(store.warm)
+    log_event("store_open", db=shown_db(db_url), scopes_loaded=0, ms=round((time.perf_counter() - t0) * 1000, 1))
+    return store
+
+
 async def _open_sqlite(cfg: ServiceConfig) -> Any:
     from ..stores import MemoryStoreError, SqliteMemoryStore
 
     if cfg.db_url is not None:
-        from ..stores.postgres_cli import open_service_store
-
-        return await open_service_store(cfg.db_url)
+        return await _open_postgres(cfg.db_url)
 
     if cfg.db is None:
         raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")

@@ -50,9 +50,8 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra in
 from ..urls import is_postgres_url
 from .dsn import redact_dsn
 from .schema import MIGRATIONS, PG_SCHEMA_VERSION, VECTOR_PARTITIONS
-from .statements import _COLD_NO_VECTOR as _COLD_NO_VECTOR
+from ..reads import ACCESS_FLUSH_SECONDS
 from .store import (
-    ACCESS_FLUSH_SECONDS,
     DEFAULT_POOL_SIZE,
     HNSW_MIN_SCOPE,
     HNSW_MIN_SCOPE_NO_ITERATIVE,
@@ -63,7 +62,6 @@ from .store import (
     UnsupportedPgvector,
 )
 from .terms import TERM_MAX_BYTES
-from .terms import _query_keys as _query_keys
 
 __all__ = [
     "ACCESS_FLUSH_SECONDS",

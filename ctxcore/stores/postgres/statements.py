@@ -82,17 +82,17 @@ vstats AS (
 # one is scanned exactly off the scope index: ordered by an expression no index serves,
 # since otherwise the planner, which cannot see the scope's size through row-level
 # security, walks the HNSW index for a scope of 1% of the table (~200 ms at 100,000).
-_COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vector")
-_COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
+COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vector")
+COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
 # The hot query: the scope's newest rows, each with the similarity of its embedding (looked
 # up by key in the scope's own partition) to the query's.
-_HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
+HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
         "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
         "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
         "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s")
 #: The scope the pool's connections are warmed in (statements run with `limit` 0: nothing
 #: is read back, nothing noted).
-_WARM_SCOPE = "ctxcore-warm"
-_COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
+WARM_SCOPE = "ctxcore-warm"
+COLD_NO_VECTOR = """WITH vec AS (SELECT NULL::bigint AS seq, NULL::float8 AS sim, NULL::bigint AS r WHERE false),
 vstats AS (SELECT NULL::float8 AS mean, NULL::float8 AS std WHERE false),
 """ + _COLD_TEXT.replace("{textsim}", "NULL::float8")

@@ -34,27 +34,30 @@ from ...memory import (
     check_scope,
 )
 from ...tokens import estimator_families, exact_families
-from .._text import fts_terms
-from ..counting import exact_json, stored_token_counts
+from ..counting import DEFAULT_TOKEN_FAMILY, exact_json, stored_token_counts
+from ..directives import DIRECTIVE_CACHE_SECONDS, ORG_WIDE, SCOPE_CACHE_ENTRIES, DirectiveCache
+from ..embedders import embed
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats, rows_to_batch
-from ..sqlite import (
-    DEFAULT_TOKEN_FAMILY,
-    DIRECTIVE_CACHE_SECONDS,
-    FTS_MAX_DOC_FRACTION,
-    FTS_PRUNE_MIN_DOCS,
-    FTS_QUERY_TERMS,
+from ..query_vectors import QueryVectors
+from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
+from ..records import (
+    Directive,
+    NewMemory,
+    check_batch,
+    check_ids,
+    check_owner,
+    check_update,
+    expiry_cutoff,
+    fulltext_stats,
+    rows_to_batch,
 )
-from ..sqlite.directives import DirectiveCache
-from ..sqlite.ingest import check_batch
-from ..sqlite.vectors import QueryVectors, embed
-from .dsn import _password_of, connect_error, redact_dsn
-from .loop import _Loop
-from .schema import _MIGRATION_LOCK, _VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, _insert_terms
-from .statements import _COLD_NO_VECTOR, _COLD_VECTOR_EXACT, _COLD_VECTOR_INDEXED, _HOT, _WARM_SCOPE
-from .terms import _doc_terms, _query_keys
+from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, fts_terms
+from .dsn import password_of, connect_error, redact_dsn
+from .loop import StoreLoop
+from .schema import MIGRATION_LOCK, VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, insert_terms
+from .statements import COLD_NO_VECTOR, COLD_VECTOR_EXACT, COLD_VECTOR_INDEXED, HOT, WARM_SCOPE
+from .terms import doc_terms, query_keys
 
 _log = logging.getLogger("ctxcore.stores.postgres")
 
@@ -66,15 +69,8 @@ DEFAULT_POOL_SIZE = 8
 HNSW_MIN_SCOPE = 2_000
 #: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
 SCOPE_SIZE_SECONDS = 60.0
-#: Reads note the memories they return; ``accessed_at`` is written for all of them in one
-#: statement per scope at most this often (never a write per request on the hot path).
-ACCESS_FLUSH_SECONDS = 1.0
-# Directive cache entries kept before the cache is emptied.
-_DIRECTIVE_CACHE_SCOPES = 100_000
 # A search key's noted count when it is a stop word of the scope.
 _STOP_WORD = -1
-# Key of an organization-wide directive (Scope forbids empty agent ids).
-_ORG_WIDE = ""
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
 # the scan going until `limit` rows of the scope are found.
 _EF_SEARCH = 64
@@ -194,7 +190,7 @@ class PostgresMemoryStore:
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._dsn = dsn
         self._shown = redact_dsn(dsn)
-        self._secret = _password_of(dsn)
+        self._secret = password_of(dsn)
         self._embedder: Embedder | None = embedder
         self._family = token_family
         self._exact = token_family in exact_families()
@@ -211,7 +207,7 @@ class PostgresMemoryStore:
         # _STOP_WORD for a key in more of the scope's memories than the threshold.
         self._key_counts: dict[Scope, tuple[float, dict[str, int]]] = {}
         self._closed = False
-        self._loop = _Loop()
+        self._loop = StoreLoop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._pgvector: tuple[int, ...] = ()
         try:
@@ -310,7 +306,7 @@ class PostgresMemoryStore:
 
     async def _migrate(self, conn: psycopg.AsyncConnection[TupleRow], grant_to: str | None) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
                 "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -354,7 +350,7 @@ class PostgresMemoryStore:
         # `dim` is an int checked by the caller: safe to format into DDL.
         await conn.execute(sql.SQL("ALTER TABLE memory_vectors ALTER COLUMN embedding TYPE vector({})").format(
             sql.Literal(int(dim))))
-        await conn.execute(_VECTOR_INDEX)
+        await conn.execute(VECTOR_INDEX)
         await conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s) ON CONFLICT (key) DO NOTHING",
                            (str(dim),))
 
@@ -457,7 +453,7 @@ class PostgresMemoryStore:
         # first run of a statement loads its catalog caches and plans it (the cold
         # statement's generic plan over the 16 vector partitions: ~20 ms), which a request
         # would otherwise pay on each pooled connection, at whatever call first takes it.
-        w = _WARM_SCOPE
+        w = WARM_SCOPE
         q = None if self._dim is None else _vector_text(np.zeros(self._dim, dtype=np.float32))
         for vec, large in [(q, True), (q, False), (None, False)] if q is not None else [(None, False)]:
             await self._cold_rows(conn, w, w, vec, large, [w], 0, 1.0, 1, 1, prepare=True)
@@ -573,7 +569,7 @@ class PostgresMemoryStore:
              m.importance, now if m.created_at is None else m.created_at, m.accessed_at, n, self._family, kind, ex)
             for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
-        terms = [_doc_terms(m.text) for m in batch]
+        terms = [doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, terms, dim))
         self._sizes.clear()
@@ -589,7 +585,7 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 if dim is not None and self._dim is None:
-                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
                     stored = await self._meta(conn, "embedding_dim")
                     if stored is None:
                         try:
@@ -629,7 +625,7 @@ class PostgresMemoryStore:
                             "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
                             "SELECT %s, %s, s, e::vector FROM unnest(%s::bigint[], %s::text[]) AS r(s, e)",
                             (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
-                    await _insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
+                    await insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
                                                if batch[i].id in got])
                 if len(inserted) != len(batch):
                     # Ids are unique across the whole store; which scope holds a taken id is
@@ -650,7 +646,7 @@ class PostgresMemoryStore:
 
     async def _set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
         assert self._pool is not None
-        key = (organization_id, _ORG_WIDE if agent_id is None else agent_id)
+        key = (organization_id, ORG_WIDE if agent_id is None else agent_id)
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, organization_id, agent_id)
@@ -696,7 +692,7 @@ class PostgresMemoryStore:
                 cur = await conn.execute(
                     "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
                     "ORDER BY agent_id",
-                    (scope.organization_id, _ORG_WIDE, scope.agent_id),
+                    (scope.organization_id, ORG_WIDE, scope.agent_id),
                 )
                 rows = await cur.fetchall()
         return "\n\n".join(r[0] for r in rows) if rows else None
@@ -729,7 +725,7 @@ class PostgresMemoryStore:
                         limit: int, prepare: bool | None = None) -> list[TupleRow]:
         async with conn.pipeline(), conn.transaction():  # one round trip
             await self._set_scope(conn, org, agent)
-            cur = await conn.execute(_HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
+            cur = await conn.execute(HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
             return await cur.fetchall()
 
     async def cold(
@@ -758,7 +754,7 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        terms = self._search_keys(scope, _query_keys(fts_terms(query.text)))
+        terms = self._search_keys(scope, query_keys(fts_terms(query.text)))
         seqs, batch = await self._call(self._cold(scope, qv, terms, limit, min_similarity))
         self._note(scope, seqs)
         return batch
@@ -830,7 +826,7 @@ class PostgresMemoryStore:
                 "set_config('plan_cache_mode', 'force_generic_plan', true)",
                 (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
-                (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if q is not None else _COLD_NO_VECTOR,
+                (COLD_VECTOR_INDEXED if large else COLD_VECTOR_EXACT) if q is not None else COLD_NO_VECTOR,
                 {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
                  "cap": cap, "n": float(in_scope), "nterms": FTS_QUERY_TERMS}, prepare=prepare)
             return await cur.fetchall()
@@ -861,7 +857,7 @@ class PostgresMemoryStore:
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
             hit[1].update(counts)
             return
-        if len(self._key_counts) >= _DIRECTIVE_CACHE_SCOPES:
+        if len(self._key_counts) >= SCOPE_CACHE_ENTRIES:
             self._key_counts.clear()
         self._key_counts[scope] = (now, dict(counts))
 
@@ -881,7 +877,7 @@ class PostgresMemoryStore:
         n = int(row[0]) if row else 0
         if n == 0:  # not remembered: another replica's first write there is seen at once
             return 0
-        if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
+        if len(self._sizes) >= SCOPE_CACHE_ENTRIES:
             self._sizes.clear()
         self._sizes[scope] = (now, n)
         return n
@@ -975,7 +971,7 @@ class PostgresMemoryStore:
         reclaims the index space)."""
         self._check_open()
         check_scope(scope)
-        wanted = _ids(ids)
+        wanted = check_ids(ids)
         if not wanted:
             return 0
         return self._run(self._scoped_rowcount(
@@ -1078,7 +1074,7 @@ class PostgresMemoryStore:
             "SELECT seq FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s FOR UPDATE")
         return self._run(self._update(
             scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
-            _doc_terms(fields["text"]) if "text" in fields else None, vector))
+            doc_terms(fields["text"]) if "text" in fields else None, vector))
 
     async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None,
                       vector: str | None | bool) -> bool:
@@ -1101,7 +1097,7 @@ class PostgresMemoryStore:
                 if terms is not None:  # a new text: its terms replace the old ones
                     await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
                                        "AND seq = %s", (org, agent, row[0]))
-                    await _insert_terms(conn, [(int(row[0]), org, agent, terms)])
+                    await insert_terms(conn, [(int(row[0]), org, agent, terms)])
                 return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
@@ -1175,36 +1171,12 @@ class PostgresMemoryStore:
         return StoreStats(scopes, int(drow[0]) if drow else 0)
 
 
-def _ids(ids: Iterable[str]) -> list[str]:
-    if isinstance(ids, (str, bytes)):
-        raise TypeError("ids must be an iterable of ids, not one str")
-    out = list(ids)
-    for i in out:
-        if not isinstance(i, str) or not i:
-            raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
-    return out
-
-
 def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
                   importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
                   ) -> dict[str, Any]:
-    """The changes asked for, validated by `NewMemory`'s own rules (InvalidMemory names the
-    memory)."""
-    if not isinstance(memory_id, str) or not memory_id:
-        raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
-    probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
-                      embedding=embedding, confidence=1.0 if confidence is None else confidence,
-                      importance=importance)
-    if text is not None and "\x00" in text:
+    """`check_update`'s changes, and a text PostgreSQL can hold."""
+    fields = check_update(scope, memory_id, text, confidence, importance, embedding)
+    if "\x00" in fields.get("text", ""):
         raise InvalidMemory(f"memory {memory_id!r}: text contains NUL (U+0000), which PostgreSQL text cannot hold",
                             -1, memory_id)
-    out: dict[str, Any] = {}
-    if text is not None:
-        out["text"] = probe.text
-    if confidence is not None:
-        out["confidence"] = probe.confidence
-    if importance is not None:
-        out["importance"] = probe.importance
-    if embedding is not None:
-        out["embedding"] = probe.embedding
-    return out
+    return fields

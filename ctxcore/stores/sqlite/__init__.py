@@ -22,18 +22,17 @@ and removing memories) and `store` (`SqliteMemoryStore`).
 
 from __future__ import annotations
 
-from .directives import DIRECTIVE_CACHE_SECONDS
-from .fulltext import (
-    FTS_MAX_DOC_FRACTION,
-    FTS_PRUNE_MIN_DOCS,
-    FTS_QUERY_TERMS,
-    MAX_FTS_TERMS,
-    fts_match_expression,
-)
+# The settings both stores share are defined once, in the shared layer
+# (`ctxcore.stores.text`, `.directives`, `.reads`, `.counting`), and named here too.
+from ..counting import DEFAULT_TOKEN_FAMILY
+from ..directives import DIRECTIVE_CACHE_SECONDS
+from ..reads import ACCESS_FLUSH_SECONDS
+from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, MAX_FTS_TERMS
+from .fulltext import fts_match_expression
 from .ingest import OnConflict
 from .readers import DEFAULT_READERS
 from .schema import SCHEMA_VERSION
-from .store import ACCESS_FLUSH_SECONDS, DEFAULT_TOKEN_FAMILY, SqliteMemoryStore
+from .store import SqliteMemoryStore
 from .vectors import DEFAULT_CACHE_BYTES
 
 __all__ = [
