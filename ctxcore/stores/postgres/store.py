@@ -16,7 +16,7 @@ import numpy.typing as npt
 import psycopg
 import psycopg_pool
 from psycopg import sql
-from psycopg.rows import TupleRow
+from psycopg.rows import DictRow, TupleRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ...memory import (
@@ -39,6 +39,7 @@ from ..directives import DIRECTIVE_CACHE_SECONDS, ORG_WIDE, SCOPE_CACHE_ENTRIES,
 from ..embedders import embed
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
+from ..fusion import cold_batch
 from ..query_vectors import QueryVectors
 from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import (
@@ -49,14 +50,24 @@ from ..records import (
     check_owner,
     check_update,
     expiry_cutoff,
-    fulltext_stats,
     rows_to_batch,
 )
 from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, fts_terms
 from .dsn import password_of, connect_error, redact_dsn
 from .loop import StoreLoop
 from .schema import MIGRATION_LOCK, VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, insert_terms
-from .statements import COLD_NO_VECTOR, COLD_VECTOR_EXACT, COLD_VECTOR_INDEXED, HOT, WARM_SCOPE
+from . import statements as stmt
+from .statements import (
+    COLD_COUNT,
+    COLD_KEY,
+    COLD_SCORE,
+    COLD_SIM,
+    COLD_SOURCE,
+    COLD_STATS,
+    COLD_VECTOR_HIT,
+    HOT_SIM,
+    WARM_SCOPE,
+)
 from .terms import doc_terms, query_keys
 
 _log = logging.getLogger("ctxcore.stores.postgres")
@@ -118,6 +129,22 @@ def _vector_text(v: npt.NDArray[np.float32]) -> str:
     # pgvector's text form; repr of the float32 value as a double round-trips exactly.
     return "[" + ",".join(map(repr, v.tolist())) + "]"
 
+
+
+async def _one(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
+               params: Sequence[Any] | None = None) -> DictRow | None:
+    """The first row of `statement`, by column name."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(statement, params)
+        return await cur.fetchone()
+
+
+async def _all(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
+               params: Sequence[Any] | None = None) -> list[DictRow]:
+    """The rows of `statement`, by column name."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(statement, params)
+        return await cur.fetchall()
 
 
 def _check_nul(mem: NewMemory, i: int) -> None:
@@ -261,14 +288,10 @@ class PostgresMemoryStore:
                 raise self._error("cannot prepare the memory database", exc) from None
 
     async def _check_pgvector(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
-        cur = await conn.execute(
-            "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
-            "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"
-        )
-        row = await cur.fetchone()
+        row = await _one(conn, stmt.PGVECTOR_VERSIONS)
         await conn.commit()
         assert row is not None
-        installed, available = row
+        installed, available = row["installed"], row["available"]
         self._pgvector = _version(str(installed or available or ""))
         if installed is None and available is None:
             raise MemoryStoreError(
@@ -277,7 +300,7 @@ class PostgresMemoryStore:
             )
         if installed is None:
             try:
-                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                await conn.execute(stmt.CREATE_PGVECTOR)
                 await conn.commit()
             except psycopg.errors.InsufficientPrivilege:
                 await conn.rollback()
@@ -296,24 +319,18 @@ class PostgresMemoryStore:
     async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
         # Read first, so that a role without CREATE opens an up-to-date schema.
         async with conn.transaction():
-            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
-            row = await cur.fetchone()
-            if not row or not row[0]:
+            row = await _one(conn, stmt.HAS_MIGRATIONS)
+            if not row or not row["present"]:
                 return True
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            return (int(row[0]) if row else 0) < PG_SCHEMA_VERSION
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            return (int(row["version"]) if row else 0) < PG_SCHEMA_VERSION
 
     async def _migrate(self, conn: psycopg.AsyncConnection[TupleRow], grant_to: str | None) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
-                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            current = int(row[0]) if row else 0
+            await conn.execute(stmt.TAKE_MIGRATION_LOCK, (MIGRATION_LOCK,))
+            await conn.execute(stmt.CREATE_MIGRATIONS)
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            current = int(row["version"]) if row else 0
             if current > PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {current} is newer than this ctxcore understands "
@@ -327,9 +344,7 @@ class PostgresMemoryStore:
                         await conn.execute(statement)  # constant DDL: no user input
                     else:
                         await statement(conn)
-                await conn.execute(
-                    "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description)
-                )
+                await conn.execute(stmt.RECORD_MIGRATION, (version, description))
                 _log.info("applied migration %d (%s) to %s", version, description, self._shown)
             dim = await self._meta(conn, "embedding_dim")
             if dim is None and self._dim is None and self._embedder is not None:
@@ -339,39 +354,31 @@ class PostgresMemoryStore:
                 await self._set_dim(conn, self._dim)
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
-                await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, "
-                    "memory_vectors TO {}"
-                ).format(role))
-                await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
+                await conn.execute(sql.SQL(stmt.GRANT_TABLES).format(role))
+                await conn.execute(sql.SQL(stmt.GRANT_META).format(role))
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
         # Fixing the dimension makes the column indexable; the HNSW index (cosine) follows.
         # `dim` is an int checked by the caller: safe to format into DDL.
-        await conn.execute(sql.SQL("ALTER TABLE memory_vectors ALTER COLUMN embedding TYPE vector({})").format(
-            sql.Literal(int(dim))))
+        await conn.execute(sql.SQL(stmt.SET_DIMENSIONS).format(sql.Literal(int(dim))))
         await conn.execute(VECTOR_INDEX)
-        await conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s) ON CONFLICT (key) DO NOTHING",
-                           (str(dim),))
+        await conn.execute(stmt.RECORD_DIMENSIONS, (str(dim),))
 
     @staticmethod
     async def _meta(conn: psycopg.AsyncConnection[TupleRow], key: str) -> str | None:
-        cur = await conn.execute("SELECT value FROM ctxcore_meta WHERE key = %s", (key,))
-        row = await cur.fetchone()
-        return None if row is None else str(row[0])
+        row = await _one(conn, stmt.READ_META, (key,))
+        return None if row is None else str(row["value"])
 
     async def _check_schema(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         async with conn.transaction():
-            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
-            row = await cur.fetchone()
-            if not row or not row[0]:
+            row = await _one(conn, stmt.HAS_MIGRATIONS)
+            if not row or not row["present"]:
                 raise MemoryStoreError(
                     f"{self._shown} has no ctxcore schema: create it with `ctxcore memories init --db URL` "
                     "as the schema owner"
                 )
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            version = int(row[0]) if row else 0
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            version = int(row["version"]) if row else 0
             if version > PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {version} is newer than this ctxcore understands "
@@ -392,9 +399,7 @@ class PostgresMemoryStore:
             elif self._embedder is not None:
                 if recorded is None:
                     try:
-                        await conn.execute(
-                            "INSERT INTO ctxcore_meta VALUES ('embedder', %s) ON CONFLICT (key) DO NOTHING",
-                            (self._embedder.name,))
+                        await conn.execute(stmt.RECORD_EMBEDDER, (self._embedder.name,))
                     except psycopg.errors.InsufficientPrivilege:
                         raise MemoryStoreError(
                             f"{self._shown} has no embedder recorded and this role may not record one: open it "
@@ -516,10 +521,7 @@ class PostgresMemoryStore:
         # Transaction-local (is_local = true): the next transaction on this pooled
         # connection starts with no scope, so it sees nothing until it sets its own.
         await conn.execute(
-            "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-            "set_config('ctxcore.all_agents', %s, true), set_config('ctxcore.admin', %s, true)",
-            (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"),
-        )
+            stmt.SET_SCOPE, (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"))
 
     # ---- ingest ------------------------------------------------------------------------------
 
@@ -585,7 +587,7 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 if dim is not None and self._dim is None:
-                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                    await conn.execute(stmt.TAKE_MIGRATION_LOCK, (MIGRATION_LOCK,))
                     stored = await self._meta(conn, "embedding_dim")
                     if stored is None:
                         try:
@@ -607,24 +609,13 @@ class PostgresMemoryStore:
                     # One statement per scope: the rows as arrays, inserted in batch order (so
                     # `seq` follows it), a taken id skipped here and named below.
                     cols = list(zip(*(rows[i] for i in idx)))
-                    cur = await conn.execute(
-                        "INSERT INTO memories (id, organization_id, agent_id, text, confidence, importance, "
-                        "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
-                        "SELECT id, o, a, t, c, i, ca, aa, n, f, k, x::jsonb FROM unnest("
-                        "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[], "
-                        "%s::float8[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[]) "
-                        "WITH ORDINALITY AS r(id, o, a, t, c, i, ca, aa, n, f, k, x, ord) ORDER BY ord "
-                        "ON CONFLICT (id) DO NOTHING RETURNING id, seq",
-                        [list(c) for k, c in enumerate(cols) if k != 4],
-                    )
-                    got = {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+                    got = {str(r["id"]): int(r["seq"]) for r in await _all(
+                        conn, stmt.INSERT_MEMORIES, [list(c) for k, c in enumerate(cols) if k != 4])}
                     inserted.update(got)
                     embedded = [(got[batch[i].id], rows[i][4]) for i in idx if batch[i].id in got and rows[i][4]]
                     if embedded:
                         await conn.execute(
-                            "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                            "SELECT %s, %s, s, e::vector FROM unnest(%s::bigint[], %s::text[]) AS r(s, e)",
-                            (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
+                            stmt.INSERT_VECTORS, (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
                     await insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
                                                if batch[i].id in got])
                 if len(inserted) != len(batch):
@@ -651,13 +642,9 @@ class PostgresMemoryStore:
             async with conn.transaction():
                 await self._set_scope(conn, organization_id, agent_id)
                 if text is None:
-                    await conn.execute("DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", key)
+                    await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, key)
                 else:
-                    await conn.execute(
-                        "INSERT INTO directives VALUES (%s, %s, %s, %s) ON CONFLICT (organization_id, agent_id) "
-                        "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
-                        (*key, text, time.time()),
-                    )
+                    await conn.execute(stmt.UPSERT_DIRECTIVE, (*key, text, time.time()))
 
     def _count(self, texts: list[str]) -> list[int]:
         return stored_token_counts(texts, self._family, exact=self._exact)
@@ -689,13 +676,9 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
-                cur = await conn.execute(
-                    "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
-                    "ORDER BY agent_id",
-                    (scope.organization_id, ORG_WIDE, scope.agent_id),
-                )
+                cur = await conn.execute(stmt.READ_DIRECTIVES, (scope.organization_id, ORG_WIDE, scope.agent_id))
                 rows = await cur.fetchall()
-        return "\n\n".join(r[0] for r in rows) if rows else None
+        return "\n\n".join(text for (text,) in rows) if rows else None
 
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`; each with its
@@ -718,14 +701,15 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             rows = await self._hot_rows(conn, scope.organization_id, scope.agent_id,
                                         None if qv is None else _vector_text(qv), limit)
-        sims = np.clip(np.array([np.nan if r[-1] is None else r[-1] for r in rows], dtype=np.float64), -1.0, 1.0)
+        sims = np.clip(np.array([np.nan if r[HOT_SIM] is None else r[HOT_SIM] for r in rows], dtype=np.float64),
+                       -1.0, 1.0)
         return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
     async def _hot_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
                         limit: int, prepare: bool | None = None) -> list[TupleRow]:
         async with conn.pipeline(), conn.transaction():  # one round trip
             await self._set_scope(conn, org, agent)
-            cur = await conn.execute(HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
+            cur = await conn.execute(stmt.HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
             return await cur.fetchall()
 
     async def cold(
@@ -786,23 +770,19 @@ class PostgresMemoryStore:
         counts: dict[str, int] = {}
         vector_stats: tuple[float, float] | None = None
         for row in rows:
-            if row[-1] is None:  # a search key's match count (at most cap + 1: a stop word)
-                n = int(row[-2])
-                counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
-            elif row[-1] == 2:  # the cosine's mean and standard deviation over the scope
-                vector_stats = (float(row[-5]), float(row[-4] or 0.0))
+            if row[COLD_SOURCE] is None:  # a search key's match count (at most cap + 1: a stop word)
+                n = int(row[COLD_COUNT])
+                counts[terms[int(row[COLD_KEY]) - 1]] = _STOP_WORD if n > cap else n
+            elif row[COLD_SOURCE] == COLD_STATS:  # the cosine's mean and standard deviation over the scope
+                vector_stats = (float(row[COLD_SIM]), float(row[COLD_SCORE] or 0.0))
             else:
                 found.append(row)
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
-        sims = np.clip(np.array([np.nan if r[-5] is None else r[-5] for r in found], dtype=np.float64), -1.0, 1.0)
-        scores = np.array([np.nan if r[-4] is None else max(0.0, float(r[-4])) for r in found], dtype=np.float64)
-        origins = [MemoryOrigin.VECTOR if r[-1] == 0 else MemoryOrigin.FULLTEXT for r in found]
-        out = rows_to_batch(scope, found, origins, sims, scores)
-        if vector_stats is not None:
-            out.reference["vector"] = vector_stats
-        text_scores = [float(r[-4]) for r in found if r[-4] is not None]
-        if text_scores:
-            out.reference["fulltext"] = fulltext_stats(text_scores, in_scope)
+        origins = [MemoryOrigin.VECTOR if r[COLD_SOURCE] == COLD_VECTOR_HIT else MemoryOrigin.FULLTEXT for r in found]
+        scores = [r[COLD_SCORE] for r in found]
+        out = cold_batch(scope, found, origins, [r[COLD_SIM] for r in found],
+                         [None if x is None else max(0.0, float(x)) for x in scores], vector_stats=vector_stats,
+                         text_scores=[float(x) for x in scores if x is not None], in_scope=in_scope)
         return [r[0] for r in found], out
 
     def _iterative(self) -> bool:
@@ -814,19 +794,13 @@ class PostgresMemoryStore:
         # hnsw.iterative_scan exists from pgvector 0.8 on (setting it before fails the
         # transaction); before, a large scope's walk takes the most candidates allowed.
         if self._iterative():
-            ef, scan = str(max(_EF_SEARCH, limit)), ", set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+            ef, settings = str(max(_EF_SEARCH, limit)), stmt.COLD_SETTINGS_ITERATIVE
         else:
-            ef, scan = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), ""
+            ef, settings = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), stmt.COLD_SETTINGS
         async with conn.pipeline(), conn.transaction():
-            await conn.execute(
-                "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-                "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
-                "set_config('hnsw.ef_search', %s, true)" + scan + ", "
-                "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
-                "set_config('plan_cache_mode', 'force_generic_plan', true)",
-                (org, agent, ef, "off" if large else "on", "off" if large else "on"))
+            await conn.execute(settings, (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
-                (COLD_VECTOR_INDEXED if large else COLD_VECTOR_EXACT) if q is not None else COLD_NO_VECTOR,
+                (stmt.COLD_VECTOR_INDEXED if large else stmt.COLD_VECTOR_EXACT) if q is not None else stmt.COLD_NO_VECTOR,
                 {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
                  "cap": cap, "n": float(in_scope), "nterms": FTS_QUERY_TERMS}, prepare=prepare)
             return await cur.fetchall()
@@ -871,10 +845,8 @@ class PostgresMemoryStore:
             return hit[1]
         async with conn.transaction():
             await self._set_scope(conn, scope.organization_id, scope.agent_id)
-            cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
-                                     (scope.organization_id, scope.agent_id))
-            row = await cur.fetchone()
-        n = int(row[0]) if row else 0
+            row = await _one(conn, stmt.SCOPE_SIZE, (scope.organization_id, scope.agent_id))
+        n = int(row["n"]) if row else 0
         if n == 0:  # not remembered: another replica's first write there is seen at once
             return 0
         if len(self._sizes) >= SCOPE_CACHE_ENTRIES:
@@ -923,22 +895,13 @@ class PostgresMemoryStore:
         scopes = sorted(pending, key=lambda sc: (sc.organization_id, sc.agent_id))
         try:
             async with self._pool.connection() as conn:
-                for k, scope in enumerate(scopes):
+                for scope in scopes:
                     seqs = sorted(pending[scope].items())
-                    # One transaction per scope, its rows taken in `seq` order: flushes of
-                    # several replicas (or a flush and `close`) that meet on the same rows
-                    # wait for each other instead of deadlocking. Each row read is looked up
-                    # by key (memories deleted since are left out); a join let the planner
-                    # hash the whole scope (10,000 rows: 6.6 ms of a 30 ms flush of 945).
+                    # One transaction per scope, its rows in `seq` order (statements.WRITE_READ_TIMES).
                     async with conn.transaction():
                         await self._set_scope(conn, scope.organization_id, scope.agent_id)
                         cur = await conn.execute(
-                            "INSERT INTO memory_reads AS r (seq, organization_id, agent_id, accessed_at) "
-                            "SELECT m.seq, m.organization_id, m.agent_id, a.at "
-                            "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) CROSS JOIN LATERAL ("
-                            "SELECT seq, organization_id, agent_id FROM memories "
-                            "WHERE seq = a.seq AND organization_id = %s AND agent_id = %s LIMIT 1) m ORDER BY m.seq "
-                            "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)",
+                            stmt.WRITE_READ_TIMES,
                             ([s for s, _ in seqs], [t for _, t in seqs], scope.organization_id, scope.agent_id),
                         )
                         n += cur.rowcount
@@ -976,8 +939,7 @@ class PostgresMemoryStore:
             return 0
         return self._run(self._scoped_rowcount(
             scope.organization_id, scope.agent_id,
-            "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s AND id = ANY(%s)",
-            (scope.organization_id, scope.agent_id, wanted)))
+            stmt.DELETE_MEMORIES, (scope.organization_id, scope.agent_id, wanted)))
 
     async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
         assert self._pool is not None
@@ -1007,13 +969,11 @@ class PostgresMemoryStore:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
                 if agent is None:
-                    m = await conn.execute("DELETE FROM memories WHERE organization_id = %s", (org,))
-                    d = await conn.execute("DELETE FROM directives WHERE organization_id = %s", (org,))
+                    m = await conn.execute(stmt.DELETE_ORGANIZATION_MEMORIES, (org,))
+                    d = await conn.execute(stmt.DELETE_ORGANIZATION_DIRECTIVES, (org,))
                 else:
-                    m = await conn.execute(
-                        "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s", (org, agent))
-                    d = await conn.execute(
-                        "DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", (org, agent))
+                    m = await conn.execute(stmt.DELETE_AGENT_MEMORIES, (org, agent))
+                    d = await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, (org, agent))
                 return ForgetReport(m.rowcount, d.rowcount)
 
     def update(
@@ -1048,30 +1008,26 @@ class PostgresMemoryStore:
             raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
                                 f"{self._dim}", -1, memory_id)
         if "text" in fields:
-            sets += ["text = %s", "token_count = %s", "token_family = %s", "token_kind = %s",
-                     "exact_tokens = %s::jsonb"]
+            sets.append(stmt.SET_TEXT)
             params += [fields["text"], self._count([fields["text"]])[0], self._family,
                        "exact" if self._exact else "estimate", exact_json([memory_id], [fields["text"]])[0]]
         # A new text or embedding replaces the stored embedding (none: the stale one goes).
         vector: str | None | bool = False
         if "text" in fields or "embedding" in fields:
             vector = None if new_vec is None else _vector_text(new_vec)
-        for name in ("confidence", "importance"):
+        for name, assignment in (("confidence", stmt.SET_CONFIDENCE), ("importance", stmt.SET_IMPORTANCE)):
             if name in fields:
-                sets.append(f"{name} = %s")
+                sets.append(assignment)
                 params.append(fields[name])
         if not sets and vector is False:
             return self._run(self._scoped_rowcount(
                 scope.organization_id, scope.agent_id,
-                "SELECT 1 FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s",
-                (scope.organization_id, scope.agent_id, memory_id))) > 0
+                stmt.MEMORY_EXISTS, (scope.organization_id, scope.agent_id, memory_id))) > 0
         if new_vec is not None and self._dim is None:
             raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
                                    "first or run `ctxcore memories init --dimensions N`")
         # Only the embedding changes: the row is locked (not rewritten) and its seq read back.
-        statement = (f"UPDATE memories SET {', '.join(sets)} "  # fixed column names only
-                     "WHERE organization_id = %s AND agent_id = %s AND id = %s RETURNING seq") if sets else (
-            "SELECT seq FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s FOR UPDATE")
+        statement = stmt.UPDATE_MEMORY.format(sets=", ".join(sets)) if sets else stmt.LOCK_MEMORY
         return self._run(self._update(
             scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
             doc_terms(fields["text"]) if "text" in fields else None, vector))
@@ -1084,20 +1040,17 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await self._set_scope(conn, org, agent)
-                cur = await conn.execute(statement, params)
-                row = await cur.fetchone()
+                row = await _one(conn, statement, params)
                 if row is None:
                     return False
+                seq = int(row["seq"])
                 if vector is not False:
-                    await conn.execute("DELETE FROM memory_vectors WHERE organization_id = %s AND agent_id = %s "
-                                       "AND seq = %s", (org, agent, row[0]))
+                    await conn.execute(stmt.DELETE_VECTOR, (org, agent, seq))
                     if vector is not None:
-                        await conn.execute("INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                                           "VALUES (%s, %s, %s, %s::vector)", (org, agent, row[0], vector))
+                        await conn.execute(stmt.INSERT_VECTOR, (org, agent, seq, vector))
                 if terms is not None:  # a new text: its terms replace the old ones
-                    await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
-                                       "AND seq = %s", (org, agent, row[0]))
-                    await insert_terms(conn, [(int(row[0]), org, agent, terms)])
+                    await conn.execute(stmt.DELETE_TERMS, (org, agent, seq))
+                    await insert_terms(conn, [(seq, org, agent, terms)])
                 return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
@@ -1109,17 +1062,14 @@ class PostgresMemoryStore:
         if organization_id is not None:
             check_owner(organization_id, None, "expire")
             return self._run(self._scoped_rowcount(
-                organization_id, None, "DELETE FROM memories WHERE organization_id = %s AND created_at < %s",
-                (organization_id, cutoff)))
-        return self._run(self._admin_rowcount("DELETE FROM memories WHERE created_at < %s", (cutoff,)))
+                organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff)))
+        return self._run(self._admin_rowcount(stmt.EXPIRE_ALL, (cutoff,)))
 
     async def _as_admin(self, conn: psycopg.AsyncConnection[TupleRow], what: str) -> None:
         # Only the schema owner's admin policy reads across scopes; any other role would
         # silently see nothing, so it is told instead.
-        cur = await conn.execute(
-            "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class WHERE oid = 'memories'::regclass")
-        row = await cur.fetchone()
-        if not row or not row[0]:
+        row = await _one(conn, stmt.IS_SCHEMA_OWNER)
+        if not row or not row["owner"]:
             raise MemoryStoreError(
                 f"{what} across all organizations needs the schema owner's role (row-level security shows this role "
                 f"one organization at a time): name an organization, or connect as the owner ({self._shown})")
@@ -1157,18 +1107,11 @@ class PostgresMemoryStore:
                     await self._as_admin(conn, "statistics")
                 else:
                     await self._set_scope(conn, org, None)
-                cur = await conn.execute(
-                    "SELECT m.organization_id, m.agent_id, m.n, coalesce(v.n, 0), m.t FROM ("
-                    "SELECT organization_id, agent_id, count(*) AS n, sum(token_count) AS t FROM memories "
-                    "GROUP BY organization_id, agent_id) m LEFT JOIN ("
-                    "SELECT organization_id, agent_id, count(*) AS n FROM memory_vectors "
-                    "GROUP BY organization_id, agent_id) v USING (organization_id, agent_id) "
-                    "ORDER BY m.organization_id, m.agent_id")
-                mrows = await cur.fetchall()
-                cur = await conn.execute("SELECT count(*) FROM directives")
-                drow = await cur.fetchone()
-        scopes = tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in mrows)
-        return StoreStats(scopes, int(drow[0]) if drow else 0)
+                mrows = await _all(conn, stmt.SCOPE_STATS)
+                drow = await _one(conn, stmt.DIRECTIVE_COUNT)
+        scopes = tuple(ScopeStats(r["organization_id"], r["agent_id"], int(r["memories"]), int(r["embedded"]),
+                                  int(r["tokens"] or 0)) for r in mrows)
+        return StoreStats(scopes, int(drow["n"]) if drow else 0)
 
 
 def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,

@@ -26,6 +26,7 @@ from ..directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache
 from ..embedders import embed, embed_many
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
+from ..fusion import cold_batch, merge_hits
 from ..query_vectors import QueryVectors
 from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import (
@@ -36,7 +37,6 @@ from ..records import (
     check_owner,
     check_update,
     expiry_cutoff,
-    fulltext_stats,
     rows_to_batch,
 )
 from . import fulltext
@@ -801,16 +801,8 @@ class SqliteMemoryStore:
                 version = mat.version
                 if mat.n:
                     vector_hits, text_sims, vector_stats = nearest(mat, qv, min_similarity, limit, text_hits)
-        # Both paths' lists, each memory once with both signals: its cosine (for a
-        # full-text hit too, when it has an embedding) and its BM25 score when full text
-        # found it. Vector hits first, best first, then the full-text hits the vector path
-        # did not return, best first. (Each path's rowids are distinct.)
-        by_text = dict(zip(text_hits, text_scores))
-        merged: list[tuple[int, float | None, float | None, MemoryOrigin]] = [
-            (rid, sim, by_text.get(rid), MemoryOrigin.VECTOR) for rid, sim in vector_hits]
-        vector_ids = {rid for rid, _ in vector_hits}
-        merged += [(rid, sim, score, MemoryOrigin.FULLTEXT)
-                   for rid, score, sim in zip(text_hits, text_scores, text_sims) if rid not in vector_ids]
+        # Both paths' lists, each memory once with both signals (ctxcore.stores.fusion).
+        merged = merge_hits(vector_hits, text_hits, text_scores, text_sims)
         if not merged:
             return rows_to_batch(scope, [], [], np.empty(0))
         job.check()
@@ -826,18 +818,9 @@ class SqliteMemoryStore:
             self._cold_rows.put(scope, version, fetched)
             rows.update((row[0], row) for row in fetched)
         found = [(rows[m[0]], m) for m in merged if m[0] in rows]  # a row gone since is not returned
-        out = rows_to_batch(
-            scope,
-            [row for row, _ in found],
-            [m[3] for _, m in found],
-            np.clip(np.array([np.nan if m[1] is None else m[1] for _, m in found], dtype=np.float64), -1.0, 1.0),
-            np.array([np.nan if m[2] is None else m[2] for _, m in found], dtype=np.float64),
-        )
-        if vector_stats is not None:
-            out.reference["vector"] = vector_stats
-        if text_scores:
-            out.reference["fulltext"] = fulltext_stats(text_scores, int(row[1]))
-        return out
+        return cold_batch(scope, [row for row, _ in found], [m[3] for _, m in found], [m[1] for _, m in found],
+                          [m[2] for _, m in found], vector_stats=vector_stats, text_scores=text_scores,
+                          in_scope=int(row[1]))
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 
