@@ -4,11 +4,12 @@ maintenance over its connection pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -523,6 +524,29 @@ class PostgresMemoryStore:
         await conn.execute(
             stmt.SET_SCOPE, (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"))
 
+    @contextlib.asynccontextmanager
+    async def _scoped(self, org: str, agent: str | None, *, admin: str | None = None,
+                      writes: bool = False) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection inside one transaction of one scope (`agent` None: every
+        agent of `org`), or, with `admin` (what it is for, named in the error a role that
+        may not gets), of every scope as the schema owner. `writes`: the scope sizes and
+        key counts read so far are forgotten first."""
+        assert self._pool is not None
+        if writes:
+            self._forget_counts()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if admin is not None:
+                    await self._as_admin(conn, admin)
+                else:
+                    await self._set_scope(conn, org, agent)
+                yield conn
+
+    def _forget_counts(self) -> None:
+        # After a write through this store its scopes' sizes and key counts are read again.
+        self._sizes.clear()
+        self._key_counts.clear()
+
     # ---- ingest ------------------------------------------------------------------------------
 
     def add(self, memory: NewMemory | Mapping[str, Any]) -> str:
@@ -574,8 +598,7 @@ class PostgresMemoryStore:
         terms = [doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, terms, dim))
-        self._sizes.clear()
-        self._key_counts.clear()
+        self._forget_counts()
         return [m.id for m in batch]
 
     async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
@@ -636,15 +659,12 @@ class PostgresMemoryStore:
         self._directives.invalidate()
 
     async def _set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
-        assert self._pool is not None
         key = (organization_id, ORG_WIDE if agent_id is None else agent_id)
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, organization_id, agent_id)
-                if text is None:
-                    await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, key)
-                else:
-                    await conn.execute(stmt.UPSERT_DIRECTIVE, (*key, text, time.time()))
+        async with self._scoped(organization_id, agent_id) as conn:
+            if text is None:
+                await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, key)
+            else:
+                await conn.execute(stmt.UPSERT_DIRECTIVE, (*key, text, time.time()))
 
     def _count(self, texts: list[str]) -> list[int]:
         return stored_token_counts(texts, self._family, exact=self._exact)
@@ -941,15 +961,11 @@ class PostgresMemoryStore:
             scope.organization_id, scope.agent_id,
             stmt.DELETE_MEMORIES, (scope.organization_id, scope.agent_id, wanted)))
 
-    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                cur = await conn.execute(statement, params)
-                return cur.rowcount
+    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...],
+                               *, admin: str | None = None) -> int:
+        async with self._scoped(org, agent, admin=admin, writes=True) as conn:
+            cur = await conn.execute(statement, params)
+            return cur.rowcount
 
     def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
         """Delete everything of an agent (or, with ``agent_id=None``, of the whole
@@ -962,19 +978,14 @@ class PostgresMemoryStore:
         return report
 
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                if agent is None:
-                    m = await conn.execute(stmt.DELETE_ORGANIZATION_MEMORIES, (org,))
-                    d = await conn.execute(stmt.DELETE_ORGANIZATION_DIRECTIVES, (org,))
-                else:
-                    m = await conn.execute(stmt.DELETE_AGENT_MEMORIES, (org, agent))
-                    d = await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, (org, agent))
-                return ForgetReport(m.rowcount, d.rowcount)
+        async with self._scoped(org, agent, writes=True) as conn:
+            if agent is None:
+                m = await conn.execute(stmt.DELETE_ORGANIZATION_MEMORIES, (org,))
+                d = await conn.execute(stmt.DELETE_ORGANIZATION_DIRECTIVES, (org,))
+            else:
+                m = await conn.execute(stmt.DELETE_AGENT_MEMORIES, (org, agent))
+                d = await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, (org, agent))
+            return ForgetReport(m.rowcount, d.rowcount)
 
     def update(
         self,
@@ -1035,23 +1046,20 @@ class PostgresMemoryStore:
     async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None,
                       vector: str | None | bool) -> bool:
         # `vector`: the new embedding (vector text), None to drop the stored one, False to keep it.
-        assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                row = await _one(conn, statement, params)
-                if row is None:
-                    return False
-                seq = int(row["seq"])
-                if vector is not False:
-                    await conn.execute(stmt.DELETE_VECTOR, (org, agent, seq))
-                    if vector is not None:
-                        await conn.execute(stmt.INSERT_VECTOR, (org, agent, seq, vector))
-                if terms is not None:  # a new text: its terms replace the old ones
-                    await conn.execute(stmt.DELETE_TERMS, (org, agent, seq))
-                    await insert_terms(conn, [(seq, org, agent, terms)])
-                return True
+        async with self._scoped(org, agent) as conn:
+            row = await _one(conn, statement, params)
+            if row is None:
+                return False
+            seq = int(row["seq"])
+            if vector is not False:
+                await conn.execute(stmt.DELETE_VECTOR, (org, agent, seq))
+                if vector is not None:
+                    await conn.execute(stmt.INSERT_VECTOR, (org, agent, seq, vector))
+            if terms is not None:  # a new text: its terms replace the old ones
+                await conn.execute(stmt.DELETE_TERMS, (org, agent, seq))
+                await insert_terms(conn, [(seq, org, agent, terms)])
+            return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
         """Retention by age: delete memories created more than `max_age_seconds` before
@@ -1063,7 +1071,7 @@ class PostgresMemoryStore:
             check_owner(organization_id, None, "expire")
             return self._run(self._scoped_rowcount(
                 organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff)))
-        return self._run(self._admin_rowcount(stmt.EXPIRE_ALL, (cutoff,)))
+        return self._run(self._scoped_rowcount("", None, stmt.EXPIRE_ALL, (cutoff,), admin="retention"))
 
     async def _as_admin(self, conn: psycopg.AsyncConnection[TupleRow], what: str) -> None:
         # Only the schema owner's admin policy reads across scopes; any other role would
@@ -1074,16 +1082,6 @@ class PostgresMemoryStore:
                 f"{what} across all organizations needs the schema owner's role (row-level security shows this role "
                 f"one organization at a time): name an organization, or connect as the owner ({self._shown})")
         await self._set_scope(conn, "", "", admin=True)
-
-    async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._as_admin(conn, "retention")
-                cur = await conn.execute(statement, params)
-                return cur.rowcount
 
     def stats(self, organization_id: str | None = None) -> StoreStats:
         """Memories, embedded memories and stored tokens per scope, and the directive
@@ -1100,15 +1098,9 @@ class PostgresMemoryStore:
         return self._run(self._stats(organization_id))
 
     async def _stats(self, org: str | None) -> StoreStats:
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                if org is None:
-                    await self._as_admin(conn, "statistics")
-                else:
-                    await self._set_scope(conn, org, None)
-                mrows = await _all(conn, stmt.SCOPE_STATS)
-                drow = await _one(conn, stmt.DIRECTIVE_COUNT)
+        async with self._scoped(org or "", None, admin="statistics" if org is None else None) as conn:
+            mrows = await _all(conn, stmt.SCOPE_STATS)
+            drow = await _one(conn, stmt.DIRECTIVE_COUNT)
         scopes = tuple(ScopeStats(r["organization_id"], r["agent_id"], int(r["memories"]), int(r["embedded"]),
                                   int(r["tokens"] or 0)) for r in mrows)
         return StoreStats(scopes, int(drow["n"]) if drow else 0)
