@@ -51,11 +51,6 @@ class DirectiveCache:
         self._refreshing: set[Scope] = set()
         self.generation = 0
 
-    def get(self, scope: Scope, now: float) -> tuple[bool, str | None]:
-        """(True, the directive) when `scope`'s is cached and fresh at `now`, else (False, None)."""
-        state, value = self.lookup(scope, now)
-        return (True, value) if state == self.FRESH else (False, None)
-
     def lookup(self, scope: Scope, now: float) -> tuple[str, str | None]:
         """(`FRESH` | `STALE` | `MISS`, the cached directive or None) at `now`."""
         hit = self._entries.get(scope)

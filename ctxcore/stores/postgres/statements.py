@@ -107,7 +107,7 @@ vstats AS (SELECT NULL::float8 AS mean, NULL::float8 AS std WHERE false),
 # statistics row (COLD_SOURCE 2): the cosine's mean (COLD_SIM) and standard deviation
 # (COLD_SCORE) over the scope.
 COLD_SIM, COLD_SCORE, COLD_KEY, COLD_COUNT, COLD_SOURCE = -5, -4, -3, -2, -1
-COLD_VECTOR_HIT, COLD_TEXT_HIT, COLD_STATS = 0, 1, 2
+COLD_VECTOR_HIT, COLD_STATS = 0, 2
 # A hot row's cosine: its last column.
 HOT_SIM = -1
 

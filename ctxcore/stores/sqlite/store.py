@@ -23,7 +23,7 @@ from ...memory import (
 from ...tokens import estimator_families, exact_families
 from ..counting import DEFAULT_TOKEN_FAMILY, count_memory_tokens, exact_json, stored_token_counts
 from ..directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache
-from ..embedders import embed, embed_many
+from ..embedders import DEFAULT_BATCH, embed, embed_many
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..fusion import cold_batch, merge_hits
@@ -395,7 +395,7 @@ class SqliteMemoryStore:
             # generation is older), and every read from now on sees the new text.
             self._directives.invalidate()
 
-    def reembed(self, embedder: Embedder, *, batch: int = 256,
+    def reembed(self, embedder: Embedder, *, batch: int = DEFAULT_BATCH,
                 progress: Callable[[int, int], None] | None = None) -> int:
         """Embed every memory again with `embedder` and make it the store's embedder.
 
