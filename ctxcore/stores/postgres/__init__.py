@@ -31,10 +31,12 @@ never logged: `redact_dsn` removes them from every repr, log line and error mess
 psycopg is an optional dependency (``pip install 'ctxcore-llm[postgres]'``); SQLite-only users
 never import it.
 
-The package is split by concern: `statements` (the SQL text of the reads), `schema` (the
-versioned migrations, row-level security, grants, the vectors' partitions), `terms` (the
-term table's search keys), `dsn` (connection strings and their redaction), `loop` (the
-store's own event loop thread) and `store` (`PostgresMemoryStore`).
+The package is split by concern: `statements` (the SQL text of every statement the store
+runs), `schema` (the versioned migrations, row-level security, grants, the vectors'
+partitions), `terms` (the term table's search keys), `dsn` (connection strings and their
+redaction), `loop` (the store's own event loop thread) and `store`
+(`PostgresMemoryStore`). What it shares with the SQLite store comes from the shared
+modules of `ctxcore.stores`; it never imports the SQLite store.
 """
 
 from __future__ import annotations

@@ -16,8 +16,11 @@ each; a cancelled query is interrupted (``Connection.interrupt``), not left to f
 The package is split by concern: `schema` (layout, migrations, connections), `fulltext`
 (FTS5 terms, MATCH expressions, document frequencies, the search), `vectors` (the
 per-scope embedding matrices and the cosine search), `readers` (the reader threads),
-`directives` (directive reads, writes and their cache), `ingest` (checking, inserting
-and removing memories) and `store` (`SqliteMemoryStore`).
+`hot` (the caches of recent rows), `directives` (directive reads and writes), `ingest`
+(inserting and removing memories) and `store` (`SqliteMemoryStore`). What it shares with
+the PostgreSQL store (records and their checks, text and full-text terms, the embedder
+contract, query vectors, the fusion of the cold paths, the directive cache, read times)
+comes from the shared modules of `ctxcore.stores`; it never imports the PostgreSQL store.
 """
 
 from __future__ import annotations
