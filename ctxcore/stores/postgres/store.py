@@ -123,13 +123,14 @@ def _version(text: str) -> tuple[int, ...]:
             break
         out.append(int(digits))
     return tuple(out)
+
+
 _T = TypeVar("_T")
 
 
 def _vector_text(v: npt.NDArray[np.float32]) -> str:
     # pgvector's text form; repr of the float32 value as a double round-trips exactly.
     return "[" + ",".join(map(repr, v.tolist())) + "]"
-
 
 
 async def _one(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
@@ -153,6 +154,7 @@ def _check_nul(mem: NewMemory, i: int) -> None:
         if "\x00" in getattr(mem, name):
             raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
                                 "PostgreSQL text cannot hold", i, mem.id)
+
 
 class PostgresMemoryStore:
     """A memory store in a PostgreSQL database with pgvector; implements
