@@ -37,7 +37,7 @@ import grpc  # noqa: E402  (after the extra's check, which names what to install
 
 from .budget import Budget
 from .catalog import ModelCapability
-from .memory import _unicode
+from .memory import is_valid_unicode
 from .payloads import default_directive_role, render_anthropic, render_openai
 from .request import AssemblyRequest, Message
 from .retrieval import DEFAULT_CLIENT_TIMEOUT_MS
@@ -121,7 +121,7 @@ def _header_value(what: str, value: object) -> str:
 def _surrogate_field(req: AssemblyRequest) -> str:
     """The first field of `req` (in wire terms) holding a lone surrogate, or ``request``."""
     def bad(text: str | None) -> bool:
-        return text is not None and not _unicode(text)
+        return text is not None and not is_valid_unicode(text)
 
     for name in ("organization_id", "agent_id", "model"):
         if bad(getattr(req, name)):
@@ -152,7 +152,7 @@ def _surrogate_field(req: AssemblyRequest) -> str:
 
 def _text_field(what: str, value: str) -> str:
     """A name sent as a protobuf string: ValueError naming it when it holds a lone surrogate."""
-    if not _unicode(value):
+    if not is_valid_unicode(value):
         raise ValueError(f"{what}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)")
     return value
 

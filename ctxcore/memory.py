@@ -87,7 +87,7 @@ class Scope:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
-            if not _unicode(value):
+            if not is_valid_unicode(value):
                 raise ValueError(f"{name} holds a lone surrogate (not valid Unicode text): {value!r:.80}")
 
 
@@ -186,9 +186,9 @@ class MemoryRecord:
         if not (
             type(self.id) is str and self.id and type(self.organization_id) is str and self.organization_id
             and type(self.agent_id) is str and self.agent_id and type(self.text) is str
-            and (self.id.isascii() or _unicode(self.id))
-            and (self.organization_id.isascii() or _unicode(self.organization_id))
-            and (self.agent_id.isascii() or _unicode(self.agent_id))
+            and (self.id.isascii() or is_valid_unicode(self.id))
+            and (self.organization_id.isascii() or is_valid_unicode(self.organization_id))
+            and (self.agent_id.isascii() or is_valid_unicode(self.agent_id))
             and type(c) is float and 0.0 <= c <= 1.0
             and (s is None or (type(s) is float and -1.0 <= s <= 1.0))
             and (i is None or (type(i) is float and 0.0 <= i <= 1.0))
@@ -213,7 +213,7 @@ class MemoryRecord:
             v = getattr(self, name)
             if type(v) is not str or not v:
                 raise ValueError(f"memory {name} must be a non-empty str, got {v!r:.80}")
-            if not _unicode(v):
+            if not is_valid_unicode(v):
                 raise ValueError(f"memory {name} holds a lone surrogate (not valid Unicode text): {v!r:.80}")
         if type(self.text) is not str:
             raise TypeError(f"memory {self.id!r}: text must be str, got {type(self.text).__name__}")
@@ -221,7 +221,7 @@ class MemoryRecord:
             v = getattr(self, name)
             if v is None and name != "confidence":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not is_finite_number(v):
                 raise ValueError(f"memory {self.id!r}: {name} must be a finite number, got {v!r:.80}")
             if not low <= v <= high:
                 raise ValueError(f"memory {self.id!r}: {name} must be in [{low:g}, {high:g}], got {v!r:.80}")
@@ -263,7 +263,7 @@ _RANGES = (("similarity", -1.0, 1.0), ("confidence", 0.0, 1.0), ("importance", 0
            ("fulltext_score", 0.0, math.inf))
 
 
-def _unicode(text: str) -> bool:
+def is_valid_unicode(text: str) -> bool:
     """Whether `text` is valid Unicode text: no lone surrogate (it can be encoded)."""
     try:
         text.encode("utf-8")
@@ -272,7 +272,7 @@ def _unicode(text: str) -> bool:
     return True
 
 
-def _finite(value: int | float) -> bool:
+def is_finite_number(value: int | float) -> bool:
     """Whether `value` is a finite float, or an int that one can hold."""
     try:
         return math.isfinite(value)
@@ -431,8 +431,8 @@ class MemoryBatch(Sequence[MemoryRecord]):
         self.origins = [o if type(o) is MemoryOrigin else MemoryOrigin(o) for o in origins]
         if len(self.texts) != n or len(self.origins) != n:
             raise ValueError(f"MemoryBatch: {n} ids, {len(self.texts)} texts, {len(self.origins)} origins")
-        if not all(type(i) is str and i and (i.isascii() or _unicode(i)) for i in self.ids):
-            k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i or not _unicode(i))
+        if not all(type(i) is str and i and (i.isascii() or is_valid_unicode(i)) for i in self.ids):
+            k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i or not is_valid_unicode(i))
             raise ValueError(f"MemoryBatch: memory {k}: id must be a non-empty str of valid Unicode text (no lone "
                              f"surrogate), got {self.ids[k]!r:.80}")
         if not all(type(t) is str for t in self.texts):

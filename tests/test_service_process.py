@@ -295,3 +295,32 @@ def test_a_taken_port_is_an_error(served: Served, demo_db: Path) -> None:
     r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated",
                         "--bind", f"127.0.0.1:{served.port}"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot bind" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tune", [False, True], ids=["library", "tuned"])
+def test_serve_changes_the_interpreter_only_when_asked(tune: bool) -> None:
+    # `serve` is a library call: it leaves the host process's switch interval and frozen
+    # objects as they are; `ctxcore serve` asks for the tuning (tune=True), which holds
+    # while serving and is put back when `serve` returns.
+    import gc
+    import sys
+
+    from ctxcore.service.server import SWITCH_INTERVAL_S, serve
+
+    before = sys.getswitchinterval()
+    frozen = gc.get_freeze_count()
+    seen: list[tuple[float, int]] = []
+
+    def on_serving(svc: ContextService) -> None:
+        seen.append((sys.getswitchinterval(), gc.get_freeze_count()))
+        asyncio.get_running_loop().create_task(svc.stop(0))
+
+    asyncio.run(serve(open_config(reflection=False), on_serving=on_serving, tune=tune,
+                      sources=FakeSources(make_tenants(1)).sources()))
+    assert len(seen) == 1
+    interval, freeze_count = seen[0]
+    if tune:
+        assert interval == SWITCH_INTERVAL_S != before and freeze_count > frozen
+    else:
+        assert interval == before and freeze_count == frozen
+    assert sys.getswitchinterval() == before and gc.get_freeze_count() == frozen

@@ -12,7 +12,7 @@ import pytest
 
 from ctxcore.memory import Query, Scope
 from ctxcore.stores import NewMemory, SqliteMemoryStore
-from ctxcore.stores.sqlite.fulltext import FTS_TOKENIZER, _scope_tag
+from ctxcore.stores.sqlite.fulltext import FTS_TOKENIZER, scope_tag
 
 VICTIM = Scope("victim-org", "support")
 
@@ -37,7 +37,7 @@ def test_a_memory_cannot_index_words_under_another_scopes_tag(tmp_path: Path) ->
     seps = [c for c in _fts5_separators(candidates) if c.isalnum()]
     if not seps:
         pytest.skip("this SQLite's FTS5 tokenizer splits none of these characters")
-    tag = _scope_tag(VICTIM.organization_id, VICTIM.agent_id)
+    tag = scope_tag(VICTIM.organization_id, VICTIM.agent_id)
     with SqliteMemoryStore(tmp_path / "m.db") as s:
         s.add_many([NewMemory(f"v{k}", VICTIM.organization_id, VICTIM.agent_id, f"note {k} about orders")
                     for k in range(100)])

@@ -297,8 +297,9 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
     # its operator is leakproof; text equality is, so the term lookup of the cold query is
     # an index scan for the app role (with sequential scans priced out, a condition the
     # index may not take would show as a Seq Scan here).
-    from ctxcore.stores.postgres import _COLD_NO_VECTOR, _query_keys
-    from ctxcore.stores._text import fts_terms
+    from ctxcore.stores.postgres.statements import COLD_NO_VECTOR
+    from ctxcore.stores.postgres.terms import query_keys
+    from ctxcore.stores.text import fts_terms
 
     db = pg_server.new_database()
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
@@ -309,9 +310,9 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
     with psycopg.connect(db.app_url) as conn:
         conn.execute("SELECT set_config('ctxcore.organization_id', 'org1', true), "
                      "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)")
-        params = {"org": "org1", "agent": "support", "limit": 10, "terms": _query_keys(fts_terms("refund 返金")),
+        params = {"org": "org1", "agent": "support", "limit": 10, "terms": query_keys(fts_terms("refund 返金")),
                   "cap": 30, "n": 100.0, "nterms": 8}
-        (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + _COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
+        (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
 
         def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield n
@@ -323,7 +324,7 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
         # The term lookups, and each hit's length (its term count) off the seq index.
         assert any("term =" in n["Index Cond"] for n in on_terms)
         assert all("term =" in n["Index Cond"] or "seq =" in n["Index Cond"] for n in on_terms), on_terms
-        rows = conn.execute(_COLD_NO_VECTOR, params).fetchall()
+        rows = conn.execute(COLD_NO_VECTOR, params).fetchall()
         found = [r[1] for r in rows if r[1] is not None]  # and the statement finds the scope's refund notes
         assert sorted(found) == sorted(f"m{k}" for k in range(300) if k % 30 == 1)
 

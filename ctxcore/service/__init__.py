@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         ContextService as ContextService,
         scoped_sources as scoped_sources,
         serve as serve,
+        tune_process as tune_process,
     )
     from .wire import (
         SERVICE_NAME as SERVICE_NAME,
@@ -71,6 +72,7 @@ _WHERE = {
     "ContextService": "server",
     "scoped_sources": "server",
     "serve": "server",
+    "tune_process": "server",
     "serve_workers": "workers",
 }
 

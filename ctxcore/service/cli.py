@@ -184,7 +184,8 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 
         return serve_workers(cfg, log_level=args.log_level)
     configure_logging(args.log_level)
-    asyncio.run(serve(cfg))
+    # The process serves and nothing else: its interpreter is tuned for it (server.tune_process).
+    asyncio.run(serve(cfg, tune=True))
     return 0
 
 

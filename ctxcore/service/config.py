@@ -67,6 +67,7 @@ from typing import Any
 from .._files import read_utf8
 from ..assembly import AssemblyConfig
 from ..errors import ConfigError
+from .admission import DEFAULT_MAX_QUEUE  # assemblies admitted at a time: defined with the admission
 from .cpus import usable_cpus
 
 __all__ = [
@@ -112,8 +113,6 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0
 #: periodSeconds 1) sees it at least once in that time and moves calls elsewhere before
 #: this server refuses them. Slower checkers need a longer delay.
 DEFAULT_DRAIN_DELAY_S = 2.0
-#: Assemblies admitted at a time (ctxcore.service.admission.DEFAULT_MAX_QUEUE).
-DEFAULT_MAX_QUEUE = 64
 #: Threads that run the assembly's CPU-heavy stages off the event loop. The compiled core
 #: releases the GIL, so two threads keep two cores busy; more only queue behind the GIL.
 DEFAULT_CPU_WORKERS = 2

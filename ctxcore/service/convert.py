@@ -24,7 +24,7 @@ from .. import _core
 from ..assembly.trace import _TRACE_REASONS, _TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
-from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, _unicode
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, is_valid_unicode
 from ..errors import UnknownModel
 from ..formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
 from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
@@ -275,7 +275,7 @@ def _has_lone_surrogate(obj: Any) -> bool:
     while stack:
         o = stack.pop()
         if isinstance(o, str):
-            if not _unicode(o):  # a paired surrogate decodes to one character beyond U+FFFF
+            if not is_valid_unicode(o):  # a paired surrogate decodes to one character beyond U+FFFF
                 return True
         elif isinstance(o, dict):
             stack.extend(o)  # the keys

@@ -84,10 +84,11 @@ OFFLOAD_BYTES = 256 * 1024
 #: decoded and validated off the loop and does not take a turn (`server.max_running`).
 TYPICAL_BYTES = 64 * 1024
 
-#: The interpreter's thread switch interval while serving (Python's default is 5 ms). The
-#: CPU-heavy stages of large calls run on executor threads and hold the GIL in their Python
-#: parts; the event loop, which answers health checks and refuses calls at arrival, waits
-#: up to one interval for the GIL at every callback, so a shorter one keeps the loop prompt.
+#: The interpreter's thread switch interval in a process that serves (Python's default is
+#: 5 ms; set by `tune_process`, which ``ctxcore serve`` runs). The CPU-heavy stages of
+#: large calls run on executor threads and hold the GIL in their Python parts; the event
+#: loop, which answers health checks and refuses calls at arrival, waits up to one interval
+#: for the GIL at every callback, so a shorter one keeps the loop prompt.
 SWITCH_INTERVAL_S = 0.0005
 
 class _LoopPass:
@@ -188,13 +189,29 @@ def _scoped(fn: Callable[..., Awaitable[Any]] | None, scope: Scope) -> Any:
     return NowOrLater(call, at_once)
 
 
+async def _open_postgres(db_url: str) -> Any:
+    """The PostgreSQL store `ctxcore serve` serves, opened and warmed off the event loop;
+    ``ConfigError`` names the database with its password redacted."""
+    from ..stores import MemoryStoreError
+    from ..stores.postgres_cli import shown_db
+
+    t0 = time.perf_counter()
+    try:
+        from ..stores.postgres import PostgresMemoryStore
+
+        store = await asyncio.to_thread(PostgresMemoryStore, db_url)
+    except (ImportError, MemoryStoreError, ValueError) as exc:
+        raise ConfigError(f"cannot open the memory store {shown_db(db_url)}: {exc}") from None
+    await asyncio.to_thread(store.warm)
+    log_event("store_open", db=shown_db(db_url), scopes_loaded=0, ms=round((time.perf_counter() - t0) * 1000, 1))
+    return store
+
+
 async def _open_sqlite(cfg: ServiceConfig) -> Any:
     from ..stores import MemoryStoreError, SqliteMemoryStore
 
     if cfg.db_url is not None:
-        from ..stores.postgres_cli import open_service_store
-
-        return await open_service_store(cfg.db_url)
+        return await _open_postgres(cfg.db_url)
 
     if cfg.db is None:
         raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
@@ -828,14 +845,50 @@ def _overflowing_fields(exc: ContextOverflow) -> str:
     return " and ".join(parts) or "request"
 
 
+def tune_process() -> Callable[[], None]:
+    """Set the process-wide interpreter settings of a process that does nothing but serve,
+    and return what puts them back. ``ctxcore serve`` (each of its workers too) calls it
+    once its service reports SERVING; `serve` does only with ``tune_process=True``, since
+    a library call must not change its host process's interpreter.
+
+    - The thread switch interval becomes `SWITCH_INTERVAL_S` (the event loop waits less
+      for the GIL that executor threads hold).
+    - Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
+      long as the process: it is frozen (``gc.freeze``), which keeps the cyclic collector
+      from walking it on every full collection. Those walks measured 20-50 ms here, longer
+      than the 40 ms retrieval wall, and cost well under a millisecond once frozen.
+
+    >>> import sys
+    >>> before = sys.getswitchinterval()
+    >>> restore = tune_process()
+    >>> sys.getswitchinterval() == SWITCH_INTERVAL_S
+    True
+    >>> restore(); sys.getswitchinterval() == before
+    True
+    """
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    gc.collect()
+    gc.freeze()
+
+    def restore() -> None:
+        gc.unfreeze()
+        sys.setswitchinterval(switch_interval)
+
+    return restore
+
+
 async def serve(config: ServiceConfig, *, on_serving: Callable[[ContextService], None] | None = None,
-                **kwargs: Any) -> None:
+                tune: bool = False, **kwargs: Any) -> None:
     """Run a `ContextService` until SIGTERM or SIGINT, then drain and stop.
 
     A second SIGTERM or SIGINT during the drain stops at once (`ContextService.stop_now`:
     calls in flight are cancelled) and ends with ``SystemExit(128 + signal number)``,
     so the process exits with the status of one killed by that signal (143 or 130).
-    `on_serving` is called with the service once it reports SERVING.
+    `on_serving` is called with the service once it reports SERVING. With `tune`, the
+    interpreter settings of `tune_process` apply from then until `serve` returns (as
+    ``ctxcore serve`` runs it); without, the process's interpreter settings are left as
+    they are.
     """
     service = ContextService(config, **kwargs)
     loop = asyncio.get_running_loop()
@@ -854,21 +907,17 @@ async def serve(config: ServiceConfig, *, on_serving: Callable[[ContextService],
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    restore: Callable[[], None] | None = None
     try:
         await service.start()
+        if tune:
+            restore = tune_process()
         if on_serving is not None:
             on_serving(service)
-        # Everything loaded so far (catalog, tokenizer tables, the store's caches) lives as
-        # long as the process. Freezing it keeps the cyclic collector from walking it on
-        # every full collection: those walks measured 20-50 ms here, longer than the
-        # 40 ms retrieval wall, and now cost well under a millisecond.
-        gc.collect()
-        gc.freeze()
         await service.wait_stopped()
     finally:
-        sys.setswitchinterval(switch_interval)
+        if restore is not None:
+            restore()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if not stop_task:

@@ -131,7 +131,7 @@ def _worker_main(config: ServiceConfig, index: int, log_level: str,
         threading.Thread(target=_watch_supervisor, args=(conn,), name="ctxcore-supervisor", daemon=True).start()
 
     try:
-        asyncio.run(serve(config, on_serving=on_serving))
+        asyncio.run(serve(config, on_serving=on_serving, tune=True))  # a process that only serves
     except (ConfigError, OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
             conn.send(("failed", str(exc)))

@@ -14,6 +14,13 @@ PostgreSQL with pgvector, full-text search and row-level security; it needs the
 ``postgres`` extra (psycopg 3), imported only when first used. `open_store` opens either
 store from a ``--db`` value (a SQLite path or a ``postgresql://`` URL).
 
+Both stores sit on one shared layer and never import each other (pyproject.toml's
+import contracts): `records` (what goes in, and the checks of a batch, a delete, an
+update), `text` (normalisation, full-text terms and thresholds), `embedding` and
+`embedders` (the embedder contract, `embed`), `query_vectors`, `fusion` (how a cold read
+merges its vector and full-text paths), `directives` (the directive cache), `reads`
+(read times written as ``accessed_at``), `counting` (stored token counts) and `errors`.
+
 >>> import asyncio, tempfile, os
 >>> from ctxcore.memory import Query, Scope
 >>> store = SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db"), embedder=HashingEmbedder())
@@ -31,21 +38,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .counting import DEFAULT_TOKEN_FAMILY
+from .directives import DIRECTIVE_CACHE_SECONDS
 from .embedders import EmbedderError, OpenAIEmbedder, SentenceTransformerEmbedder, WordLlamaEmbedder, embedder_from_name
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
 from .ingest import DEMO_DATASET, IngestReport, ingest_jsonl, load_demo, read_jsonl
 from .records import Directive, NewMemory
-from .sqlite import (
-    DEFAULT_CACHE_BYTES,
-    DEFAULT_READERS,
-    DEFAULT_TOKEN_FAMILY,
-    DIRECTIVE_CACHE_SECONDS,
-    MAX_FTS_TERMS,
-    SCHEMA_VERSION,
-    SqliteMemoryStore,
-    fts_match_expression,
-)
+from .sqlite import DEFAULT_CACHE_BYTES, DEFAULT_READERS, SCHEMA_VERSION, SqliteMemoryStore, fts_match_expression
+from .text import MAX_FTS_TERMS
 from .urls import is_postgres_url
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from ..tokens import count_tokens, estimate_tokens_batch, exact_families
 
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",
+    "DEFAULT_TOKEN_FAMILY",
     "boundary_allowance",
     "count_exact_batch",
     "count_memory_tokens",
@@ -33,6 +34,10 @@ __all__ = [
     "memory_units",
     "stored_token_counts",
 ]
+
+#: Tokenizer family memories are counted in when a store is not told otherwise: the one
+#: with an exact tokenizer shipped offline (``ctxcore.exact_families()``).
+DEFAULT_TOKEN_FAMILY = "cl100k_base"
 
 
 def stored_token_counts(texts: list[str], family: str, *, exact: bool) -> list[int]:

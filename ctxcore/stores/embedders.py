@@ -41,6 +41,7 @@ __all__ = [
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
     "WordLlamaEmbedder",
+    "embed",
     "embed_many",
     "embedder_from_name",
 ]
@@ -76,6 +77,20 @@ def _unit_rows(m: npt.NDArray[Any], n: int, dim: int | None, who: str) -> npt.ND
     return out
 
 
+def embed(embedder: Embedder, text: str) -> npt.NDArray[np.float32] | None:
+    """`embedder`'s unit vector for `text` (None for a featureless text), checked: a 1-D
+    vector of finite numbers, else `EmbedderError`.
+
+    >>> embed(HashingEmbedder(32), "refunds").shape, embed(HashingEmbedder(32), "") is None
+    ((32,), True)
+    """
+    v = np.asarray(embedder.embed(text), dtype=np.float64)
+    if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
+        raise EmbedderError(f"embedder {embedder.name!r} returned {v.shape} values, not a 1-D vector of "
+                            "finite numbers")
+    return unit(v)
+
+
 def embed_many(embedder: Embedder, texts: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
     """Unit vectors for ``texts`` (None for a text without direction), in one batch call
     when the embedder has ``embed_batch``, else one call per text.
@@ -86,14 +101,7 @@ def embed_many(embedder: Embedder, texts: Sequence[str]) -> list[npt.NDArray[np.
     batch = getattr(embedder, "embed_batch", None)
     items = _texts(texts)
     if batch is None or not items:
-        out: list[npt.NDArray[np.float32] | None] = []
-        for t in items:
-            v = np.asarray(embedder.embed(t), dtype=np.float64)
-            if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
-                raise EmbedderError(f"embedder {embedder.name!r} returned {v.shape} values, not a 1-D vector of "
-                                    "finite numbers")
-            out.append(unit(v))
-        return out
+        return [embed(embedder, t) for t in items]
     rows = _unit_rows(batch(items), len(items), None, f"embedder {embedder.name!r}")
     return [r if r.any() else None for r in rows]
 

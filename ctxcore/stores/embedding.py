@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from ._text import cjk_spaced, normalize, raw_words
+from .text import cjk_spaced, normalize, raw_words
 
 __all__ = ["DEFAULT_EMBEDDING_DIM", "Embedder", "HashingEmbedder", "unit"]
 

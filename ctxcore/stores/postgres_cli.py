@@ -174,26 +174,3 @@ def add_lifecycle_subcommands(mem: Any) -> None:
     s.add_argument("--org", help="one organization (PostgreSQL: required unless connected as the schema owner)")
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s.set_defaults(func=_cmd_stats)
-
-
-async def open_service_store(db_url: str) -> Any:
-    """Open the PostgreSQL store `ctxcore serve` serves (off the event loop), or raise
-    ``ConfigError`` naming the database with its password redacted."""
-    import asyncio
-    import time
-
-    from ..errors import ConfigError
-    from .errors import MemoryStoreError
-
-    t0 = time.perf_counter()
-    try:
-        from .postgres import PostgresMemoryStore
-
-        store = await asyncio.to_thread(PostgresMemoryStore, db_url)
-    except (ImportError, MemoryStoreError, ValueError) as exc:
-        raise ConfigError(f"cannot open the memory store {shown_db(db_url)}: {exc}") from None
-    await asyncio.to_thread(store.warm)
-    from ..service.logs import log_event
-
-    log_event("store_open", db=shown_db(db_url), scopes_loaded=0, ms=round((time.perf_counter() - t0) * 1000, 1))
-    return store

@@ -17,11 +17,14 @@ from typing import Generic, TypeVar
 
 from ..memory import Scope
 
-__all__ = ["ACCESS_RESOLUTION_SECONDS", "ReadTimes"]
+__all__ = ["ACCESS_FLUSH_SECONDS", "ACCESS_RESOLUTION_SECONDS", "ReadTimes"]
 
 #: How precisely ``accessed_at`` follows reads, in seconds: a memory read again within this
 #: long of its last noted read keeps that time.
 ACCESS_RESOLUTION_SECONDS = 60.0
+#: Reads note the memories they return; their ``accessed_at`` is written in one batch at
+#: most this long after (never a write per request on the hot path).
+ACCESS_FLUSH_SECONDS = 1.0
 
 K = TypeVar("K", bound=Hashable)
 

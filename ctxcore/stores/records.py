@@ -5,6 +5,9 @@ signals); `Directive` is the operator directive of an organization (all its agen
 one agent. Both validate on construction and name the bad record; `from_mapping` reads
 the JSON form used by ``ctxcore memories add FILE.jsonl`` and the shipped demo dataset.
 Retrieval hands back `ctxcore.memory.MemoryBatch`es (`rows_to_batch`), never these.
+Both stores check what they are given here: a batch to add (`check_batch`), the ids of a
+delete (`check_ids`), the fields of an update (`check_update`), the owner of a forget or
+an expiry (`check_owner`, `expiry_cutoff`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -20,11 +23,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..memory import MemoryBatch, MemoryOrigin, Scope, _finite, _unicode
+from ..memory import MemoryBatch, MemoryOrigin, Scope, is_finite_number, is_valid_unicode
 from .embedding import unit
 from .errors import InvalidMemory
 
-__all__ = ["Directive", "NewMemory", "fulltext_stats", "rows_to_batch"]
+__all__ = [
+    "STORED_COLUMNS", "Directive", "NewMemory", "check_batch", "check_ids", "check_owner", "check_update",
+    "expiry_cutoff", "fulltext_stats", "rows_to_batch",
+]
 
 #: The columns both stores read a memory back as, in this order (a store's statement may
 #: add its own after them).
@@ -56,7 +62,7 @@ def _time(value: object, field: str, label: str) -> float | None:
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
         value = dt.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite_number(value) or value < 0:
         raise ValueError(f"{label}: {field} must be a finite time >= 0, got {value!r:.80}")
     return float(value)
 
@@ -66,7 +72,7 @@ def _text_problem(name: str, value: object) -> str | None:
     non-empty str of valid Unicode text (no lone surrogate)."""
     if not isinstance(value, str) or not value:
         return f"{name} must be a non-empty str, got {value!r:.80}"
-    if not _unicode(value):
+    if not is_valid_unicode(value):
         return f"{name} contains a lone surrogate (not valid Unicode text)"
     return None
 
@@ -94,12 +100,12 @@ def expiry_cutoff(max_age_seconds: object, now: object) -> float:
     500.0
     """
     if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
-        _finite(max_age_seconds) and max_age_seconds >= 0
+        is_finite_number(max_age_seconds) and max_age_seconds >= 0
     ):
         raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r:.40}")
     if now is None:
         return time.time() - float(max_age_seconds)
-    if isinstance(now, bool) or not isinstance(now, (int, float)) or not _finite(now):
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not is_finite_number(now):
         raise ValueError(f"now must be a finite time in seconds since the epoch, got {now!r:.40}")
     return float(now) - float(max_age_seconds)
 
@@ -296,3 +302,78 @@ def fulltext_stats(scores: Sequence[float], in_scope: int) -> tuple[float, float
     mean = total / n
     var = max(0.0, math.fsum(x * x for x in scores) / n - mean * mean)
     return mean, math.sqrt(var)
+
+
+def check_batch(
+    memories: Iterable[NewMemory | Mapping[str, Any]],
+    check: Callable[[NewMemory, int], None] | None = None,
+) -> tuple[list[NewMemory], dict[str, int]]:
+    """The memories as `NewMemory` records and each id's index; `InvalidMemory` names the
+    first bad one (its index and id), an id used twice included. `check(memory, index)`
+    adds a store's own rule, raising `InvalidMemory` for a memory it refuses."""
+    if isinstance(memories, (str, bytes, Mapping, NewMemory)):
+        raise TypeError("add_many takes an iterable of memories; use add for one")
+    batch: list[NewMemory] = []
+    seen: dict[str, int] = {}
+    for i, m in enumerate(memories):
+        try:
+            mem = m if isinstance(m, NewMemory) else NewMemory.from_mapping(m)
+        except InvalidMemory as exc:
+            raise InvalidMemory(_at_index(str(exc), i), i, exc.memory_id) from None
+        if mem.id in seen:
+            raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
+        seen[mem.id] = i
+        if check is not None:
+            check(mem, i)
+        batch.append(mem)
+    return batch, seen
+
+
+def _at_index(message: str, index: int) -> str:
+    # "memory 'x': ..." -> "memory 'x' (index 3): ..."
+    head, sep, tail = message.partition(": ")
+    if sep and head.startswith("memory") and "(index" not in head:
+        return f"{head} (index {index}): {tail}"
+    return f"memory (index {index}): {message}"
+
+
+def check_ids(ids: Iterable[str]) -> list[str]:
+    """The memory ids of a delete, as a list: an iterable of non-empty str (`TypeError`
+    for one str, `ValueError` naming a bad id).
+
+    >>> check_ids(iter(["m1", "m2"]))
+    ['m1', 'm2']
+    """
+    if isinstance(ids, (str, bytes)):
+        raise TypeError("ids must be an iterable of ids, not one str")
+    out = list(ids)
+    for i in out:
+        if not isinstance(i, str) or not i:
+            raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+    return out
+
+
+def check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
+                 importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
+                 ) -> dict[str, Any]:
+    """The changes an update asks for (only the fields given), validated by `NewMemory`'s
+    own rules: `InvalidMemory` names the memory and the field.
+
+    >>> check_update(Scope("o", "a"), "m1", None, 0.5, None, None)
+    {'confidence': 0.5}
+    """
+    if not isinstance(memory_id, str) or not memory_id:
+        raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
+    probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
+                      embedding=embedding, confidence=1.0 if confidence is None else confidence,
+                      importance=importance)
+    out: dict[str, Any] = {}
+    if text is not None:
+        out["text"] = probe.text
+    if confidence is not None:
+        out["confidence"] = probe.confidence
+    if importance is not None:
+        out["importance"] = probe.importance
+    if embedding is not None:
+        out["embedding"] = probe.embedding
+    return out

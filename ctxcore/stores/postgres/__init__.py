@@ -31,10 +31,12 @@ never logged: `redact_dsn` removes them from every repr, log line and error mess
 psycopg is an optional dependency (``pip install 'ctxcore-llm[postgres]'``); SQLite-only users
 never import it.
 
-The package is split by concern: `statements` (the SQL text of the reads), `schema` (the
-versioned migrations, row-level security, grants, the vectors' partitions), `terms` (the
-term table's search keys), `dsn` (connection strings and their redaction), `loop` (the
-store's own event loop thread) and `store` (`PostgresMemoryStore`).
+The package is split by concern: `statements` (the SQL text of every statement the store
+runs), `schema` (the versioned migrations, row-level security, grants, the vectors'
+partitions), `terms` (the term table's search keys), `dsn` (connection strings and their
+redaction), `loop` (the store's own event loop thread) and `store`
+(`PostgresMemoryStore`). What it shares with the SQLite store comes from the shared
+modules of `ctxcore.stores`; it never imports the SQLite store.
 """
 
 from __future__ import annotations
@@ -50,9 +52,8 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra in
 from ..urls import is_postgres_url
 from .dsn import redact_dsn
 from .schema import MIGRATIONS, PG_SCHEMA_VERSION, VECTOR_PARTITIONS
-from .statements import _COLD_NO_VECTOR as _COLD_NO_VECTOR
+from ..reads import ACCESS_FLUSH_SECONDS
 from .store import (
-    ACCESS_FLUSH_SECONDS,
     DEFAULT_POOL_SIZE,
     HNSW_MIN_SCOPE,
     HNSW_MIN_SCOPE_NO_ITERATIVE,
@@ -63,7 +64,6 @@ from .store import (
     UnsupportedPgvector,
 )
 from .terms import TERM_MAX_BYTES
-from .terms import _query_keys as _query_keys
 
 __all__ = [
     "ACCESS_FLUSH_SECONDS",

@@ -49,7 +49,7 @@ def redact_dsn(dsn: str) -> str:
     return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
 
 
-def _password_of(dsn: str) -> str | None:
+def password_of(dsn: str) -> str | None:
     """The password `dsn` holds, if any. Raises `MemoryStoreError` (never quoting libpq,
     whose message repeats the token it cannot read: a malformed password, say) when
     `dsn` is not a connection string libpq can parse, before anything connects."""

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 _T = TypeVar("_T")
 
 
-class _Loop:
+class StoreLoop:
     """The store's own event loop, on a daemon thread: the connection pool lives here."""
 
     def __init__(self) -> None:

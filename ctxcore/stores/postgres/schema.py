@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from .terms import _doc_terms
+from .terms import doc_terms
 
 # ---- the schema, as versioned migrations ------------------------------------------------
 
@@ -41,7 +41,7 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
         rows = await cur.fetchall()
         if not rows:
             break
-        await _insert_terms(conn, [(int(s), o, a, _doc_terms(t)) for s, o, a, t in rows])
+        await insert_terms(conn, [(int(s), o, a, doc_terms(t)) for s, o, a, t in rows])
         last = int(rows[-1][0])
     await _grant_as_on_memories(conn, "memory_terms")
     await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
@@ -62,7 +62,7 @@ async def _grant_reads(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     await _grant_as_on_memories(conn, "memory_reads")
 
 
-async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
+async def insert_terms(conn: psycopg.AsyncConnection[TupleRow],
                         docs: Sequence[tuple[int, str, str, Sequence[str]]]) -> None:
     """Insert the terms of memories, given as (seq, organization_id, agent_id, terms), in
     one statement (COPY is not allowed into a table under row-level security)."""
@@ -89,7 +89,7 @@ async def _insert_terms(conn: psycopg.AsyncConnection[TupleRow],
 #: Fixed when the table is created.
 VECTOR_PARTITIONS = 16
 # The HNSW index (cosine), created on every partition once the dimension is fixed.
-_VECTOR_INDEX = ("CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors "
+VECTOR_INDEX = ("CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors "
                  "USING hnsw (embedding vector_cosine_ops)")
 
 
@@ -135,7 +135,7 @@ async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     ):
         await conn.execute(statement)  # constant DDL: no user input
     if dim is not None:
-        await conn.execute(_VECTOR_INDEX)
+        await conn.execute(VECTOR_INDEX)
     await _grant_as_on_memories(conn, "memory_vectors")
 
 
@@ -261,4 +261,4 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
 #: Version of the database layout this code writes (the highest migration).
 PG_SCHEMA_VERSION = MIGRATIONS[-1][0]
 # Any 64-bit constant: migrations of one database run one at a time.
-_MIGRATION_LOCK = 0x63747863_6F726531
+MIGRATION_LOCK = 0x63747863_6F726531

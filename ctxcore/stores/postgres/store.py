@@ -4,11 +4,12 @@ maintenance over its connection pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy.typing as npt
 import psycopg
 import psycopg_pool
 from psycopg import sql
-from psycopg.rows import TupleRow
+from psycopg.rows import DictRow, TupleRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ...memory import (
@@ -34,27 +35,41 @@ from ...memory import (
     check_scope,
 )
 from ...tokens import estimator_families, exact_families
-from .._text import fts_terms
-from ..counting import exact_json, stored_token_counts
+from ..counting import DEFAULT_TOKEN_FAMILY, exact_json, stored_token_counts
+from ..directives import DIRECTIVE_CACHE_SECONDS, ORG_WIDE, SCOPE_CACHE_ENTRIES, DirectiveCache
+from ..embedders import embed
 from ..embedding import Embedder, HashingEmbedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats, rows_to_batch
-from ..sqlite import (
-    DEFAULT_TOKEN_FAMILY,
-    DIRECTIVE_CACHE_SECONDS,
-    FTS_MAX_DOC_FRACTION,
-    FTS_PRUNE_MIN_DOCS,
-    FTS_QUERY_TERMS,
+from ..fusion import cold_batch
+from ..query_vectors import QueryVectors
+from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
+from ..records import (
+    Directive,
+    NewMemory,
+    check_batch,
+    check_ids,
+    check_owner,
+    check_update,
+    expiry_cutoff,
+    rows_to_batch,
 )
-from ..sqlite.directives import DirectiveCache
-from ..sqlite.ingest import check_batch
-from ..sqlite.vectors import QueryVectors, embed
-from .dsn import _password_of, connect_error, redact_dsn
-from .loop import _Loop
-from .schema import _MIGRATION_LOCK, _VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, _insert_terms
-from .statements import _COLD_NO_VECTOR, _COLD_VECTOR_EXACT, _COLD_VECTOR_INDEXED, _HOT, _WARM_SCOPE
-from .terms import _doc_terms, _query_keys
+from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, fts_terms
+from .dsn import password_of, connect_error, redact_dsn
+from .loop import StoreLoop
+from .schema import MIGRATION_LOCK, VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, insert_terms
+from . import statements as stmt
+from .statements import (
+    COLD_COUNT,
+    COLD_KEY,
+    COLD_SCORE,
+    COLD_SIM,
+    COLD_SOURCE,
+    COLD_STATS,
+    COLD_VECTOR_HIT,
+    HOT_SIM,
+    WARM_SCOPE,
+)
+from .terms import doc_terms, query_keys
 
 _log = logging.getLogger("ctxcore.stores.postgres")
 
@@ -66,15 +81,8 @@ DEFAULT_POOL_SIZE = 8
 HNSW_MIN_SCOPE = 2_000
 #: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
 SCOPE_SIZE_SECONDS = 60.0
-#: Reads note the memories they return; ``accessed_at`` is written for all of them in one
-#: statement per scope at most this often (never a write per request on the hot path).
-ACCESS_FLUSH_SECONDS = 1.0
-# Directive cache entries kept before the cache is emptied.
-_DIRECTIVE_CACHE_SCOPES = 100_000
 # A search key's noted count when it is a stop word of the scope.
 _STOP_WORD = -1
-# Key of an organization-wide directive (Scope forbids empty agent ids).
-_ORG_WIDE = ""
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
 # the scan going until `limit` rows of the scope are found.
 _EF_SEARCH = 64
@@ -115,6 +123,8 @@ def _version(text: str) -> tuple[int, ...]:
             break
         out.append(int(digits))
     return tuple(out)
+
+
 _T = TypeVar("_T")
 
 
@@ -123,12 +133,28 @@ def _vector_text(v: npt.NDArray[np.float32]) -> str:
     return "[" + ",".join(map(repr, v.tolist())) + "]"
 
 
+async def _one(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
+               params: Sequence[Any] | None = None) -> DictRow | None:
+    """The first row of `statement`, by column name."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(statement, params)
+        return await cur.fetchone()
+
+
+async def _all(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
+               params: Sequence[Any] | None = None) -> list[DictRow]:
+    """The rows of `statement`, by column name."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(statement, params)
+        return await cur.fetchall()
+
 
 def _check_nul(mem: NewMemory, i: int) -> None:
     for name in ("id", "organization_id", "agent_id", "text"):
         if "\x00" in getattr(mem, name):
             raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
                                 "PostgreSQL text cannot hold", i, mem.id)
+
 
 class PostgresMemoryStore:
     """A memory store in a PostgreSQL database with pgvector; implements
@@ -194,7 +220,7 @@ class PostgresMemoryStore:
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._dsn = dsn
         self._shown = redact_dsn(dsn)
-        self._secret = _password_of(dsn)
+        self._secret = password_of(dsn)
         self._embedder: Embedder | None = embedder
         self._family = token_family
         self._exact = token_family in exact_families()
@@ -211,7 +237,7 @@ class PostgresMemoryStore:
         # _STOP_WORD for a key in more of the scope's memories than the threshold.
         self._key_counts: dict[Scope, tuple[float, dict[str, int]]] = {}
         self._closed = False
-        self._loop = _Loop()
+        self._loop = StoreLoop()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] | None = None
         self._pgvector: tuple[int, ...] = ()
         try:
@@ -265,14 +291,10 @@ class PostgresMemoryStore:
                 raise self._error("cannot prepare the memory database", exc) from None
 
     async def _check_pgvector(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
-        cur = await conn.execute(
-            "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
-            "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"
-        )
-        row = await cur.fetchone()
+        row = await _one(conn, stmt.PGVECTOR_VERSIONS)
         await conn.commit()
         assert row is not None
-        installed, available = row
+        installed, available = row["installed"], row["available"]
         self._pgvector = _version(str(installed or available or ""))
         if installed is None and available is None:
             raise MemoryStoreError(
@@ -281,7 +303,7 @@ class PostgresMemoryStore:
             )
         if installed is None:
             try:
-                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                await conn.execute(stmt.CREATE_PGVECTOR)
                 await conn.commit()
             except psycopg.errors.InsufficientPrivilege:
                 await conn.rollback()
@@ -300,24 +322,18 @@ class PostgresMemoryStore:
     async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
         # Read first, so that a role without CREATE opens an up-to-date schema.
         async with conn.transaction():
-            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
-            row = await cur.fetchone()
-            if not row or not row[0]:
+            row = await _one(conn, stmt.HAS_MIGRATIONS)
+            if not row or not row["present"]:
                 return True
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            return (int(row[0]) if row else 0) < PG_SCHEMA_VERSION
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            return (int(row["version"]) if row else 0) < PG_SCHEMA_VERSION
 
     async def _migrate(self, conn: psycopg.AsyncConnection[TupleRow], grant_to: str | None) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
-                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            current = int(row[0]) if row else 0
+            await conn.execute(stmt.TAKE_MIGRATION_LOCK, (MIGRATION_LOCK,))
+            await conn.execute(stmt.CREATE_MIGRATIONS)
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            current = int(row["version"]) if row else 0
             if current > PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {current} is newer than this ctxcore understands "
@@ -331,9 +347,7 @@ class PostgresMemoryStore:
                         await conn.execute(statement)  # constant DDL: no user input
                     else:
                         await statement(conn)
-                await conn.execute(
-                    "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description)
-                )
+                await conn.execute(stmt.RECORD_MIGRATION, (version, description))
                 _log.info("applied migration %d (%s) to %s", version, description, self._shown)
             dim = await self._meta(conn, "embedding_dim")
             if dim is None and self._dim is None and self._embedder is not None:
@@ -343,39 +357,31 @@ class PostgresMemoryStore:
                 await self._set_dim(conn, self._dim)
             if grant_to is not None:
                 role = sql.Identifier(grant_to)
-                await conn.execute(sql.SQL(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, "
-                    "memory_vectors TO {}"
-                ).format(role))
-                await conn.execute(sql.SQL("GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}").format(role))
+                await conn.execute(sql.SQL(stmt.GRANT_TABLES).format(role))
+                await conn.execute(sql.SQL(stmt.GRANT_META).format(role))
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
         # Fixing the dimension makes the column indexable; the HNSW index (cosine) follows.
         # `dim` is an int checked by the caller: safe to format into DDL.
-        await conn.execute(sql.SQL("ALTER TABLE memory_vectors ALTER COLUMN embedding TYPE vector({})").format(
-            sql.Literal(int(dim))))
-        await conn.execute(_VECTOR_INDEX)
-        await conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s) ON CONFLICT (key) DO NOTHING",
-                           (str(dim),))
+        await conn.execute(sql.SQL(stmt.SET_DIMENSIONS).format(sql.Literal(int(dim))))
+        await conn.execute(VECTOR_INDEX)
+        await conn.execute(stmt.RECORD_DIMENSIONS, (str(dim),))
 
     @staticmethod
     async def _meta(conn: psycopg.AsyncConnection[TupleRow], key: str) -> str | None:
-        cur = await conn.execute("SELECT value FROM ctxcore_meta WHERE key = %s", (key,))
-        row = await cur.fetchone()
-        return None if row is None else str(row[0])
+        row = await _one(conn, stmt.READ_META, (key,))
+        return None if row is None else str(row["value"])
 
     async def _check_schema(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         async with conn.transaction():
-            cur = await conn.execute("SELECT to_regclass('ctxcore_migrations') IS NOT NULL")
-            row = await cur.fetchone()
-            if not row or not row[0]:
+            row = await _one(conn, stmt.HAS_MIGRATIONS)
+            if not row or not row["present"]:
                 raise MemoryStoreError(
                     f"{self._shown} has no ctxcore schema: create it with `ctxcore memories init --db URL` "
                     "as the schema owner"
                 )
-            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM ctxcore_migrations")
-            row = await cur.fetchone()
-            version = int(row[0]) if row else 0
+            row = await _one(conn, stmt.APPLIED_VERSION)
+            version = int(row["version"]) if row else 0
             if version > PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {version} is newer than this ctxcore understands "
@@ -396,9 +402,7 @@ class PostgresMemoryStore:
             elif self._embedder is not None:
                 if recorded is None:
                     try:
-                        await conn.execute(
-                            "INSERT INTO ctxcore_meta VALUES ('embedder', %s) ON CONFLICT (key) DO NOTHING",
-                            (self._embedder.name,))
+                        await conn.execute(stmt.RECORD_EMBEDDER, (self._embedder.name,))
                     except psycopg.errors.InsufficientPrivilege:
                         raise MemoryStoreError(
                             f"{self._shown} has no embedder recorded and this role may not record one: open it "
@@ -457,7 +461,7 @@ class PostgresMemoryStore:
         # first run of a statement loads its catalog caches and plans it (the cold
         # statement's generic plan over the 16 vector partitions: ~20 ms), which a request
         # would otherwise pay on each pooled connection, at whatever call first takes it.
-        w = _WARM_SCOPE
+        w = WARM_SCOPE
         q = None if self._dim is None else _vector_text(np.zeros(self._dim, dtype=np.float32))
         for vec, large in [(q, True), (q, False), (None, False)] if q is not None else [(None, False)]:
             await self._cold_rows(conn, w, w, vec, large, [w], 0, 1.0, 1, 1, prepare=True)
@@ -520,10 +524,30 @@ class PostgresMemoryStore:
         # Transaction-local (is_local = true): the next transaction on this pooled
         # connection starts with no scope, so it sees nothing until it sets its own.
         await conn.execute(
-            "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-            "set_config('ctxcore.all_agents', %s, true), set_config('ctxcore.admin', %s, true)",
-            (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"),
-        )
+            stmt.SET_SCOPE, (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"))
+
+    @contextlib.asynccontextmanager
+    async def _scoped(self, org: str, agent: str | None, *, admin: str | None = None,
+                      writes: bool = False) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection inside one transaction of one scope (`agent` None: every
+        agent of `org`), or, with `admin` (what it is for, named in the error a role that
+        may not gets), of every scope as the schema owner. `writes`: the scope sizes and
+        key counts read so far are forgotten first."""
+        assert self._pool is not None
+        if writes:
+            self._forget_counts()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if admin is not None:
+                    await self._as_admin(conn, admin)
+                else:
+                    await self._set_scope(conn, org, agent)
+                yield conn
+
+    def _forget_counts(self) -> None:
+        # After a write through this store its scopes' sizes and key counts are read again.
+        self._sizes.clear()
+        self._key_counts.clear()
 
     # ---- ingest ------------------------------------------------------------------------------
 
@@ -573,11 +597,10 @@ class PostgresMemoryStore:
              m.importance, now if m.created_at is None else m.created_at, m.accessed_at, n, self._family, kind, ex)
             for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
-        terms = [_doc_terms(m.text) for m in batch]
+        terms = [doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
         self._run(self._insert(batch, rows, terms, dim))
-        self._sizes.clear()
-        self._key_counts.clear()
+        self._forget_counts()
         return [m.id for m in batch]
 
     async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
@@ -589,7 +612,7 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 if dim is not None and self._dim is None:
-                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    await conn.execute(stmt.TAKE_MIGRATION_LOCK, (MIGRATION_LOCK,))
                     stored = await self._meta(conn, "embedding_dim")
                     if stored is None:
                         try:
@@ -611,25 +634,14 @@ class PostgresMemoryStore:
                     # One statement per scope: the rows as arrays, inserted in batch order (so
                     # `seq` follows it), a taken id skipped here and named below.
                     cols = list(zip(*(rows[i] for i in idx)))
-                    cur = await conn.execute(
-                        "INSERT INTO memories (id, organization_id, agent_id, text, confidence, importance, "
-                        "created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
-                        "SELECT id, o, a, t, c, i, ca, aa, n, f, k, x::jsonb FROM unnest("
-                        "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[], "
-                        "%s::float8[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[]) "
-                        "WITH ORDINALITY AS r(id, o, a, t, c, i, ca, aa, n, f, k, x, ord) ORDER BY ord "
-                        "ON CONFLICT (id) DO NOTHING RETURNING id, seq",
-                        [list(c) for k, c in enumerate(cols) if k != 4],
-                    )
-                    got = {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+                    got = {str(r["id"]): int(r["seq"]) for r in await _all(
+                        conn, stmt.INSERT_MEMORIES, [list(c) for k, c in enumerate(cols) if k != 4])}
                     inserted.update(got)
                     embedded = [(got[batch[i].id], rows[i][4]) for i in idx if batch[i].id in got and rows[i][4]]
                     if embedded:
                         await conn.execute(
-                            "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                            "SELECT %s, %s, s, e::vector FROM unnest(%s::bigint[], %s::text[]) AS r(s, e)",
-                            (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
-                    await _insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
+                            stmt.INSERT_VECTORS, (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
+                    await insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
                                                if batch[i].id in got])
                 if len(inserted) != len(batch):
                     # Ids are unique across the whole store; which scope holds a taken id is
@@ -649,19 +661,12 @@ class PostgresMemoryStore:
         self._directives.invalidate()
 
     async def _set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
-        assert self._pool is not None
-        key = (organization_id, _ORG_WIDE if agent_id is None else agent_id)
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, organization_id, agent_id)
-                if text is None:
-                    await conn.execute("DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", key)
-                else:
-                    await conn.execute(
-                        "INSERT INTO directives VALUES (%s, %s, %s, %s) ON CONFLICT (organization_id, agent_id) "
-                        "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
-                        (*key, text, time.time()),
-                    )
+        key = (organization_id, ORG_WIDE if agent_id is None else agent_id)
+        async with self._scoped(organization_id, agent_id) as conn:
+            if text is None:
+                await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, key)
+            else:
+                await conn.execute(stmt.UPSERT_DIRECTIVE, (*key, text, time.time()))
 
     def _count(self, texts: list[str]) -> list[int]:
         return stored_token_counts(texts, self._family, exact=self._exact)
@@ -693,13 +698,9 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
                 await self._set_scope(conn, scope.organization_id, scope.agent_id)
-                cur = await conn.execute(
-                    "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
-                    "ORDER BY agent_id",
-                    (scope.organization_id, _ORG_WIDE, scope.agent_id),
-                )
+                cur = await conn.execute(stmt.READ_DIRECTIVES, (scope.organization_id, ORG_WIDE, scope.agent_id))
                 rows = await cur.fetchall()
-        return "\n\n".join(r[0] for r in rows) if rows else None
+        return "\n\n".join(text for (text,) in rows) if rows else None
 
     async def hot(self, scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
         """The agent's most recent memories, newest first, at most `limit`; each with its
@@ -722,14 +723,15 @@ class PostgresMemoryStore:
         async with self._pool.connection() as conn:
             rows = await self._hot_rows(conn, scope.organization_id, scope.agent_id,
                                         None if qv is None else _vector_text(qv), limit)
-        sims = np.clip(np.array([np.nan if r[-1] is None else r[-1] for r in rows], dtype=np.float64), -1.0, 1.0)
+        sims = np.clip(np.array([np.nan if r[HOT_SIM] is None else r[HOT_SIM] for r in rows], dtype=np.float64),
+                       -1.0, 1.0)
         return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
     async def _hot_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
                         limit: int, prepare: bool | None = None) -> list[TupleRow]:
         async with conn.pipeline(), conn.transaction():  # one round trip
             await self._set_scope(conn, org, agent)
-            cur = await conn.execute(_HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
+            cur = await conn.execute(stmt.HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
             return await cur.fetchall()
 
     async def cold(
@@ -758,7 +760,7 @@ class PostgresMemoryStore:
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
-        terms = self._search_keys(scope, _query_keys(fts_terms(query.text)))
+        terms = self._search_keys(scope, query_keys(fts_terms(query.text)))
         seqs, batch = await self._call(self._cold(scope, qv, terms, limit, min_similarity))
         self._note(scope, seqs)
         return batch
@@ -790,23 +792,19 @@ class PostgresMemoryStore:
         counts: dict[str, int] = {}
         vector_stats: tuple[float, float] | None = None
         for row in rows:
-            if row[-1] is None:  # a search key's match count (at most cap + 1: a stop word)
-                n = int(row[-2])
-                counts[terms[int(row[-3]) - 1]] = _STOP_WORD if n > cap else n
-            elif row[-1] == 2:  # the cosine's mean and standard deviation over the scope
-                vector_stats = (float(row[-5]), float(row[-4] or 0.0))
+            if row[COLD_SOURCE] is None:  # a search key's match count (at most cap + 1: a stop word)
+                n = int(row[COLD_COUNT])
+                counts[terms[int(row[COLD_KEY]) - 1]] = _STOP_WORD if n > cap else n
+            elif row[COLD_SOURCE] == COLD_STATS:  # the cosine's mean and standard deviation over the scope
+                vector_stats = (float(row[COLD_SIM]), float(row[COLD_SCORE] or 0.0))
             else:
                 found.append(row)
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
-        sims = np.clip(np.array([np.nan if r[-5] is None else r[-5] for r in found], dtype=np.float64), -1.0, 1.0)
-        scores = np.array([np.nan if r[-4] is None else max(0.0, float(r[-4])) for r in found], dtype=np.float64)
-        origins = [MemoryOrigin.VECTOR if r[-1] == 0 else MemoryOrigin.FULLTEXT for r in found]
-        out = rows_to_batch(scope, found, origins, sims, scores)
-        if vector_stats is not None:
-            out.reference["vector"] = vector_stats
-        text_scores = [float(r[-4]) for r in found if r[-4] is not None]
-        if text_scores:
-            out.reference["fulltext"] = fulltext_stats(text_scores, in_scope)
+        origins = [MemoryOrigin.VECTOR if r[COLD_SOURCE] == COLD_VECTOR_HIT else MemoryOrigin.FULLTEXT for r in found]
+        scores = [r[COLD_SCORE] for r in found]
+        out = cold_batch(scope, found, origins, [r[COLD_SIM] for r in found],
+                         [None if x is None else max(0.0, float(x)) for x in scores], vector_stats=vector_stats,
+                         text_scores=[float(x) for x in scores if x is not None], in_scope=in_scope)
         return [r[0] for r in found], out
 
     def _iterative(self) -> bool:
@@ -818,19 +816,13 @@ class PostgresMemoryStore:
         # hnsw.iterative_scan exists from pgvector 0.8 on (setting it before fails the
         # transaction); before, a large scope's walk takes the most candidates allowed.
         if self._iterative():
-            ef, scan = str(max(_EF_SEARCH, limit)), ", set_config('hnsw.iterative_scan', 'relaxed_order', true)"
+            ef, settings = str(max(_EF_SEARCH, limit)), stmt.COLD_SETTINGS_ITERATIVE
         else:
-            ef, scan = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), ""
+            ef, settings = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), stmt.COLD_SETTINGS
         async with conn.pipeline(), conn.transaction():
-            await conn.execute(
-                "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-                "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
-                "set_config('hnsw.ef_search', %s, true)" + scan + ", "
-                "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
-                "set_config('plan_cache_mode', 'force_generic_plan', true)",
-                (org, agent, ef, "off" if large else "on", "off" if large else "on"))
+            await conn.execute(settings, (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
-                (_COLD_VECTOR_INDEXED if large else _COLD_VECTOR_EXACT) if q is not None else _COLD_NO_VECTOR,
+                (stmt.COLD_VECTOR_INDEXED if large else stmt.COLD_VECTOR_EXACT) if q is not None else stmt.COLD_NO_VECTOR,
                 {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
                  "cap": cap, "n": float(in_scope), "nterms": FTS_QUERY_TERMS}, prepare=prepare)
             return await cur.fetchall()
@@ -861,7 +853,7 @@ class PostgresMemoryStore:
         if hit is not None and now - hit[0] < SCOPE_SIZE_SECONDS:
             hit[1].update(counts)
             return
-        if len(self._key_counts) >= _DIRECTIVE_CACHE_SCOPES:
+        if len(self._key_counts) >= SCOPE_CACHE_ENTRIES:
             self._key_counts.clear()
         self._key_counts[scope] = (now, dict(counts))
 
@@ -875,13 +867,11 @@ class PostgresMemoryStore:
             return hit[1]
         async with conn.transaction():
             await self._set_scope(conn, scope.organization_id, scope.agent_id)
-            cur = await conn.execute("SELECT count(*) FROM memories WHERE organization_id = %s AND agent_id = %s",
-                                     (scope.organization_id, scope.agent_id))
-            row = await cur.fetchone()
-        n = int(row[0]) if row else 0
+            row = await _one(conn, stmt.SCOPE_SIZE, (scope.organization_id, scope.agent_id))
+        n = int(row["n"]) if row else 0
         if n == 0:  # not remembered: another replica's first write there is seen at once
             return 0
-        if len(self._sizes) >= _DIRECTIVE_CACHE_SCOPES:
+        if len(self._sizes) >= SCOPE_CACHE_ENTRIES:
             self._sizes.clear()
         self._sizes[scope] = (now, n)
         return n
@@ -927,22 +917,13 @@ class PostgresMemoryStore:
         scopes = sorted(pending, key=lambda sc: (sc.organization_id, sc.agent_id))
         try:
             async with self._pool.connection() as conn:
-                for k, scope in enumerate(scopes):
+                for scope in scopes:
                     seqs = sorted(pending[scope].items())
-                    # One transaction per scope, its rows taken in `seq` order: flushes of
-                    # several replicas (or a flush and `close`) that meet on the same rows
-                    # wait for each other instead of deadlocking. Each row read is looked up
-                    # by key (memories deleted since are left out); a join let the planner
-                    # hash the whole scope (10,000 rows: 6.6 ms of a 30 ms flush of 945).
+                    # One transaction per scope, its rows in `seq` order (statements.WRITE_READ_TIMES).
                     async with conn.transaction():
                         await self._set_scope(conn, scope.organization_id, scope.agent_id)
                         cur = await conn.execute(
-                            "INSERT INTO memory_reads AS r (seq, organization_id, agent_id, accessed_at) "
-                            "SELECT m.seq, m.organization_id, m.agent_id, a.at "
-                            "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) CROSS JOIN LATERAL ("
-                            "SELECT seq, organization_id, agent_id FROM memories "
-                            "WHERE seq = a.seq AND organization_id = %s AND agent_id = %s LIMIT 1) m ORDER BY m.seq "
-                            "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)",
+                            stmt.WRITE_READ_TIMES,
                             ([s for s, _ in seqs], [t for _, t in seqs], scope.organization_id, scope.agent_id),
                         )
                         n += cur.rowcount
@@ -975,23 +956,18 @@ class PostgresMemoryStore:
         reclaims the index space)."""
         self._check_open()
         check_scope(scope)
-        wanted = _ids(ids)
+        wanted = check_ids(ids)
         if not wanted:
             return 0
         return self._run(self._scoped_rowcount(
             scope.organization_id, scope.agent_id,
-            "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s AND id = ANY(%s)",
-            (scope.organization_id, scope.agent_id, wanted)))
+            stmt.DELETE_MEMORIES, (scope.organization_id, scope.agent_id, wanted)))
 
-    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...]) -> int:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                cur = await conn.execute(statement, params)
-                return cur.rowcount
+    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...],
+                               *, admin: str | None = None) -> int:
+        async with self._scoped(org, agent, admin=admin, writes=True) as conn:
+            cur = await conn.execute(statement, params)
+            return cur.rowcount
 
     def forget(self, organization_id: str, agent_id: str | None = None) -> ForgetReport:
         """Delete everything of an agent (or, with ``agent_id=None``, of the whole
@@ -1004,21 +980,14 @@ class PostgresMemoryStore:
         return report
 
     async def _forget(self, org: str, agent: str | None) -> ForgetReport:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                if agent is None:
-                    m = await conn.execute("DELETE FROM memories WHERE organization_id = %s", (org,))
-                    d = await conn.execute("DELETE FROM directives WHERE organization_id = %s", (org,))
-                else:
-                    m = await conn.execute(
-                        "DELETE FROM memories WHERE organization_id = %s AND agent_id = %s", (org, agent))
-                    d = await conn.execute(
-                        "DELETE FROM directives WHERE organization_id = %s AND agent_id = %s", (org, agent))
-                return ForgetReport(m.rowcount, d.rowcount)
+        async with self._scoped(org, agent, writes=True) as conn:
+            if agent is None:
+                m = await conn.execute(stmt.DELETE_ORGANIZATION_MEMORIES, (org,))
+                d = await conn.execute(stmt.DELETE_ORGANIZATION_DIRECTIVES, (org,))
+            else:
+                m = await conn.execute(stmt.DELETE_AGENT_MEMORIES, (org, agent))
+                d = await conn.execute(stmt.DELETE_AGENT_DIRECTIVES, (org, agent))
+            return ForgetReport(m.rowcount, d.rowcount)
 
     def update(
         self,
@@ -1052,57 +1021,47 @@ class PostgresMemoryStore:
             raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
                                 f"{self._dim}", -1, memory_id)
         if "text" in fields:
-            sets += ["text = %s", "token_count = %s", "token_family = %s", "token_kind = %s",
-                     "exact_tokens = %s::jsonb"]
+            sets.append(stmt.SET_TEXT)
             params += [fields["text"], self._count([fields["text"]])[0], self._family,
                        "exact" if self._exact else "estimate", exact_json([memory_id], [fields["text"]])[0]]
         # A new text or embedding replaces the stored embedding (none: the stale one goes).
         vector: str | None | bool = False
         if "text" in fields or "embedding" in fields:
             vector = None if new_vec is None else _vector_text(new_vec)
-        for name in ("confidence", "importance"):
+        for name, assignment in (("confidence", stmt.SET_CONFIDENCE), ("importance", stmt.SET_IMPORTANCE)):
             if name in fields:
-                sets.append(f"{name} = %s")
+                sets.append(assignment)
                 params.append(fields[name])
         if not sets and vector is False:
             return self._run(self._scoped_rowcount(
                 scope.organization_id, scope.agent_id,
-                "SELECT 1 FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s",
-                (scope.organization_id, scope.agent_id, memory_id))) > 0
+                stmt.MEMORY_EXISTS, (scope.organization_id, scope.agent_id, memory_id))) > 0
         if new_vec is not None and self._dim is None:
             raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
                                    "first or run `ctxcore memories init --dimensions N`")
         # Only the embedding changes: the row is locked (not rewritten) and its seq read back.
-        statement = (f"UPDATE memories SET {', '.join(sets)} "  # fixed column names only
-                     "WHERE organization_id = %s AND agent_id = %s AND id = %s RETURNING seq") if sets else (
-            "SELECT seq FROM memories WHERE organization_id = %s AND agent_id = %s AND id = %s FOR UPDATE")
+        statement = stmt.UPDATE_MEMORY.format(sets=", ".join(sets)) if sets else stmt.LOCK_MEMORY
         return self._run(self._update(
             scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
-            _doc_terms(fields["text"]) if "text" in fields else None, vector))
+            doc_terms(fields["text"]) if "text" in fields else None, vector))
 
     async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None,
                       vector: str | None | bool) -> bool:
         # `vector`: the new embedding (vector text), None to drop the stored one, False to keep it.
-        assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._set_scope(conn, org, agent)
-                cur = await conn.execute(statement, params)
-                row = await cur.fetchone()
-                if row is None:
-                    return False
-                if vector is not False:
-                    await conn.execute("DELETE FROM memory_vectors WHERE organization_id = %s AND agent_id = %s "
-                                       "AND seq = %s", (org, agent, row[0]))
-                    if vector is not None:
-                        await conn.execute("INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                                           "VALUES (%s, %s, %s, %s::vector)", (org, agent, row[0], vector))
-                if terms is not None:  # a new text: its terms replace the old ones
-                    await conn.execute("DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s "
-                                       "AND seq = %s", (org, agent, row[0]))
-                    await _insert_terms(conn, [(int(row[0]), org, agent, terms)])
-                return True
+        async with self._scoped(org, agent) as conn:
+            row = await _one(conn, statement, params)
+            if row is None:
+                return False
+            seq = int(row["seq"])
+            if vector is not False:
+                await conn.execute(stmt.DELETE_VECTOR, (org, agent, seq))
+                if vector is not None:
+                    await conn.execute(stmt.INSERT_VECTOR, (org, agent, seq, vector))
+            if terms is not None:  # a new text: its terms replace the old ones
+                await conn.execute(stmt.DELETE_TERMS, (org, agent, seq))
+                await insert_terms(conn, [(seq, org, agent, terms)])
+            return True
 
     def expire(self, max_age_seconds: float, *, organization_id: str | None = None, now: float | None = None) -> int:
         """Retention by age: delete memories created more than `max_age_seconds` before
@@ -1113,31 +1072,18 @@ class PostgresMemoryStore:
         if organization_id is not None:
             check_owner(organization_id, None, "expire")
             return self._run(self._scoped_rowcount(
-                organization_id, None, "DELETE FROM memories WHERE organization_id = %s AND created_at < %s",
-                (organization_id, cutoff)))
-        return self._run(self._admin_rowcount("DELETE FROM memories WHERE created_at < %s", (cutoff,)))
+                organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff)))
+        return self._run(self._scoped_rowcount("", None, stmt.EXPIRE_ALL, (cutoff,), admin="retention"))
 
     async def _as_admin(self, conn: psycopg.AsyncConnection[TupleRow], what: str) -> None:
         # Only the schema owner's admin policy reads across scopes; any other role would
         # silently see nothing, so it is told instead.
-        cur = await conn.execute(
-            "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class WHERE oid = 'memories'::regclass")
-        row = await cur.fetchone()
-        if not row or not row[0]:
+        row = await _one(conn, stmt.IS_SCHEMA_OWNER)
+        if not row or not row["owner"]:
             raise MemoryStoreError(
                 f"{what} across all organizations needs the schema owner's role (row-level security shows this role "
                 f"one organization at a time): name an organization, or connect as the owner ({self._shown})")
         await self._set_scope(conn, "", "", admin=True)
-
-    async def _admin_rowcount(self, statement: str, params: tuple[Any, ...]) -> int:
-        assert self._pool is not None
-        self._sizes.clear()
-        self._key_counts.clear()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                await self._as_admin(conn, "retention")
-                cur = await conn.execute(statement, params)
-                return cur.rowcount
 
     def stats(self, organization_id: str | None = None) -> StoreStats:
         """Memories, embedded memories and stored tokens per scope, and the directive
@@ -1154,57 +1100,20 @@ class PostgresMemoryStore:
         return self._run(self._stats(organization_id))
 
     async def _stats(self, org: str | None) -> StoreStats:
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                if org is None:
-                    await self._as_admin(conn, "statistics")
-                else:
-                    await self._set_scope(conn, org, None)
-                cur = await conn.execute(
-                    "SELECT m.organization_id, m.agent_id, m.n, coalesce(v.n, 0), m.t FROM ("
-                    "SELECT organization_id, agent_id, count(*) AS n, sum(token_count) AS t FROM memories "
-                    "GROUP BY organization_id, agent_id) m LEFT JOIN ("
-                    "SELECT organization_id, agent_id, count(*) AS n FROM memory_vectors "
-                    "GROUP BY organization_id, agent_id) v USING (organization_id, agent_id) "
-                    "ORDER BY m.organization_id, m.agent_id")
-                mrows = await cur.fetchall()
-                cur = await conn.execute("SELECT count(*) FROM directives")
-                drow = await cur.fetchone()
-        scopes = tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in mrows)
-        return StoreStats(scopes, int(drow[0]) if drow else 0)
-
-
-def _ids(ids: Iterable[str]) -> list[str]:
-    if isinstance(ids, (str, bytes)):
-        raise TypeError("ids must be an iterable of ids, not one str")
-    out = list(ids)
-    for i in out:
-        if not isinstance(i, str) or not i:
-            raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
-    return out
+        async with self._scoped(org or "", None, admin="statistics" if org is None else None) as conn:
+            mrows = await _all(conn, stmt.SCOPE_STATS)
+            drow = await _one(conn, stmt.DIRECTIVE_COUNT)
+        scopes = tuple(ScopeStats(r["organization_id"], r["agent_id"], int(r["memories"]), int(r["embedded"]),
+                                  int(r["tokens"] or 0)) for r in mrows)
+        return StoreStats(scopes, int(drow["n"]) if drow else 0)
 
 
 def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
                   importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
                   ) -> dict[str, Any]:
-    """The changes asked for, validated by `NewMemory`'s own rules (InvalidMemory names the
-    memory)."""
-    if not isinstance(memory_id, str) or not memory_id:
-        raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
-    probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
-                      embedding=embedding, confidence=1.0 if confidence is None else confidence,
-                      importance=importance)
-    if text is not None and "\x00" in text:
+    """`check_update`'s changes, and a text PostgreSQL can hold."""
+    fields = check_update(scope, memory_id, text, confidence, importance, embedding)
+    if "\x00" in fields.get("text", ""):
         raise InvalidMemory(f"memory {memory_id!r}: text contains NUL (U+0000), which PostgreSQL text cannot hold",
                             -1, memory_id)
-    out: dict[str, Any] = {}
-    if text is not None:
-        out["text"] = probe.text
-    if confidence is not None:
-        out["confidence"] = probe.confidence
-    if importance is not None:
-        out["importance"] = probe.importance
-    if embedding is not None:
-        out["embedding"] = probe.embedding
-    return out
+    return fields

@@ -16,24 +16,26 @@ each; a cancelled query is interrupted (``Connection.interrupt``), not left to f
 The package is split by concern: `schema` (layout, migrations, connections), `fulltext`
 (FTS5 terms, MATCH expressions, document frequencies, the search), `vectors` (the
 per-scope embedding matrices and the cosine search), `readers` (the reader threads),
-`directives` (directive reads, writes and their cache), `ingest` (checking, inserting
-and removing memories) and `store` (`SqliteMemoryStore`).
+`hot` (the caches of recent rows), `directives` (directive reads and writes), `ingest`
+(inserting and removing memories) and `store` (`SqliteMemoryStore`). What it shares with
+the PostgreSQL store (records and their checks, text and full-text terms, the embedder
+contract, query vectors, the fusion of the cold paths, the directive cache, read times)
+comes from the shared modules of `ctxcore.stores`; it never imports the PostgreSQL store.
 """
 
 from __future__ import annotations
 
-from .directives import DIRECTIVE_CACHE_SECONDS
-from .fulltext import (
-    FTS_MAX_DOC_FRACTION,
-    FTS_PRUNE_MIN_DOCS,
-    FTS_QUERY_TERMS,
-    MAX_FTS_TERMS,
-    fts_match_expression,
-)
+# The settings both stores share are defined once, in the shared layer
+# (`ctxcore.stores.text`, `.directives`, `.reads`, `.counting`), and named here too.
+from ..counting import DEFAULT_TOKEN_FAMILY
+from ..directives import DIRECTIVE_CACHE_SECONDS
+from ..reads import ACCESS_FLUSH_SECONDS
+from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, MAX_FTS_TERMS
+from .fulltext import fts_match_expression
 from .ingest import OnConflict
 from .readers import DEFAULT_READERS
 from .schema import SCHEMA_VERSION
-from .store import ACCESS_FLUSH_SECONDS, DEFAULT_TOKEN_FAMILY, SqliteMemoryStore
+from .store import SqliteMemoryStore
 from .vectors import DEFAULT_CACHE_BYTES
 
 __all__ = [

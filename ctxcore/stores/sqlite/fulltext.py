@@ -21,34 +21,29 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...memory import Scope
-from .._text import MAX_FTS_TERMS, fts_terms, normalize, strip_diacritics, words
+from ..text import (
+    FTS_MAX_DOC_FRACTION,
+    FTS_PRUNE_MIN_DOCS,
+    FTS_QUERY_TERMS,
+    MAX_FTS_TERMS,
+    fts_terms,
+    normalize,
+    strip_diacritics,
+    words,
+)
 
 if TYPE_CHECKING:
     from .readers import Job
 
 __all__ = [
-    "FTS_MAX_DOC_FRACTION",
-    "FTS_PRUNE_MIN_DOCS",
-    "FTS_QUERY_TERMS",
     "FTS_TOKENIZER",
-    "MAX_FTS_TERMS",
     "DocFrequencies",
+    "fts_body",
     "fts_match_expression",
+    "scope_tag",
     "search",
 ]
 
-#: A query term found in more than this fraction of the scope's memories says little
-#: about any of them (function words: "to", "the", "der", "的") and is left out of the
-#: full-text query, which bounds the rows BM25 scores. 10% removes the function words of
-#: conversational and support corpora while keeping names and topic words a
-#: conversation returns to. Both stores count within the scope.
-FTS_MAX_DOC_FRACTION = 0.10
-#: Terms are pruned only when they are in more than this many of the scope's memories, so
-#: a small scope keeps its terms.
-FTS_PRUNE_MIN_DOCS = 8
-#: Full-text retrieval searches the query's rarest this-many informative terms. Each is
-#: one indexed query that stops after `limit` rows (~0.1-0.5 ms), so this bounds the cost.
-FTS_QUERY_TERMS = 8
 # Document-frequency cache: entries are re-read once their scope has grown by this
 # factor, and the cache is emptied beyond this many terms.
 _DF_CACHE_GROWTH = 1.1
@@ -58,20 +53,20 @@ _DF_ABSENT_SCOPES = 4096
 
 
 @functools.lru_cache(maxsize=4096)
-def _scope_tag(organization_id: str, agent_id: str) -> str:
-    # The prefix of every indexed word of a scope: letters and digits only, so the tagged
-    # word is one FTS5 token wherever the word itself is. Two scopes sharing a tag (64
-    # bits) would only share ranking slots: the rows a search returns are read back
-    # within the scope.
+def scope_tag(organization_id: str, agent_id: str) -> str:
+    """The prefix of every indexed word of a scope: letters and digits only, so the tagged
+    word is one FTS5 token wherever the word itself is. Two scopes sharing a tag (64
+    bits) would only share ranking slots: the rows a search returns are read back
+    within the scope."""
     digest = hashlib.sha256(f"{organization_id}\x00{agent_id}".encode()).hexdigest()
     return "s" + digest[:16]
 
 
-def _fts_body(organization_id: str, agent_id: str, text: str) -> str:
+def fts_body(organization_id: str, agent_id: str, text: str) -> str:
     """What `memory_words` indexes for a memory: its words (every CJK character a word of
     its own, split where FTS5 splits them, see `_fts_words`), each prefixed with the
     scope's tag."""
-    tag = _scope_tag(organization_id, agent_id)
+    tag = scope_tag(organization_id, agent_id)
     return " ".join([tag + w for w in _fts_words(words(normalize(text)))])
 
 
@@ -157,7 +152,7 @@ def _tagged_phrase(tag: str, term: tuple[str, ...]) -> str:
 
 
 def _fts_expression(scope: Scope, terms: Sequence[tuple[str, ...]]) -> str:
-    tag = _scope_tag(scope.organization_id, scope.agent_id)
+    tag = scope_tag(scope.organization_id, scope.agent_id)
     return " OR ".join(_tagged_phrase(tag, t) for t in terms)
 
 
@@ -192,7 +187,7 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
     overlapping two-character phrases. At most `MAX_FTS_TERMS` distinct terms are used.
     None when `text` has no words.
 
-    >>> tag = _scope_tag("o", "a")
+    >>> tag = scope_tag("o", "a")
     >>> fts_match_expression(Scope("o", "a"), 'refund" OR body:x*').replace(tag, "<o/a>")
     '"<o/a>refund" OR "<o/a>or" OR "<o/a>body" OR "<o/a>x"'
     >>> fts_match_expression(Scope("o", "a"), "返金ポリ").replace(tag, "<o/a>")
@@ -306,7 +301,7 @@ def search(
     in_scope, version = counts
     if not terms or not in_scope:
         return [], []
-    tag = _scope_tag(scope.organization_id, scope.agent_id)
+    tag = scope_tag(scope.organization_id, scope.agent_id)
     state = (tag, in_scope, version)
     keys = {tok: tag + sp for t, st in zip(terms, spelled) for tok, sp in zip(t, st)}
     freq = df.lookup(conn, set(keys.values()), in_scope, state)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -14,12 +14,11 @@ import numpy.typing as npt
 
 from ..errors import InvalidMemory
 from ..records import NewMemory
-from .fulltext import _fts_body
+from .fulltext import fts_body
 from .schema import stored_dim
 
 __all__ = [
     "OnConflict",
-    "check_batch",
     "delete_memories",
     "insert_batch",
     "insert_memory",
@@ -31,7 +30,7 @@ __all__ = [
 OnConflict = Literal["error", "skip", "replace"]
 
 #: Memories prepared (counted, embedded) between two progress reports of `add_many`.
-_PROGRESS_CHUNK = 512
+PROGRESS_CHUNK = 512
 
 _INSERT = (
     "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, "
@@ -40,38 +39,13 @@ _INSERT = (
 )
 
 
-def check_batch(
-    memories: Iterable[NewMemory | Mapping[str, Any]],
-    check: Callable[[NewMemory, int], None] | None = None,
-) -> tuple[list[NewMemory], dict[str, int]]:
-    """The memories as `NewMemory` records and each id's index; `InvalidMemory` names the
-    first bad one (its index and id), an id used twice included. `check(memory, index)`
-    adds a store's own rule, raising `InvalidMemory` for a memory it refuses."""
-    if isinstance(memories, (str, bytes, Mapping, NewMemory)):
-        raise TypeError("add_many takes an iterable of memories; use add for one")
-    batch: list[NewMemory] = []
-    seen: dict[str, int] = {}
-    for i, m in enumerate(memories):
-        try:
-            mem = m if isinstance(m, NewMemory) else NewMemory.from_mapping(m)
-        except InvalidMemory as exc:
-            raise InvalidMemory(_at_index(str(exc), i), i, exc.memory_id) from None
-        if mem.id in seen:
-            raise InvalidMemory(f"memory {mem.id!r} (index {i}): id {mem.id!r} is used twice in this batch", i, mem.id)
-        seen[mem.id] = i
-        if check is not None:
-            check(mem, i)
-        batch.append(mem)
-    return batch, seen
-
-
 def insert_memory(conn: sqlite3.Connection, values: tuple[Any, ...]) -> None:
     """Insert one memory row (`values` in the column order of ``_INSERT``) and its
     full-text entry."""
     cur = conn.execute(_INSERT, values)
     conn.execute(
         "INSERT INTO memory_words (rowid, body) VALUES (?, ?)",
-        (cur.lastrowid, _fts_body(values[1], values[2], values[3])),
+        (cur.lastrowid, fts_body(values[1], values[2], values[3])),
     )
 
 
@@ -178,14 +152,6 @@ def remove_where(conn: sqlite3.Connection, where: str, args: Sequence[object]) -
     ).fetchall()
     remove_rows(conn, rows)
     return len(rows)
-
-
-def _at_index(message: str, index: int) -> str:
-    # "memory 'x': ..." -> "memory 'x' (index 3): ..."
-    head, sep, tail = message.partition(": ")
-    if sep and head.startswith("memory") and "(index" not in head:
-        return f"{head} (index {index}): {tail}"
-    return f"memory (index {index}): {message}"
 
 
 def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:

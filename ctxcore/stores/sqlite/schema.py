@@ -11,9 +11,12 @@ from ...memory import Scope
 from ..embedders import embedder_from_name
 from ..embedding import Embedder
 from ..errors import MemoryStoreError
-from .fulltext import FTS_TOKENIZER, _fts_body
+from .fulltext import FTS_TOKENIZER, fts_body
 
-__all__ = ["SCHEMA_VERSION", "connect", "init_schema", "scope_version", "stored_dim"]
+__all__ = [
+    "ACCESSED_AT_SQL", "BUSY_TIMEOUT_MS", "MEMORY_COLUMNS", "MEMORY_FROM", "SCHEMA_VERSION", "connect", "init_schema",
+    "scope_version", "stored_dim",
+]
 
 #: Version of the database layout this code writes (``PRAGMA user_version``). Version 2
 #: added ``memories.exact_tokens``: the exact token counts of each memory as the formatter
@@ -29,8 +32,8 @@ __all__ = ["SCHEMA_VERSION", "connect", "init_schema", "scope_version", "stored_
 #: indexed words and scopes apart; a version 2 file is re-indexed when opened (~7 s per
 #: 100,000 memories, once) and older versions of ctxcore refuse a version 3 file.
 SCHEMA_VERSION = 3
-# How long a writer waits for another writer's lock before giving up (ms).
-_BUSY_TIMEOUT_MS = 5000
+#: How long a writer waits for another writer's lock before giving up (ms).
+BUSY_TIMEOUT_MS = 5000
 # How long opening a file waits for another process that holds the write lock to set up or
 # migrate the schema (re-indexing a million memories takes about a minute and a half).
 _SCHEMA_WAIT_MS = 300_000
@@ -88,14 +91,15 @@ CREATE TABLE IF NOT EXISTS directives (
 """
 
 #: A memory's ``accessed_at``: the later of the ingest-time value and the read row's.
-_ACCESSED_AT = (
+ACCESSED_AT_SQL = (
     "coalesce(max(memories.accessed_at, memory_reads.accessed_at), memories.accessed_at, memory_reads.accessed_at)"
 )
-#: The memories with their read rows: what `_COLUMNS` reads from.
-_FROM = "memories LEFT JOIN memory_reads ON memory_reads.id = memories.id"
-_COLUMNS = (
+#: The memories with their read rows: what `MEMORY_COLUMNS` reads from.
+MEMORY_FROM = "memories LEFT JOIN memory_reads ON memory_reads.id = memories.id"
+#: A memory as read back, in the order of `ctxcore.stores.records.STORED_COLUMNS`.
+MEMORY_COLUMNS = (
     "memories.rowid, memories.id, organization_id, agent_id, text, confidence, importance, created_at, "
-    f"{_ACCESSED_AT}, token_count, token_family, token_kind, exact_tokens"
+    f"{ACCESSED_AT_SQL}, token_count, token_family, token_kind, exact_tokens"
 )
 
 def _index_words(conn: sqlite3.Connection) -> None:
@@ -109,7 +113,7 @@ def _index_words(conn: sqlite3.Connection) -> None:
     while rows := cur.fetchmany(4096):
         conn.executemany(
             "INSERT INTO memory_words (rowid, body) VALUES (?, ?)",
-            [(rowid, _fts_body(org, agent, text)) for rowid, org, agent, text in rows],
+            [(rowid, fts_body(org, agent, text)) for rowid, org, agent, text in rows],
         )
     conn.execute("DROP TABLE IF EXISTS memories_vocab")
     conn.execute("DROP TABLE IF EXISTS memories_fts")
@@ -132,7 +136,7 @@ def connect(path: str) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise MemoryStoreError(f"cannot open memory database {path!r}: {exc}") from exc
-    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     return conn
 
 
@@ -147,7 +151,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
     try:
         conn.execute("BEGIN IMMEDIATE")
     finally:
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     try:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:

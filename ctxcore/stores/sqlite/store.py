@@ -21,20 +21,30 @@ from ...memory import (
     check_limit, check_min_similarity, check_query, check_scope,
 )
 from ...tokens import estimator_families, exact_families
-from ..counting import count_memory_tokens, exact_json, stored_token_counts
-from ..embedders import embed_many
+from ..counting import DEFAULT_TOKEN_FAMILY, count_memory_tokens, exact_json, stored_token_counts
+from ..directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache
+from ..embedders import DEFAULT_BATCH, embed, embed_many
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
-from ..records import Directive, NewMemory, check_owner, expiry_cutoff, fulltext_stats
-from ..reads import ACCESS_RESOLUTION_SECONDS, ReadTimes
-from ..records import rows_to_batch as _batch
+from ..fusion import cold_batch, merge_hits
+from ..query_vectors import QueryVectors
+from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
+from ..records import (
+    Directive,
+    NewMemory,
+    check_batch,
+    check_ids,
+    check_owner,
+    check_update,
+    expiry_cutoff,
+    rows_to_batch,
+)
 from . import fulltext
-from .directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache, read_directive, write_directive
+from .directives import read_directive, write_directive
 from .fulltext import DocFrequencies
 from .ingest import (
-    _PROGRESS_CHUNK,
+    PROGRESS_CHUNK,
     OnConflict,
-    check_batch,
     insert_batch,
     insert_memory,
     remove_rows,
@@ -42,17 +52,11 @@ from .ingest import (
 )
 from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
 from .readers import DEFAULT_READERS, Busy, Job, ReaderPool
-from .schema import _ACCESSED_AT, _BUSY_TIMEOUT_MS, _COLUMNS, _FROM, connect, init_schema, scope_version, stored_dim
-from .vectors import DEFAULT_CACHE_BYTES, QueryVectors, VectorCache, embed, nearest
+from .schema import ACCESSED_AT_SQL, BUSY_TIMEOUT_MS, MEMORY_COLUMNS, MEMORY_FROM, connect, init_schema, scope_version, stored_dim
+from .vectors import DEFAULT_CACHE_BYTES, VectorCache, nearest
 
-__all__ = ["ACCESS_FLUSH_SECONDS", "DEFAULT_TOKEN_FAMILY", "OnConflict", "SqliteMemoryStore"]
+__all__ = ["FLUSH_ROWS", "PACED_BACKLOG_ROWS", "SqliteMemoryStore"]
 
-#: Tokenizer family memories are counted in when the store is not told otherwise: the one
-#: with an exact tokenizer shipped offline (``ctxcore.exact_families()``).
-DEFAULT_TOKEN_FAMILY = "cl100k_base"
-#: Reads note the memories they return; their ``accessed_at`` is written in one batch at
-#: most this long after (never a write per request on the hot path).
-ACCESS_FLUSH_SECONDS = 1.0
 #: Read times the background flush writes a transaction; it pauses between transactions
 #: unless more than PACED_BACKLOG_ROWS wait.
 FLUSH_ROWS = 2000
@@ -235,7 +239,7 @@ class SqliteMemoryStore:
             return True
         # No more rows than could fit (a scope of millions is not read whole to keep a few).
         room = self._cold_rows.rows_room()
-        rows = conn.execute(f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+        rows = conn.execute(f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
                             "ORDER BY memories.rowid DESC LIMIT ?",
                             (scope.organization_id, scope.agent_id, room + 1)).fetchall()
         return len(rows) <= room and self._cold_rows.fill(scope, version, rows)
@@ -337,8 +341,8 @@ class SqliteMemoryStore:
         counts: list[int] = []
         exact: list[str | None] = []
         vectors: list[npt.NDArray[np.float32] | None] = []
-        for lo in range(0, len(batch), _PROGRESS_CHUNK):
-            part = batch[lo : lo + _PROGRESS_CHUNK]
+        for lo in range(0, len(batch), PROGRESS_CHUNK):
+            part = batch[lo : lo + PROGRESS_CHUNK]
             texts = [m.text for m in part]
             counts += self._count(texts)
             exact += exact_json([m.id for m in part], texts)
@@ -391,7 +395,7 @@ class SqliteMemoryStore:
             # generation is older), and every read from now on sees the new text.
             self._directives.invalidate()
 
-    def reembed(self, embedder: Embedder, *, batch: int = 256,
+    def reembed(self, embedder: Embedder, *, batch: int = DEFAULT_BATCH,
                 progress: Callable[[int, int], None] | None = None) -> int:
         """Embed every memory again with `embedder` and make it the store's embedder.
 
@@ -730,15 +734,15 @@ class SqliteMemoryStore:
 
     def _hot_job(self, conn: sqlite3.Connection, job: Job, scope: Scope, query: Query, limit: int) -> MemoryBatch:
         if limit == 0:
-            return _batch(scope, [], [], np.empty(0))
+            return rows_to_batch(scope, [], [], np.empty(0))
         # The scope's write counter first: rows read after it are at least as new.
         version = scope_version(conn, scope)
         if version is None:  # nothing was ever written to the scope
-            return _batch(scope, [], [], np.empty(0))
+            return rows_to_batch(scope, [], [], np.empty(0))
         hot = self._hot_rows.get(scope, limit, version)
         if hot is None:
             fetched = conn.execute(
-                f"SELECT {_COLUMNS}, embedding FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+                f"SELECT {MEMORY_COLUMNS}, embedding FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
                 "ORDER BY created_at DESC, memories.rowid DESC LIMIT ?",
                 (scope.organization_id, scope.agent_id, limit),
             ).fetchall()
@@ -769,7 +773,7 @@ class SqliteMemoryStore:
         """The cold read on `conn`; `here` (the caller's thread, see `_cold_here`): raises
         `_HandOff` rather than read or rebuild an embedding matrix."""
         if limit == 0:
-            return _batch(scope, [], [], np.empty(0))
+            return rows_to_batch(scope, [], [], np.empty(0))
         qv = self._query_vector(query)
         # The scope's counters, read once for both paths: a kept embedding matrix of this
         # write counter is current, and full-text search weighs its terms by the count.
@@ -778,7 +782,7 @@ class SqliteMemoryStore:
             (scope.organization_id, scope.agent_id),
         ).fetchone()
         if row is None:  # nothing was ever written to the scope
-            return _batch(scope, [], [], np.empty(0))
+            return rows_to_batch(scope, [], [], np.empty(0))
         version = int(row[0])
         text_hits, text_scores = fulltext.search(conn, job, scope, query.text, limit, self._df,
                                                  (int(row[1]), int(row[0])))
@@ -797,43 +801,26 @@ class SqliteMemoryStore:
                 version = mat.version
                 if mat.n:
                     vector_hits, text_sims, vector_stats = nearest(mat, qv, min_similarity, limit, text_hits)
-        # Both paths' lists, each memory once with both signals: its cosine (for a
-        # full-text hit too, when it has an embedding) and its BM25 score when full text
-        # found it. Vector hits first, best first, then the full-text hits the vector path
-        # did not return, best first. (Each path's rowids are distinct.)
-        by_text = dict(zip(text_hits, text_scores))
-        merged: list[tuple[int, float | None, float | None, MemoryOrigin]] = [
-            (rid, sim, by_text.get(rid), MemoryOrigin.VECTOR) for rid, sim in vector_hits]
-        vector_ids = {rid for rid, _ in vector_hits}
-        merged += [(rid, sim, score, MemoryOrigin.FULLTEXT)
-                   for rid, score, sim in zip(text_hits, text_scores, text_sims) if rid not in vector_ids]
+        # Both paths' lists, each memory once with both signals (ctxcore.stores.fusion).
+        merged = merge_hits(vector_hits, text_hits, text_scores, text_sims)
         if not merged:
-            return _batch(scope, [], [], np.empty(0))
+            return rows_to_batch(scope, [], [], np.empty(0))
         job.check()
         # Rows returned since the scope's last write are kept (`RowCache`): only the others
         # are looked up, and kept for the next read (they are read after `version` was).
         rows, missing = self._cold_rows.get(scope, version, [m[0] for m in merged])
         if missing:
             fetched = conn.execute(
-                f"SELECT {_COLUMNS} FROM {_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
+                f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE memories.rowid IN (SELECT value FROM json_each(?)) "
                 "AND organization_id = ? AND agent_id = ?",
                 (json.dumps(missing), scope.organization_id, scope.agent_id),
             ).fetchall()
             self._cold_rows.put(scope, version, fetched)
             rows.update((row[0], row) for row in fetched)
         found = [(rows[m[0]], m) for m in merged if m[0] in rows]  # a row gone since is not returned
-        out = _batch(
-            scope,
-            [row for row, _ in found],
-            [m[3] for _, m in found],
-            np.clip(np.array([np.nan if m[1] is None else m[1] for _, m in found], dtype=np.float64), -1.0, 1.0),
-            np.array([np.nan if m[2] is None else m[2] for _, m in found], dtype=np.float64),
-        )
-        if vector_stats is not None:
-            out.reference["vector"] = vector_stats
-        if text_scores:
-            out.reference["fulltext"] = fulltext_stats(text_scores, int(row[1]))
-        return out
+        return cold_batch(scope, [row for row, _ in found], [m[3] for _, m in found], [m[1] for _, m in found],
+                          [m[2] for _, m in found], vector_stats=vector_stats, text_scores=text_scores,
+                          in_scope=int(row[1]))
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 
@@ -970,7 +957,7 @@ class SqliteMemoryStore:
         """What a failed write says: the database and SQLite's reason."""
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             return MemoryStoreError(f"{self._path}: the database stayed locked by another writer for "
-                                    f"{_BUSY_TIMEOUT_MS / 1000:g} s; nothing was written")
+                                    f"{BUSY_TIMEOUT_MS / 1000:g} s; nothing was written")
         return MemoryStoreError(f"{self._path}: the write failed and nothing was written ({type(exc).__name__}: {exc})")
 
     def delete(self, scope: Scope, ids: Iterable[str]) -> int:
@@ -985,12 +972,7 @@ class SqliteMemoryStore:
         1
         """
         check_scope(scope)
-        if isinstance(ids, (str, bytes)):
-            raise TypeError("ids must be an iterable of ids, not one str")
-        wanted = list(ids)
-        for i in wanted:
-            if not isinstance(i, str) or not i:
-                raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+        wanted = check_ids(ids)
         if not wanted:
             return 0
 
@@ -1056,14 +1038,10 @@ class SqliteMemoryStore:
         [('likes coffee', 0.9)]
         """
         check_scope(scope)
-        if not isinstance(memory_id, str) or not memory_id:
-            raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
-        probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
-                          embedding=embedding, confidence=1.0 if confidence is None else confidence,
-                          importance=importance)
+        fields = check_update(scope, memory_id, text, confidence, importance, embedding)
         new_vec: npt.NDArray[np.float32] | None = None
         if embedding is not None:
-            new_vec = np.asarray(probe.embedding, dtype=np.float32)
+            new_vec = np.asarray(fields["embedding"], dtype=np.float32)
         elif text is not None and self._embedder is not None:
             new_vec = embed(self._embedder, text)
         n_tokens = self._count([text])[0] if text is not None else None
@@ -1072,7 +1050,7 @@ class SqliteMemoryStore:
         def run(conn: sqlite3.Connection) -> bool:
             row = conn.execute(
                 "SELECT memories.rowid, text, embedding, confidence, importance, created_at, "
-                f"{_ACCESSED_AT}, token_count, token_family, token_kind, exact_tokens FROM {_FROM} "
+                f"{ACCESSED_AT_SQL}, token_count, token_family, token_kind, exact_tokens FROM {MEMORY_FROM} "
                 "WHERE memories.id = ? AND organization_id = ? AND agent_id = ?",
                 (memory_id, scope.organization_id, scope.agent_id),
             ).fetchone()
@@ -1092,9 +1070,9 @@ class SqliteMemoryStore:
                 old_text, tokens, family, kind = text, n_tokens, self._family, "exact" if self._exact else "estimate"
                 stored_exact = new_exact
             if confidence is not None:
-                conf = probe.confidence
+                conf = fields["confidence"]
             if importance is not None:
-                imp = probe.importance
+                imp = fields["importance"]
             # A new rowid: the row leaves every cached embedding matrix of the scope (they
             # are rebuilt), and its new vector is read like any new memory's.
             remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
@@ -1149,11 +1127,11 @@ class SqliteMemoryStore:
         self._check_open()
         check_scope(scope)
         rows = self._readers.connection().execute(
-            f"SELECT {_COLUMNS} FROM {_FROM} WHERE organization_id = ? AND agent_id = ? "
+            f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
             "ORDER BY created_at, memories.rowid",
             (scope.organization_id, scope.agent_id),
         ).fetchall()
-        return _batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
+        return rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
 
     def stats(self, organization_id: str | None = None) -> StoreStats:
         """Memories, embedded memories and stored tokens per scope (of one organization, or

@@ -1,5 +1,6 @@
-"""Text helpers shared by the full-text index and the hashing embedder: Unicode
-normalization and word segmentation that also works for scripts written without spaces.
+"""Text shared by both stores and the hashing embedder: Unicode normalization, word
+segmentation that also works for scripts written without spaces, a query's full-text
+terms, and the thresholds both stores' full-text search applies to them.
 
 Chinese, Japanese and Korean text has no spaces between words, so a word tokenizer sees
 a whole sentence as one token. Both the FTS5 index and the embedder therefore treat each
@@ -13,7 +14,8 @@ import re
 import unicodedata
 
 __all__ = [
-    "CJK_RUN", "MAX_FTS_TERMS", "cjk_spaced", "fts_terms", "normalize", "raw_words", "strip_diacritics", "words",
+    "CJK_CHAR", "CJK_RUN", "FTS_MAX_DOC_FRACTION", "FTS_PRUNE_MIN_DOCS", "FTS_QUERY_TERMS", "MAX_FTS_TERMS",
+    "cjk_spaced", "fts_terms", "normalize", "raw_words", "strip_diacritics", "words",
 ]
 
 # Han (URO, extension A, compatibility, the supplementary planes), kana, half-width kana,
@@ -22,7 +24,8 @@ _CJK = (
     "\u1100-\u11ff\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
     "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 )
-_CJK_CHAR = re.compile(f"([{_CJK}])")
+#: One CJK character (captured).
+CJK_CHAR = re.compile(f"([{_CJK}])")
 #: A run of CJK characters (captured, so ``CJK_RUN.split`` keeps the runs).
 CJK_RUN = re.compile(f"([{_CJK}]+)")
 # A word: a run of letters and digits (``\w`` without the underscore).
@@ -36,7 +39,7 @@ def normalize(text: str) -> str:
 
 def cjk_spaced(text: str) -> str:
     """`text` with a space either side of every CJK character."""
-    return _CJK_CHAR.sub(r" \1 ", text)
+    return CJK_CHAR.sub(r" \1 ", text)
 
 
 def raw_words(text: str) -> list[str]:
@@ -52,6 +55,18 @@ def words(text: str) -> list[str]:
 #: At most this many distinct query terms go into a full-text query, so a long query text
 #: cannot make one arbitrarily expensive.
 MAX_FTS_TERMS = 32
+#: A query term found in more than this fraction of the scope's memories says little
+#: about any of them (function words: "to", "the", "der", "的") and is left out of the
+#: full-text query, which bounds the rows BM25 scores. 10% removes the function words of
+#: conversational and support corpora while keeping names and topic words a
+#: conversation returns to. Both stores count within the scope.
+FTS_MAX_DOC_FRACTION = 0.10
+#: Terms are pruned only when they are in more than this many of the scope's memories, so
+#: a small scope keeps its terms.
+FTS_PRUNE_MIN_DOCS = 8
+#: Full-text retrieval searches the query's rarest this-many informative terms. Each is
+#: one indexed query that stops after `limit` rows (~0.1-0.5 ms), so this bounds the cost.
+FTS_QUERY_TERMS = 8
 
 
 def strip_diacritics(token: str) -> str:
