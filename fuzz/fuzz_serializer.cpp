@@ -129,9 +129,9 @@ std::string_view take_attr(std::string_view& rest, std::string_view prefix) {
 }
 
 void check_memory_piece(std::string_view piece, std::string_view nonce, const ctxcore::Memory& m,
-                        std::int64_t& replaced) {
+                        std::int64_t& replaced, bool compact) {
   std::string_view rest = piece;
-  check(take_attr(rest, "\n<memory nonce=\"") == nonce);
+  check(take_attr(rest, compact ? "\n<m n=\"" : "\n<memory nonce=\"") == nonce);
   const std::string_view id = take_attr(rest, " id=\"");
   check(id.find_first_of("<>\t\n\r'") == std::string_view::npos);
   check(unescape(id) == sanitized(m.id, replaced));
@@ -146,7 +146,7 @@ void check_memory_piece(std::string_view piece, std::string_view nonce, const ct
   }
   check(!rest.empty() && rest[0] == '>');
   rest.remove_prefix(1);
-  constexpr std::string_view kClose = "</memory>";
+  const std::string_view kClose = compact ? "</m>" : "</memory>";
   check(rest.size() >= kClose.size() && rest.substr(rest.size() - kClose.size()) == kClose);
   const std::string_view body = rest.substr(0, rest.size() - kClose.size());
   check(body.find_first_of("<>\r") == std::string_view::npos);
@@ -179,17 +179,20 @@ void fuzz_format(FuzzedDataProvider& fdp) {
   in.history = {history.data(), history.size()};
   in.memories = {memories.data(), memories.size()};
   in.tools_json = fdp.ConsumeBool() ? str() : std::string_view();
-  const std::string nonce = fdp.ConsumeBool() ? std::string("0123456789abcdef0123456789abcdef")
-                                              : fdp.ConsumeRandomLengthString(64);
+  const bool compact = fdp.ConsumeBool();
+  const std::string nonce = fdp.ConsumeBool()
+                                ? std::string(compact ? "01234567890123456789" : "0123456789abcdef0123456789abcdef")
+                                : fdp.ConsumeRandomLengthString(64);
   in.nonce = nonce;
-  const ctxcore::FormatOptions opt{fdp.ConsumeBool(), true};
+  const ctxcore::FormatOptions opt{fdp.ConsumeBool(), true,
+                                   compact ? ctxcore::MemoryFormat::Compact : ctxcore::MemoryFormat::Verbose};
 
   ctxcore::FormattedText r;
   try {
     r = ctxcore::format_context(in, opt);
   } catch (const ctxcore::InvalidFormatInput&) {
     // Only these inputs may be rejected.
-    bool bad = !ctxcore::is_valid_nonce(in.nonce);
+    bool bad = compact ? !ctxcore::is_valid_compact_nonce(in.nonce) : !ctxcore::is_valid_nonce(in.nonce);
     for (const auto& h : history) bad = bad || h.role.empty();
     for (const auto& m : memories) bad = bad || m.id.empty() || (m.has_score && !(m.score - m.score == 0.0));
     check(bad);
@@ -211,7 +214,7 @@ void fuzz_format(FuzzedDataProvider& fdp) {
     const std::string_view piece(r.text.data() + begin, p.end.byte - begin);
     if (p.kind == ctxcore::PieceKind::Memory) {
       check(memory < memories.size());
-      check_memory_piece(piece, in.nonce, memories[memory++], replaced);
+      check_memory_piece(piece, in.nonce, memories[memory++], replaced, compact);
     }
     begin = p.end.byte;
   }
