@@ -527,7 +527,7 @@ def _add_eval(sub: Any) -> None:
 
     e = sub.add_parser("eval", help="evidence recall at equal spend: ctxcore against BM25, dense, their fusion "
                                     "and recency on your store and labels")
-    e.add_argument("--db", required=True, help="the memory store (a SQLite file)")
+    e.add_argument("--db", required=True, help="the memory store: a SQLite file or a postgresql:// URL")
     e.add_argument("--labels", required=True,
                    help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line")
     e.add_argument("--budget", type=_budgets, default=DEFAULT_EVAL_BUDGETS,

@@ -131,6 +131,21 @@ def test_implements_the_protocols(make: Factory) -> None:
     assert "support" not in repr(s) and type(s).__name__ in repr(s)
 
 
+def test_a_scope_lists_its_memories_oldest_first_and_an_evaluation_runs_on_it(make: Factory) -> None:
+    from ctxcore.evaluation import Label, evaluate
+
+    s = make(embedder=HashingEmbedder(64))
+    fill(s)
+    batch = s.memories(A)
+    assert list(batch.ids) == [f"acme-support-{k}" for k in range(6)]
+    assert list(batch.created_at) == [1000.0 + k for k in range(6)]
+    assert (batch.organization_id, batch.agent_id) == ("acme", "support")
+    assert len(s.memories(Scope("acme", "nobody")).ids) == 0
+    labels = [Label("refunds within 30 days?", frozenset({"acme-support-0"}), "acme", "support")]
+    report = run(evaluate(s, labels, budgets=(256,)))
+    assert report.score("ctxcore", 256).recall == 1.0
+
+
 def test_hot_is_newest_first_with_similarity(make: Factory) -> None:
     s = make(embedder=HashingEmbedder(64))
     s.add_many(NewMemory(f"m{k}", "acme", "support", f"note number {k}", created_at=100 + k) for k in range(6))

@@ -94,6 +94,10 @@ HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE
         "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
         "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
         "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s")
+# Every memory of a scope, oldest first (ties: first stored first): what an evaluation ranks
+# its baselines over.
+SCOPE_MEMORIES = (f"SELECT {_COLUMNS} FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
+                  "ORDER BY m.created_at, m.seq")
 #: The scope the pool's connections are warmed in (statements run with `limit` 0: nothing
 #: is read back, nothing noted).
 WARM_SCOPE = "ctxcore-warm"

@@ -734,6 +734,20 @@ class PostgresMemoryStore:
             cur = await conn.execute(stmt.HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
             return await cur.fetchall()
 
+    def memories(self, scope: Scope) -> MemoryBatch:
+        """Every memory of `scope`, oldest first (ties: first stored first), as a batch
+        without similarities: what an evaluation ranks its baselines over
+        (``ctxcore eval``). It reads the whole scope; the assembly never calls it."""
+        self._check_open()
+        check_scope(scope)
+        return self._run(self._memories(scope))
+
+    async def _memories(self, scope: Scope) -> MemoryBatch:
+        async with self._scoped(scope.organization_id, scope.agent_id) as conn:
+            cur = await conn.execute(stmt.SCOPE_MEMORIES, {"org": scope.organization_id, "agent": scope.agent_id})
+            rows = await cur.fetchall()
+        return rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
+
     async def cold(
         self, scope: Scope, query: Query, limit: int, min_similarity: float
     ) -> Sequence[MemoryRecord]:
