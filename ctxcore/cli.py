@@ -309,6 +309,8 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
             options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format,
                                     memory_format=args.memory_format, memory_attributes=args.memory_attributes),
             token_budget=args.token_budget,
+            section_budgets={k: v for k, v in (("history", args.history_budget), ("memories", args.memory_budget))
+                             if v is not None},
         )
         ctx = asyncio.run(run(req))
     except LookupError as exc:
@@ -380,6 +382,10 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="most memories in the context (default: no count cap, the token budget decides)")
     p.add_argument("--token-budget", type=_positive_int, default=None, metavar="N",
                    help="a cap on the whole payload in the model's tokens (default: the model's window)")
+    p.add_argument("--history-budget", type=_non_negative_int, default=None, metavar="N",
+                   help="a cap on the kept history's tokens (oldest turns go first; the latest user turn stays)")
+    p.add_argument("--memory-budget", type=_non_negative_int, default=None, metavar="N",
+                   help="a cap on the memory elements' tokens")
     p.add_argument("--memory-format", choices=("compact", "verbose"), default="compact",
                    help="memory elements: compact (<m n=.. id=\"m1\">, handles mapped back in --json's "
                    "\"handles\") or verbose (<memory nonce=.. id=\"STORE ID\" score=.. source=..>)")

@@ -15,6 +15,7 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from .budget import check_token_budget
@@ -622,6 +623,37 @@ class AssemblyOptions:
             object.__setattr__(self, "weights", w)
 
 
+#: The sections a request may cap (`AssemblyRequest.section_budgets`).
+SECTION_BUDGETS: tuple[str, ...] = ("history", "memories")
+
+
+def check_section_budgets(budgets: object) -> Mapping[str, int]:
+    """The caps as a read-only mapping, or a `TypeError` / `ValueError` naming the bad
+    entry: keys from `SECTION_BUDGETS`, values ints >= 0.
+
+    >>> dict(check_section_budgets({"history": 500}))
+    {'history': 500}
+    >>> check_section_budgets({"tools": 10})
+    Traceback (most recent call last):
+    ...
+    ValueError: section_budgets: unknown section 'tools' (known: history, memories)
+    """
+    if budgets is None:
+        return MappingProxyType({})
+    if not isinstance(budgets, Mapping):
+        raise TypeError(f"section_budgets must be a mapping of section to tokens, got {type(budgets).__name__}")
+    out: dict[str, int] = {}
+    for k, v in budgets.items():
+        if k not in SECTION_BUDGETS:
+            raise ValueError(f"section_budgets: unknown section {k!r:.40} (known: {', '.join(SECTION_BUDGETS)})")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"section_budgets[{k!r}] must be an int >= 0, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"section_budgets[{k!r}] must be an int >= 0, got {v}")
+        out[k] = v
+    return MappingProxyType(out)
+
+
 @dataclass(frozen=True, slots=True)
 class AssemblyRequest:
     """Everything one assembly needs from the caller.
@@ -630,6 +662,11 @@ class AssemblyRequest:
     formatting and memories) in the model's tokens, independent of its window: the
     payload's count never exceeds it; history is trimmed oldest first (tool calls with
     their results) to make room, and the result's ``history_dropped`` says what went.
+
+    ``section_budgets`` caps sections within that, in the same tokens: ``"history"`` (the
+    kept messages, trimmed oldest first as above, the latest user turn always kept; such
+    drops carry the reason ``history_budget``) and ``"memories"`` (the memory elements
+    the packer may select).
 
     >>> r = AssemblyRequest("org-1", "agent-7", "gpt-4o", Query("what is our refund policy?"))
     >>> r.scope
@@ -644,6 +681,7 @@ class AssemblyRequest:
     tools: tuple[Mapping[str, Any], ...] = ()
     options: AssemblyOptions = field(default_factory=AssemblyOptions)
     token_budget: int | None = None
+    section_budgets: Mapping[str, int] = field(default_factory=dict)
 
     if TYPE_CHECKING:
         # What callers may pass (the generated __init__ converts): any sequence (a list,
@@ -659,11 +697,13 @@ class AssemblyRequest:
             tools: Sequence[Mapping[str, Any]] = (),
             options: AssemblyOptions = ...,
             token_budget: int | None = None,
+            section_budgets: Mapping[str, int] | None = None,
         ) -> None: ...
 
     def __post_init__(self) -> None:
         Scope(self.organization_id, self.agent_id)  # validates both ids
         check_token_budget(self.token_budget)
+        object.__setattr__(self, "section_budgets", check_section_budgets(self.section_budgets))
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")
         if isinstance(self.query, str):

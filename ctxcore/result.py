@@ -129,12 +129,15 @@ class Wall:
 
 @dataclass(frozen=True, slots=True)
 class HistoryDrop:
-    """A group of turns dropped by ``history_policy="trim_oldest"``."""
+    """A group of turns dropped from the history, oldest first: to fit the window or the
+    token budget (``reason="budget"``: ``history_policy="trim_oldest"``, or any policy
+    under a ``token_budget``), or the request's history cap (``"history_budget"``)."""
 
     first_index: int
     count: int
     tokens: int
     roles: tuple[str, ...] = ()
+    reason: str = "budget"
 
 
 @dataclass(frozen=True, slots=True)

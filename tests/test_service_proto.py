@@ -95,7 +95,10 @@ def test_request_round_trip() -> None:
         ),
         tools=({"name": "search", "parameters": {"type": "object", "n": 1}},),
         options=AssemblyOptions(weights={"similarity": 1.0}, relevance_floor=0.2, max_memories=10,
-                                pinned_memory_ids=frozenset({"m1"}), history_policy="trim_oldest", skip_memory=True),
+                                pinned_memory_ids=frozenset({"m1"}), history_policy="trim_oldest", skip_memory=True,
+                                memory_format="verbose", memory_attributes=("score",)),
+        token_budget=900,
+        section_budgets={"history": 300, "memories": 0},
     )
     back = request_from_proto(pb.AssembleContextRequest.FromString(request_to_proto(req).SerializeToString()))
     assert back == req
@@ -130,6 +133,9 @@ def test_bad_requests_name_the_field() -> None:
     assert _bad(options=pb.AssemblyOptions(relevance_floor=0.5)).startswith("options.relevance_floor:")
     assert _bad(options=pb.AssemblyOptions(pinned_memory_ids=[""])).startswith("options.pinned_memory_ids[0]:")
     assert _bad(options=pb.AssemblyOptions(history_policy=99)).startswith("options.history_policy:")  # type: ignore[arg-type]
+    assert _bad(options=pb.AssemblyOptions(memory_format="tiny")).startswith("options.memory_format:")
+    assert _bad(section_budgets={"tools": 3}).startswith("section_budgets:")
+    assert _bad(section_budgets={"history": -3}).startswith("section_budgets[")
 
 
 def test_branch_errors_lose_their_message_on_the_wire() -> None:

@@ -203,3 +203,70 @@ def test_the_cli_takes_a_token_budget() -> None:
     bad = subprocess.run([sys.executable, "-m", "ctxcore", "demo", "--token-budget", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "token-budget" in bad.stderr
+
+
+# ---- per-section caps --------------------------------------------------------------------------
+
+
+def _with_sections(section_budgets: dict[str, int], *, token_budget: int | None = None,
+                   policy: HistoryPolicy = HistoryPolicy.STRICT, n: int = 200) -> ctxcore.AssembledContext:
+    async def hot(scope: Any, query: Any, limit: int) -> list[MemoryRecord]:
+        return memories(n)[:limit]
+
+    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("refund"), messages=conversation(12),
+                          options=AssemblyOptions(history_policy=policy), token_budget=token_budget,
+                          section_budgets=section_budgets)
+    return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot), config=ROOMY))
+
+
+@pytest.mark.parametrize("policy", [HistoryPolicy.STRICT, HistoryPolicy.TRIM_OLDEST])
+def test_a_history_cap_trims_the_oldest_turns_and_keeps_the_latest_user_turn(policy: HistoryPolicy) -> None:
+    full = _with_sections({})
+    assert not full.history_dropped
+    cap = full.budget.messages_tokens // 3
+    ctx = _with_sections({"history": cap}, policy=policy)
+    assert ctx.budget.messages_tokens <= cap < full.budget.messages_tokens
+    assert ctx.history_dropped and {d.reason for d in ctx.history_dropped} == {"history_budget"}
+    assert ctx.history_dropped[0].first_index == 0  # oldest first
+    assert ctx.messages[-1] == full.messages[-1]
+    # A tool call and its result go together or stay together.
+    kept_roles = [m.role.value for m in ctx.messages]
+    if "tool" in kept_roles:
+        assert kept_roles[kept_roles.index("tool") - 1] == "assistant"
+    assert ctx.record()["history_dropped"][0]["reason"] == "history_budget"
+    # Under a cap of 0 only the latest user turn is left, and the turn does not fail.
+    bare = _with_sections({"history": 0})
+    assert [m.content for m in bare.messages] == ["And the replacement kettle?"]
+
+
+def test_a_memory_cap_bounds_the_memory_elements() -> None:
+    full = _with_sections({})
+    used = full.pack.tokens_used  # type: ignore[union-attr]
+    ctx = _with_sections({"memories": used // 4})
+    assert ctx.pack is not None and 0 < ctx.pack.tokens_used <= used // 4
+    assert len(ctx.selected_ids) < len(full.selected_ids)
+    assert _with_sections({"memories": 0}).selected_ids == ()
+
+
+def test_drops_for_the_budget_and_for_the_cap_are_told_apart() -> None:
+    full = _with_sections({})
+    # A token budget that needs a few turns gone, and a tighter history cap than that.
+    budget = full.prompt_tokens.value - full.pack.tokens_used - full.budget.messages_tokens // 4  # type: ignore[union-attr]
+    ctx = _with_sections({"history": full.budget.messages_tokens // 5}, token_budget=budget,
+                         policy=HistoryPolicy.TRIM_OLDEST)
+    reasons = [d.reason for d in ctx.history_dropped]
+    assert reasons[0] == "budget" and reasons[-1] == "history_budget"
+    assert reasons == sorted(reasons)  # the budget's drops are the oldest
+    exact = ctxcore.count_tokens(ctx.text, "o200k_base").value
+    assert exact <= budget
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ({"tools": 5}, ValueError, "unknown section 'tools'"),
+    ({"history": -1}, ValueError, r"section_budgets\['history'\] must be an int >= 0"),
+    ({"memories": 2.5}, TypeError, r"section_budgets\['memories'\] must be an int"),
+    ([("history", 1)], TypeError, "section_budgets must be a mapping"),
+])
+def test_bad_section_budgets_are_typed_errors(bad: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), section_budgets=bad)

@@ -45,7 +45,8 @@ class AssembledContext:
         degraded: True when context was disabled, skipped, or a branch failed or timed out.
         degradation_reasons: why, e.g. ``("hot_timeout", "cold_error")``.
         constrained: the usable budget is below the policy's threshold (256 by default).
-        history_dropped: groups of turns dropped by ``trim_oldest``.
+        history_dropped: groups of turns dropped, oldest first, each with its reason
+            (`HistoryDrop`).
         timings: milliseconds per stage.
         replaced_chars: characters XML 1.0 cannot carry, replaced by U+FFFD.
         scoring: which score formula ran, with which weights.
@@ -205,7 +206,8 @@ class AssembledContext:
             "degradation_reasons": list(self.degradation_reasons),
             "constrained": self.constrained,
             "history_dropped": [
-                {"first_index": d.first_index, "count": d.count, "tokens": d.tokens, "roles": list(d.roles)}
+                {"first_index": d.first_index, "count": d.count, "tokens": d.tokens, "roles": list(d.roles),
+                 "reason": d.reason}
                 for d in self.history_dropped
             ],
             "scoring": dict(self.scoring),

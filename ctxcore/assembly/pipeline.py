@@ -267,7 +267,10 @@ def _finish(
     if cand.size:
         costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
                                                      cfg.packing_headroom_ms / 2, opts.memory_attributes)
-        pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids,
+        room = budget.usable
+        if "memories" in request.section_budgets:
+            room = min(room, request.section_budgets["memories"])
+        pack_result = _pack(cols, cand, costs, room, opts.pinned_memory_ids,
                             model.rank_tolerance if model is not None else 0.0)
         memory_total = int(pack_result.tokens_used)
         pack_reasons = _PACK_REASON_CODES[pack_result.reasons]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Callable
 from typing import Any
 
@@ -102,13 +102,13 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
                            policy=cfg.budget_policy)
     budget = of(token_budget=request.token_budget)
     strict = _strict(request, of)
-    if strict:
-        droppable = []
+    if strict and "history" not in request.section_budgets:
+        droppable = []  # nothing is trimmed: an overflow refuses the request
     prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
     most = int(prefix[-1]) if prefix.size else 0
+    if budget.shortfall > 0 and strict:
+        raise ContextOverflow(_overflow_message(budget), budget)
     if budget.shortfall > most:
-        if strict:
-            raise ContextOverflow(_overflow_message(budget), budget)
         raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
     return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
                  time.perf_counter(), payload)
@@ -149,14 +149,23 @@ def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: A
     budget = of(token_budget=request.token_budget)
     kept_idx: list[int] = list(range(len(plan.history)))
     dropped: list[HistoryDrop] = []
+    most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
     if budget.shortfall > 0:
-        most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
         if _strict(request, of):
             raise ContextOverflow(_overflow_message(budget), budget)
         if budget.shortfall > most:
             raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+    cap = request.section_budgets.get("history")
+    # The history cap trims what it can: the latest user turn stays whatever it costs.
+    over = min(messages_tokens - cap, most) if cap is not None else 0
+    if budget.shortfall > 0 or over > 0:
         kept_idx, dropped = _trim(plan.groups, plan.group_prefix, plan.message_costs, request.messages,
-                                  budget.shortfall)
+                                  max(budget.shortfall, over))
+        if over > budget.shortfall:
+            # The oldest groups freed the budget's shortfall; the ones after them, the cap's.
+            for_budget = int(np.searchsorted(plan.group_prefix, budget.shortfall, side="left")) + 1 \
+                if budget.shortfall > 0 else 0
+            dropped = dropped[:for_budget] + [replace(d, reason="history_budget") for d in dropped[for_budget:]]
         budget = compute_budget(
             plan.cap,
             directive_tokens=directive_tokens,

@@ -27,7 +27,7 @@ from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, is_valid_unicode
 from ..errors import UnknownModel
 from ..formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
-from ..request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
+from ..request import SECTION_BUDGETS, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
@@ -467,8 +467,14 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
     token_budget = msg.token_budget if msg.HasField("token_budget") else None
     if token_budget is not None and token_budget < 1:
         raise _bad("token_budget", f"must be >= 1 when set, got {token_budget}")
+    for name, tokens in msg.section_budgets.items():
+        if name not in SECTION_BUDGETS:
+            raise _bad("section_budgets", f"unknown section {quote(name[:40])} (known: {', '.join(SECTION_BUDGETS)})")
+        if tokens < 0:
+            raise _bad(f"section_budgets[{quote(name)}]", f"must be >= 0, got {tokens}")
     try:
-        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options, token_budget)
+        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options, token_budget,
+                               dict(msg.section_budgets))
     except (TypeError, ValueError) as exc:
         raise _bad("request", str(exc)[:200]) from None
 
@@ -614,7 +620,7 @@ def assembled_to_proto(ctx: AssembledLike, principal: str = "") -> pb.AssembledC
     # GIL for 10-30 ms (every other call waits); adding them in place takes half as long.
     add_drop = out.history_dropped.add
     for h in ctx.history_dropped:
-        add_drop(first_index=h.first_index, count=h.count, tokens=h.tokens, roles=h.roles)
+        add_drop(first_index=h.first_index, count=h.count, tokens=h.tokens, roles=h.roles, reason=h.reason)
     _trace_into(ctx, out)
     if ctx.pack is not None:
         out.pack.CopyFrom(_pack_to_proto(ctx.pack))

@@ -172,6 +172,7 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
         tools_json=[json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools],
         options=opts,
         token_budget=req.token_budget,
+        section_budgets=dict(req.section_budgets),
     )
 
 

@@ -178,7 +178,14 @@ class AssemblyOptions(_message.Message):
     def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., relevance_floor: _Optional[float] = ..., min_similarity: _Optional[float] = ..., max_memories: _Optional[int] = ..., pinned_memory_ids: _Optional[_Iterable[str]] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ..., context_enabled: _Optional[bool] = ..., skip_memory: _Optional[bool] = ..., rendering: _Optional[_Union[Rendering, str]] = ..., pool: _Optional[int] = ..., value_model: _Optional[str] = ..., memory_format: _Optional[str] = ..., memory_attributes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
-    __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options", "token_budget")
+    __slots__ = ("organization_id", "agent_id", "model", "query", "messages", "tools_json", "options", "token_budget", "section_budgets")
+    class SectionBudgetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ORGANIZATION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +194,7 @@ class AssembleContextRequest(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SECTION_BUDGETS_FIELD_NUMBER: _ClassVar[int]
     organization_id: str
     agent_id: str
     model: str
@@ -195,7 +203,8 @@ class AssembleContextRequest(_message.Message):
     tools_json: _containers.RepeatedScalarFieldContainer[str]
     options: AssemblyOptions
     token_budget: int
-    def __init__(self, organization_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[AssemblyOptions, _Mapping]] = ..., token_budget: _Optional[int] = ...) -> None: ...
+    section_budgets: _containers.ScalarMap[str, int]
+    def __init__(self, organization_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[AssemblyOptions, _Mapping]] = ..., token_budget: _Optional[int] = ..., section_budgets: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ComputeBudgetRequest(_message.Message):
     __slots__ = ("model", "directive_tokens", "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens")
@@ -382,16 +391,18 @@ class Wall(_message.Message):
     def __init__(self, limit_ms: _Optional[float] = ..., source: _Optional[_Union[WallSource, str]] = ...) -> None: ...
 
 class HistoryDrop(_message.Message):
-    __slots__ = ("first_index", "count", "tokens", "roles")
+    __slots__ = ("first_index", "count", "tokens", "roles", "reason")
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     first_index: int
     count: int
     tokens: int
     roles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, first_index: _Optional[int] = ..., count: _Optional[int] = ..., tokens: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
+    reason: str
+    def __init__(self, first_index: _Optional[int] = ..., count: _Optional[int] = ..., tokens: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StageTimings(_message.Message):
     __slots__ = ("budget_ms", "retrieval_ms", "scoring_ms", "packing_ms", "formatting_ms", "total_ms")
