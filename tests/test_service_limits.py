@@ -1,5 +1,5 @@
 """Per-request bounds at the service boundary, bounded error details, a typed status for
-inputs that used to reach callers as INTERNAL, the drain default, and all-or-nothing
+inputs that could otherwise reach callers as INTERNAL, the drain default, and all-or-nothing
 ingest of memories with their directives.
 
 Every documented limit (`ctxcore.service.convert.LIMITS`, the table in docs/howto/serving.md) is

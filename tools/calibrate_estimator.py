@@ -62,7 +62,7 @@ SEED = 20261129
 #: One source document in this many goes to the held-out part (split by document, so no
 #: held-out text shares a file with a calibration text).
 HELD_OUT_EVERY = 4
-#: Target undercount rate on the calibration part. The issue's goal is <= 0.5% on held-out
+#: Target undercount rate on the calibration part. The goal is <= 0.5% on held-out
 #: text; the margin is fitted to a stricter rate so the held-out figure has room.
 TARGET_UNDERCOUNT = 0.002
 #: Size of the hashed part of the pair table (the direct Latin-1 part is 65536 entries):
