@@ -394,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("path", type=Path)
     b.add_argument("--memories", type=int, default=100_000)
     b.add_argument("--no-optimize", action="store_true",
-                   help="leave the full-text index in the segments the writes left (as before `optimize`)")
+                   help="leave the full-text index in the segments the writes left (no `optimize`)")
     r = sub.add_parser("run", help="run the closed loop and print a JSON report")
     r.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
     r.add_argument("--concurrency", type=int, default=16)

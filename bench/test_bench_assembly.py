@@ -106,7 +106,7 @@ def test_assembly_overhead_with_1000_candidates(timed: Timed) -> None:
     )
     assert vs_estimate <= 1.5
     # Target p99 <= 2 ms: measured p50 1.6 ms, p99 2.1 ms at a load average of ~4 (the
-    # request path over columns; it was p50 3.6, p99 12.2 ms with per-candidate objects).
+    # request path runs over columns, with no Python object per candidate).
     # The CI gate is the shipped in-process assembly gate (ctxcore.benchmarking.DEFAULT_GATES),
     # with room for a neighbour's time slices on a shared machine.
     assert p99 <= 25.0
@@ -220,8 +220,8 @@ def _turns(n_groups: int) -> list[Message]:
 
 def test_history_trimming_is_linear() -> None:
     """A history of 5,000 and of 20,000 turns on gpt-4, trimmed to fit: the time per turn
-    stays flat (the old loop re-priced the remaining history after every drop: 5,000 turns
-    took 11 s). Gate: 20,000 turns cost at most 8x 5,000 (4x is linear)."""
+    stays flat (each message is priced once; re-pricing the remaining history after every
+    drop would be quadratic). Gate: 20,000 turns cost at most 8x 5,000 (4x is linear)."""
     times = {}
     for n in (5000, 20000):
         req = AssemblyRequest("org", "agent", "gpt-4", Query("q"), messages=tuple(_turns(n // 4)),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ctxcore.benchmarking.pytest_plugin import LatencyGate
 
-#: Target from the formatter's issue: format_context at most half markupsafe.escape's time.
+#: The formatter's target: format_context at most half markupsafe.escape's time.
 TARGET_RATIO = 0.5
 #: Rounds for the gate (the reference takes 11 of its own among them).
 ROUNDS = 41

@@ -1,6 +1,6 @@
 """The latency gates users run in their CI, run here on the shipped workloads.
 
-Every test is what a user writes (README, "Latency gates in your CI"): the plugin's
+Every test is what a user writes (docs/howto/latency-gates.md): the plugin's
 ``ctxcore_gate`` fixture on a stage, with the bounds `ctxcore.benchmarking.DEFAULT_GATES`
 holds (the same ``ctxcore bench`` applies). So a change to the gates, the workloads or
 the plugin is a change to this repository's CI first.

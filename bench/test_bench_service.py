@@ -7,8 +7,8 @@ served throughput >= 0.4 of the in-process reference (measured 0.6-0.75 with the
 shared: the driver decodes every answer on the same two cores, so gRPC, protobuf and the
 boundary checks may cost at most about as much as the assembly itself); two replicas
 behind the client's round_robin policy answer every call. Printed beside the gates: rps, p50/p99 and
-errors of one and two replicas at the 45 ms client timeout, which issue #6 sets against
->= 500 calls/s at p99 <= 45 ms on this 2-core machine.
+errors of one and two replicas at the 45 ms client timeout, beside the service's target
+of >= 500 calls/s at p99 <= 45 ms on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -202,13 +202,13 @@ def test_served_throughput_against_in_process(db: Path, store_100k: Store100k, s
 
 #: Turns in the largest valid history (ctxcore.service.convert.MAX_MESSAGES).
 BIG_TURNS = 20_000
-#: The target of issue #14: a concurrent health check and a concurrent small
+#: The target: a concurrent health check and a concurrent small
 #: AssembleContext answer within this at p99 while the largest request runs.
 RESPONSIVE_P99_MS = 50.0
 #: The gate: the target, or this many times the same probes' p99 with no large request
 #: (measured in the same run), whichever is larger. On the shared 2-core machine the
-#: reference alone reached 42 ms at p99 and the probes under the large requests 116-122
-#: ms (before the large request ran on the executor: seconds, up to minutes).
+#: reference alone reaches 42 ms at p99 and the probes under the large requests 116-122
+#: ms in slow spells.
 RESPONSIVE_OVER_REFERENCE = 4.0
 
 
@@ -339,16 +339,16 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
 
 # ---- overload: admission control --------------------------------------------------------
 
-#: Offered load over the sustainable rate in the overload run (issue #14).
+#: Offered load over the sustainable rate in the overload run.
 OVERLOAD_FACTOR = 2.0
 OVERLOAD_SECONDS = 10.0
 #: Of the calls that fail under overload, at least this share must be refused at arrival.
-#: The target is 0.9 (issue #14); runs on a shared 2-core machine, with the load driver
+#: The target is 0.9; runs on a shared 2-core machine, with the load driver
 #: on the same cores, measure 0.92-0.99, so the gate keeps headroom below the target
 #: (a server without admission control refuses almost none).
 REFUSED_SHARE_OF_FAILURES = 0.85
 #: Of the calls the server admits, at least this share must end inside their deadline,
-#: counted by the server. The target is 0.99 (the p99 of issue #14); runs here measure
+#: counted by the server. The target is 0.99 (a p99); runs here measure
 #: 0.989-0.998, the misses being calls cancelled at their deadline while the whole
 #: process was descheduled for 30-60 ms, so the gate keeps headroom below the target.
 ADMITTED_IN_TIME = 0.98
@@ -454,7 +454,7 @@ TURNS_CONCURRENCY = 4
 #: moment, costs one round of one configuration, not the verdict.
 TURNS_ROUNDS = 3
 TURNS_REQUESTS = 1_000
-#: Issue #13's target: fewer than 1% degraded answers at 4 in flight.
+#: The target: fewer than 1% degraded answers at 4 in flight.
 WHOLE_AT_4_IN_FLIGHT = 0.99
 #: Differences of whole answers this small are noise (5 answers in 1,000).
 WHOLE_NOISE = 0.005

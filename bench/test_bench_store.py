@@ -138,7 +138,7 @@ def test_cold_and_hot_latency(benchmark: BenchmarkFixture, timed: Timed, store_1
 # throughput for both (SQLite timed on the same memories in the same run), and served
 # throughput of two `ctxcore serve` replicas on the one PostgreSQL database against one
 # replica on the SQLite file (bench/load_driver.py, the same closed loop). Gates: the
-# issue's PostgreSQL cold p99 <= 20 ms in the 10,000-memory scope, hot p99 <= 15 ms, and
+# PostgreSQL target, cold p99 <= 20 ms in the 10,000-memory scope, hot p99 <= 15 ms, and
 # no errors under load. It takes ~15 minutes on the shared 2-core machine (PostgreSQL
 # maintains its HNSW index per insert), so it runs with CTXCORE_BENCH_PG=1 or
 # CTXCORE_SLOW=1 only, never in the default CI run.
@@ -252,7 +252,7 @@ def test_postgres_beside_sqlite_latency(benchmark: BenchmarkFixture, timed: Time
     assert vector_hits > 0
     if which == "large":
         assert size >= STORE_LARGE_SCOPE_MEMORIES_FOR_PG
-        assert rows["postgres"][1] <= 0.020  # the target, gated as such (not run in CI)
+        assert rows["postgres"][1] <= 0.020  # the target, gated as such (not run in CI)
     assert rows["postgres"][3] <= HOT_P99_GATE_S
 
 

@@ -32,16 +32,16 @@ if TYPE_CHECKING:
     from pytest_benchmark.fixture import BenchmarkFixture
 
 FAMILIES = ("cl100k_base", "o200k_base")
-#: Gates and targets from the estimator's issue.
+#: The estimator's gates and targets.
 GATE_UNDERCOUNT = 0.01
 GATE_MEDIAN_OVER = 0.30
 TARGET_UNDERCOUNT = 0.005
 TARGET_MEDIAN_OVER = 0.20
-#: Was 20x for the pair model (measured 43x / 107x). The word model's vocabulary lookup (one
-#: hash probe per word into a 1-2 MB table) costs cache misses: measured 19x cl100k_base and
-#: 11x o200k_base under load on the shared 2-core machine, and o200k_base 7.0x and 7.2x in two
-#: clean-clone runs while the host ran other tenants' work (the numpy and tiktoken references
-#: of the same runs were slow too). A regression, gated with headroom below that.
+#: The word model's vocabulary lookup (one hash probe per word into a 1-2 MB table) costs
+#: cache misses: measured 19x cl100k_base and 11x o200k_base under load on the shared 2-core
+#: machine, and o200k_base 7.0x and 7.2x in two clean-clone runs while the host ran other
+#: tenants' work (the numpy and tiktoken references of the same runs were slow too); the
+#: gate keeps headroom below that.
 GATE_SPEEDUP = 5.0
 TARGET_SPEEDUP = 100.0
 

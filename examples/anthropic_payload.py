@@ -1,6 +1,6 @@
 """Assemble the context for Claude and hand it to the Anthropic SDK.
 
-pip install ctxcore anthropic; python examples/anthropic_payload.py prints the payload
+pip install ctxcore-llm anthropic; python examples/anthropic_payload.py prints the payload
 (the demo store, no network); send() is the call an application makes with it.
 """
 

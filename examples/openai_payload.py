@@ -1,6 +1,6 @@
 """Assemble the context for gpt-4o and hand it to the OpenAI SDK.
 
-pip install ctxcore openai; python examples/openai_payload.py prints the payload (the
+pip install ctxcore-llm openai; python examples/openai_payload.py prints the payload (the
 demo store, no network); send() is the call an application makes with it.
 """
 

@@ -646,8 +646,8 @@ def test_a_request_that_cannot_fit_is_refused_before_any_store_query() -> None:
 
 
 def test_100k_exact_o200k_tokens_of_history_assemble_on_gpt_4o() -> None:
-    """The false refusal of issue 9: ~100,000 exact o200k tokens of history fit gpt-4o's
-    128k window; priced exactly they are neither refused nor trimmed."""
+    """No false refusal: ~100,000 exact o200k tokens of history fit gpt-4o's 128k window
+    (the estimator prices them above it); priced exactly they are neither refused nor trimmed."""
     if "o200k_base" not in ctxcore.exact_families():
         pytest.skip("no exact o200k_base tokenizer installed")
     rng = random.Random(5)

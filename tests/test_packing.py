@@ -212,7 +212,7 @@ def test_mid_size_sets_match_exact_dp(inst: tuple[list[Candidate], int], ceiling
 
 # ---- many candidates, large items ------------------------------------------------------
 # Thousands of candidates, many of them a sizeable share of the budget: where a density
-# fallback used to lose value (0.979 of the optimum at 3,000 items of 1,000-9,000 tokens
+# fallback alone loses value (0.979 of the optimum at 3,000 items of 1,000-9,000 tokens
 # against 16,000). The exact reductions shrink these to a few dozen free items.
 
 LARGE_FAMILIES = ("large", "large-correlated", "memory", "skewed")
@@ -262,7 +262,7 @@ def test_thousands_of_candidates_match_exact_dp(family: str, n: int, seed: int, 
 @pytest.mark.parametrize("budget", [16_000, 32_000])
 @pytest.mark.parametrize("ceiling", [1 << 20, 1])
 def test_three_thousand_large_items_are_solved_exactly(budget: int, ceiling: int) -> None:
-    # The instance family: 3,000 candidates of 1,000-9,000 tokens. Dominance leaves
+    # The hard family: 3,000 candidates of 1,000-9,000 tokens. Dominance leaves
     # a few dozen; the result is the optimum, proven.
     rng = np.random.default_rng(budget + ceiling)
     names = [f"x{i}" for i in range(3000)]

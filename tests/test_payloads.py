@@ -834,16 +834,16 @@ def test_cli_prints_the_payloads() -> None:
     assert doc["payload"]["messages"][-1]["content"][-1]["text"].startswith("<memories>")
 
 
-# ---- the README's examples ------------------------------------------------------------------------
+# ---- the payload guide's examples -----------------------------------------------------------------
 
 EXAMPLES = REPO / "examples"
 
 
 @pytest.mark.parametrize("name", ["openai_payload", "anthropic_payload"])
-def test_readme_examples_build_payloads_the_sdks_take(name: str) -> None:
+def test_guide_examples_build_payloads_the_sdks_take(name: str) -> None:
     path = EXAMPLES / f"{name}.py"
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert path.read_text(encoding="utf-8") in readme  # the README shows the file as it is
+    guide = (REPO / "docs" / "howto" / "payloads.md").read_text(encoding="utf-8")
+    assert path.read_text(encoding="utf-8") in guide  # the guide shows the file as it is
     module = load_script(path, f"example_{name}")
     payload = module.main()
     sent: list[dict[str, Any]] = []

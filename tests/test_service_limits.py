@@ -1,8 +1,8 @@
 """Per-request bounds at the service boundary, bounded error details, a typed status for
-inputs that used to reach callers as INTERNAL, the drain default, and all-or-nothing
+inputs that could otherwise reach callers as INTERNAL, the drain default, and all-or-nothing
 ingest of memories with their directives.
 
-Every documented limit (`ctxcore.service.convert.LIMITS`, the README's table) is
+Every documented limit (`ctxcore.service.convert.LIMITS`, the table in docs/howto/serving.md) is
 enforced on a real server on a loopback port: one past it is RESOURCE_EXHAUSTED (counts,
 sizes, nesting) or INVALID_ARGUMENT (ids and names), naming the limit; exactly at it is
 accepted. No status echoes more than a short prefix of what the caller sent.
@@ -34,6 +34,8 @@ from ctxcore.v1 import context_assembly_pb2 as pb
 from ctxcore.service.wire import METHOD_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The serving guide, which documents the limits and the configuration file.
+SERVING_GUIDE = ROOT / "docs" / "howto" / "serving.md"
 SERVICE = METHOD_PREFIX
 TENANTS = make_tenants(2)
 ORG, AGENT = TENANTS[0].scope.organization_id, TENANTS[0].scope.agent_id
@@ -135,10 +137,10 @@ def test_every_limit_is_enforced_and_named() -> None:
         assert code_at == grpc.StatusCode.OK, (name, code_at, at_details)
 
 
-def test_the_readme_documents_every_limit() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_serving_guide_documents_every_limit() -> None:
+    guide = (SERVING_GUIDE).read_text(encoding="utf-8")
     for name, value in LIMITS.items():
-        assert re.search(rf"`{name}`\s*\|\s*{value:,}\b", readme), f"README has no row `{name}` | {value:,}"
+        assert re.search(rf"`{name}`\s*\|\s*{value:,}\b", guide), f"{SERVING_GUIDE.name} has no row `{name}` | {value:,}"
 
 
 # ---- model names and bounded details -------------------------------------------------
@@ -215,8 +217,8 @@ def test_in_process_requests_refuse_non_finite_tool_json() -> None:
 def test_drain_delay_default_is_non_zero_and_documented() -> None:
     assert ServiceConfig().drain_delay_s == DEFAULT_DRAIN_DELAY_S > 0
     assert parse_service_config("").drain_delay_s == DEFAULT_DRAIN_DELAY_S
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    documented = re.findall(r"drain_delay_s = ([0-9.]+)", readme)
+    guide = SERVING_GUIDE.read_text(encoding="utf-8")
+    documented = re.findall(r"drain_delay_s = ([0-9.]+)", guide)
     assert documented and all(float(v) == DEFAULT_DRAIN_DELAY_S for v in documented), documented
     doc = ctxcore.service.config.__doc__ or ""
     assert f"drain_delay_s = {DEFAULT_DRAIN_DELAY_S}" in doc

@@ -273,7 +273,7 @@ def test_repeated_characters_undercount_is_bounded(family: str, ch: str, n: int)
     # repeat or more; one that is none, two or more (some are three). ASCII characters
     # repeated are priced by their pair costs, and some vocabulary merges of them are rarer
     # than the averages say (14 double quotes are 7 tokens, priced 3): a documented bound
-    # (README, "Estimator, measured"), not none.
+    # (docs/performance/estimator-accuracy.md), not none.
     text = ch * n
     exact, est = _exact_and_estimate(text, family)
     assert est >= REPEAT_BOUND * exact, (repr(ch), n, est, exact)

@@ -62,7 +62,7 @@ SEED = 20261129
 #: One source document in this many goes to the held-out part (split by document, so no
 #: held-out text shares a file with a calibration text).
 HELD_OUT_EVERY = 4
-#: Target undercount rate on the calibration part. The issue's goal is <= 0.5% on held-out
+#: Target undercount rate on the calibration part. The goal is <= 0.5% on held-out
 #: text; the margin is fitted to a stricter rate so the held-out figure has room.
 TARGET_UNDERCOUNT = 0.002
 #: Size of the hashed part of the pair table (the direct Latin-1 part is 65536 entries):
@@ -891,10 +891,10 @@ priced by code-point pairs, and the pair costs are averages over languages the v
 serves very differently (a Kinyarwanda, Tamil or Georgian word the vocabulary lacks is
 three to five tokens, a Spanish one two). The margin that keeps those from undercounting
 sets the median overestimate, most of all on short texts, where the margin's square-root
-term and rounding up weigh most. Reweighting rounds and stricter calibration targets were
-swept (`--sweep`); per-script factors on the pair costs and an allowance per word not in
-the vocabulary were tried and left out (a point or two of median at best). The undercount
-rate is the property the budget relies on, so the margin is fitted to it.
+term and rounding up weigh most. `--sweep` measures reweighting rounds and stricter
+calibration targets; per-script factors on the pair costs and an allowance per word not in
+the vocabulary gain a point or two of median at best, so the estimator has neither. The
+undercount rate is the property the budget relies on, so the margin is fitted to it.
 
 ### Calibration part (for comparison)
 

@@ -14,10 +14,10 @@ Families: ``uniform`` (1-400 tokens), ``memory`` (log-normal memory-sized texts)
                                 [--families large,memory] [--max-budget 32000]
     python tools/pack_stress.py --before-after
 
-``--before-after`` prints the fixed figures the README quotes (1,000 memory-sized
-candidates at 32k beside a numpy 16-token-bucket DP; 3,000 items of 1,000-9,000 tokens
-against the exact optimum) using only the public API, so it runs against any installed
-build: install an older commit into another venv and run it there for the "before".
+``--before-after`` prints a fixed set of figures (1,000 memory-sized candidates at 32k
+beside a numpy 16-token-bucket DP; 3,000 items of 1,000-9,000 tokens against the exact
+optimum) using only the public API, so it runs against any installed build: to compare two
+builds, install each into its own venv and run it in both.
 
 ``--sizes`` takes counts and ranges; each instance draws one. The oracle is a numpy DP over
 every candidate (budget + 1 cells a row), so n = 10,000 at a 32,000 budget takes about a
@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="20-400", help="counts or ranges, comma-separated (default 20-400)")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--max-budget", type=int, default=6000, help="budget cap for the non-large families")
-    ap.add_argument("--before-after", action="store_true", help="print the README's fixed figures and exit")
+    ap.add_argument("--before-after", action="store_true", help="print the fixed comparison figures and exit")
     args = ap.parse_args()
     if args.before_after:
         before_after()

@@ -411,8 +411,8 @@ TEST(Packer, BandedDpIsExactWithOneTokenBuckets) {
   }
 }
 
-// Many large items against a small budget: the fallback used to stop at 0.979 of the optimum
-// here. After dominance only a few dozen remain and the result is proven optimal.
+// Many large items against a small budget: a density fallback alone stops at 0.979 of the
+// optimum here. After dominance only a few dozen remain and the result is proven optimal.
 TEST(Packer, ManyLargeItemsAreSolvedExactly) {
   std::mt19937_64 rng(5);
   for (int round = 0; round < 4; ++round) {
