@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: A reranker: ``(query text, candidate texts) -> one finite score per text``, higher better.
-Reranker = Callable[[str, Sequence[str]], Sequence[float]]
+Reranker = Callable[[str, list[str]], Sequence[float]]
 #: How many of the best candidates by value the reranker reads.
 DEFAULT_RERANK_POOL = 32
 #: The longest a rerank may take (a local cross-encoder reads 32 short pairs in a few ms).
