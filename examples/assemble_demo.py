@@ -48,3 +48,5 @@ if __name__ == "__main__":
         print(f"  {branch.branch.value:<9} {branch.status.value:<8} {branch.latency_ms:7.2f} ms  {branch.items} items")
     selected = [t.memory_id for t in ctx.trace if t.reason == ctxcore.TraceReason.SELECTED]
     print(f"selected {len(selected)} memories: {', '.join(selected)}")
+    # The memory elements carry per-assembly handles (m1, m2, ...); this maps them back.
+    print("handles: " + ", ".join(f"{h}={mid}" for h, mid in ctx.handles.items()))
