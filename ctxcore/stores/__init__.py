@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from .counting import DEFAULT_TOKEN_FAMILY
 from .directives import DIRECTIVE_CACHE_SECONDS
-from .embedders import EmbedderError, OpenAIEmbedder, SentenceTransformerEmbedder, WordLlamaEmbedder, embedder_from_name
+from .embedders import (
+    EmbedderError,
+    OnnxMiniLMEmbedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+    WordLlamaEmbedder,
+    embedder_from_name,
+)
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
 from .errors import InvalidMemory, MemoryServiceError, MemoryStoreError
 from .ingest import DEMO_DATASET, IngestReport, ingest_jsonl, load_demo, read_jsonl
@@ -72,6 +79,7 @@ __all__ = [
     "OpenAIEmbedder",
     "SentenceTransformerEmbedder",
     "WordLlamaEmbedder",
+    "OnnxMiniLMEmbedder",
     "embedder_from_name",
     "HttpMemorySource",
     "IngestReport",
