@@ -155,16 +155,23 @@ async def assemble(
     )
 
 
-def _pack(cols: _Columns, cand: npt.NDArray[np.intp], costs: npt.NDArray[np.int64], usable: int,
-          pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float) -> PackResult:
-    """The knapsack over the candidates' priced costs and scores (pinned ones first),
-    keeping the rank-order packing within `rank_tolerance` of it (`ValueModel`)."""
+def _packer(cols: _Columns, cand: npt.NDArray[np.intp], usable: int,
+            pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float
+            ) -> tuple[Callable[[npt.NDArray[np.int64]], PackResult], npt.NDArray[np.bool_] | None]:
+    """The knapsack over the candidates' scores (pinned ones first), as a function of
+    their priced costs, keeping the rank-order packing within `rank_tolerance` of it
+    (`ValueModel`); and which candidates are pinned."""
     rows = cand.tolist()
     pinned = None
     if pins:
         pinned = np.fromiter((cols.ids[i] in pins for i in rows), dtype=bool, count=len(rows))
-    return pack_arrays(list(map(cols.ids.__getitem__, rows)), costs, cols.scores[cand], usable, pinned=pinned,
-                       rank_tolerance=rank_tolerance)
+    ids = list(map(cols.ids.__getitem__, rows))
+    scores = cols.scores[cand]
+
+    def pack(costs: npt.NDArray[np.int64]) -> PackResult:
+        return pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance)
+
+    return pack, pinned
 
 
 def _finish(
@@ -205,10 +212,11 @@ def _finish(
     memory_total = 0
     selected = np.empty(0, dtype=np.intp)
     if cand.size:
-        costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
-                                                     cfg.packing_headroom_ms / 2)
-        pack_result = _pack(cols, cand, costs, budget.usable, opts.pinned_memory_ids,
-                            model.rank_tolerance if model is not None else 0.0)
+        pack, pinned = _packer(cols, cand, budget.usable, opts.pinned_memory_ids,
+                               model.rank_tolerance if model is not None else 0.0)
+        costs, pricing, recounted, pack_result = price_candidates(
+            cols, retrieved.memories, cand, plan.ledger, nonce, deadline, cfg.packing_headroom_ms / 2, pack, pinned
+        )
         memory_total = int(pack_result.tokens_used)
         pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
         trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,
