@@ -126,12 +126,13 @@ def _head_cost(family: str, nonce: str) -> int:
 
 #: Rounds of pack-then-count before every candidate that could still be selected is
 #: counted at once (the outcome is the same; a round is one packer call, ~0.1 ms at 1,000
-#: candidates). Measured: 1-3 rounds on plentiful candidates, warm or cold.
+#: candidates). Measured: 2-3 rounds on plentiful candidates when nothing is cached.
 COUNT_ROUNDS = 6
-#: Candidates beyond the first packing's boundary counted with its selection (the best
-#: left out by score per length-based token): one of these misjudged by its length could
-#: displace a selected one, and counting them in the first batch saves a round.
-BOUNDARY_CANDIDATES = 16
+#: How far below its length-based price a memory's count may turn out (a share of that
+#: price) for it still to be counted as a boundary candidate: one left out whose score
+#: per token at this share of its price would beat the least dense selected candidate is
+#: counted before the packing is accepted.
+BOUNDARY_SHARE = 0.6
 
 
 def _memory_costs_exact(
@@ -224,25 +225,27 @@ def _memory_costs_exact(
     # from the start, so that whether it fits is never decided on its length.
     if pinned is not None:
         count(np.flatnonzero(pinned))
-    for round_ in range(COUNT_ROUNDS):
+    scores = cols.scores[cand]
+    for _ in range(COUNT_ROUNDS):
         costs = own + fixed
         result = pack(costs)
         sel = result.indices
         new = sel[pending[sel]]
+        if sel.size:
+            # The boundary: uncounted candidates left out that would be worth their place
+            # if their count came out at BOUNDARY_SHARE of their length-based price.
+            taken = sel if pinned is None else sel[~pinned[sel]]
+            if taken.size:
+                floor = float(np.min(scores[taken] / np.maximum(costs[taken], 1)))
+                edge = np.flatnonzero(pending & (scores > 0) & (scores >= floor * BOUNDARY_SHARE * costs))
+                new = np.union1d(new, edge)
         if not new.size:
             break
-        if round_ == 0 and BOUNDARY_CANDIDATES:
-            out = np.flatnonzero(pending & (cols.scores[cand] > 0))
-            out = out[~np.isin(out, sel)]
-            if out.size > BOUNDARY_CANDIDATES:
-                density = cols.scores[cand[out]] / np.maximum(costs[out], 1)
-                out = out[np.argpartition(-density, BOUNDARY_CANDIDATES)[:BOUNDARY_CANDIDATES]]
-            new = np.concatenate([new, out])
         count(new.astype(np.intp))
     else:
-        # Still finding uncounted candidates in the selection: count all that could be
-        # selected, and pack once more on those counts.
-        count(np.flatnonzero(pending & ((cols.scores[cand] > 0) | (pinned if pinned is not None else False))))
+        # Still finding uncounted candidates that could be selected: count them all, and
+        # pack once more on those counts.
+        count(np.flatnonzero(pending & ((scores > 0) | (pinned if pinned is not None else False))))
         costs = own + fixed
         result = pack(costs)
     TOKENS_PER_BYTE.update(family, counted_tokens, counted_bytes)
