@@ -74,19 +74,19 @@ class _MemoryCountCache:
         self._misses = 0
         self._lock = threading.Lock()
 
-    def get_many(self, family: str, keys: Sequence[tuple[str, str]]) -> npt.NDArray[np.int64]:
+    def get_many(self, family: str, ids: Sequence[str], texts: Sequence[str]) -> npt.NDArray[np.int64]:
         """The kept count of each (id, text), -1 where there is none."""
-        n = len(keys)
+        n = len(ids)
         young = self._young.get(family)
         if young is None:
             got = np.full(n, -1, dtype=np.int64)
         else:
-            got = np.fromiter(map(young.get, keys, itertools.repeat(-1, n)), dtype=np.int64, count=n)
+            got = np.fromiter(map(young.get, zip(ids, texts), itertools.repeat(-1, n)), dtype=np.int64, count=n)
         old = self._old.get(family)
         if old is not None:
             lost = np.flatnonzero(got < 0)
             if lost.size:
-                back = [(keys[k], old.get(keys[k], -1)) for k in lost.tolist()]
+                back = [((ids[k], texts[k]), old.get((ids[k], texts[k]), -1)) for k in lost.tolist()]
                 got[lost] = [v for _, v in back]
                 promote = [(key, v) for key, v in back if v >= 0]
                 if promote:
@@ -183,18 +183,15 @@ TOKENS_PER_BYTE = _TokensPerByte()
 
 
 def utf8_lengths(ids: Sequence[str], texts: Sequence[str]) -> npt.NDArray[np.int64]:
-    """UTF-8 bytes of each id plus its text (an ASCII str's length is its byte count,
-    which ``str.isascii`` tells without a scan)."""
+    """UTF-8 bytes of each text, plus its id's length in characters (ids are short; the
+    price this feeds ranks, it need not be exact). An ASCII str's length is its byte
+    count, which ``str.isascii`` tells without a scan."""
     n = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     n += np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     if not all(map(str.isascii, texts)):
         for k, t in enumerate(texts):
             if not t.isascii():
                 n[k] += len(t.encode("utf-8", "surrogatepass")) - len(t)
-    if not all(map(str.isascii, ids)):
-        for k, i in enumerate(ids):
-            if not i.isascii():
-                n[k] += len(i.encode("utf-8", "surrogatepass")) - len(i)
     return n
 
 

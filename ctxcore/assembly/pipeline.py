@@ -219,10 +219,14 @@ def _finish(
         )
         memory_total = int(pack_result.tokens_used)
         pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
+        rows = cand.tolist()
+        signal = list(map(signals.__getitem__, rows))
+        if pinned is not None:
+            for k in np.flatnonzero(pack_reasons == _PINNED_CODE).tolist():
+                signal[k] = _PINNED
         trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,
                                   cols.scores[cand], cols.relevance[cand], costs, recounted, pricing,
-                                  signal=[_PINNED if r == _PINNED_CODE else signals[i]
-                                          for i, r in zip(cand.tolist(), pack_reasons.tolist())]))
+                                  signal=signal))
         selected = cand[pack_result.indices]
     t_packed = time.perf_counter()
 

@@ -173,7 +173,7 @@ def _memory_costs_exact(
     rows = cand[missing].tolist()
     ids = list(map(cols.ids.__getitem__, rows))
     texts = list(map(cols.texts.__getitem__, rows))
-    got = _MEMORY_COUNTS.get_many(family, list(zip(ids, texts)))
+    got = _MEMORY_COUNTS.get_many(family, ids, texts)
     pending = np.zeros(cand.size, dtype=bool)
     nbytes = np.zeros(cand.size, dtype=np.int64)
     hit = got >= 0
