@@ -64,14 +64,16 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.counting``). Other
-    families are priced with the estimator. Messages and tools are priced, and the
+    (from the store's stored count, no tokenizing, see ``ctxcore.counting``; a memory
+    without one is counted only if the packing can select it, and the count is kept for
+    later requests). Other families are priced with the estimator. Messages and tools
+    are priced, and the
     overflow and trimming decisions made, before any store is queried.
 
     The deadline is checked between stages: before pricing (a history that cannot be
     counted exactly in half the time left is priced with the estimator, the whole ledger
-    then in estimate counts), at retrieval (the wall), and before memories without stored
-    counts are counted (else they are estimated, per candidate, as the trace records).
+    then in estimate counts), at retrieval (the wall), and before each batch of memories
+    without stored counts is counted (else the batch is estimated, as the trace records).
 
     Args:
         request: who, for which model, about what, with which recent messages and tools.
