@@ -369,8 +369,9 @@ def test_plentiful_uncounted_memories_fill_the_budget(family: str, words: str, l
 
 def test_counts_are_kept_across_requests(lazy_bpe: object) -> None:
     """A registered tokenizer that records what it counts: the first assembly of 400
-    uncounted memories counts fewer than all of them, each at most once; the same
-    memories again reach the tokenizer not at all, every selected one priced "cached"."""
+    uncounted memories counts fewer than all of them, each at most once; assembling the
+    same memories again never counts one of those again (a new nonce may move the
+    boundary, so a few others may be), and what it selects was mostly counted before."""
     seen: list[str] = []
 
     def count(text: str) -> int:
@@ -398,10 +399,13 @@ def test_counts_are_kept_across_requests(lazy_bpe: object) -> None:
         assert all(priced[m] == "counted" for m in first.selected_ids)
         seen.clear()
         second = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
-        assert not [s for s in seen if any(t in s for t in texts)], "a memory counted before reached the tokenizer"
-        assert {e.pricing for e in second.trace if e.memory_id in set(second.selected_ids)} == {"cached"}
+        assert not [s for s in seen if any(t in s for t in bodies_counted)], "a memory counted before was counted again"
+        again = {e.memory_id: e.pricing for e in second.trace}
+        assert all(again[m] == ("cached" if priced[m] == "counted" else "counted") for m in second.selected_ids)
+        cached = sum(again[m] == "cached" for m in second.selected_ids)
+        assert cached >= 0.9 * len(second.selected_ids)
         after = ctxcore.assembly.memory_count_cache_stats()
-        assert after.hits - before.hits >= len(second.selected_ids)
+        assert after.hits - before.hits >= cached
         assert base_count(second.text) <= second.prompt_tokens.value  # type: ignore[union-attr]
     finally:
         ctxcore.unregister_tokenizer("recording-lazy")
@@ -450,3 +454,29 @@ def test_concurrent_assemblies_share_the_cache_safely(lazy_bpe: object) -> None:
     for ctx in results:
         _check_exact_and_honest("cl100k_base", ctx, None)
         assert ctx.pack is not None and ctx.pack.tokens_used >= 0.99 * ctx.budget.usable
+
+
+def test_the_service_exposes_the_count_cache() -> None:
+    """The service's metrics registry reports the memory count cache: a repeated
+    assembly of uncounted memories raises the hits it shows."""
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("grpc")
+    from prometheus_client import generate_latest
+
+    from ctxcore.service.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics()
+
+    def sample(name: str) -> float:
+        value = metrics.registry.get_sample_value(name)
+        assert value is not None, name
+        return value
+
+    texts, sims = _plentiful(200, 31)
+    mems = _bare(texts, sims, "metrics-")
+    _assemble_bare("cl100k_base", mems, None)
+    hits = sample("ctxcore_memory_count_cache_hits_total")
+    ctx = _assemble_bare("cl100k_base", mems, None)
+    assert sample("ctxcore_memory_count_cache_hits_total") >= hits + len(ctx.selected_ids)
+    assert 0 < sample("ctxcore_memory_count_cache_entries") <= ctxcore.assembly.MEMORY_COUNT_CACHE_ENTRIES
+    assert b"ctxcore_memory_count_cache_misses_total" in generate_latest(metrics.registry)

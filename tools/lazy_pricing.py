@@ -165,7 +165,7 @@ def _quality(trials: int) -> None:
             priced = [e.pricing for e in lazy.trace if e.pricing]
             counted.append(priced.count("counted") / len(priced))
     r = np.array(ratios)
-    print(f"{trials} candidate sets: score of the selection / full exact pricing's: min {r.min():.6f}, "
+    print(f"{trials} candidate sets: score of the selection / full exact pricing's: min {r.min():.8f}, "
           f"median {np.median(r):.6f}, equal in {int((np.abs(r - 1) < 1e-12).sum())}; where not everything fits "
           f"({len(fills)} sets): fill of usable min {min(f for f, _ in fills):.4f}, median "
           f"{np.median([f for f, _ in fills]):.4f} (full exact pricing: min {min(e for _, e in fills):.4f}), "

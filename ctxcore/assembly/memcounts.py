@@ -53,9 +53,9 @@ class MemoryCountCacheStats:
 
 class _MemoryCountCache:
     """Exact ``I + B`` counts (``ctxcore.counting``) by family and (id, text), in two
-    generations: new entries go to the young one; when it reaches half the bounds it
-    becomes the old one (the previous old one is dropped), and a hit in the old one moves
-    the entry back. Approximately least recently used out, with O(1) work per entry.
+    generations of at most half the bounds each: new entries go to the young one; when it
+    is full it becomes the old one (the previous old one is dropped), and a hit in the old
+    one moves the entry back. Approximately least recently used out, with O(1) work per entry.
 
     Thread-safe: lookups read a generation without the lock (a dict read is atomic; a
     value once stored is the exact count of its key, so a reader racing a rotation sees a
@@ -109,12 +109,14 @@ class _MemoryCountCache:
                 size = len(key[0]) + len(key[1])
                 if size > limit or key in young:
                     continue
+                # Each generation stays within half of each bound: the young one turns old
+                # before an entry would take it past.
+                if (self._young_entries + 1) * 2 > self.max_entries or (self._young_chars + size) * 2 > self.max_chars:
+                    self._rotate()
+                    young = self._young[family] = {}
                 young[key] = n
                 self._young_entries += 1
                 self._young_chars += size
-                if self._young_entries * 2 >= self.max_entries or self._young_chars * 2 >= self.max_chars:
-                    self._rotate()
-                    young = self._young[family] = {}
 
     def _rotate(self) -> None:
         # Under the lock. Replacing the dicts (not clearing them) keeps lock-free readers
@@ -155,9 +157,6 @@ def memory_count_cache_stats() -> MemoryCountCacheStats:
 #: been counted: English prose runs ~0.22 in cl100k_base and o200k_base; the figure then
 #: follows what each request counts (`_TokensPerByte`).
 INITIAL_TOKENS_PER_BYTE = 0.25
-#: The length-based price is this share of the expected count: set low, so that a memory
-#: it misjudges is more often pulled into the selection (and counted) than left out on it.
-RANK_PRICE_SHARE = 0.9
 
 
 class _TokensPerByte:
@@ -198,5 +197,5 @@ def utf8_lengths(ids: Sequence[str], texts: Sequence[str]) -> npt.NDArray[np.int
 def rank_prices(nbytes: npt.NDArray[np.int64], tokens_per_byte: float) -> npt.NDArray[np.int64]:
     """The length-based price of memories of `nbytes` bytes: what ranks a memory in the
     packer before it is counted (never the price of one that is selected)."""
-    out: npt.NDArray[np.int64] = np.ceil(nbytes * (tokens_per_byte * RANK_PRICE_SHARE)).astype(np.int64) + 1
+    out: npt.NDArray[np.int64] = np.ceil(nbytes * tokens_per_byte).astype(np.int64) + 1
     return out

@@ -124,15 +124,37 @@ def _head_cost(family: str, nonce: str) -> int:
     return _exact([p_text], family, cache=False)[0] + allow
 
 
-#: Rounds of pack-then-count before every candidate that could still be selected is
-#: counted at once (the outcome is the same; a round is one packer call, ~0.1 ms at 1,000
-#: candidates). Measured: 2-3 rounds on plentiful candidates when nothing is cached.
+#: Rounds of pack-then-count before the last packing, over the counted candidates only (a
+#: round is one packer call, ~0.1 ms at 1,000 candidates). Measured: 1 round when the
+#: selection is cached, 2-3 when nothing is; more only where the packing keeps trying
+#: uncounted fillers for the last few tokens of room.
 COUNT_ROUNDS = 6
 #: How far below its length-based price a memory's count may turn out (a share of that
 #: price) for it still to be counted as a boundary candidate: one left out whose score
-#: per token at this share of its price would beat the least dense selected candidate is
-#: counted before the packing is accepted.
+#: per token at this share of its price would beat the selection's break density
+#: (`_break_density`) is counted before the packing is accepted.
 BOUNDARY_SHARE = 0.6
+#: Rounds that count the boundary as well as the selection; later ones count only what
+#: the packing selects (measured: the selection matches full exact pricing's in every one
+#: of 200 random candidate sets; tools/lazy_pricing.py --quality).
+BOUNDARY_ROUNDS = 2
+#: How far (a share) the tokens-per-byte ratio of what this request has counted may move
+#: from the one its length-based prices use before they are re-priced.
+RATIO_DRIFT = 0.05
+#: The share of the selection's tokens, densest first, whose end sets the density a
+#: boundary candidate is held to (`_break_density`).
+BREAK_TOKEN_SHARE = 0.9
+
+
+def _break_density(scores: npt.NDArray[np.float64], costs: npt.NDArray[np.int64]) -> float:
+    """The score per token where the selection's densest 90% of tokens end: what a
+    candidate must offer to displace one of the selection's marginal members (the last
+    small ones, which fill what room is left whatever their density, do not set it)."""
+    density = scores / np.maximum(costs, 1)
+    order = np.argsort(-density)
+    covered = np.cumsum(costs[order])
+    k = int(np.searchsorted(covered, BREAK_TOKEN_SHARE * covered[-1]))
+    return float(density[order[min(k, order.size - 1)]])
 
 
 def _memory_costs_exact(
@@ -182,14 +204,27 @@ def _memory_costs_exact(
         own[at] = got[hit]
         pricing[at] = code[Pricing.CACHED.value]
         recounted[at] = True
+    counted_tokens = counted_bytes = 0
+    priced_at = [TOKENS_PER_BYTE.get(family)]  # the ratio the length-based prices use
     if not hit.all():
         at = missing[~hit]
         pending[at] = True
         keep = np.flatnonzero(~hit).tolist()
         nbytes[at] = utf8_lengths([ids[k] for k in keep], [texts[k] for k in keep])
-        own[at] = rank_prices(nbytes[at], TOKENS_PER_BYTE.get(family))
+        ratio = TOKENS_PER_BYTE.get(family)
+        if hit.any():
+            # The kept counts of this request's own memories price the rest better than
+            # the running ratio of other requests' (whose texts may be nothing alike).
+            seen = np.flatnonzero(hit).tolist()
+            counted_tokens = int(got[hit].sum())
+            counted_bytes = int(utf8_lengths([ids[k] for k in seen], [texts[k] for k in seen]).sum())
+            ratio = counted_tokens / max(counted_bytes, 1)
+        own[at] = rank_prices(nbytes[at], ratio)
         pricing[at] = code[Pricing.APPROXIMATE.value]
-    counted_tokens = counted_bytes = 0
+        priced_at[0] = ratio
+    # What this request counts is added to the cached counts above for the ratio; only
+    # what it counts itself goes into the running ratio.
+    base_tokens, base_bytes = counted_tokens, counted_bytes
 
     def count(at: npt.NDArray[np.intp]) -> None:
         nonlocal counted_tokens, counted_bytes
@@ -216,39 +251,43 @@ def _memory_costs_exact(
             _MEMORY_COUNTS.put_many(family, list(zip(zip(r_ids, r_texts), n.tolist())))
             counted_tokens += int(n.sum())
             counted_bytes += int(nbytes[at].sum())
-            # What this request has counted prices the rest better than the running ratio.
+            # What this request has counted prices the rest better than the running ratio;
+            # re-priced only when the ratio has moved (every re-pricing moves the boundary).
+            seen = counted_tokens / max(counted_bytes, 1)
             rest = np.flatnonzero(pending)
-            if rest.size:
-                own[rest] = rank_prices(nbytes[rest], counted_tokens / max(counted_bytes, 1))
+            if rest.size and abs(seen - priced_at[0]) > RATIO_DRIFT * priced_at[0]:
+                own[rest] = rank_prices(nbytes[rest], seen)
+                priced_at[0] = seen
 
     # A pinned candidate is taken while it fits, whatever its score: priced by a count
     # from the start, so that whether it fits is never decided on its length.
     if pinned is not None:
         count(np.flatnonzero(pinned))
     scores = cols.scores[cand]
-    for _ in range(COUNT_ROUNDS):
+    for round_ in range(COUNT_ROUNDS):
         costs = own + fixed
         result = pack(costs)
         sel = result.indices
         new = sel[pending[sel]]
-        if sel.size:
+        if sel.size and round_ < BOUNDARY_ROUNDS:
             # The boundary: uncounted candidates left out that would be worth their place
             # if their count came out at BOUNDARY_SHARE of their length-based price.
             taken = sel if pinned is None else sel[~pinned[sel]]
             if taken.size:
-                floor = float(np.min(scores[taken] / np.maximum(costs[taken], 1)))
-                edge = np.flatnonzero(pending & (scores > 0) & (scores >= floor * BOUNDARY_SHARE * costs))
+                edge = np.flatnonzero(pending & (scores > 0) & (scores >= _break_density(scores[taken], costs[taken])
+                                                                 * BOUNDARY_SHARE * costs))
                 new = np.union1d(new, edge)
         if not new.size:
             break
         count(new.astype(np.intp))
     else:
-        # Still finding uncounted candidates that could be selected: count them all, and
-        # pack once more on those counts.
-        count(np.flatnonzero(pending & ((scores > 0) | (pinned if pinned is not None else False))))
+        # Still selecting uncounted memories (each round a filler or two for the room the
+        # counted ones leave, each costlier than its length said): the last packing is of
+        # the counted ones only, and the rest stay out on their length-based price.
+        # (Priced one token over the budget, so that none of them fits.)
+        result = pack(np.where(pending, max(result.budget, 0) + 1, own + fixed))
         costs = own + fixed
-        result = pack(costs)
-    TOKENS_PER_BYTE.update(family, counted_tokens, counted_bytes)
+    TOKENS_PER_BYTE.update(family, counted_tokens - base_tokens, counted_bytes - base_bytes)
     return costs, pricing, recounted, result
 
 
