@@ -55,7 +55,7 @@ def _switch(approach: str) -> None:
         memcounts._MEMORY_COUNTS.get_many = lambda family, ids, texts: np.full(len(ids), -1, dtype=np.int64)  # type: ignore[method-assign]
         memcounts._MEMORY_COUNTS.put_many = lambda family, items: None  # type: ignore[method-assign]
     if approach in ("cache-only", "count-all"):
-        pricing.COUNT_ROUNDS = 0  # no rounds: every candidate that could be selected is counted
+        pricing.BOUNDARY_SHARE = 1e-12  # the first round's boundary: every candidate with a score
     if approach.startswith("estimator"):
         from ctxcore.counting import memory_units
         from ctxcore.tokens import estimate_tokens_batch
