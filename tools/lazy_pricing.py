@@ -64,8 +64,8 @@ def _switch(approach: str) -> None:
             per_unit = estimate_tokens_batch(memory_units(ids, texts), "cl100k_base")
             return (per_unit[0::2] + per_unit[1::2]).astype(np.int64)
 
-        pricing.utf8_lengths = estimate  # type: ignore[assignment]
-        pricing.rank_prices = lambda n, ratio: n.copy()  # type: ignore[assignment]
+        setattr(pricing, "utf8_lengths", estimate)  # switching a module's internals
+        setattr(pricing, "rank_prices", lambda n, ratio: n.copy())
 
 
 def _run(approach: str) -> str:
@@ -90,7 +90,7 @@ def _run(approach: str) -> str:
         async def directive(scope: object) -> str:
             return "You are the support agent for ACME. Answer briefly."
 
-        return Sources(directive, hot, cold)  # type: ignore[arg-type]
+        return Sources(directive, hot, cold)
 
     req = AssemblyRequest("org", "agent", "gpt-4", Query("can I get a refund?"),
                           messages=(Message("user", "can I get a refund for last month's invoice?"),),
@@ -132,14 +132,14 @@ def _quality(trials: int) -> None:
     from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Query, Sources
     from ctxcore.stores.counting import count_memory_tokens
 
-    pipeline.secrets = types.SimpleNamespace(token_hex=lambda n: "5f" * n)  # type: ignore[attr-defined]
+    setattr(pipeline, "secrets", types.SimpleNamespace(token_hex=lambda n: "5f" * n))
 
     def assemble(model: str, mems: list[MemoryRecord]) -> ctxcore.AssembledContext:
         async def hot(scope: object, query: object, limit: int) -> list[MemoryRecord]:
             return mems
 
         req = AssemblyRequest("o", "a", model, Query("q"), options=AssemblyOptions(max_memories=len(mems)))
-        return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot)))  # type: ignore[arg-type]
+        return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot)))
 
     rng = random.Random(5)
     ratios, fills, counted = [], [], []

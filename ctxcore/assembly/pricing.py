@@ -173,11 +173,12 @@ def _memory_costs_exact(
     ``I + B`` comes from the store's count, else from the count cache (a count made on an
     earlier request), else it is counted on this one, but only where it can matter: the
     candidates are packed with the length-based price standing in for the counts not
-    known, the selected ones without a count (and the best few just left out) are counted,
-    and they are packed again, until every selected candidate is priced by a count. The
-    final packing is over exact costs for everything it selects, so the context's exact
-    count stays inside the budget; a candidate still priced by its length was left out
-    on that price (`Pricing.APPROXIMATE`). A batch that would not finish before the
+    known, the selected ones without a count (and, in the first rounds, the boundary:
+    those left out that could displace a selected one if their count came out well under
+    their length price) are counted, and they are packed again, until every selected
+    candidate is priced by a count. The final packing is over exact costs for everything
+    it selects, so the context's exact count stays inside the budget; a candidate still
+    priced by its length was left out on that price (`Pricing.APPROXIMATE`). A batch that would not finish before the
     deadline is estimated instead. ``P`` is counted once per assembly, ``M`` comes from
     the score/source shape table."""
     allow = boundary_allowance(family)
