@@ -210,15 +210,14 @@ def _memory_costs_exact(
     if not hit.all():
         at = missing[~hit]
         pending[at] = True
-        keep = np.flatnonzero(~hit).tolist()
-        nbytes[at] = utf8_lengths([ids[k] for k in keep], [texts[k] for k in keep])
+        lengths = utf8_lengths(ids, texts)
+        nbytes[at] = lengths[~hit]
         ratio = TOKENS_PER_BYTE.get(family)
         if hit.any():
             # The kept counts of this request's own memories price the rest better than
             # the running ratio of other requests' (whose texts may be nothing alike).
-            seen = np.flatnonzero(hit).tolist()
             counted_tokens = int(got[hit].sum())
-            counted_bytes = int(utf8_lengths([ids[k] for k in seen], [texts[k] for k in seen]).sum())
+            counted_bytes = int(lengths[hit].sum())
             ratio = counted_tokens / max(counted_bytes, 1)
         own[at] = rank_prices(nbytes[at], ratio)
         pricing[at] = code[Pricing.APPROXIMATE.value]
