@@ -78,6 +78,10 @@ class Pricing(enum.StrEnum):
     STORED = "stored"  #: the store's exact count (taken at ingest): no tokenizing
     COUNTED = "counted"  #: counted exactly on the request path (the memory came without a count)
     ESTIMATED = "estimated"  #: the estimator (no exact tokenizer, or no time left to count)
+    CACHED = "cached"  #: an exact count made on an earlier request and kept: no tokenizing
+    #: not counted: priced by its length (UTF-8 bytes), and the packer left it out on that
+    #: price; a selected memory is never priced this way
+    APPROXIMATE = "approximate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,8 @@ class TraceEntry:
         score: its score (0 when it never reached scoring).
         relevance: the relevance the gate saw.
         recounted: True when the store's token count was of another tokenizer family or
-            kind (or missing) and was recomputed rather than mixed.
+            kind (or missing) and was recomputed rather than mixed (False for a memory
+            left out uncounted, `Pricing.APPROXIMATE`).
         pricing: how `tokens` was obtained (`Pricing`); empty when it never reached pricing.
         signal: under the fused value model, the signal that contributed most to its
             relevance (``fulltext`` or ``vector``), or ``pinned`` for a pinned memory;

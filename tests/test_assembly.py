@@ -537,7 +537,8 @@ def test_exact_ledger_uses_stored_exact_counts_and_counts_the_rest() -> None:
     assert ctx.budget.estimate_kind == ctxcore.TokenKind.EXACT
     by_id = {e.memory_id: e for e in ctx.trace}
     assert (by_id["m1"].pricing, by_id["m1"].recounted) == ("stored", False)
-    assert (by_id["m2"].pricing, by_id["m2"].recounted) == ("counted", True)
+    # Counted on first sight; "cached" when an earlier assembly in this process counted it.
+    assert by_id["m2"].pricing in ("counted", "cached") and by_id["m2"].recounted
     assert ctx.prompt_tokens is not None and ctx.prompt_tokens.kind == ctxcore.TokenKind.EXACT
     assert ctxcore.count_tokens(ctx.text, "cl100k_base").value <= ctx.prompt_tokens.value
 

@@ -258,3 +258,250 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
         assert base(ctx.text) <= ctx.prompt_tokens.value  # type: ignore[union-attr]
     finally:
         ctxcore.unregister_tokenizer("recording-bpe")
+
+
+# ---- memories without a stored count: counted where the packing can select them --------
+
+WORDS = ("the customer prefers email refund policy within thirty days escalate incidents to the "
+         "on-call rota pricing tier enterprise seats renewal invoice sent in EUR not USD").split()
+LAZY_FAMILIES = [*EXACT_FAMILIES, "lazy-bpe"]
+LAZY_CATALOG = (
+    'exact_safety_fraction = 0.005\n[tokenizer_policy.cl100k_base]\nestimate = 0.02\n'
+    '[models."lazy-model"]\nprovider = "test"\ncontext_window = 8192\nmax_output_tokens = 1024\n'
+    'tokenizer_family = "lazy-bpe"\nestimate_kind = "exact"\n'
+)
+EXACT_PRICINGS = {"counted", "cached", "stored"}
+
+
+@pytest.fixture(scope="module")
+def lazy_bpe() -> object:
+    """A registered family ("lazy-bpe", cl100k_base's counts behind a user callable: its
+    splitting unknown to ctxcore, so each cut carries an allowance) and a catalog with a
+    model on it."""
+    ctxcore.register_tokenizer("lazy-bpe", lambda t: ctxcore.count_tokens(t, "cl100k_base").value,
+                               fallback_family="cl100k_base")
+    yield ctxcore.catalog.parse_catalog(LAZY_CATALOG)
+    ctxcore.unregister_tokenizer("lazy-bpe")
+
+
+def _bare(texts: list[str], sims: list[float], prefix: str) -> list[ctxcore.MemoryRecord]:
+    return [ctxcore.MemoryRecord(f"{prefix}{k}", "o", "a", t, similarity=s) for k, (t, s) in enumerate(zip(texts, sims))]
+
+
+def _assemble_bare(family: str, mems: list[ctxcore.MemoryRecord], catalog: object, *, token_budget: int | None = None,
+                   pinned: tuple[str, ...] = ()) -> ctxcore.AssembledContext:
+    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+        return mems
+
+    model = "lazy-model" if family == "lazy-bpe" else MODEL_OF[family]
+    req = ctxcore.AssemblyRequest(
+        "o", "a", model, ctxcore.Query("q"), messages=(ctxcore.Message("user", "what does the customer prefer?"),),
+        options=ctxcore.AssemblyOptions(max_memories=len(mems) or 1, pinned_memory_ids=pinned),
+        token_budget=token_budget,
+    )
+    cat = catalog if family == "lazy-bpe" else None
+    return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))  # type: ignore[arg-type]
+
+
+def _exact_of(family: str, text: str) -> int:
+    return ctxcore.count_tokens(text, "cl100k_base" if family == "lazy-bpe" else family).value
+
+
+def _check_exact_and_honest(family: str, ctx: ctxcore.AssembledContext, token_budget: int | None) -> int:
+    """The prompt's exact count inside window - reserve (and the token budget), at most
+    `prompt_tokens`; every selected memory priced by a count, and a memory priced by its
+    length never selected. Returns the exact count."""
+    exact = _exact_of(family, ctx.text)
+    assert ctx.prompt_tokens is not None and ctx.prompt_tokens.kind == ctxcore.TokenKind.EXACT
+    assert exact <= ctx.prompt_tokens.value <= ctx.budget.context_window - ctx.budget.response_reserve
+    if token_budget is not None:
+        assert ctx.prompt_tokens.value <= token_budget
+    selected = set(ctx.selected_ids)
+    for e in ctx.trace:
+        if e.memory_id in selected:
+            assert e.pricing in EXACT_PRICINGS, e
+        if e.pricing == "approximate":
+            assert e.memory_id not in selected and not e.recounted and e.reason == ctxcore.TraceReason.BUDGET_EXHAUSTED
+    assert ctx.pack is not None and ctx.pack.tokens_used <= ctx.budget.usable
+    return exact
+
+
+lazy_text = st.one_of(
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=90).map(" ".join),
+    st.lists(st.one_of(st.sampled_from(ADVERSARIAL), st.sampled_from(WORDS)), min_size=1, max_size=40).map("".join),
+    bodies,
+)
+
+
+@pytest.mark.parametrize("family", LAZY_FAMILIES)
+@given(
+    texts=st.lists(lazy_text, min_size=1, max_size=150),
+    seed=st.integers(0, 2**32 - 1),
+    token_budget=st.one_of(st.none(), st.integers(200, 6000)),
+    n_pinned=st.integers(0, 3),
+)
+@settings(max_examples=40, deadline=None)
+def test_uncounted_memories_never_take_the_prompt_over_budget(family: str, texts: list[str], seed: int,
+                                                               token_budget: int | None, n_pinned: int,
+                                                               lazy_bpe: object) -> None:
+    """Random candidate sets without stored counts (English, adversarial, multilingual;
+    a few pinned; with and without a token budget), in cl100k_base, o200k_base and a
+    registered family: the exact count of the assembled prompt never exceeds window -
+    reserve nor the token budget, and what the trace says about pricing is true."""
+    rng = np.random.default_rng(seed)
+    mems = _bare(texts, rng.uniform(0.2, 1.0, len(texts)).tolist(), f"p{seed}-")
+    pinned = tuple(m.id for m in mems[:n_pinned])
+    ctx = _assemble_bare(family, mems, lazy_bpe, token_budget=token_budget, pinned=pinned)
+    _check_exact_and_honest(family, ctx, token_budget)
+    # The costs the trace reports for counted memories are their elements' exact prices:
+    # assembling the same memories with stored counts prices them the same, up to the
+    # nonce's own tokens (one per element at most in these families).
+    counted = {e.memory_id: e.tokens for e in ctx.trace if e.pricing in ("counted", "cached")}
+    if family != "lazy-bpe" and counted:
+        stored = _records(family, [(m.id, m.text) for m in mems], [m.similarity or 0.0 for m in mems])
+        again = {e.memory_id: e.tokens for e in _assemble_bare(family, stored, lazy_bpe).trace}
+        head = {counted[k] - again[k] for k in counted if k in again}
+        assert len(head) <= 1, head  # one head cost per assembly, the same for every element
+
+
+def _plentiful(n: int, seed: int, words: list[str] | tuple[str, ...] = WORDS) -> tuple[list[str], list[float]]:
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(words, int(rng.integers(10, 80)))) + f" ref {seed}-{k}" for k in range(n)]
+    return texts, rng.uniform(0.3, 1.0, n).tolist()
+
+
+MULTILINGUAL = (
+    "Der Kunde bevorzugt E-Mail und möchte vor 10 Uhr nicht angerufen werden. お客様はメールを希望しており "
+    "客户更喜欢电子邮件 Клиент предпочитает электронную почту. العميل يفضل البريد الإلكتروني "
+    'def refund(order): return order.total {"plan": "pro", "seats": 12} <P1> & #ops 🚨🔥'
+).split()
+
+
+@pytest.mark.parametrize("family", LAZY_FAMILIES)
+@pytest.mark.parametrize("words", ["english", "multilingual"])
+def test_plentiful_uncounted_memories_fill_the_budget(family: str, words: str, lazy_bpe: object) -> None:
+    """1,000 (o200k_base: 4,000, its window is 128k) memories without stored counts: the
+    packing fills at least 0.99 of the usable budget, exactly priced, while most of the
+    memories left out are never counted."""
+    n = 4000 if family == "o200k_base" else 1000
+    texts, sims = _plentiful(n, 11, WORDS if words == "english" else WORDS + MULTILINGUAL)
+    ctx = _assemble_bare(family, _bare(texts, sims, f"fill-{words}-"), lazy_bpe)
+    _check_exact_and_honest(family, ctx, None)
+    assert ctx.pack is not None and ctx.pack.tokens_used >= 0.99 * ctx.budget.usable
+    priced = [e.pricing for e in ctx.trace if e.pricing]
+    assert priced.count("approximate") >= len(priced) // 2, "most left-out memories were counted anyway"
+
+
+def test_counts_are_kept_across_requests(lazy_bpe: object) -> None:
+    """A registered tokenizer that records what it counts: the first assembly of 400
+    uncounted memories counts fewer than all of them, each at most once; assembling the
+    same memories again never counts one of those again (a new nonce may move the
+    boundary, so a few others may be), and what it selects was mostly counted before."""
+    seen: list[str] = []
+
+    def count(text: str) -> int:
+        seen.append(text)
+        return ctxcore.count_tokens(text, "cl100k_base").value
+
+    ctxcore.register_tokenizer("recording-lazy", count, fallback_family="cl100k_base")
+    try:
+        cat = ctxcore.catalog.parse_catalog(LAZY_CATALOG.replace("lazy-bpe", "recording-lazy"))
+        texts, sims = _plentiful(400, 5)
+        mems = _bare(texts, sims, "kept-")
+
+        async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+            return mems
+
+        req = ctxcore.AssemblyRequest("o", "a", "lazy-model", ctxcore.Query("q"),
+                                      options=ctxcore.AssemblyOptions(max_memories=400))
+        before = ctxcore.assembly.memory_count_cache_stats()
+        seen.clear()
+        first = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
+        bodies_counted = [t for t in texts if any(t in s for s in seen)]
+        priced = {e.memory_id: e.pricing for e in first.trace}
+        assert len(bodies_counted) == sum(p == "counted" for p in priced.values()) < 400
+        assert len(set(bodies_counted)) == len(bodies_counted)
+        assert all(priced[m] == "counted" for m in first.selected_ids)
+        seen.clear()
+        second = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
+        assert not [s for s in seen if any(t in s for t in bodies_counted)], "a memory counted before was counted again"
+        again = {e.memory_id: e.pricing for e in second.trace}
+        assert all(again[m] == ("cached" if priced[m] == "counted" else "counted") for m in second.selected_ids)
+        cached = sum(again[m] == "cached" for m in second.selected_ids)
+        assert cached >= 0.9 * len(second.selected_ids)
+        after = ctxcore.assembly.memory_count_cache_stats()
+        assert after.hits - before.hits >= cached
+        assert base_count(second.text) <= second.prompt_tokens.value  # type: ignore[union-attr]
+    finally:
+        ctxcore.unregister_tokenizer("recording-lazy")
+
+
+def base_count(text: str) -> int:
+    return ctxcore.count_tokens(text, "cl100k_base").value
+
+
+def test_the_count_cache_stays_bounded() -> None:
+    """More distinct uncounted memories than the cache holds, each counted (all fit the
+    128k window): the cache never holds more than its bounds, and still answers for the
+    most recent ones."""
+    stats = ctxcore.assembly.memory_count_cache_stats()
+    per_call = 2000
+    calls = stats.max_entries // per_call + 3
+    last: list[ctxcore.MemoryRecord] = []
+    for c in range(calls):
+        rng = np.random.default_rng(c)
+        texts = [" ".join(rng.choice(WORDS, 4)) + f" {c}-{k}" for k in range(per_call)]
+        last = _bare(texts, [0.9] * per_call, f"bound-{c}-")
+        ctx = _assemble_bare("o200k_base", last, None) if "o200k_base" in EXACT_FAMILIES else None
+        if ctx is None:
+            pytest.skip("o200k_base is not installed")
+        assert len(ctx.selected_ids) == per_call
+        s = ctxcore.assembly.memory_count_cache_stats()
+        assert s.entries <= s.max_entries and s.chars <= s.max_chars
+    assert s.entries < calls * per_call  # some were let go
+    ctx = _assemble_bare("o200k_base", last, None)
+    assert {e.pricing for e in ctx.trace} == {"cached"}
+
+
+def test_concurrent_assemblies_share_the_cache_safely(lazy_bpe: object) -> None:
+    """Eight threads assembling overlapping uncounted candidate sets at once: every
+    prompt stays within budget and every selected memory is priced by a count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts, sims = _plentiful(600, 21)
+    mems = _bare(texts, sims, "thr-")
+
+    def one(k: int) -> ctxcore.AssembledContext:
+        return _assemble_bare("cl100k_base", mems[(k % 3) * 100:][:400], lazy_bpe)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    for ctx in results:
+        _check_exact_and_honest("cl100k_base", ctx, None)
+        assert ctx.pack is not None and ctx.pack.tokens_used >= 0.99 * ctx.budget.usable
+
+
+def test_the_service_exposes_the_count_cache() -> None:
+    """The service's metrics registry reports the memory count cache: a repeated
+    assembly of uncounted memories raises the hits it shows."""
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("grpc")
+    from prometheus_client import generate_latest
+
+    from ctxcore.service.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics()
+
+    def sample(name: str) -> float:
+        value = metrics.registry.get_sample_value(name)
+        assert value is not None, name
+        return value
+
+    texts, sims = _plentiful(200, 31)
+    mems = _bare(texts, sims, "metrics-")
+    _assemble_bare("cl100k_base", mems, None)
+    hits = sample("ctxcore_memory_count_cache_hits_total")
+    ctx = _assemble_bare("cl100k_base", mems, None)
+    assert sample("ctxcore_memory_count_cache_hits_total") >= hits + len(ctx.selected_ids)
+    assert 0 < sample("ctxcore_memory_count_cache_entries") <= ctxcore.assembly.MEMORY_COUNT_CACHE_ENTRIES
+    assert b"ctxcore_memory_count_cache_misses_total" in generate_latest(metrics.registry)

@@ -19,7 +19,10 @@ One stage, one module:
 * `ledger` -- exact (or estimated) prices of the formatter's pieces, cached;
 * `gate` -- the retrieved memories as columns; scoring, the relevance gate,
   de-duplication, the per-request cap;
-* `pricing` -- each candidate's cost, from stored exact counts;
+* `pricing` -- each candidate's cost, from stored exact counts, or counted where the
+  packing can select it;
+* `memcounts` -- the exact counts of memories without a stored count, kept across
+  requests, and the length-based price that ranks a memory before it is counted;
 * `trace` -- the trace, as blocks of rows over the pipeline's columns;
 * `context` -- `AssembledContext`, the result;
 * `pipeline` -- `assemble`, which reads as the stages above in order.
@@ -28,6 +31,12 @@ One stage, one module:
 from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
 from .context import AssembledContext
 from .ledger import COUNT_CACHE_ENTRIES, DIRECTIVE_BOUNDARY_ALLOWANCE, EXACT_COUNT_BYTES_PER_MS, warm_tokenizers
+from .memcounts import (
+    MEMORY_COUNT_CACHE_CHARS,
+    MEMORY_COUNT_CACHE_ENTRIES,
+    MemoryCountCacheStats,
+    memory_count_cache_stats,
+)
 from .pipeline import assemble
 from .trace import TraceTable
 
@@ -36,10 +45,14 @@ __all__ = [
     "DEFAULT_PACKING_HEADROOM_MS",
     "DIRECTIVE_BOUNDARY_ALLOWANCE",
     "EXACT_COUNT_BYTES_PER_MS",
+    "MEMORY_COUNT_CACHE_CHARS",
+    "MEMORY_COUNT_CACHE_ENTRIES",
     "RECENCY_HALF_LIFE_DAYS",
     "AssembledContext",
     "AssemblyConfig",
+    "MemoryCountCacheStats",
     "TraceTable",
     "assemble",
+    "memory_count_cache_stats",
     "warm_tokenizers",
 ]

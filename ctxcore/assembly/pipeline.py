@@ -67,14 +67,16 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.counting``). Other
-    families are priced with the estimator. Messages and tools are priced, and the
+    (from the store's stored count, no tokenizing, see ``ctxcore.counting``; a memory
+    without one is counted only if the packing can select it, and the count is kept for
+    later requests). Other families are priced with the estimator. Messages and tools
+    are priced, and the
     overflow and trimming decisions made, before any store is queried.
 
     The deadline is checked between stages: before pricing (a history that cannot be
     counted exactly in half the time left is priced with the estimator, the whole ledger
-    then in estimate counts), at retrieval (the wall), and before memories without stored
-    counts are counted (else they are estimated, per candidate, as the trace records).
+    then in estimate counts), at retrieval (the wall), and before each batch of memories
+    without stored counts is counted (else the batch is estimated, as the trace records).
 
     Args:
         request: who, for which model, about what, with which recent messages and tools.
@@ -213,16 +215,23 @@ async def _rerank(reranker: Reranker, request: AssemblyRequest, scored: _Scored,
     return record
 
 
-def _pack(cols: _Columns, cand: npt.NDArray[np.intp], costs: npt.NDArray[np.int64], usable: int,
-          pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float) -> PackResult:
-    """The knapsack over the candidates' priced costs and scores (pinned ones first),
-    keeping the rank-order packing within `rank_tolerance` of it (`ValueModel`)."""
+def _packer(cols: _Columns, cand: npt.NDArray[np.intp], usable: int,
+            pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float
+            ) -> tuple[Callable[[npt.NDArray[np.int64]], PackResult], npt.NDArray[np.bool_] | None]:
+    """The knapsack over the candidates' scores (pinned ones first), as a function of
+    their priced costs, keeping the rank-order packing within `rank_tolerance` of it
+    (`ValueModel`); and which candidates are pinned."""
     rows = cand.tolist()
     pinned = None
     if pins:
         pinned = np.fromiter((cols.ids[i] in pins for i in rows), dtype=bool, count=len(rows))
-    return pack_arrays(list(map(cols.ids.__getitem__, rows)), costs, cols.scores[cand], usable, pinned=pinned,
-                       rank_tolerance=rank_tolerance)
+    ids = list(map(cols.ids.__getitem__, rows))
+    scores = cols.scores[cand]
+
+    def pack(costs: npt.NDArray[np.int64]) -> PackResult:
+        return pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance)
+
+    return pack, pinned
 
 
 def _finish(
@@ -265,19 +274,25 @@ def _finish(
     memory_total = 0
     selected = np.empty(0, dtype=np.intp)
     if cand.size:
-        costs, pricing, recounted = price_candidates(cols, retrieved.memories, cand, plan.ledger, nonce, deadline,
-                                                     cfg.packing_headroom_ms / 2, opts.memory_attributes)
         room = budget.usable
         if "memories" in request.section_budgets:
             room = min(room, request.section_budgets["memories"])
-        pack_result = _pack(cols, cand, costs, room, opts.pinned_memory_ids,
-                            model.rank_tolerance if model is not None else 0.0)
+        pack, pinned = _packer(cols, cand, room, opts.pinned_memory_ids,
+                               model.rank_tolerance if model is not None else 0.0)
+        costs, pricing, recounted, pack_result = price_candidates(
+            cols, retrieved.memories, cand, plan.ledger, nonce, deadline, cfg.packing_headroom_ms / 2, pack, pinned,
+            opts.memory_attributes,
+        )
         memory_total = int(pack_result.tokens_used)
         pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
+        rows = cand.tolist()
+        signal = list(map(signals.__getitem__, rows))
+        if pinned is not None:
+            for k in np.flatnonzero(pack_reasons == _PINNED_CODE).tolist():
+                signal[k] = _PINNED
         trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,
                                   cols.scores[cand], cols.relevance[cand], costs, recounted, pricing,
-                                  signal=[_PINNED if r == _PINNED_CODE else signals[i]
-                                          for i, r in zip(cand.tolist(), pack_reasons.tolist())]))
+                                  signal=signal))
         selected = cand[pack_result.indices]
     t_packed = time.perf_counter()
 

@@ -1,11 +1,13 @@
 """Pricing the candidates: each memory element's cost in the ledger's tokens, from the
-store's stored exact count (no tokenizing), counted in one batch, or estimated.
+store's stored exact count (no tokenizing), a count kept from an earlier request, a count
+made now for the candidates the packing can select, or estimated. Pricing and packing
+run together here: which memories are counted depends on what the packer selects.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -14,6 +16,7 @@ from .. import _core
 from ..counting import boundary_allowance, compact_body_units, count_exact_batch, memory_units
 from ..formatting import _FORMAT_CODES, MEMORY_ATTRIBUTES, _price_estimated
 from ..memory import MemoryBatch, MemoryRecord, _Chain
+from ..packing import PackResult
 from ..result import (
     Pricing,
 )
@@ -28,6 +31,7 @@ from .ledger import (
     _Ledger,
     _time_left_ms,
 )
+from .memcounts import _MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
 from .trace import _PRICING_CODE
 
 
@@ -189,10 +193,45 @@ class _IdCosts:
 
 _IDS = _IdCosts(COUNT_CACHE_ENTRIES)
 _COMPACT = _FORMAT_CODES["compact"]
+#: The count cache's family key suffix for compact body units.
+_COMPACT_KEY = "\x00compact"
 _FORMAT_NAMES = {code: name for name, code in _FORMAT_CODES.items()}
 #: The verbose closing tag and the compact one: the only difference between the two
 #: renderings' body units (after a cut the built-in families always make, at ``</``).
 _CLOSE_TAGS = ("</memory>", "</m>")
+
+
+#: Rounds of pack-then-count before the last packing, over the counted candidates only (a
+#: round is one packer call, ~0.1 ms at 1,000 candidates). Measured: 1 round when the
+#: selection is cached, 2-3 when nothing is; more only where the packing keeps trying
+#: uncounted fillers for the last few tokens of room.
+COUNT_ROUNDS = 6
+#: How far below its length-based price a memory's count may turn out (a share of that
+#: price) for it still to be counted as a boundary candidate: one left out whose score
+#: per token at this share of its price would beat the selection's break density
+#: (`_break_density`) is counted before the packing is accepted.
+BOUNDARY_SHARE = 0.6
+#: Rounds that count the boundary as well as the selection; later ones count only what
+#: the packing selects (measured: the selection matches full exact pricing's in every one
+#: of 200 random candidate sets; tools/lazy_pricing.py --quality).
+BOUNDARY_ROUNDS = 2
+#: How far (a share) the tokens-per-byte ratio of what this request has counted may move
+#: from the one its length-based prices use before they are re-priced.
+RATIO_DRIFT = 0.05
+#: The share of the selection's tokens, densest first, whose end sets the density a
+#: boundary candidate is held to (`_break_density`).
+BREAK_TOKEN_SHARE = 0.9
+
+
+def _break_density(scores: npt.NDArray[np.float64], costs: npt.NDArray[np.int64]) -> float:
+    """The score per token where the selection's densest 90% of tokens end: what a
+    candidate must offer to displace one of the selection's marginal members (the last
+    small ones, which fill what room is left whatever their density, do not set it)."""
+    density = scores / np.maximum(costs, 1)
+    order = np.argsort(-density)
+    covered = np.cumsum(costs[order])
+    k = int(np.searchsorted(covered, BREAK_TOKEN_SHARE * covered[-1]))
+    return float(density[order[min(k, order.size - 1)]])
 
 
 def _memory_costs_exact(
@@ -202,52 +241,151 @@ def _memory_costs_exact(
     nonce: str,
     deadline: float | None,
     headroom_ms: float,
+    pack: Callable[[npt.NDArray[np.int64]], PackResult],
+    pinned: npt.NDArray[np.bool_] | None,
     fmt: int = 0,
     mask: int = 3,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """Each candidate's exact cost ``P + I + M + B`` (see ``ctxcore.counting``), with how it
-    was priced (`Pricing` codes) and whether it was recounted: the memory's own units from
-    the store's count, else counted in one batch when the time left allows, else
-    estimated; ``P`` once per assembly, ``M`` from the attribute shape table (the
-    attributes in `mask`). In the compact rendering (`fmt` 1) ``I`` is the dearest handle
-    of the candidates' count and the body unit is the store's count less the verbose id
-    unit, with the closing tag swapped."""
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_], PackResult]:
+    """Each candidate's cost ``P + (I + B) + M`` (see ``ctxcore.counting``), how it was
+    priced (`Pricing` codes), whether it was recounted, and the packing. In the compact
+    rendering (`fmt` 1) ``I`` is the dearest handle of the candidates' count, ``M`` has
+    the attributes in `mask`, and a memory's own unit is its compact body: the store's
+    ``I + B`` less the verbose id unit with the closing tag swapped, or counted as such.
+
+    ``I + B`` comes from the store's count, else from the count cache (a count made on an
+    earlier request), else it is counted on this one, but only where it can matter: the
+    candidates are packed with the length-based price standing in for the counts not
+    known, the selected ones without a count (and, in the first rounds, the boundary:
+    those left out that could displace a selected one if their count came out well under
+    their length price) are counted, and they are packed again, until every selected
+    candidate is priced by a count. The final packing is over exact costs for everything
+    it selects, so the context's exact count stays inside the budget; a candidate still
+    priced by its length was left out on that price (`Pricing.APPROXIMATE`). A batch that would not finish before the
+    deadline is estimated instead. ``P`` is counted once per assembly, ``M`` comes from
+    the score/source shape table."""
     allow = boundary_allowance(family)
     compact = fmt == _COMPACT
-    costs = cols.stored[cand]
-    pricing = np.full(cand.size, _PRICING_CODE[Pricing.STORED.value], dtype=np.uint8)
+    code = _PRICING_CODE
+    own = cols.stored[cand].astype(np.int64, copy=True)
+    pricing = np.full(cand.size, code[Pricing.STORED.value], dtype=np.uint8)
     recounted = np.zeros(cand.size, dtype=bool)
+    fixed = np.full(cand.size, _head_cost(family, nonce, fmt) + allow, dtype=np.int64)
     if compact:
-        have = np.flatnonzero(costs >= 0)
+        fixed += _HANDLES.most(family, max(int(cand.size), 1)) + allow
+        have = np.flatnonzero(own >= 0)
         if have.size:
             # The store's ``I + B`` less the verbose ``I``, with the closing tag swapped (a
             # cut of its own on either side: an allowance each for a registered family).
             close_v, close_c = _exact(list(_CLOSE_TAGS), family)
             ids = [cols.ids[k] for k in cand[have].tolist()]
-            costs[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
-    missing = np.flatnonzero(costs < 0)
-    if missing.size:
-        rows = cand[missing].tolist()
-        texts = [cols.texts[k] for k in rows]
-        units = compact_body_units(texts) if compact else memory_units([cols.ids[k] for k in rows], texts)
-        nbytes = sum(len(u) for u in units)
-        if nbytes <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
+            own[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
+    if mask:
+        fixed += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins,
+                               cols.origin_code[cand], mask) + allow
+    # Counts kept across requests are of the rendering's own units: a compact body unit
+    # under its own key.
+    kept_as = family if not compact else family + _COMPACT_KEY
+    missing = np.flatnonzero(own < 0)
+    if not missing.size:
+        costs = own + fixed
+        return costs, pricing, recounted, pack(costs)
+
+    rows = cand[missing].tolist()
+    ids = list(map(cols.ids.__getitem__, rows))
+    texts = list(map(cols.texts.__getitem__, rows))
+    got = _MEMORY_COUNTS.get_many(kept_as, ids, texts)
+    pending = np.zeros(cand.size, dtype=bool)
+    nbytes = np.zeros(cand.size, dtype=np.int64)
+    hit = got >= 0
+    if hit.any():
+        at = missing[hit]
+        own[at] = got[hit]
+        pricing[at] = code[Pricing.CACHED.value]
+        recounted[at] = True
+    counted_tokens = counted_bytes = 0
+    priced_at = [TOKENS_PER_BYTE.get(kept_as)]  # the ratio the length-based prices use
+    if not hit.all():
+        at = missing[~hit]
+        pending[at] = True
+        lengths = utf8_lengths([""] * len(ids) if compact else ids, texts)
+        nbytes[at] = lengths[~hit]
+        ratio = TOKENS_PER_BYTE.get(kept_as)
+        if hit.any():
+            # The kept counts of this request's own memories price the rest better than
+            # the running ratio of other requests' (whose texts may be nothing alike).
+            counted_tokens = int(got[hit].sum())
+            counted_bytes = int(lengths[hit].sum())
+            ratio = counted_tokens / max(counted_bytes, 1)
+        own[at] = rank_prices(nbytes[at], ratio)
+        pricing[at] = code[Pricing.APPROXIMATE.value]
+        priced_at[0] = ratio
+    # What this request counts is added to the cached counts above for the ratio; only
+    # what it counts itself goes into the running ratio.
+    base_tokens, base_bytes = counted_tokens, counted_bytes
+
+    def count(at: npt.NDArray[np.intp]) -> None:
+        nonlocal counted_tokens, counted_bytes
+        at = at[pending[at]]
+        if not at.size:
+            return
+        r = cand[at].tolist()
+        r_ids = list(map(cols.ids.__getitem__, r))
+        r_texts = list(map(cols.texts.__getitem__, r))
+        units = compact_body_units(r_texts) if compact else memory_units(r_ids, r_texts)
+        size = sum(map(len, units))
+        if size <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
             per_unit = count_exact_batch(units, family)
             how = Pricing.COUNTED.value
         else:
             per_unit = estimate_tokens_batch(units, family)
             how = Pricing.ESTIMATED.value
-        costs[missing] = per_unit if compact else per_unit[0::2] + per_unit[1::2]
-        pricing[missing] = _PRICING_CODE[how]
-        recounted[missing] = True
-    costs += _head_cost(family, nonce, fmt) + allow
-    if compact:
-        costs += _HANDLES.most(family, max(int(cand.size), 1)) + allow
-    if mask:
-        costs += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins,
-                               cols.origin_code[cand], mask)
-        costs += allow
-    return costs, pricing, recounted
+        n = per_unit if compact else per_unit[0::2] + per_unit[1::2]
+        own[at] = n
+        pricing[at] = code[how]
+        recounted[at] = True
+        pending[at] = False
+        if how == Pricing.COUNTED.value:
+            _MEMORY_COUNTS.put_many(kept_as, list(zip(zip(r_ids, r_texts), n.tolist())))
+            counted_tokens += int(n.sum())
+            counted_bytes += int(nbytes[at].sum())
+            # What this request has counted prices the rest better than the running ratio;
+            # re-priced only when the ratio has moved (every re-pricing moves the boundary).
+            seen = counted_tokens / max(counted_bytes, 1)
+            rest = np.flatnonzero(pending)
+            if rest.size and abs(seen - priced_at[0]) > RATIO_DRIFT * priced_at[0]:
+                own[rest] = rank_prices(nbytes[rest], seen)
+                priced_at[0] = seen
+
+    # A pinned candidate is taken while it fits, whatever its score: priced by a count
+    # from the start, so that whether it fits is never decided on its length.
+    if pinned is not None:
+        count(np.flatnonzero(pinned))
+    scores = cols.scores[cand]
+    for round_ in range(COUNT_ROUNDS):
+        costs = own + fixed
+        result = pack(costs)
+        sel = result.indices
+        new = sel[pending[sel]]
+        if sel.size and round_ < BOUNDARY_ROUNDS:
+            # The boundary: uncounted candidates left out that would be worth their place
+            # if their count came out at BOUNDARY_SHARE of their length-based price.
+            taken = sel if pinned is None else sel[~pinned[sel]]
+            if taken.size:
+                edge = np.flatnonzero(pending & (scores > 0) & (scores >= _break_density(scores[taken], costs[taken])
+                                                                 * BOUNDARY_SHARE * costs))
+                new = np.union1d(new, edge)
+        if not new.size:
+            break
+        count(new.astype(np.intp))
+    else:
+        # Still selecting uncounted memories (each round a filler or two for the room the
+        # counted ones leave, each costlier than its length said): the last packing is of
+        # the counted ones only, and the rest stay out on their length-based price.
+        # (Priced one token over the budget, so that none of them fits.)
+        result = pack(np.where(pending, max(result.budget, 0) + 1, own + fixed))
+        costs = own + fixed
+    TOKENS_PER_BYTE.update(kept_as, counted_tokens - base_tokens, counted_bytes - base_bytes)
+    return costs, pricing, recounted, result
 
 
 def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | None, str | None]]:
@@ -346,17 +484,22 @@ def price_candidates(
     nonce: str,
     deadline: float | None,
     headroom_ms: float,
+    pack: Callable[[npt.NDArray[np.int64]], PackResult],
+    pinned: npt.NDArray[np.bool_] | None = None,
     attributes: Sequence[str] = MEMORY_ATTRIBUTES,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """Each candidate's cost in the ledger's tokens, how it was priced (`Pricing` codes)
-    and whether it was recounted: exact for an exact ledger, else the estimator's; in the
-    ledger's rendering of the memory elements, with `attributes` written (the compact
-    rendering's opt-in ones; the verbose rendering writes them all)."""
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_], PackResult]:
+    """Each candidate's cost in the ledger's tokens, how it was priced (`Pricing` codes),
+    whether it was recounted, and `pack` of the costs (the packing the context takes):
+    exact for an exact ledger (counting only what the packing can select), else the
+    estimator's; in the ledger's rendering of the memory elements, with `attributes`
+    written (the compact rendering's opt-in ones; the verbose rendering writes them
+    all). `pinned` marks the pinned candidates (aligned with `cand`)."""
     fmt = ledger.format_code
     mask = 3 if fmt != _COMPACT else attribute_mask(attributes)
     if ledger.exact:
-        return _memory_costs_exact(ledger.family, cols, cand, nonce, deadline, headroom_ms, fmt, mask)
-    return _memory_costs_estimated(ledger.family, cols, mems, cand, nonce, fmt, mask)
+        return _memory_costs_exact(ledger.family, cols, cand, nonce, deadline, headroom_ms, pack, pinned, fmt, mask)
+    costs, pricing, recounted = _memory_costs_estimated(ledger.family, cols, mems, cand, nonce, fmt, mask)
+    return costs, pricing, recounted, pack(costs)
 
 
 def attribute_mask(attributes: Sequence[str]) -> int:

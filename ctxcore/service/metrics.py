@@ -4,7 +4,8 @@ One `ServiceMetrics` per server, each with its own registry, so two servers in o
 process (tests, benchmarks) never share counters. What is recorded: calls by RPC and
 status code and their latency, branch outcomes, degraded and constrained assemblies,
 which packer path ran, which wall applied, per-stage latency, the usable budget, and the
-calls in flight. Labels are closed sets (RPC names, status codes, enum values), never
+calls in flight, and the process's count cache of memories without stored counts (entries,
+hits, misses: read when scraped). Labels are closed sets (RPC names, status codes, enum values), never
 organization ids or anything a caller controls, so the series count stays bounded.
 """
 
@@ -14,7 +15,10 @@ from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from ..assembly import memory_count_cache_stats
 from ..result import STAGES
 
 __all__ = ["LATENCY_BUCKETS_S", "TIME_LEFT_BUCKETS_S", "ServiceMetrics"]
@@ -34,6 +38,29 @@ TIME_LEFT_BUCKETS_S = (
 USABLE_BUCKETS = (0, 256, 1024, 4096, 16384, 65536, 131072, 262144, 1048576)
 
 _STAGES = (*STAGES, "total")
+
+
+class _MemoryCountCacheCollector(Collector):
+    """The memory count cache's figures (`ctxcore.assembly.memory_count_cache_stats`),
+    read at scrape time. The cache is the process's: servers in one process report the
+    same figures."""
+
+    def collect(self) -> Any:
+        s = memory_count_cache_stats()
+        entries = GaugeMetricFamily("ctxcore_memory_count_cache_entries",
+                                    "Memories whose exact count the assembly keeps (no stored count).")
+        entries.add_metric([], s.entries)
+        chars = GaugeMetricFamily("ctxcore_memory_count_cache_chars",
+                                  "Characters of ids and texts the memory count cache holds.")
+        chars.add_metric([], s.chars)
+        hits = CounterMetricFamily("ctxcore_memory_count_cache_hits",
+                                   "Lookups of memories without a stored count answered from the cache.")
+        hits.add_metric([], s.hits)
+        misses = CounterMetricFamily("ctxcore_memory_count_cache_misses",
+                                     "Lookups of memories without a stored count the cache could not answer.")
+        misses.add_metric([], s.misses)
+        out: list[Metric] = [entries, chars, hits, misses]
+        return out
 
 
 class ServiceMetrics:
@@ -94,6 +121,7 @@ class ServiceMetrics:
             "deadline): its deadline less the client's, the network's and the server's accept time.",
             buckets=TIME_LEFT_BUCKETS_S, registry=r,
         )
+        r.register(_MemoryCountCacheCollector())
         self._http: Any = None
         # Each labelled child once (`labels` checks and locks on every call); the label
         # values are a few fixed sets (RPCs, codes, branches, statuses, paths, stages).
