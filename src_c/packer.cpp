@@ -1058,9 +1058,10 @@ std::vector<char> solve_pool(const Pool& pool, const PackOptions& options, PackR
 
 // ---- groups: the multiple-choice knapsack -----------------------------------------
 // With groups every pool item carries its group's compact id (Pool::group), and every
-// packing built below holds at most one item of each group. The LP bounds of the steps
-// above ignore groups; a bound on a relaxation is still a bound, so bound fixing and the
-// search's pruning stay exact, only weaker where a group holds several dense items.
+// packing built below holds at most one item of each group. Bound fixing and the upper
+// bound use the multiple-choice LP (hull_segments); the search prunes with the 0/1 LP of
+// the steps above, which ignores groups: a bound on a relaxation is still a bound, only a
+// weaker one where a group holds several dense items.
 
 Pool grouped_subset(const Pool& pool, const std::vector<char>& keep, std::int64_t capacity) {
   Pool out = subset(pool, keep, capacity);
@@ -1229,25 +1230,183 @@ std::vector<char> grouped_dp_select(const Pool& pool, std::int64_t bucket, std::
   return chosen;
 }
 
+// The LP relaxation of the multiple-choice knapsack (Sinha and Zoltners): each group's
+// members, with the empty choice at (0, 0), reduced to the upper convex hull of their
+// (tokens, score) points; the hull's edges are "segments" whose densities fall along the
+// hull, so the greedy fractional packing of all segments by density takes each group's
+// segments in order, and its value is the LP optimum. Far tighter than the 0/1 LP when a
+// group holds several dense near-copies (that LP takes them all).
+struct Segments {
+  std::vector<std::int64_t> pt;  // prefix sums of tokens over segments in density order
+  std::vector<double> pv;        // prefix sums of value
+  std::vector<std::int64_t> dt;  // each segment's tokens, density order
+  std::vector<double> dv;
+  std::vector<std::size_t> at;   // per pool item: its segment's density position, or m when it is no
+                                 // singleton (only singletons' segments are removed one at a time)
+  std::vector<std::size_t> to;    // per segment (density order): the hull vertex it ends at
+  std::vector<std::size_t> from;  // the vertex it starts at, or m for the empty choice
+
+  // The LP over every segment at capacity `cap` (>= 0).
+  double lp(std::int64_t cap) const {
+    const std::size_t s = dt.size();
+    const auto it = std::upper_bound(pt.begin(), pt.end(), cap);
+    const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
+    double bound = pv[j];
+    if (j < s) bound += dv[j] * (static_cast<double>(cap - pt[j]) / static_cast<double>(dt[j]));
+    return bound;
+  }
+  // The LP without segment k (a singleton's) at capacity `cap`: as fix_by_bounds's.
+  double lp_without(std::size_t k, std::int64_t cap) const {
+    return pt[k] < cap ? lp(cap + dt[k]) - dv[k] : lp(cap);
+  }
+};
+
+Segments hull_segments(const Pool& pool) {
+  const std::size_t m = pool.size();
+  const std::vector<std::size_t> by_t = positions_by_tokens(pool);
+  std::vector<std::uint32_t> key(m);
+  for (std::size_t k = 0; k < m; ++k) key[k] = pool.group[by_t[k]];
+  const std::vector<std::size_t> by_group = stable_order(key);
+  std::vector<std::int64_t> seg_t;
+  std::vector<double> seg_v;
+  std::vector<std::size_t> seg_item;  // the singleton item of a segment, or m
+  std::vector<std::size_t> seg_to, seg_from;
+  std::vector<std::size_t> hull;      // pool positions of the current group's hull vertices
+  for (std::size_t a = 0; a < m;) {
+    std::size_t b = a + 1;
+    while (b < m && key[by_group[b]] == key[by_group[a]]) ++b;
+    hull.clear();
+    // Members by ascending tokens; undominated_in_groups left strictly rising scores.
+    for (std::size_t k = a; k < b; ++k) {
+      const std::size_t p = by_t[by_group[k]];
+      while (!hull.empty()) {
+        const std::size_t q = hull.back();
+        const std::int64_t t0 = hull.size() > 1 ? pool.t[hull[hull.size() - 2]] : 0;
+        const double v0 = hull.size() > 1 ? pool.v[hull[hull.size() - 2]] : 0.0;
+        // q is under (or on) the chord from the vertex before it to p: not on the hull.
+        if ((pool.v[q] - v0) * static_cast<double>(pool.t[p] - t0) <=
+            (pool.v[p] - v0) * static_cast<double>(pool.t[q] - t0))
+          hull.pop_back();
+        else
+          break;
+      }
+      hull.push_back(p);
+    }
+    for (std::size_t h = 0; h < hull.size(); ++h) {
+      const std::int64_t t0 = h > 0 ? pool.t[hull[h - 1]] : 0;
+      const double v0 = h > 0 ? pool.v[hull[h - 1]] : 0.0;
+      seg_t.push_back(pool.t[hull[h]] - t0);
+      seg_v.push_back(pool.v[hull[h]] - v0);
+      seg_item.push_back(b - a == 1 ? hull[h] : m);
+      seg_to.push_back(hull[h]);
+      seg_from.push_back(h > 0 ? hull[h - 1] : m);
+    }
+    a = b;
+  }
+  std::vector<std::uint64_t> dkeys(seg_t.size());
+  for (std::size_t s = 0; s < seg_t.size(); ++s) dkeys[s] = descending_key(seg_v[s] / static_cast<double>(seg_t[s]));
+  const std::vector<std::size_t> order = stable_order_wide(dkeys);
+  Segments out;
+  const std::size_t s_count = order.size();
+  out.pt.assign(s_count + 1, 0);
+  out.pv.assign(s_count + 1, 0.0);
+  out.dt.resize(s_count);
+  out.dv.resize(s_count);
+  out.at.assign(m, m);
+  out.to.resize(s_count);
+  out.from.resize(s_count);
+  for (std::size_t k = 0; k < s_count; ++k) {
+    const std::size_t s = order[k];
+    out.to[k] = seg_to[s];
+    out.from[k] = seg_from[s];
+    out.dt[k] = seg_t[s];
+    out.dv[k] = seg_v[s];
+    out.pt[k + 1] = out.pt[k] + seg_t[s];
+    out.pv[k + 1] = out.pv[k] + seg_v[s];
+    if (seg_item[s] != m) out.at[seg_item[s]] = k;
+  }
+  return out;
+}
+
+// The multiple-choice greedy: the LP's packing without its fraction. Segments in density
+// order, each that fits moving its group's choice one hull vertex on; a group whose next
+// segment does not fit stays where it is (its later segments start from that one).
+std::vector<char> hull_greedy(const Pool& pool, const Segments& seg) {
+  const std::size_t m = pool.size();
+  std::vector<char> chosen(m, 0), blocked(pool.groups, 0);
+  std::int64_t room = pool.capacity;
+  for (std::size_t k = 0; k < seg.dt.size(); ++k) {
+    const std::uint32_t g = pool.group[seg.to[k]];
+    if (blocked[g]) continue;
+    if (seg.dt[k] > room) {
+      blocked[g] = 1;
+      continue;
+    }
+    room -= seg.dt[k];
+    if (seg.from[k] != m) chosen[seg.from[k]] = 0;
+    chosen[seg.to[k]] = 1;
+  }
+  return chosen;
+}
+
+// Bound fixing on the multiple-choice LP: an item whose value plus the LP of the rest in
+// the room it leaves cannot beat `lb` is fixed out (the LP over every group, its own
+// included, bounds the other groups' best); a singleton whose LP without it cannot beat
+// `lb` is fixed in. Members of larger groups are never fixed in here.
+Fixing fix_by_bounds_grouped(const Pool& pool, const Segments& seg, double lb) {
+  const std::size_t m = pool.size();
+  const double scale = std::max(std::abs(lb), seg.lp(pool.capacity));
+  const double tol = (1e-12 + 4e-16 * static_cast<double>(m)) * scale;
+  Fixing fx;
+  fx.state.assign(m, Fix::Free);
+  fx.residual = pool.capacity;
+  for (std::size_t p = 0; p < m; ++p) {
+    const std::int64_t rest = pool.capacity - pool.t[p];
+    const bool single = seg.at[p] != m;
+    const double with = pool.v[p] + (single ? seg.lp_without(seg.at[p], rest) : seg.lp(rest));
+    if (with < lb - tol) {
+      fx.state[p] = Fix::Out;
+    } else if (single && seg.lp_without(seg.at[p], pool.capacity) < lb - tol) {
+      fx.state[p] = Fix::In;
+      fx.residual -= pool.t[p];
+    }
+  }
+  return fx;
+}
+
 // Steps 4-6 for a pool (rank order, groups set) in which some group still has two or
 // more members after undominated_in_groups. The same plan as solve_reduced, group-aware:
-// bound fixing against the best packing in hand (two fixed-in items of one group prove
-// the packing in hand optimal; a fixed-in item's group is closed to the rest), then the
-// DP over groups on exact token counts when its table is small (the optimum), else over
-// buckets with repair and refill, swaps, and the bounded search.
+// bound fixing on the multiple-choice LP against the best packing in hand (two fixed-in
+// items of one group prove the packing in hand optimal; a fixed-in item's group is
+// closed to the rest), then the DP over groups on exact token counts when its table is
+// small (the optimum), else over buckets with repair and refill, swaps, and the bounded
+// search. The path is the DP's when the free items' bucket table fits under the ceiling.
 std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult& res, double& pool_bound) {
   const std::size_t m = red.size();
   order_by_density(red);
-  pool_bound = lp_bound(red);  // ignores the groups: a bound all the same
   const std::int64_t width = to_buckets(red.capacity, options.bucket_tokens) + 1;
-  const bool dp_path = width <= options.cell_ceiling / static_cast<std::int64_t>(m);
+  bool dp_path = width <= options.cell_ceiling / static_cast<std::int64_t>(m);
   res.path = dp_path ? PackPath::Dp : PackPath::Greedy;
-  std::vector<char> best = grouped_greedy(red);
-  grouped_refill(red, best);
-  double bar = chosen_value(red, best);
+  // The bar: the better of the item-density packing and the multiple-choice greedy, each
+  // refilled and improved by swaps (the core step's exact window does not apply: the
+  // items before it, all fixed in, may share a group).
+  order_by_tokens(red);
+  const Segments seg = hull_segments(red);
+  pool_bound = seg.lp(red.capacity);
+  std::vector<char> best;
+  double bar = -1.0;
+  for (std::vector<char> start : {grouped_greedy(red), hull_greedy(red, seg)}) {
+    grouped_refill(red, start);
+    for (int s = 0; s < kMaxSwaps && grouped_swap(red, start); ++s) grouped_refill(red, start);
+    const double value = chosen_value(red, start);
+    if (value > bar) {
+      bar = value;
+      best.swap(start);
+    }
+  }
   bool bucket_dp_done = false, fine_dp_done = false;
   for (int round = 1;; ++round) {
-    const Fixing fx = fix_by_bounds(red, bar);
+    const Fixing fx = fix_by_bounds_grouped(red, seg, bar);
     if (fx.residual < 0) {
       res.proven_optimal = true;  // the items fixed in cannot all fit: nothing beats the bar
       return best;
@@ -1284,6 +1443,12 @@ std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult
     }
     const auto ms = static_cast<std::int64_t>(sub.size());
     const std::int64_t room = sub.capacity;
+    if (round == 1 && !dp_path) {
+      // The path is decided on what the exact reductions leave, as without groups (where
+      // dominance does the reducing): the DP when the free items' table fits.
+      dp_path = to_buckets(room, options.bucket_tokens) + 1 <= options.cell_ceiling / ms;
+      res.path = dp_path ? PackPath::Dp : PackPath::Greedy;
+    }
     const std::int64_t exact_cells = std::max(options.core_cell_limit, dp_path ? options.cell_ceiling : 0);
     if (room + 1 <= exact_cells / ms) {
       // The DP over groups on exact token counts: the free items' optimum.

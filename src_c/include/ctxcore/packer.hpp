@@ -24,8 +24,9 @@
 // multiple-choice knapsack. Pinned members claim their group first; within a group, a
 // member that a lighter-or-equal, at-least-as-valuable member dominates is never needed;
 // when that leaves no group with two members the steps above run unchanged, else the
-// same steps run group-aware (the DP over groups, repair, refill, swaps and search all
-// keep one member per group; the LP bounds, which ignore groups, stay valid bounds).
+// same steps run group-aware: bound fixing on the multiple-choice LP (each group's convex
+// hull), the DP over groups, repair, refill, swaps and the search all keep one member per
+// group.
 #pragma once
 
 #include <cstddef>
