@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <unordered_map>
 
 namespace ctxcore {
 namespace {
@@ -1330,21 +1331,25 @@ Segments hull_segments(const Pool& pool) {
 
 // The multiple-choice greedy: the LP's packing without its fraction. Segments in density
 // order, each that fits moving its group's choice one hull vertex on; a group whose next
-// segment does not fit stays where it is (its later segments start from that one).
+// segment does not fit stays where it is. A segment is only taken from the vertex it
+// starts at: on (nearly) collinear hulls rounding can order a group's segments out of
+// hull order, and the group then stays where it is too.
 std::vector<char> hull_greedy(const Pool& pool, const Segments& seg) {
   const std::size_t m = pool.size();
   std::vector<char> chosen(m, 0), blocked(pool.groups, 0);
+  std::vector<std::size_t> at(pool.groups, m);  // each group's current vertex (m: none)
   std::int64_t room = pool.capacity;
   for (std::size_t k = 0; k < seg.dt.size(); ++k) {
     const std::uint32_t g = pool.group[seg.to[k]];
     if (blocked[g]) continue;
-    if (seg.dt[k] > room) {
+    if (seg.dt[k] > room || at[g] != seg.from[k]) {
       blocked[g] = 1;
       continue;
     }
     room -= seg.dt[k];
     if (seg.from[k] != m) chosen[seg.from[k]] = 0;
     chosen[seg.to[k]] = 1;
+    at[g] = seg.to[k];
   }
   return chosen;
 }
@@ -1512,17 +1517,22 @@ double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, 
                     const PackOptions& options, PackResult& res) {
   const std::size_t n = in.ids.size;
   const auto is_pinned = [&](std::size_t i) { return any_pinned && in.pinned[i] != 0; };
-  // Compact group ids: candidates in no group (-1) each get one of their own.
+  // Compact group ids, numbered in rank order (the DP's rows and the hull's ties follow
+  // them, so they must not depend on the input order): candidates in no group (-1) each
+  // get one of their own.
   std::vector<std::uint32_t> gid(n);
   std::size_t groups = 0;
   {
-    std::vector<std::uint64_t> keys(n);
-    for (std::size_t i = 0; i < n; ++i) keys[i] = static_cast<std::uint64_t>(in.groups[i] + 1);
-    const std::vector<std::size_t> by_group = stable_order(keys);
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t i = by_group[k];
-      const bool same = k > 0 && keys[i] != 0 && keys[by_group[k - 1]] == keys[i];
-      gid[i] = same ? gid[by_group[k - 1]] : static_cast<std::uint32_t>(groups++);
+    std::unordered_map<std::int64_t, std::uint32_t> ids;
+    ids.reserve(n);
+    for (std::size_t i : order) {
+      if (in.groups[i] < 0) {
+        gid[i] = static_cast<std::uint32_t>(groups++);
+        continue;
+      }
+      const auto found = ids.emplace(in.groups[i], static_cast<std::uint32_t>(groups));
+      if (found.second) ++groups;
+      gid[i] = found.first->second;
     }
   }
   std::vector<char> taken(groups, 0);
@@ -1556,6 +1566,7 @@ double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, 
   Pool pool;
   pool.capacity = room;
   pool.groups = groups;
+  bool rebased = false;
   for (std::size_t i : order) {
     const std::uint32_t g = gid[i];
     if (is_pinned(i) || taken[g] || !(in.scores[i] > base[g]) || in.tokens[i] == 0 || in.tokens[i] > room) continue;
@@ -1563,6 +1574,24 @@ double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, 
     pool.t.push_back(in.tokens[i]);
     pool.v.push_back(in.scores[i] - base[g]);
     pool.group.push_back(g);
+    rebased = rebased || base[g] > 0.0;
+  }
+  if (rebased) {
+    // The pool is in rank order, by descending value (the steps above rely on it, e.g.
+    // dominance): values less a base are re-sorted, rank order among equal values.
+    std::vector<std::uint64_t> keys(pool.size());
+    for (std::size_t p = 0; p < pool.size(); ++p) keys[p] = descending_key(pool.v[p]);
+    const std::vector<std::size_t> by_value = stable_order_wide(keys);
+    Pool sorted;
+    sorted.capacity = pool.capacity;
+    sorted.groups = pool.groups;
+    for (std::size_t p : by_value) {
+      sorted.input.push_back(pool.input[p]);
+      sorted.t.push_back(pool.t[p]);
+      sorted.v.push_back(pool.v[p]);
+      sorted.group.push_back(pool.group[p]);
+    }
+    pool = std::move(sorted);
   }
   const std::vector<char> kept = undominated_in_groups(pool);
   Pool red = grouped_subset(pool, kept, pool.capacity);

@@ -59,7 +59,10 @@ def grouped_sets(draw: st.DrawFn, max_n: int = 10) -> tuple[list[int], list[floa
     n = draw(st.integers(0, max_n))
     kinds = draw(st.integers(1, 4))
     tokens = draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
-    scores = draw(st.lists(st.floats(-1.0, 10.0, allow_nan=False).map(lambda x: round(x, 3)), min_size=n, max_size=n))
+    if draw(st.booleans()):
+        scores = draw(st.lists(st.floats(-1.0, 10.0, allow_nan=False).map(lambda x: round(x, 3)), min_size=n, max_size=n))
+    else:  # on one line through the tokens: collinear hulls, many equal densities
+        scores = [t / 100 + 0.1 for t in tokens]
     groups = draw(st.lists(st.integers(-1, kinds - 1), min_size=n, max_size=n))
     return tokens, scores, groups
 
