@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -136,6 +137,20 @@ def test_no_groups_and_all_minus_one_give_the_ungrouped_result() -> None:
         grouped = ctxcore.pack_arrays(ids, tokens, scores, budget, groups=np.full(n, -1))
         assert grouped == plain
         assert grouped.redundant == 0
+
+
+def test_threads_get_the_serial_answer_with_groups() -> None:
+    # The core runs without the GIL; the groups array must stay alive and unshared.
+    rng = np.random.default_rng(11)
+    cases = []
+    for k in range(8):
+        n = 400
+        groups = np.where(rng.random(n) < 0.5, rng.integers(0, 60, n), -1)[::-1]  # a strided view
+        cases.append(([f"t{k}-{i}" for i in range(n)], rng.integers(1, 400, n), rng.random(n), groups))
+    serial = [ctxcore.pack_arrays(ids, t, s, 12_000, groups=g) for ids, t, s, g in cases]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda c: ctxcore.pack_arrays(c[0], c[1], c[2], 12_000, groups=c[3]), cases * 3))
+    assert threaded == serial * 3
 
 
 def test_group_labels_may_be_any_integers() -> None:
