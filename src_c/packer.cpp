@@ -1398,17 +1398,12 @@ std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult
   order_by_tokens(red);
   const Segments seg = hull_segments(red);
   pool_bound = seg.lp(red.capacity);
-  std::vector<char> best;
-  double bar = -1.0;
-  for (std::vector<char> start : {grouped_greedy(red), hull_greedy(red, seg)}) {
-    grouped_refill(red, start);
-    for (int s = 0; s < kMaxSwaps && grouped_swap(red, start); ++s) grouped_refill(red, start);
-    const double value = chosen_value(red, start);
-    if (value > bar) {
-      bar = value;
-      best.swap(start);
-    }
-  }
+  std::vector<char> best = grouped_greedy(red), hull = hull_greedy(red, seg);
+  grouped_refill(red, best);
+  grouped_refill(red, hull);
+  if (chosen_value(red, hull) > chosen_value(red, best)) best.swap(hull);
+  for (int s = 0; s < kMaxSwaps && grouped_swap(red, best); ++s) grouped_refill(red, best);
+  double bar = chosen_value(red, best);
   bool bucket_dp_done = false, fine_dp_done = false;
   for (int round = 1;; ++round) {
     const Fixing fx = fix_by_bounds_grouped(red, seg, bar);
