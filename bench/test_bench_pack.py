@@ -24,7 +24,7 @@ import pytest
 
 import ctxcore
 from ctxcore.benchmarking.gates import measure
-from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp
+from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp, numpy_mckp
 from ctxcore.benchmarking.instances import memory_instance, pack_instance
 
 if TYPE_CHECKING:
@@ -163,25 +163,6 @@ def test_many_large_items_vs_exact_dp(timed: Timed, budget: int) -> None:
     )
     assert res.total_score >= 0.999 * optimum
     assert speedup >= 10.0
-
-
-def numpy_mckp(tokens: np.ndarray, scores: np.ndarray, groups: np.ndarray, budget: int) -> float:
-    """The exact optimum with at most one member per group (-1: a group of its own): a
-    row-vectorized DP over the budget, one row per group, each member read off the row
-    before the group."""
-    dp = np.zeros(budget + 1)
-    singles = np.flatnonzero(groups < 0).tolist()
-    grouped: dict[int, list[int]] = {}
-    for i in np.flatnonzero(groups >= 0).tolist():
-        grouped.setdefault(int(groups[i]), []).append(i)
-    for members in [[i] for i in singles] + list(grouped.values()):
-        row = dp.copy()
-        for i in members:
-            t, s = int(tokens[i]), float(scores[i])
-            if s > 0 and 0 < t <= budget:
-                np.maximum(row[t:], dp[:-t] + s, out=row[t:])
-        dp = row
-    return float(dp[budget])
 
 
 def grouped_instance(n: int, seed: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

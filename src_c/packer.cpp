@@ -1465,6 +1465,13 @@ std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult
       std::vector<char> chosen = grouped_dp_select(sub, options.bucket_tokens, static_cast<std::size_t>(sub_width));
       repair(sub, chosen);  // drops items only: the groups stay single
       grouped_refill(sub, chosen);
+      // And with weights rounded up (capacity down): what it picks fits, so nothing is
+      // dropped by repair, which costs most where scores track tokens (collinear hulls).
+      res.dp_cells += (room / options.bucket_tokens + 1) * ms;
+      std::vector<char> up = grouped_dp_select(sub, options.bucket_tokens,
+                                               static_cast<std::size_t>(room / options.bucket_tokens + 1), true);
+      grouped_refill(sub, up);
+      if (chosen_value(sub, up) > chosen_value(sub, chosen)) chosen.swap(up);
       if (lift(chosen)) continue;  // a higher bar fixes more: reduce again
     }
     order_by_tokens(sub);
