@@ -89,11 +89,14 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
     // bool is one byte here; reading it through unsigned char is always allowed.
     in.pinned = {reinterpret_cast<const std::uint8_t*>(v.data), v.size};
   }
-  Int64Array groups_array;
+  // Held in a plain object: a default-constructed array_t would allocate an empty array on
+  // every call, and the call without groups is the hot one.
+  py::object groups_keep;
   if (!groups.is_none()) {
-    groups_array = Int64Array::ensure(groups);
+    Int64Array groups_array = Int64Array::ensure(groups);
     if (!groups_array) throw py::type_error("groups must be a 1-D array of int64 or None");
     in.groups = view_1d(groups_array, "groups");
+    groups_keep = std::move(groups_array);
   }
   ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit, rank_tolerance};
   PackOutput out;

@@ -18,6 +18,14 @@
 namespace ctxcore {
 namespace {
 
+// The grouped path is kept out of line and marked cold: the call without groups is the hot
+// one, and its code should not be laid out around the grouped steps.
+#if defined(__GNUC__) || defined(__clang__)
+#define CTXCORE_COLD __attribute__((noinline, cold))
+#else
+#define CTXCORE_COLD
+#endif
+
 // Budgets above every possible token sum (see kMaxTokens) are clamped to this.
 constexpr std::int64_t kBudgetClamp = std::int64_t{1} << 62;
 // Bound on applied 1-for-1 swaps per call: each costs O(m log m), and after the core step
@@ -1515,7 +1523,8 @@ std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult
 // with tokens is chosen instead, so members with tokens enter the pool with their score
 // less the base's, and those not above it stay out. What is left is one multiple-choice
 // knapsack, solved by the ungrouped steps when no group keeps two members.
-double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, std::int64_t room, bool any_pinned,
+CTXCORE_COLD double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, std::int64_t room,
+                                 bool any_pinned,
                     const PackOptions& options, PackResult& res) {
   const std::size_t n = in.ids.size;
   const auto is_pinned = [&](std::size_t i) { return any_pinned && in.pinned[i] != 0; };
