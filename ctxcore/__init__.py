@@ -69,6 +69,7 @@ from .packing import (
     pack,
     pack_arrays,
 )
+from .redundancy import DEFAULT_DUPLICATE_THRESHOLD, near_duplicate_groups, normalized_text_key
 from .request import DEFAULT_POOL, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
 from .result import (
     Branch,
@@ -221,4 +222,7 @@ __all__ = [
     "formatter_overhead",
     "pack",
     "pack_arrays",
+    "DEFAULT_DUPLICATE_THRESHOLD",
+    "near_duplicate_groups",
+    "normalized_text_key",
 ]

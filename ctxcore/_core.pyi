@@ -49,6 +49,8 @@ class PackOutput:
     def free_items(self) -> int: ...
     @property
     def rank_order(self) -> bool: ...
+    @property
+    def redundant(self) -> int: ...
 
 def pack_arrays(
     ids: Sequence[str],
@@ -61,6 +63,7 @@ def pack_arrays(
     search_node_limit: int,
     core_cell_limit: int,
     rank_tolerance: float = ...,
+    groups: npt.NDArray[np.int64] | None = ...,
 ) -> PackOutput: ...
 
 MIN_NONCE_HEX_DIGITS: int

@@ -1,7 +1,9 @@
 """Packing: choose which scored candidates go into the context, inside a hard token budget.
 
 This is the pipeline stage between scoring and formatting. It is a 0/1 knapsack: maximize
-the sum of scores subject to the sum of exact token costs <= budget. The work is done by
+the sum of scores subject to the sum of exact token costs <= budget, and, given groups of
+near-duplicates (`ctxcore.near_duplicate_groups`), at most one member of each group in the
+context (a multiple-choice knapsack, solved as exactly). The work is done by
 the compiled core (``ctxcore._core``, GIL released); this module validates and converts
 input, holds the policy defaults, and wraps the result in `PackResult`, which records what
 was left out and why.
@@ -21,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core
-from .errors import invalid
+from .errors import InvalidCandidate, invalid
 
 __all__ = [
     "DEFAULT_BUCKET_TOKENS",
@@ -70,6 +72,7 @@ class Reason(enum.StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     PINNED_OVER_BUDGET = "pinned_over_budget"
     NON_POSITIVE_SCORE = "non_positive_score"
+    REDUNDANT = "redundant"  #: left out: another member of its group is selected or pinned
 
 
 # Mirrors ctxcore::Reason / ctxcore::PackPath (src_c/include/ctxcore/packer.hpp).
@@ -79,6 +82,7 @@ _REASONS = (
     Reason.BUDGET_EXHAUSTED,
     Reason.PINNED_OVER_BUDGET,
     Reason.NON_POSITIVE_SCORE,
+    Reason.REDUNDANT,
 )
 _PATHS = (PackPath.TRIVIAL, PackPath.DP, PackPath.GREEDY)
 
@@ -162,6 +166,9 @@ class PackResult:
             decision is `Reason.BUDGET_EXHAUSTED`.
         free_items: candidates still undecided after the exact reductions (dominance and
             LP-bound fixing): the size of the problem the DP, or the fallback, solved.
+        redundant: candidates left out because another member of their group is selected
+            or pinned (`Reason.REDUNDANT`); 0 without groups. They do not count as excluded
+            for budget.
     """
 
     ids: tuple[str, ...]
@@ -181,6 +188,7 @@ class PackResult:
     dominated: int = field(repr=False, default=0)
     free_items: int = field(repr=False, default=0)
     rank_order: bool = field(repr=False, default=False)
+    redundant: int = field(repr=False, default=0)
     _candidate_ids: tuple[str, ...] = field(repr=False, default=())
     _tokens: npt.NDArray[np.int64] = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
     _scores: npt.NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
@@ -211,6 +219,7 @@ class PackResult:
             "evaluated": self.evaluated,
             "selected": len(self.ids),
             "excluded_for_budget": self.excluded_for_budget,
+            "redundant": self.redundant,
             "truncated": self.truncated,
             "proven_optimal": self.proven_optimal,
             "dp_cells": self.dp_cells,
@@ -352,6 +361,39 @@ def _pinned_array(pinned: object) -> npt.NDArray[np.bool_]:
     raise invalid(f"pinned must be booleans, got an array of dtype {arr.dtype}")
 
 
+def _groups_array(arr: npt.NDArray[Any], ids: Sequence[object]) -> npt.NDArray[np.int64]:
+    """Group labels (1-D, one per id) as int64: integers >= 0 name a group, -1 is none."""
+
+    def bad(i: int, what: str) -> InvalidCandidate:
+        return invalid(f"{_name(i, ids[i])}: group {what}", i, _id_or_none(ids[i]))
+
+    kind = arr.dtype.kind
+    if arr.size == 0:
+        return np.zeros(0, np.int64)  # [] reads as float64: no label to check
+    if kind == "O":
+        out = np.empty(arr.shape[0], np.int64)
+        for i, v in enumerate(arr.tolist()):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise bad(i, f"must be an integer (-1 for none), got {type(v).__name__}")
+            label = operator.index(v)
+            if not -1 <= label < 2**63:
+                raise bad(i, f"must be >= 0, or -1 for none, and < 2**63, got {label}")
+            out[i] = label
+        return out
+    if kind == "u":
+        too_big = np.flatnonzero(arr >= 2**63)
+        if too_big.size:
+            raise bad(int(too_big[0]), f"must be < 2**63, got {arr[int(too_big[0])]}")
+        return arr.astype(np.int64)
+    if kind != "i":
+        raise invalid(f"groups must be integers (-1 for none), got an array of dtype {arr.dtype}")
+    out = arr.astype(np.int64, copy=False)
+    below = np.flatnonzero(out < -1)
+    if below.size:
+        raise bad(int(below[0]), f"must be >= 0, or -1 for none, got {out[int(below[0])]}")
+    return out
+
+
 def _id_or_none(cid: object) -> str | None:
     return cid if isinstance(cid, str) and cid else None
 
@@ -446,6 +488,7 @@ def pack_arrays(
     cell_ceiling: int = DEFAULT_CELL_CEILING,
     search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
     rank_tolerance: float = 0.0,
+    groups: npt.ArrayLike | None = None,
 ) -> PackResult:
     """Pack candidates given as parallel arrays: the fast path.
 
@@ -463,17 +506,27 @@ def pack_arrays(
             candidate that still fits) is kept unless the optimized packing's total score
             exceeds it by more than this share (``rank_order`` says which was kept); 0
             keeps the optimized packing.
+        groups: optional 1-D integers, one per candidate: candidates with the same value
+            >= 0 are near-duplicates and at most one of them is selected (-1: in no
+            group). Pinned members claim their group in emit order; the others left out
+            of a group that has a member in get `Reason.REDUNDANT`. The packing stays
+            exact and optimal or near-optimal under the constraint (a multiple-choice
+            knapsack). `near_duplicate_groups` computes such labels from texts.
 
     Returns:
         The `PackResult`; ``tokens_used <= budget`` always.
 
     Raises:
         InvalidCandidate: a bad candidate (negative tokens, non-finite score, empty or
-            duplicate id, ...) or mismatched lengths, naming the candidate.
+            duplicate id, a group below -1, ...), mismatched lengths, or arrays of the
+            wrong shape or dtype, naming the candidate or the array.
 
     >>> r = pack_arrays(["a", "b", "c"], [60, 50, 50], [6.0, 5.0, 5.0], 100)
     >>> r.ids, r.tokens_used, r.path.value
     (('b', 'c'), 100, 'dp')
+    >>> r = pack_arrays(["a", "b", "c"], [60, 50, 50], [6.0, 5.0, 5.0], 110, groups=[-1, 0, 0])
+    >>> r.ids, [d.reason.value for d in r.decisions]
+    (('a', 'b'), ['selected', 'selected', 'redundant'])
     """
     if isinstance(ids, str):
         raise invalid("ids must be a sequence of str, not a single str")
@@ -497,16 +550,23 @@ def pack_arrays(
     pin_arr = None if pinned is None else _pinned_array(pinned)
     if pin_arr is not None:
         lengths.append(pin_arr.shape[0])
+    grp_raw = None if groups is None else np.asarray(groups)
+    if grp_raw is not None:
+        if grp_raw.ndim != 1:
+            raise invalid(f"groups must be a 1-D array, got {grp_raw.ndim} dimensions")
+        lengths.append(grp_raw.shape[0])
     if len(set(lengths)) != 1:
         raise invalid(
             f"mismatched lengths: {n} ids, {lengths[1]} tokens, {lengths[2]} scores"
-            + (f", {lengths[3]} pinned flags" if pin_arr is not None else "")
+            + (f", {pin_arr.shape[0]} pinned flags" if pin_arr is not None else "")
+            + (f", {lengths[-1]} groups" if grp_raw is not None else "")
         )
     tok_arr = _tokens_array(tok_raw, id_list)
+    grp_arr = None if grp_raw is None else _groups_array(grp_raw, id_list)
 
     out = _core.pack_arrays(
         id_list, tok_arr, score_arr, pin_arr, _to_int64(budget_int), _to_int64(bucket), _to_int64(ceiling), _to_int64(node_limit),
-        CORE_CELL_LIMIT, float(rank_tolerance),
+        CORE_CELL_LIMIT, float(rank_tolerance), grp_arr,
     )
     (tokens_used, total_score, upper_bound, path, evaluated, excluded, truncated, proven, dp_cells, nodes, dominated,
      free_items) = out.summary
@@ -533,6 +593,7 @@ def pack_arrays(
         dominated=dominated,
         free_items=free_items,
         rank_order=out.rank_order,
+        redundant=out.redundant,
         _candidate_ids=out.candidate_ids,
         _tokens=_frozen(tok_arr),
         _scores=_frozen(score_arr),
@@ -547,6 +608,7 @@ def pack(
     bucket_tokens: int = DEFAULT_BUCKET_TOKENS,
     cell_ceiling: int = DEFAULT_CELL_CEILING,
     search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
+    groups: npt.ArrayLike | None = None,
 ) -> PackResult:
     """Pack candidate objects (or mappings) into ``budget`` tokens.
 
@@ -559,6 +621,8 @@ def pack(
         bucket_tokens: DP granularity in tokens.
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
+        groups: optional group labels, one per candidate in the same order (see
+            `pack_arrays`): at most one candidate of each group is selected.
 
     Returns:
         The `PackResult`.
@@ -584,4 +648,5 @@ def pack(
         bucket_tokens=bucket_tokens,
         cell_ceiling=cell_ceiling,
         search_node_limit=search_node_limit,
+        groups=groups,
     )

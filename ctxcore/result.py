@@ -70,6 +70,7 @@ class TraceReason(enum.StrEnum):
     DUPLICATE = "duplicate"
     OVER_MAX_MEMORIES = "over_max_memories"
     NON_POSITIVE_SCORE = "non_positive_score"  #: scored <= 0: it cannot raise the total
+    REDUNDANT = "redundant"  #: a near-duplicate of a memory in the context (the packer's groups)
 
 
 class Pricing(enum.StrEnum):

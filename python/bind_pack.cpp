@@ -40,7 +40,7 @@ struct PackOutput {
 PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const DoubleArray& scores,
                        const py::object& pinned, std::int64_t budget, std::int64_t bucket_tokens,
                        std::int64_t cell_ceiling, std::int64_t search_node_limit, std::int64_t core_cell_limit,
-                       double rank_tolerance) {
+                       double rank_tolerance, const py::object& groups) {
   if (!py::isinstance<py::list>(ids) && !py::isinstance<py::tuple>(ids))
     throw py::type_error("ids must be a list or tuple of str");
   // A tuple of the ids holds a reference to each: the UTF-8 buffers below belong to the
@@ -88,6 +88,15 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
     const auto v = view_1d(pinned_array, "pinned");
     // bool is one byte here; reading it through unsigned char is always allowed.
     in.pinned = {reinterpret_cast<const std::uint8_t*>(v.data), v.size};
+  }
+  // Held in a plain object: a default-constructed array_t would allocate an empty array on
+  // every call, and the call without groups is the hot one.
+  py::object groups_keep;
+  if (!groups.is_none()) {
+    Int64Array groups_array = Int64Array::ensure(groups);
+    if (!groups_array) throw py::type_error("groups must be a 1-D array of int64 or None");
+    in.groups = view_1d(groups_array, "groups");
+    groups_keep = std::move(groups_array);
   }
   ctxcore::PackOptions opt{bucket_tokens, cell_ceiling, search_node_limit, core_cell_limit, rank_tolerance};
   PackOutput out;
@@ -156,11 +165,12 @@ void register_pack(py::module_& m) {
       .def_property_readonly("search_nodes", [](const PackOutput& o) { return o.r.search_nodes; })
       .def_property_readonly("dominated", [](const PackOutput& o) { return o.r.dominated; })
       .def_property_readonly("free_items", [](const PackOutput& o) { return o.r.free_items; })
-      .def_property_readonly("rank_order", [](const PackOutput& o) { return o.r.rank_order; });
+      .def_property_readonly("rank_order", [](const PackOutput& o) { return o.r.rank_order; })
+      .def_property_readonly("redundant", [](const PackOutput& o) { return o.r.redundant; });
 
   m.def("pack_arrays", &pack_arrays, py::arg("ids"), py::arg("tokens"), py::arg("scores"), py::arg("pinned"),
         py::arg("budget"), py::arg("bucket_tokens"), py::arg("cell_ceiling"), py::arg("search_node_limit"),
-        py::arg("core_cell_limit"), py::arg("rank_tolerance") = 0.0,
+        py::arg("core_cell_limit"), py::arg("rank_tolerance") = 0.0, py::arg("groups") = py::none(),
         "Pack validated arrays. Private: call ctxcore.pack_arrays.");
 }
 

@@ -13,9 +13,18 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <unordered_map>
 
 namespace ctxcore {
 namespace {
+
+// The grouped path is kept out of line and marked cold: the call without groups is the hot
+// one, and its code should not be laid out around the grouped steps.
+#if defined(__GNUC__) || defined(__clang__)
+#define CTXCORE_COLD __attribute__((noinline, cold))
+#else
+#define CTXCORE_COLD
+#endif
 
 // Budgets above every possible token sum (see kMaxTokens) are clamped to this.
 constexpr std::int64_t kBudgetClamp = std::int64_t{1} << 62;
@@ -89,11 +98,13 @@ std::uint64_t id_hash(std::string_view id) {
 
 void validate_candidates(const PackInput& in) {
   const std::size_t n = in.ids.size;
-  if (in.tokens.size != n || in.scores.size != n || (in.pinned.size != 0 && in.pinned.size != n)) {
+  if (in.tokens.size != n || in.scores.size != n || (in.pinned.size != 0 && in.pinned.size != n) ||
+      (in.groups.size != 0 && in.groups.size != n)) {
     throw InvalidCandidate("mismatched lengths: " + std::to_string(n) + " ids, " +
                                std::to_string(in.tokens.size) + " tokens, " +
                                std::to_string(in.scores.size) + " scores, " +
-                               std::to_string(in.pinned.size) + " pinned flags",
+                               std::to_string(in.pinned.size) + " pinned flags" +
+                               (in.groups.size != 0 ? ", " + std::to_string(in.groups.size) + " groups" : ""),
                            -1, "");
   }
   if (n > kMaxCandidates) {
@@ -113,6 +124,8 @@ void validate_candidates(const PackInput& in) {
       if (!std::isfinite(positive_sum)) fail(in, i, "scores are so large that their sum overflows");
     }
   }
+  for (std::size_t i = 0; i < in.groups.size; ++i)
+    if (in.groups[i] < -1) fail(in, i, "group must be >= 0, or -1 for none, got " + std::to_string(in.groups[i]));
   // Duplicate ids: an open-addressing table of input positions, O(n) expected.
   static_assert(kMaxCandidates < std::numeric_limits<std::uint32_t>::max(), "positions fit in 32 bits");
   std::size_t slots = 16;
@@ -241,6 +254,9 @@ struct Pool {
   std::vector<double> v;
   std::vector<std::size_t> by_density;  // pool positions, score/token descending, rank ties
   std::vector<std::size_t> by_tokens;   // pool positions, tokens ascending, rank ties
+  // Grouped packing only (else empty): each item's group, a compact id below `groups`.
+  std::vector<std::uint32_t> group;
+  std::size_t groups = 0;
   std::int64_t capacity = 0;
 
   std::size_t size() const { return t.size(); }
@@ -741,7 +757,11 @@ struct SearchOutcome {
   std::int64_t nodes = 0;
 };
 
-SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std::int64_t limit, double floor) {
+// Grouped (kGrouped): an item is only taken while no other member of its group is, and
+// the "everything left fits" shortcut is off (taking everything would break a group); the
+// bound, which ignores groups, still bounds every packing below a node.
+template <bool kGrouped>
+SearchOutcome search(const Pool& pool, std::vector<char>& chosen, std::int64_t limit, double floor) {
   SearchOutcome out;
   const std::size_t m = pool.size();
   if (limit <= 0 || m == 0) {
@@ -750,10 +770,13 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
   }
   std::vector<std::int64_t> dt(m), pt(m + 1, 0);
   std::vector<double> dv(m), pv(m + 1, 0.0);
+  std::vector<std::uint32_t> dg(kGrouped ? m : 0);
+  std::vector<char> used(kGrouped ? pool.groups : 0, 0);  // group holds a taken item
   for (std::size_t k = 0; k < m; ++k) {
     const std::size_t p = pool.by_density[k];
     dt[k] = pool.t[p];
     dv[k] = pool.v[p];
+    if constexpr (kGrouped) dg[k] = pool.group[p];
     pt[k + 1] = pt[k] + dt[k];
     pv[k + 1] = pv[k] + dv[k];
   }
@@ -818,7 +841,7 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
         stack.pop_back();
         continue;
       }
-      if (pt[m] - pt[f.k] <= f.cap) {  // everything left fits: this subtree's best leaf
+      if (!kGrouped && pt[m] - pt[f.k] <= f.cap) {  // everything left fits: this subtree's best leaf
         const double all = f.val + (pv[m] - pv[f.k]);
         if (all > best + tol) record(f.k, all, true);
         stack.pop_back();
@@ -829,14 +852,19 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
         continue;
       }
       stack.back().stage = 1;
-      if (dt[f.k] <= f.cap) {
+      bool open = dt[f.k] <= f.cap;
+      if constexpr (kGrouped) open = open && !used[dg[f.k]];
+      if (open) {
         x[f.k] = 1;
+        if constexpr (kGrouped) used[dg[f.k]] = 1;
         stack.push_back({f.k + 1, f.cap - dt[f.k], f.val + dv[f.k], 0});
         continue;
       }
     }
     Frame& g = stack.back();
     if (g.stage == 1) {
+      if constexpr (kGrouped)
+        if (x[g.k]) used[dg[g.k]] = 0;
       x[g.k] = 0;
       g.stage = 2;
       const Frame child{g.k + 1, g.cap, g.val, 0};
@@ -851,6 +879,10 @@ SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std:
       if (best_x[k]) chosen[pool.by_density[k]] = 1;
   }
   return out;
+}
+
+SearchOutcome branch_and_bound(const Pool& pool, std::vector<char>& chosen, std::int64_t limit, double floor) {
+  return search<false>(pool, chosen, limit, floor);
 }
 
 // Steps 4-6 on the pool that dominance leaves, whose tokens exceed its capacity (density
@@ -982,6 +1014,657 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
   }
 }
 
+// Steps 3-6 on a pool of non-pinned, positive, 0 < tokens <= capacity items in rank order
+// (no groups): the exact reductions, then the DP or the fallback, then repair, refill
+// and improvement. Returns the packing (pool positions), sets `pool_bound` to the LP bound
+// on the pool's optimum and fills the record's path, dp_cells, search_nodes, dominated,
+// free_items and proven_optimal.
+std::vector<char> solve_pool(const Pool& pool, const PackOptions& options, PackResult& res, double& pool_bound) {
+  std::vector<char> chosen(pool.size(), 1);
+  pool_bound = std::accumulate(pool.v.begin(), pool.v.end(), 0.0);  // when everything fits
+  if (std::accumulate(pool.t.begin(), pool.t.end(), std::int64_t{0}) <= pool.capacity) {
+    res.path = PackPath::Trivial;
+    res.proven_optimal = true;
+    return chosen;
+  }
+  // Step 3: exact reductions. Dominated items are left out for good: never needed.
+  const std::vector<char> dominated = dominated_items(pool);
+  std::vector<char> kept(pool.size());
+  for (std::size_t p = 0; p < pool.size(); ++p) kept[p] = static_cast<char>(!dominated[p]);
+  Pool red = subset(pool, kept, pool.capacity);
+  res.dominated += static_cast<std::int64_t>(pool.size() - red.size());
+  // Step 4's decision, on the reduced set: the DP while its table stays under the ceiling.
+  const std::int64_t width = to_buckets(red.capacity, options.bucket_tokens) + 1;
+  const bool dp = width <= options.cell_ceiling / static_cast<std::int64_t>(std::max<std::size_t>(1, red.size()));
+  res.path = dp ? PackPath::Dp : PackPath::Greedy;
+  std::vector<char> best(red.size(), 1);
+  if (std::accumulate(red.t.begin(), red.t.end(), std::int64_t{0}) <= red.capacity) {
+    res.proven_optimal = true;  // what dominance leaves fits whole: that is an optimum
+    pool_bound = std::accumulate(red.v.begin(), red.v.end(), 0.0);
+  } else {
+    order_by_density(red);
+    pool_bound = lp_bound(red);
+    solve_reduced(red, options, best, res);
+    refill(red, best);  // a no-op on an optimum; keeps every packing maximal
+  }
+  // Back to pool positions; then, so that nothing left out still fits, dominated items
+  // into any room left (only possible when the packing was not proven optimal).
+  std::fill(chosen.begin(), chosen.end(), char{0});
+  std::int64_t used = 0;
+  for (std::size_t p = 0, q = 0; p < pool.size(); ++p) {
+    if (!kept[p]) continue;
+    chosen[p] = best[q++];
+    if (chosen[p]) used += pool.t[p];
+  }
+  for (std::size_t p = 0; p < pool.size(); ++p) {
+    if (!kept[p] && pool.t[p] <= pool.capacity - used) {
+      chosen[p] = 1;
+      used += pool.t[p];
+    }
+  }
+  return chosen;
+}
+
+// ---- groups: the multiple-choice knapsack -----------------------------------------
+// With groups every pool item carries its group's compact id (Pool::group), and every
+// packing built below holds at most one item of each group. Bound fixing and the upper
+// bound use the multiple-choice LP (hull_segments); the search prunes with the 0/1 LP of
+// the steps above, which ignores groups: a bound on a relaxation is still a bound, only a
+// weaker one where a group holds several dense items.
+
+Pool grouped_subset(const Pool& pool, const std::vector<char>& keep, std::int64_t capacity) {
+  Pool out = subset(pool, keep, capacity);
+  out.groups = pool.groups;
+  out.group.reserve(out.size());
+  for (std::size_t p = 0; p < pool.size(); ++p)
+    if (keep[p]) out.group.push_back(pool.group[p]);
+  return out;
+}
+
+std::vector<char> taken_groups(const Pool& pool, const std::vector<char>& chosen) {
+  std::vector<char> taken(pool.groups, 0);
+  for (std::size_t p = 0; p < pool.size(); ++p)
+    if (chosen[p]) taken[pool.group[p]] = 1;
+  return taken;
+}
+
+// Within a group, an item preceded in (tokens ascending, rank) order by a member of at
+// least its score is never needed: swapping it for that member keeps the group's one
+// item, needs no more room and loses no value. Marks the items kept.
+std::vector<char> undominated_in_groups(const Pool& pool) {
+  const std::size_t m = pool.size();
+  const std::vector<std::size_t> by_t = positions_by_tokens(pool);
+  std::vector<std::uint32_t> key(m);
+  for (std::size_t k = 0; k < m; ++k) key[k] = pool.group[by_t[k]];
+  const std::vector<std::size_t> by_group = stable_order(key);  // positions in by_t
+  std::vector<char> keep(m, 0);
+  double best = 0.0;
+  for (std::size_t k = 0; k < m; ++k) {
+    const std::size_t p = by_t[by_group[k]];
+    if (k == 0 || key[by_group[k]] != key[by_group[k - 1]]) best = 0.0;  // a new group (scores are > 0)
+    if (pool.v[p] > best) {
+      keep[p] = 1;
+      best = pool.v[p];
+    }
+  }
+  return keep;
+}
+
+// Value-density greedy that skips items whose group is taken, against the most valuable
+// single item (the same 1/2-approximation guard as greedy_select).
+std::vector<char> grouped_greedy(const Pool& pool) {
+  std::vector<char> chosen(pool.size(), 0), taken(pool.groups, 0);
+  std::int64_t room = pool.capacity;
+  double value = 0.0;
+  for (std::size_t p : pool.by_density) {
+    if (pool.t[p] <= room && !taken[pool.group[p]]) {
+      chosen[p] = 1;
+      taken[pool.group[p]] = 1;
+      room -= pool.t[p];
+      value += pool.v[p];
+    }
+  }
+  std::size_t best_single = 0;
+  for (std::size_t p = 1; p < pool.size(); ++p)
+    if (pool.v[p] > pool.v[best_single]) best_single = p;
+  if (pool.size() > 0 && pool.v[best_single] > value) {
+    std::fill(chosen.begin(), chosen.end(), 0);
+    chosen[best_single] = 1;
+  }
+  return chosen;
+}
+
+void grouped_refill(const Pool& pool, std::vector<char>& chosen) {
+  std::vector<char> taken = taken_groups(pool, chosen);
+  std::int64_t room = pool.capacity - chosen_tokens(pool, chosen);
+  for (std::size_t p : pool.by_density) {
+    if (!chosen[p] && pool.t[p] <= room && !taken[pool.group[p]]) {
+      chosen[p] = 1;
+      taken[pool.group[p]] = 1;
+      room -= pool.t[p];
+    }
+  }
+}
+
+// Best 1-for-1 swap that keeps one item per group: for each chosen item, the most valuable
+// unchosen item that fits in its tokens plus the slack, among the items of untaken groups
+// (a prefix maximum over them by tokens) and the other members of its own group.
+bool grouped_swap(const Pool& pool, std::vector<char>& chosen) {
+  const std::size_t none = pool.size();
+  const std::int64_t slack = pool.capacity - chosen_tokens(pool, chosen);
+  std::vector<std::size_t> holder(pool.groups, none);  // the chosen item of each group
+  for (std::size_t p = 0; p < pool.size(); ++p)
+    if (chosen[p]) holder[pool.group[p]] = p;
+  std::vector<std::size_t> out;  // unchosen, of untaken groups, ascending tokens
+  for (std::size_t p : pool.by_tokens)
+    if (holder[pool.group[p]] == none) out.push_back(p);
+  std::vector<std::size_t> best_upto(out.size());
+  for (std::size_t k = 0; k < out.size(); ++k)
+    best_upto[k] = (k == 0 || pool.v[out[k]] > pool.v[best_upto[k - 1]]) ? out[k] : best_upto[k - 1];
+  double best_gain = 0.0;
+  std::size_t drop = none, add = none;
+  auto consider = [&](std::size_t p, std::size_t q) {
+    const double gain = pool.v[q] - pool.v[p];
+    if (gain > best_gain) {
+      best_gain = gain;
+      drop = p;
+      add = q;
+    }
+  };
+  for (std::size_t p = 0; p < pool.size(); ++p) {
+    if (!chosen[p]) continue;
+    const std::int64_t limit = pool.t[p] + slack;
+    auto end = std::upper_bound(out.begin(), out.end(), limit,
+                                [&](std::int64_t lim, std::size_t q) { return lim < pool.t[q]; });
+    if (end != out.begin()) consider(p, best_upto[static_cast<std::size_t>(end - out.begin()) - 1]);
+  }
+  for (std::size_t q = 0; q < pool.size(); ++q) {  // within a taken group: trade its item
+    const std::size_t p = holder[pool.group[q]];
+    if (p != none && p != q && pool.t[q] <= pool.t[p] + slack) consider(p, q);
+  }
+  if (drop == none) return false;
+  chosen[drop] = 0;
+  chosen[add] = 1;
+  return true;
+}
+
+// The DP over groups (the multiple-choice knapsack): one row per group, each capacity
+// the best of taking none of the group and of each member on the row before the group.
+// Weights in buckets as dp_select's (nearest, at least one; or rounded up with
+// `round_up`, the caller rounding the capacity down). The choice table holds the member
+// taken (1-based within the group, 0 for none) per group and capacity.
+std::vector<char> grouped_dp_select(const Pool& pool, std::int64_t bucket, std::size_t width, bool round_up = false) {
+  const std::size_t m = pool.size();
+  const std::size_t cap = width - 1;
+  std::vector<std::size_t> weight(m);
+  for (std::size_t i = 0; i < m; ++i)
+    weight[i] = static_cast<std::size_t>(
+        std::min<std::int64_t>(static_cast<std::int64_t>(width),
+                               std::max<std::int64_t>(1, round_up ? (pool.t[i] - 1) / bucket + 1 : to_buckets(pool.t[i], bucket))));
+  const std::vector<std::size_t> members = stable_order(pool.group);  // grouped, rank order within
+  std::vector<std::size_t> starts;
+  for (std::size_t k = 0; k < m; ++k)
+    if (k == 0 || pool.group[members[k]] != pool.group[members[k - 1]]) starts.push_back(k);
+  starts.push_back(m);
+  const std::size_t rows = starts.size() - 1;
+  std::vector<std::uint32_t> choice(rows * width, 0);
+  std::vector<double> prev(width, 0.0), cur(width, 0.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::copy(prev.begin(), prev.end(), cur.begin());
+    std::uint32_t* ch = choice.data() + r * width;
+    for (std::size_t k = starts[r]; k < starts[r + 1]; ++k) {
+      const std::size_t wi = weight[members[k]];
+      if (wi > cap) continue;
+      const double vi = pool.v[members[k]];
+      const auto tag = static_cast<std::uint32_t>(k - starts[r] + 1);
+      for (std::size_t w = wi; w <= cap; ++w) {
+        const double c = prev[w - wi] + vi;
+        if (c > cur[w]) {
+          cur[w] = c;
+          ch[w] = tag;
+        }
+      }
+    }
+    std::swap(prev, cur);
+  }
+  std::vector<char> chosen(m, 0);
+  std::size_t w = cap;
+  for (std::size_t r = rows; r-- > 0;) {
+    const std::uint32_t tag = choice[r * width + w];
+    if (tag == 0) continue;
+    const std::size_t p = members[starts[r] + tag - 1];
+    chosen[p] = 1;
+    w -= weight[p];
+  }
+  return chosen;
+}
+
+// The LP relaxation of the multiple-choice knapsack (Sinha and Zoltners): each group's
+// members, with the empty choice at (0, 0), reduced to the upper convex hull of their
+// (tokens, score) points; the hull's edges are "segments" whose densities fall along the
+// hull, so the greedy fractional packing of all segments by density takes each group's
+// segments in order, and its value is the LP optimum. Far tighter than the 0/1 LP when a
+// group holds several dense near-copies (that LP takes them all).
+struct Segments {
+  std::vector<std::int64_t> pt;  // prefix sums of tokens over segments in density order
+  std::vector<double> pv;        // prefix sums of value
+  std::vector<std::int64_t> dt;  // each segment's tokens, density order
+  std::vector<double> dv;
+  std::vector<std::size_t> at;   // per pool item: its segment's density position, or m when it is no
+                                 // singleton (only singletons' segments are removed one at a time)
+  std::vector<std::size_t> to;    // per segment (density order): the hull vertex it ends at
+  std::vector<std::size_t> from;  // the vertex it starts at, or m for the empty choice
+
+  // The LP over every segment at capacity `cap` (>= 0).
+  double lp(std::int64_t cap) const {
+    const std::size_t s = dt.size();
+    const auto it = std::upper_bound(pt.begin(), pt.end(), cap);
+    const std::size_t j = static_cast<std::size_t>(it - pt.begin()) - 1;
+    double bound = pv[j];
+    if (j < s) bound += dv[j] * (static_cast<double>(cap - pt[j]) / static_cast<double>(dt[j]));
+    return bound;
+  }
+  // The LP without segment k (a singleton's) at capacity `cap`: as fix_by_bounds's.
+  double lp_without(std::size_t k, std::int64_t cap) const {
+    return pt[k] < cap ? lp(cap + dt[k]) - dv[k] : lp(cap);
+  }
+};
+
+Segments hull_segments(const Pool& pool) {
+  const std::size_t m = pool.size();
+  const std::vector<std::size_t> by_t = positions_by_tokens(pool);
+  std::vector<std::uint32_t> key(m);
+  for (std::size_t k = 0; k < m; ++k) key[k] = pool.group[by_t[k]];
+  const std::vector<std::size_t> by_group = stable_order(key);
+  std::vector<std::int64_t> seg_t;
+  std::vector<double> seg_v;
+  std::vector<std::size_t> seg_item;  // the singleton item of a segment, or m
+  std::vector<std::size_t> seg_to, seg_from;
+  std::vector<std::size_t> hull;      // pool positions of the current group's hull vertices
+  for (std::size_t a = 0; a < m;) {
+    std::size_t b = a + 1;
+    while (b < m && key[by_group[b]] == key[by_group[a]]) ++b;
+    hull.clear();
+    // Members by ascending tokens; undominated_in_groups left strictly rising scores.
+    for (std::size_t k = a; k < b; ++k) {
+      const std::size_t p = by_t[by_group[k]];
+      while (!hull.empty()) {
+        const std::size_t q = hull.back();
+        const std::int64_t t0 = hull.size() > 1 ? pool.t[hull[hull.size() - 2]] : 0;
+        const double v0 = hull.size() > 1 ? pool.v[hull[hull.size() - 2]] : 0.0;
+        // q is under (or on) the chord from the vertex before it to p: not on the hull.
+        if ((pool.v[q] - v0) * static_cast<double>(pool.t[p] - t0) <=
+            (pool.v[p] - v0) * static_cast<double>(pool.t[q] - t0))
+          hull.pop_back();
+        else
+          break;
+      }
+      hull.push_back(p);
+    }
+    for (std::size_t h = 0; h < hull.size(); ++h) {
+      const std::int64_t t0 = h > 0 ? pool.t[hull[h - 1]] : 0;
+      const double v0 = h > 0 ? pool.v[hull[h - 1]] : 0.0;
+      seg_t.push_back(pool.t[hull[h]] - t0);
+      seg_v.push_back(pool.v[hull[h]] - v0);
+      seg_item.push_back(b - a == 1 ? hull[h] : m);
+      seg_to.push_back(hull[h]);
+      seg_from.push_back(h > 0 ? hull[h - 1] : m);
+    }
+    a = b;
+  }
+  std::vector<std::uint64_t> dkeys(seg_t.size());
+  for (std::size_t s = 0; s < seg_t.size(); ++s) dkeys[s] = descending_key(seg_v[s] / static_cast<double>(seg_t[s]));
+  const std::vector<std::size_t> order = stable_order_wide(dkeys);
+  Segments out;
+  const std::size_t s_count = order.size();
+  out.pt.assign(s_count + 1, 0);
+  out.pv.assign(s_count + 1, 0.0);
+  out.dt.resize(s_count);
+  out.dv.resize(s_count);
+  out.at.assign(m, m);
+  out.to.resize(s_count);
+  out.from.resize(s_count);
+  for (std::size_t k = 0; k < s_count; ++k) {
+    const std::size_t s = order[k];
+    out.to[k] = seg_to[s];
+    out.from[k] = seg_from[s];
+    out.dt[k] = seg_t[s];
+    out.dv[k] = seg_v[s];
+    out.pt[k + 1] = out.pt[k] + seg_t[s];
+    out.pv[k + 1] = out.pv[k] + seg_v[s];
+    if (seg_item[s] != m) out.at[seg_item[s]] = k;
+  }
+  return out;
+}
+
+// The multiple-choice greedy: the LP's packing without its fraction. Segments in density
+// order, each that fits moving its group's choice one hull vertex on; a group whose next
+// segment does not fit stays where it is. A segment is only taken from the vertex it
+// starts at: on (nearly) collinear hulls rounding can order a group's segments out of
+// hull order, and the group then stays where it is too.
+std::vector<char> hull_greedy(const Pool& pool, const Segments& seg) {
+  const std::size_t m = pool.size();
+  std::vector<char> chosen(m, 0), blocked(pool.groups, 0);
+  std::vector<std::size_t> at(pool.groups, m);  // each group's current vertex (m: none)
+  std::int64_t room = pool.capacity;
+  for (std::size_t k = 0; k < seg.dt.size(); ++k) {
+    const std::uint32_t g = pool.group[seg.to[k]];
+    if (blocked[g]) continue;
+    if (seg.dt[k] > room || at[g] != seg.from[k]) {
+      blocked[g] = 1;
+      continue;
+    }
+    room -= seg.dt[k];
+    if (seg.from[k] != m) chosen[seg.from[k]] = 0;
+    chosen[seg.to[k]] = 1;
+    at[g] = seg.to[k];
+  }
+  return chosen;
+}
+
+// Bound fixing on the multiple-choice LP: an item whose value plus the LP of the rest in
+// the room it leaves cannot beat `lb` is fixed out (the LP over every group, its own
+// included, bounds the other groups' best); a singleton whose LP without it cannot beat
+// `lb` is fixed in. Members of larger groups are never fixed in here.
+Fixing fix_by_bounds_grouped(const Pool& pool, const Segments& seg, double lb) {
+  const std::size_t m = pool.size();
+  const double scale = std::max(std::abs(lb), seg.lp(pool.capacity));
+  const double tol = (1e-12 + 4e-16 * static_cast<double>(m)) * scale;
+  Fixing fx;
+  fx.state.assign(m, Fix::Free);
+  fx.residual = pool.capacity;
+  for (std::size_t p = 0; p < m; ++p) {
+    const std::int64_t rest = pool.capacity - pool.t[p];
+    const bool single = seg.at[p] != m;
+    const double with = pool.v[p] + (single ? seg.lp_without(seg.at[p], rest) : seg.lp(rest));
+    if (with < lb - tol) {
+      fx.state[p] = Fix::Out;
+    } else if (single && seg.lp_without(seg.at[p], pool.capacity) < lb - tol) {
+      fx.state[p] = Fix::In;
+      fx.residual -= pool.t[p];
+    }
+  }
+  return fx;
+}
+
+// Steps 4-6 for a pool (rank order, groups set) in which some group still has two or
+// more members after undominated_in_groups. The same plan as solve_reduced, group-aware:
+// bound fixing on the multiple-choice LP against the best packing in hand (two fixed-in
+// items of one group prove the packing in hand optimal; a fixed-in item's group is
+// closed to the rest), then the DP over groups on exact token counts when its table is
+// small (the optimum), else over buckets with repair and refill, swaps, and the bounded
+// search. The path is the DP's when the free items' bucket table fits under the ceiling.
+std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult& res, double& pool_bound) {
+  const std::size_t m = red.size();
+  order_by_density(red);
+  const std::int64_t width = to_buckets(red.capacity, options.bucket_tokens) + 1;
+  bool dp_path = width <= options.cell_ceiling / static_cast<std::int64_t>(m);
+  res.path = dp_path ? PackPath::Dp : PackPath::Greedy;
+  // The bar: the better of the item-density packing and the multiple-choice greedy, each
+  // refilled and improved by swaps (the core step's exact window does not apply: the
+  // items before it, all fixed in, may share a group).
+  order_by_tokens(red);
+  const Segments seg = hull_segments(red);
+  pool_bound = seg.lp(red.capacity);
+  std::vector<char> best = grouped_greedy(red), hull = hull_greedy(red, seg);
+  grouped_refill(red, best);
+  grouped_refill(red, hull);
+  if (chosen_value(red, hull) > chosen_value(red, best)) best.swap(hull);
+  for (int s = 0; s < kMaxSwaps && grouped_swap(red, best); ++s) grouped_refill(red, best);
+  double bar = chosen_value(red, best);
+  bool bucket_dp_done = false, fine_dp_done = false;
+  for (int round = 1;; ++round) {
+    const Fixing fx = fix_by_bounds_grouped(red, seg, bar);
+    if (fx.residual < 0) {
+      res.proven_optimal = true;  // the items fixed in cannot all fit: nothing beats the bar
+      return best;
+    }
+    std::vector<char> fixed(m, 0), free_mask(m, 0), closed(red.groups, 0);
+    for (std::size_t p = 0; p < m; ++p) {
+      if (fx.state[p] != Fix::In) continue;
+      if (closed[red.group[p]]) {
+        res.proven_optimal = true;  // a better packing would hold two items of one group
+        return best;
+      }
+      closed[red.group[p]] = 1;
+      fixed[p] = 1;
+    }
+    for (std::size_t p = 0; p < m; ++p)
+      if (fx.state[p] == Fix::Free && red.t[p] <= fx.residual && !closed[red.group[p]]) free_mask[p] = 1;
+    Pool sub = grouped_subset(red, free_mask, fx.residual);
+    res.free_items = static_cast<std::int64_t>(sub.size());
+    const double fixed_value = chosen_value(red, fixed);
+    auto lift = [&](const std::vector<char>& sub_chosen) {
+      std::vector<char> cand = fixed;
+      for (std::size_t p = 0, q = 0; p < m; ++p)
+        if (free_mask[p]) cand[p] = sub_chosen[q++];
+      const double value = chosen_value(red, cand);
+      if (!(value > bar)) return false;
+      best.swap(cand);
+      bar = value;
+      return true;
+    };
+    if (sub.size() == 0) {
+      lift({});
+      res.proven_optimal = true;
+      return best;
+    }
+    const auto ms = static_cast<std::int64_t>(sub.size());
+    const std::int64_t room = sub.capacity;
+    if (round == 1 && !dp_path) {
+      // The path is decided on what the exact reductions leave, as without groups (where
+      // dominance does the reducing): the DP when the free items' table fits.
+      dp_path = to_buckets(room, options.bucket_tokens) + 1 <= options.cell_ceiling / ms;
+      res.path = dp_path ? PackPath::Dp : PackPath::Greedy;
+    }
+    const std::int64_t exact_cells = std::max(options.core_cell_limit, dp_path ? options.cell_ceiling : 0);
+    if (room + 1 <= exact_cells / ms) {
+      // The DP over groups on exact token counts: the free items' optimum.
+      if (dp_path) res.dp_cells += (room + 1) * ms;
+      lift(grouped_dp_select(sub, 1, static_cast<std::size_t>(room + 1)));
+      res.proven_optimal = true;
+      return best;
+    }
+    order_by_density(sub);
+    if (dp_path && !bucket_dp_done) {
+      bucket_dp_done = true;
+      const std::int64_t sub_width = to_buckets(room, options.bucket_tokens) + 1;
+      res.dp_cells += sub_width * ms;
+      std::vector<char> chosen = grouped_dp_select(sub, options.bucket_tokens, static_cast<std::size_t>(sub_width));
+      repair(sub, chosen);  // drops items only: the groups stay single
+      grouped_refill(sub, chosen);
+      // And with weights rounded up (capacity down): what it picks fits, so nothing is
+      // dropped by repair, which costs most where scores track tokens (collinear hulls).
+      res.dp_cells += (room / options.bucket_tokens + 1) * ms;
+      std::vector<char> up = grouped_dp_select(sub, options.bucket_tokens,
+                                               static_cast<std::size_t>(room / options.bucket_tokens + 1), true);
+      grouped_refill(sub, up);
+      if (chosen_value(sub, up) > chosen_value(sub, chosen)) chosen.swap(up);
+      if (lift(chosen)) continue;  // a higher bar fixes more: reduce again
+    }
+    order_by_tokens(sub);
+    bool consistent = true;
+    for (std::size_t p = 0; p < m && consistent; ++p) consistent = free_mask[p] || best[p] == fixed[p];
+    std::vector<char> chosen;
+    if (consistent) {
+      for (std::size_t p = 0; p < m; ++p)
+        if (free_mask[p]) chosen.push_back(best[p]);
+    } else {
+      chosen = grouped_greedy(sub);
+      grouped_refill(sub, chosen);
+    }
+    const std::int64_t per_item = options.core_cell_limit / ms;
+    if (!fine_dp_done && per_item >= 2) {
+      fine_dp_done = true;
+      const std::int64_t bucket = room / (per_item - 1) + 1;
+      if (!dp_path || bucket < options.bucket_tokens) {
+        std::vector<char> fine =
+            grouped_dp_select(sub, bucket, static_cast<std::size_t>(room / bucket + 1), /*round_up=*/true);
+        grouped_refill(sub, fine);
+        if (chosen_value(sub, fine) > chosen_value(sub, chosen)) chosen.swap(fine);
+      }
+    }
+    for (int s = 0; s < kMaxSwaps && grouped_swap(sub, chosen); ++s) grouped_refill(sub, chosen);
+    if (lift(chosen) && round < kMaxFixRounds) continue;  // a higher bar: fix again
+    const SearchOutcome outcome = search<true>(sub, chosen, options.search_node_limit, bar - fixed_value);
+    res.search_nodes = outcome.nodes;
+    res.proven_optimal = outcome.complete;
+    repair(sub, chosen);  // a no-op by construction; the budget guarantee does not rest on it
+    lift(chosen);
+    return best;
+  }
+}
+
+// Steps 2-6 with groups, on the candidates in rank order with `room` tokens: sets every
+// reason, the path and the record, and returns the upper bound.
+//
+// Pinned members claim their group (a later pinned member of a claimed group is
+// redundant). A group's first zero-token member by rank is its base: taken unless a member
+// with tokens is chosen instead, so members with tokens enter the pool with their score
+// less the base's, and those not above it stay out. What is left is one multiple-choice
+// knapsack, solved by the ungrouped steps when no group keeps two members.
+CTXCORE_COLD double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, std::int64_t room,
+                                 bool any_pinned,
+                    const PackOptions& options, PackResult& res) {
+  const std::size_t n = in.ids.size;
+  const auto is_pinned = [&](std::size_t i) { return any_pinned && in.pinned[i] != 0; };
+  // Compact group ids, numbered in rank order (the DP's rows and the hull's ties follow
+  // them, so they must not depend on the input order): candidates in no group (-1) each
+  // get one of their own.
+  std::vector<std::uint32_t> gid(n);
+  std::size_t groups = 0;
+  {
+    std::unordered_map<std::int64_t, std::uint32_t> ids;
+    ids.reserve(n);
+    for (std::size_t i : order) {
+      if (in.groups[i] < 0) {
+        gid[i] = static_cast<std::uint32_t>(groups++);
+        continue;
+      }
+      const auto found = ids.emplace(in.groups[i], static_cast<std::uint32_t>(groups));
+      if (found.second) ++groups;
+      gid[i] = found.first->second;
+    }
+  }
+  std::vector<char> taken(groups, 0);
+  double fixed = 0.0;
+  if (any_pinned) {
+    for (std::size_t i : order) {
+      if (!is_pinned(i)) continue;
+      if (taken[gid[i]]) {
+        res.reasons[i] = Reason::Redundant;
+      } else if (in.tokens[i] <= room) {
+        room -= in.tokens[i];
+        res.reasons[i] = Reason::Pinned;
+        taken[gid[i]] = 1;
+        fixed += in.scores[i];
+      } else {
+        res.reasons[i] = Reason::PinnedOverBudget;
+      }
+    }
+  }
+  std::vector<double> base(groups, 0.0);
+  std::vector<std::size_t> base_item(groups, n);
+  for (std::size_t i : order) {
+    if (is_pinned(i)) continue;
+    if (!(in.scores[i] > 0.0)) res.reasons[i] = Reason::NonPositiveScore;
+    else if (in.tokens[i] == 0 && !taken[gid[i]] && base_item[gid[i]] == n) {
+      base_item[gid[i]] = i;
+      base[gid[i]] = in.scores[i];
+      fixed += in.scores[i];
+    }
+  }
+  Pool pool;
+  pool.capacity = room;
+  pool.groups = groups;
+  bool rebased = false;
+  for (std::size_t i : order) {
+    const std::uint32_t g = gid[i];
+    if (is_pinned(i) || taken[g] || !(in.scores[i] > base[g]) || in.tokens[i] == 0 || in.tokens[i] > room) continue;
+    pool.input.push_back(i);
+    pool.t.push_back(in.tokens[i]);
+    pool.v.push_back(in.scores[i] - base[g]);
+    pool.group.push_back(g);
+    rebased = rebased || base[g] > 0.0;
+  }
+  if (rebased) {
+    // The pool is in rank order, by descending value (the steps above rely on it, e.g.
+    // dominance): values less a base are re-sorted, rank order among equal values.
+    std::vector<std::uint64_t> keys(pool.size());
+    for (std::size_t p = 0; p < pool.size(); ++p) keys[p] = descending_key(pool.v[p]);
+    const std::vector<std::size_t> by_value = stable_order_wide(keys);
+    Pool sorted;
+    sorted.capacity = pool.capacity;
+    sorted.groups = pool.groups;
+    for (std::size_t p : by_value) {
+      sorted.input.push_back(pool.input[p]);
+      sorted.t.push_back(pool.t[p]);
+      sorted.v.push_back(pool.v[p]);
+      sorted.group.push_back(pool.group[p]);
+    }
+    pool = std::move(sorted);
+  }
+  const std::vector<char> kept = undominated_in_groups(pool);
+  Pool red = grouped_subset(pool, kept, pool.capacity);
+  res.dominated = static_cast<std::int64_t>(pool.size() - red.size());
+  std::vector<std::uint32_t> members(groups, 0);
+  bool several = false;
+  for (std::uint32_t g : red.group) several = several || ++members[g] > 1;
+  double pool_bound = 0.0;
+  std::vector<char> best;
+  if (several) {
+    best = solve_grouped(red, options, res, pool_bound);
+  } else {
+    red.group.clear();
+    red.groups = 0;
+    best = solve_pool(red, options, res, pool_bound);
+  }
+  // The selection as candidates: the pool's choice, then each base whose group it left open.
+  std::vector<char> selected(n, 0);
+  std::vector<char> claimed(taken);
+  for (std::size_t q = 0; q < red.size(); ++q) {
+    if (!best[q]) continue;
+    selected[red.input[q]] = 1;
+    claimed[gid[red.input[q]]] = 1;
+  }
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (base_item[g] != n && !claimed[g]) {
+      selected[base_item[g]] = 1;
+      claimed[g] = 1;
+    }
+  }
+  if (options.rank_tolerance > 0.0 && res.path != PackPath::Trivial) {
+    // The rank-order packing: by rank, each candidate that still fits and whose group is open.
+    std::vector<char> ranked(n, 0), open_taken(taken);
+    std::int64_t room_left = room;
+    double ranked_value = 0.0, chosen_total = 0.0;
+    for (std::size_t i : order) {
+      if (is_pinned(i) || !(in.scores[i] > 0.0)) continue;
+      if (selected[i]) chosen_total += in.scores[i];
+      if (!open_taken[gid[i]] && in.tokens[i] <= room_left) {
+        ranked[i] = 1;
+        open_taken[gid[i]] = 1;
+        room_left -= in.tokens[i];
+        ranked_value += in.scores[i];
+      }
+    }
+    if (ranked != selected && ranked_value >= (1.0 - options.rank_tolerance) * chosen_total) {
+      selected.swap(ranked);
+      res.rank_order = true;
+      res.proven_optimal = res.proven_optimal && ranked_value >= chosen_total;
+      std::fill(claimed.begin(), claimed.end(), char{0});
+      for (std::size_t i = 0; i < n; ++i)
+        if (selected[i] || res.reasons[i] == Reason::Pinned) claimed[gid[i]] = 1;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (is_pinned(i) || res.reasons[i] == Reason::NonPositiveScore) continue;
+    if (selected[i]) res.reasons[i] = Reason::Selected;
+    else res.reasons[i] = claimed[gid[i]] ? Reason::Redundant : Reason::BudgetExhausted;
+  }
+  return fixed + pool_bound;
+}
+
 }  // namespace
 
 // ---- the pipeline -------------------------------------------------------------------
@@ -1006,6 +1689,8 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
       if (is_pinned(i)) res.reasons[i] = Reason::PinnedOverBudget;
       else if (!(in.scores[i] > 0.0)) res.reasons[i] = Reason::NonPositiveScore;
     }
+  } else if (in.groups.size != 0) {
+    res.upper_bound = pack_grouped(in, order, std::min(budget, kBudgetClamp), any_pinned, options, res);
   } else {
     // Step 2: pinned first, in rank order, each while it fits.
     std::int64_t room = std::min(budget, kBudgetClamp);
@@ -1025,7 +1710,6 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
     pool.input.reserve(n);
     pool.t.reserve(n);
     pool.v.reserve(n);
-    std::int64_t pool_tokens = 0;
     // What is decided before optimizing (pinned and taken, free and positive), summed in
     // rank order for the upper bound.
     double fixed = 0.0;
@@ -1043,51 +1727,10 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
         pool.input.push_back(i);
         pool.t.push_back(in.tokens[i]);
         pool.v.push_back(in.scores[i]);
-        pool_tokens += in.tokens[i];
       }  // else: larger than all the room there is; stays BudgetExhausted
     }
-    std::vector<char> chosen(pool.size(), 1);
-    double pool_bound = std::accumulate(pool.v.begin(), pool.v.end(), 0.0);  // when everything fits
-    if (pool_tokens <= pool.capacity) {
-      res.path = PackPath::Trivial;
-      res.proven_optimal = true;
-    } else {
-      // Step 3: exact reductions. Dominated items are left out for good: never needed.
-      const std::vector<char> dominated = dominated_items(pool);
-      std::vector<char> kept(pool.size());
-      for (std::size_t p = 0; p < pool.size(); ++p) kept[p] = static_cast<char>(!dominated[p]);
-      Pool red = subset(pool, kept, pool.capacity);
-      res.dominated = static_cast<std::int64_t>(pool.size() - red.size());
-      // Step 4's decision, on the reduced set: the DP while its table stays under the ceiling.
-      const std::int64_t width = to_buckets(red.capacity, options.bucket_tokens) + 1;
-      const bool dp = width <= options.cell_ceiling / static_cast<std::int64_t>(std::max<std::size_t>(1, red.size()));
-      res.path = dp ? PackPath::Dp : PackPath::Greedy;
-      std::vector<char> best(red.size(), 1);
-      if (std::accumulate(red.t.begin(), red.t.end(), std::int64_t{0}) <= red.capacity) {
-        res.proven_optimal = true;  // what dominance leaves fits whole: that is an optimum
-        pool_bound = std::accumulate(red.v.begin(), red.v.end(), 0.0);
-      } else {
-        order_by_density(red);
-        pool_bound = lp_bound(red);
-        solve_reduced(red, options, best, res);
-        refill(red, best);  // a no-op on an optimum; keeps every packing maximal
-      }
-      // Back to pool positions; then, so that nothing left out still fits, dominated items
-      // into any room left (only possible when the packing was not proven optimal).
-      std::fill(chosen.begin(), chosen.end(), char{0});
-      std::int64_t used = 0;
-      for (std::size_t p = 0, q = 0; p < pool.size(); ++p) {
-        if (!kept[p]) continue;
-        chosen[p] = best[q++];
-        if (chosen[p]) used += pool.t[p];
-      }
-      for (std::size_t p = 0; p < pool.size(); ++p) {
-        if (!kept[p] && pool.t[p] <= pool.capacity - used) {
-          chosen[p] = 1;
-          used += pool.t[p];
-        }
-      }
-    }
+    double pool_bound = 0.0;
+    std::vector<char> chosen = solve_pool(pool, options, res, pool_bound);
     if (options.rank_tolerance > 0.0 && res.path != PackPath::Trivial) {
       // The rank-order packing: the pool is in rank order; each candidate that still fits.
       std::vector<char> ranked(pool.size(), 0);
@@ -1125,8 +1768,10 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
     res.tokens_used += in.tokens[static_cast<std::size_t>(i)];
     res.total_score += in.scores[static_cast<std::size_t>(i)];
   }
-  for (Reason r : res.reasons)
+  for (Reason r : res.reasons) {
     if (r == Reason::BudgetExhausted || r == Reason::PinnedOverBudget) ++res.excluded_for_budget;
+    else if (r == Reason::Redundant) ++res.redundant;
+  }
   res.truncated = n > 0 && (budget <= 0 || res.excluded_for_budget > 0);
   // The bound and the total are summed in different orders; where the packing is exactly
   // the LP optimum the two can differ in the last bit. Keep the documented invariant.

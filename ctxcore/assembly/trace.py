@@ -170,6 +170,7 @@ _PACK_REASON_CODES = np.array([_REASON_CODE[r] for r in (
     TraceReason.BUDGET_EXHAUSTED,
     TraceReason.BUDGET_EXHAUSTED,  # pinned, but no room left after the earlier pinned
     TraceReason.NON_POSITIVE_SCORE,
+    TraceReason.REDUNDANT,  # another member of its near-duplicate group is in
 )], dtype=np.uint8)
 
 

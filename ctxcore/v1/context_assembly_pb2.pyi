@@ -45,6 +45,7 @@ class TraceReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRACE_REASON_DUPLICATE: _ClassVar[TraceReason]
     TRACE_REASON_OVER_MAX_MEMORIES: _ClassVar[TraceReason]
     TRACE_REASON_NON_POSITIVE_SCORE: _ClassVar[TraceReason]
+    TRACE_REASON_REDUNDANT: _ClassVar[TraceReason]
 
 class Branch(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -90,6 +91,7 @@ TRACE_REASON_OUT_OF_SCOPE: TraceReason
 TRACE_REASON_DUPLICATE: TraceReason
 TRACE_REASON_OVER_MAX_MEMORIES: TraceReason
 TRACE_REASON_NON_POSITIVE_SCORE: TraceReason
+TRACE_REASON_REDUNDANT: TraceReason
 BRANCH_UNSPECIFIED: Branch
 BRANCH_DIRECTIVE: Branch
 BRANCH_HOT: Branch
@@ -319,7 +321,7 @@ class Scope(_message.Message):
     def __init__(self, organization_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class PackRecord(_message.Message):
-    __slots__ = ("path", "budget", "tokens_used", "total_score", "upper_bound", "evaluated", "selected", "excluded_for_budget", "truncated", "proven_optimal", "dp_cells", "search_nodes")
+    __slots__ = ("path", "budget", "tokens_used", "total_score", "upper_bound", "evaluated", "selected", "excluded_for_budget", "truncated", "proven_optimal", "dp_cells", "search_nodes", "redundant")
     PATH_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +334,7 @@ class PackRecord(_message.Message):
     PROVEN_OPTIMAL_FIELD_NUMBER: _ClassVar[int]
     DP_CELLS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_NODES_FIELD_NUMBER: _ClassVar[int]
+    REDUNDANT_FIELD_NUMBER: _ClassVar[int]
     path: PackPath
     budget: int
     tokens_used: int
@@ -344,7 +347,8 @@ class PackRecord(_message.Message):
     proven_optimal: bool
     dp_cells: int
     search_nodes: int
-    def __init__(self, path: _Optional[_Union[PackPath, str]] = ..., budget: _Optional[int] = ..., tokens_used: _Optional[int] = ..., total_score: _Optional[float] = ..., upper_bound: _Optional[float] = ..., evaluated: _Optional[int] = ..., selected: _Optional[int] = ..., excluded_for_budget: _Optional[int] = ..., truncated: _Optional[bool] = ..., proven_optimal: _Optional[bool] = ..., dp_cells: _Optional[int] = ..., search_nodes: _Optional[int] = ...) -> None: ...
+    redundant: int
+    def __init__(self, path: _Optional[_Union[PackPath, str]] = ..., budget: _Optional[int] = ..., tokens_used: _Optional[int] = ..., total_score: _Optional[float] = ..., upper_bound: _Optional[float] = ..., evaluated: _Optional[int] = ..., selected: _Optional[int] = ..., excluded_for_budget: _Optional[int] = ..., truncated: _Optional[bool] = ..., proven_optimal: _Optional[bool] = ..., dp_cells: _Optional[int] = ..., search_nodes: _Optional[int] = ..., redundant: _Optional[int] = ...) -> None: ...
 
 class TraceEntry(_message.Message):
     __slots__ = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "signal")

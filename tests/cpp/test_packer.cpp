@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -512,4 +513,278 @@ TEST(PackerRankTolerance, RandomPackingsStayWithinBudgetAndNearTheOptimum) {
     expect_consistent(it, budget, r);
     EXPECT_GE(r.total_score, (1.0 - 0.02) * best - 1e-9);
   }
+}
+
+// ---- groups: at most one member of each group -------------------------------------------
+
+struct Grouped : Items {
+  std::vector<std::int64_t> groups;
+
+  void add(std::string id, std::int64_t t, double s, std::int64_t group, bool pin = false) {
+    Items::add(std::move(id), t, s, pin);
+    groups.push_back(group);
+  }
+  ctxcore::PackInput input() {
+    ctxcore::PackInput in = Items::input();
+    in.groups = {groups.data(), groups.size()};
+    return in;
+  }
+};
+
+// The best total over packings that fit the budget and hold at most one member of each
+// group, pinned candidates aside (none in the instances this is used on).
+double grouped_brute_force(const Grouped& it, std::int64_t budget) {
+  const std::size_t n = it.tokens.size();
+  double best = 0.0;
+  for (std::uint32_t mask = 0; mask < (1U << n); ++mask) {
+    std::int64_t t = 0;
+    double v = 0.0;
+    bool ok = true;
+    for (std::size_t i = 0; i < n && ok; ++i) {
+      if (!(mask & (1U << i))) continue;
+      t += it.tokens[i];
+      v += it.scores[i];
+      for (std::size_t j = 0; j < i && ok; ++j)
+        ok = !(mask & (1U << j)) || it.groups[j] < 0 || it.groups[j] != it.groups[i];
+    }
+    if (ok && t <= budget) best = std::max(best, v);
+  }
+  return best;
+}
+
+// The group constraint, the budget, the result's own sums, and one reason per candidate
+// that agrees with the selection: Redundant exactly for the left-out candidates (not
+// pinned over budget, positive) whose group holds a selected or pinned member.
+void expect_grouped_consistent(const Grouped& it, std::int64_t budget, const ctxcore::PackResult& r) {
+  expect_consistent(it, budget, r);
+  std::vector<char> in(it.tokens.size(), 0);
+  for (std::int64_t i : r.indices) in[static_cast<std::size_t>(i)] = 1;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const bool selected = r.reasons[i] == Reason::Selected || r.reasons[i] == Reason::Pinned;
+    EXPECT_EQ(selected, in[i] != 0) << "candidate " << i;
+    bool group_taken = false;
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      if (j == i || it.groups[i] < 0 || it.groups[j] != it.groups[i] || !in[j]) continue;
+      group_taken = true;
+      EXPECT_FALSE(in[i]) << "candidates " << j << " and " << i << " share group " << it.groups[i];
+    }
+    if (!in[i] && r.reasons[i] != Reason::NonPositiveScore && r.reasons[i] != Reason::PinnedOverBudget) {
+      EXPECT_EQ(r.reasons[i] == Reason::Redundant, group_taken) << "candidate " << i;
+    }
+  }
+  std::int64_t redundant = 0;
+  for (Reason reason : r.reasons) redundant += reason == Reason::Redundant ? 1 : 0;
+  EXPECT_EQ(redundant, r.redundant);
+}
+
+TEST(PackerGroups, OneMemberOfAGroupIsSelectedAndTheOthersAreRedundant) {
+  Grouped it;
+  it.add("a", 10, 5.0, 7);
+  it.add("a-copy", 10, 4.9, 7);
+  it.add("b", 10, 1.0, -1);
+  it.add("a-longer", 30, 5.5, 7);
+  const auto r = ctxcore::pack(it.input(), 1000, opts());
+  expect_grouped_consistent(it, 1000, r);
+  ASSERT_EQ(r.indices.size(), 2U);
+  EXPECT_EQ(r.indices[0], 3);  // the group's most valuable member: room is no object
+  EXPECT_EQ(r.indices[1], 2);
+  EXPECT_EQ(r.reasons[0], Reason::Redundant);
+  EXPECT_EQ(r.reasons[1], Reason::Redundant);
+  EXPECT_EQ(r.redundant, 2);
+  EXPECT_EQ(r.excluded_for_budget, 0);
+  EXPECT_FALSE(r.truncated);  // nothing was left out for lack of room
+  EXPECT_TRUE(r.proven_optimal);
+}
+
+TEST(PackerGroups, TheLighterMemberWinsWhenRoomIsShort) {
+  Grouped it;
+  it.add("long", 60, 1.0, 0);
+  it.add("short", 30, 0.9, 0);
+  it.add("other", 40, 0.8, -1);
+  const auto r = ctxcore::pack(it.input(), 70, opts());
+  expect_grouped_consistent(it, 70, r);
+  ASSERT_EQ(r.indices.size(), 2U);
+  EXPECT_EQ(r.indices[0], 1);
+  EXPECT_EQ(r.indices[1], 2);
+  EXPECT_EQ(r.reasons[0], Reason::Redundant);
+  EXPECT_NEAR(r.total_score, 1.7, 1e-12);
+}
+
+TEST(PackerGroups, AllCandidatesInNoGroupGiveTheUngroupedResult) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 50; ++round) {
+    Grouped it;
+    for (int i = 0; i < 200; ++i)
+      it.add("m" + std::to_string(i), static_cast<std::int64_t>(rng() % 400), static_cast<double>(rng() % 1000) / 999.0,
+             -1, rng() % 40 == 0);
+    const std::int64_t budget = static_cast<std::int64_t>(rng() % 20000);
+    const auto plain = ctxcore::pack(it.Items::input(), budget, opts());
+    const auto grouped = ctxcore::pack(it.input(), budget, opts());
+    EXPECT_EQ(plain.indices, grouped.indices);
+    EXPECT_EQ(plain.reasons, grouped.reasons);
+    EXPECT_EQ(plain.path, grouped.path);
+    EXPECT_EQ(plain.total_score, grouped.total_score);
+    EXPECT_EQ(grouped.redundant, 0);
+  }
+}
+
+TEST(PackerGroups, PinnedMembersClaimTheirGroup) {
+  Grouped it;
+  it.add("pin", 10, 0.2, 3, true);
+  it.add("pin-copy", 10, 0.1, 3, true);
+  it.add("better", 10, 0.9, 3);
+  it.add("pin-too-big", 500, 0.5, 4, true);
+  it.add("four", 10, 0.4, 4);
+  const auto r = ctxcore::pack(it.input(), 100, opts());
+  expect_grouped_consistent(it, 100, r);
+  EXPECT_EQ(r.reasons[0], Reason::Pinned);
+  EXPECT_EQ(r.reasons[1], Reason::Redundant);  // pinned, but its group is already in
+  EXPECT_EQ(r.reasons[2], Reason::Redundant);
+  EXPECT_EQ(r.reasons[3], Reason::PinnedOverBudget);
+  EXPECT_EQ(r.reasons[4], Reason::Selected);  // the pinned one did not fit: the group is open
+  EXPECT_TRUE(r.truncated);
+}
+
+TEST(PackerGroups, AZeroTokenMemberIsTakenUnlessAMemberWithTokensIsWorthMore) {
+  Grouped it;
+  it.add("free", 0, 0.5, 1);
+  it.add("free-copy", 0, 0.4, 1);
+  it.add("full", 50, 0.9, 1);
+  it.add("weak", 20, 0.3, 1);  // worth less than the free member: never chosen
+  it.add("solo-free", 0, 0.1, -1);
+  auto r = ctxcore::pack(it.input(), 100, opts());
+  expect_grouped_consistent(it, 100, r);
+  EXPECT_EQ(r.reasons[2], Reason::Selected);
+  EXPECT_EQ(r.reasons[0], Reason::Redundant);
+  EXPECT_EQ(r.reasons[1], Reason::Redundant);
+  EXPECT_EQ(r.reasons[3], Reason::Redundant);
+  EXPECT_EQ(r.reasons[4], Reason::Selected);
+  EXPECT_GE(r.upper_bound, r.total_score);
+  r = ctxcore::pack(it.input(), 40, opts());
+  expect_grouped_consistent(it, 40, r);
+  EXPECT_EQ(r.reasons[0], Reason::Selected);
+  EXPECT_EQ(r.reasons[2], Reason::Redundant);
+  EXPECT_NEAR(r.total_score, 0.6, 1e-12);
+}
+
+TEST(PackerGroups, BadGroupsAreRejected) {
+  Grouped it;
+  it.add("a", 10, 1.0, 0);
+  it.add("b", 10, 1.0, -2);
+  try {
+    ctxcore::pack(it.input(), 100, opts());
+    FAIL() << "expected InvalidCandidate";
+  } catch (const ctxcore::InvalidCandidate& e) {
+    EXPECT_EQ(e.index(), 1);
+    EXPECT_NE(std::string(e.what()).find("group"), std::string::npos);
+  }
+  it.groups.pop_back();
+  try {
+    ctxcore::pack(it.input(), 100, opts());
+    FAIL() << "expected InvalidCandidate";
+  } catch (const ctxcore::InvalidCandidate& e) {
+    EXPECT_EQ(e.index(), -1);
+    EXPECT_NE(std::string(e.what()).find("1 groups"), std::string::npos);
+  }
+}
+
+// Every path of the grouped solver against the brute-force optimum: the exact DP over
+// groups, the DP over buckets with repair and refill, the fallback with swaps, each with
+// and without the search.
+TEST(PackerGroups, RandomSmallInstancesAgainstBruteForce) {
+  std::mt19937_64 rng(2024);
+  const std::vector<PackOptions> variants = {
+      opts(),                             // exact DP over groups
+      opts(16, 1 << 16, 20000, 0),        // buckets, then the search
+      opts(16, 1 << 16, 0, 0),            // buckets alone
+      opts(16, 1, 20000, 0),              // fallback, then the search
+      opts(16, 1, 0, 1 << 12),            // fallback with the fine DP, no search
+  };
+  std::vector<double> worst(variants.size(), 1.0);
+  for (int round = 0; round < 2000; ++round) {
+    Grouped it;
+    const int n = 1 + static_cast<int>(rng() % 13);
+    const int kinds = 1 + static_cast<int>(rng() % 5);
+    const bool large = round % 2 == 0;
+    for (int i = 0; i < n; ++i) {
+      const auto group = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(kinds + 1)) - 1;
+      const auto t = static_cast<std::int64_t>(rng() % (large ? 4000 : 120));
+      // Every third round, scores on one line through the tokens: each group's hull is
+      // collinear, and rounding may order its segments either way.
+      const double score = round % 3 == 0 ? static_cast<double>(t) / 100.0 + 0.1
+                                          : static_cast<double>(rng() % 1000) / 100.0 - (rng() % 12 == 0 ? 3.0 : 0.0);
+      it.add("c" + std::to_string(i), t, score, group);
+    }
+    const std::int64_t budget = static_cast<std::int64_t>(rng() % (large ? 12000 : 400));
+    const double opt = grouped_brute_force(it, budget);
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const auto r = ctxcore::pack(it.input(), budget, variants[v]);
+      expect_grouped_consistent(it, budget, r);
+      EXPECT_LE(r.total_score, opt + 1e-9) << "round " << round;
+      EXPECT_GE(r.upper_bound, opt - 1e-9) << "round " << round;
+      if (r.proven_optimal) {
+        EXPECT_NEAR(r.total_score, opt, 1e-9) << "round " << round << " variant " << v;
+      }
+      if (variants[v].search_node_limit > 0) {
+        EXPECT_TRUE(r.proven_optimal) << "round " << round << " variant " << v;
+      }
+      if (opt > 0) worst[v] = std::min(worst[v], r.total_score / opt);
+    }
+  }
+  EXPECT_GE(worst[0], 1.0 - 1e-12);
+  EXPECT_GE(worst[1], 1.0 - 1e-12);
+  EXPECT_GE(worst[3], 1.0 - 1e-12);
+  std::printf("worst of the optimum without the search: buckets %.4f, fallback %.4f\n", worst[2], worst[4]);
+  EXPECT_GE(worst[2], 0.9);  // one bucket DP, repair, refill: no search to finish the job
+  EXPECT_GE(worst[4], 0.9);
+}
+
+// Larger sets: realistic memories with near-duplicate clusters, through every path; the
+// constraint, the budget and the reasons always hold, and the result does not depend on
+// the input order.
+TEST(PackerGroups, MidSizeSetsKeepTheConstraintAndTheOrder) {
+  std::mt19937_64 rng(77);
+  for (int round = 0; round < 40; ++round) {
+    Grouped it;
+    const int n = 50 + static_cast<int>(rng() % 300);
+    for (int i = 0; i < n; ++i) {
+      const std::int64_t group = rng() % 3 == 0 ? static_cast<std::int64_t>(rng() % 30) : -1;
+      const auto t = static_cast<std::int64_t>(rng() % 10 == 0 ? 0 : 20 + rng() % 600);
+      const double score = round % 2 == 0 ? static_cast<double>(t) / 100.0 + 0.1  // collinear hulls
+                                          : static_cast<double>(rng() % 10000) / 10000.0;
+      it.add("m" + std::to_string(i), t, score, group, rng() % 50 == 0);
+    }
+    const std::int64_t budget = static_cast<std::int64_t>(rng() % 30000);
+    PackOptions tol = opts();
+    tol.rank_tolerance = 0.05;
+    for (const PackOptions& o : {opts(), opts(16, 1), opts(16, 1 << 20, 0, 0), tol}) {
+      const auto a = ctxcore::pack(it.input(), budget, o);
+      expect_grouped_consistent(it, budget, a);
+      std::vector<std::size_t> perm(it.names.size());
+      for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      Grouped shuffled;
+      for (std::size_t p : perm)
+        shuffled.add(it.names[p], it.tokens[p], it.scores[p], it.groups[p], it.pinned[p] != 0);
+      const auto b = ctxcore::pack(shuffled.input(), budget, o);
+      ASSERT_EQ(a.indices.size(), b.indices.size());
+      for (std::size_t k = 0; k < a.indices.size(); ++k)
+        EXPECT_EQ(it.names[static_cast<std::size_t>(a.indices[k])], shuffled.names[static_cast<std::size_t>(b.indices[k])]);
+      for (std::size_t k = 0; k < perm.size(); ++k) EXPECT_EQ(a.reasons[perm[k]], b.reasons[k]);
+      EXPECT_EQ(a.path, b.path);
+    }
+  }
+}
+
+TEST(PackerGroups, RankToleranceKeepsOneMemberPerGroup) {
+  Grouped it;
+  it.add("a", 40, 1.0, 0);
+  it.add("a-copy", 40, 0.99, 0);
+  it.add("b", 60, 0.5, -1);
+  PackOptions o = opts();
+  o.rank_tolerance = 0.5;
+  const auto r = ctxcore::pack(it.input(), 100, o);
+  expect_grouped_consistent(it, 100, r);
+  EXPECT_EQ(r.reasons[1], Reason::Redundant);
+  EXPECT_EQ(r.tokens_used, 100);
 }

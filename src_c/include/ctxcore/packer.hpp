@@ -19,6 +19,14 @@
 //      core of items around the density break, 1-for-1 swaps, then a bounded
 //      branch-and-bound that proves optimality when it finishes;
 //   7. emit in deterministic order (pinned, then the rest, each by rank).
+//
+// With groups (PackInput::groups), at most one member of each group is selected: a
+// multiple-choice knapsack. Pinned members claim their group first; within a group, a
+// member that a lighter-or-equal, at-least-as-valuable member dominates is never needed;
+// when that leaves no group with two members the steps above run unchanged, else the
+// same steps run group-aware: bound fixing on the multiple-choice LP (each group's convex
+// hull), the DP over groups, repair, refill, swaps and the search all keep one member per
+// group.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +87,7 @@ enum class Reason : std::uint8_t {
   BudgetExhausted = 2,   // left out: no room in the best packing found
   PinnedOverBudget = 3,  // pinned, but did not fit in what the earlier pinned left
   NonPositiveScore = 4,  // score <= 0: adding it can never raise the objective
+  Redundant = 5,         // left out: another member of its group is selected or pinned
 };
 
 struct PackInput {
@@ -86,6 +95,9 @@ struct PackInput {
   View<std::int64_t> tokens;
   View<double> scores;
   View<std::uint8_t> pinned;  // size 0 means "none pinned"
+  // Size 0 means "no groups". Else one per candidate: -1 for none, any value >= 0 names a
+  // group (candidates with equal values: near-duplicates, at most one of them selected).
+  View<std::int64_t> groups;
 };
 
 struct PackResult {
@@ -104,6 +116,7 @@ struct PackResult {
   std::int64_t search_nodes = 0;
   std::int64_t dominated = 0;   // pool items removed by dominance (left out, never needed)
   std::int64_t free_items = 0;  // pool items left undecided by the exact reductions
+  std::int64_t redundant = 0;   // candidates left out as Reason::Redundant
 };
 
 // Throws InvalidCandidate for bad candidates and std::invalid_argument for bad options.
