@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from .errors import invalid
 
-__all__ = ["DEFAULT_DUPLICATE_THRESHOLD", "near_duplicate_groups", "normalized_text_key"]
+__all__ = ["DEFAULT_DUPLICATE_THRESHOLD", "TextKeys", "groups_from_keys", "has_duplicates", "near_duplicate_groups",
+           "normalized_text_key"]
 
 #: Cosine similarity at or above which two embeddings are near-duplicates. 0.95 keeps
 #: rewordings of one sentence together (paraphrases of one fact score ~0.9-0.97 on
@@ -190,3 +191,56 @@ def near_duplicate_groups(
     root = _components(n, np.concatenate(firsts), np.concatenate(seconds))
     sizes = np.bincount(root, minlength=n)
     return np.where(sizes[root] > 1, root, -1).astype(np.int64)
+
+
+class TextKeys:
+    """`normalized_text_key` of texts, kept across calls (bounded; the same memories come
+    back request after request): what the assembly checks its selection with."""
+
+    def __init__(self, capacity: int = 1 << 15) -> None:
+        self._capacity = capacity
+        self._keys: dict[str, str] = {}
+
+    def keys(self, texts: Sequence[str]) -> list[str]:
+        """The key of each text."""
+        kept = self._keys
+        out = [kept.get(t) for t in texts]
+        missing = [k for k, v in enumerate(out) if v is None]
+        if missing:
+            if len(kept) + len(missing) > self._capacity:
+                kept.clear()  # a dict swap would race no reader: a miss is only recomputed
+            for k in missing:
+                out[k] = kept.setdefault(texts[k], normalized_text_key(texts[k]))
+        return out  # type: ignore[return-value]
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+
+def groups_from_keys(keys: Sequence[str]) -> npt.NDArray[np.int64]:
+    """Packer groups from text keys: candidates with one non-empty key share a group,
+    labelled by its first position; -1 for a key no other candidate has (or an empty one).
+
+    >>> groups_from_keys(["a b", "c", "a b", ""]).tolist()
+    [0, -1, 0, -1]
+    """
+    first: dict[str, int] = {}
+    out = np.full(len(keys), -1, dtype=np.int64)
+    seen_twice: set[str] = set()
+    for k, key in enumerate(keys):
+        if not key:
+            continue
+        if key in first:
+            seen_twice.add(key)
+        else:
+            first[key] = k
+    for k, key in enumerate(keys):
+        if key in seen_twice:
+            out[k] = first[key]
+    return out
+
+
+def has_duplicates(keys: Sequence[str]) -> bool:
+    """Whether two of the non-empty `keys` are equal."""
+    nonempty = [k for k in keys if k]
+    return len(set(nonempty)) < len(nonempty)

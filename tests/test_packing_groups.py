@@ -307,3 +307,34 @@ def test_bad_input_to_the_grouping_is_named(
     with pytest.raises(error) as err:
         ctxcore.near_duplicate_groups(texts, vectors, threshold=threshold)  # type: ignore[arg-type]
     assert message in str(err.value)
+
+
+# ---- in the assembly ---------------------------------------------------------------------------
+
+
+def test_assemble_takes_one_of_each_set_of_near_duplicates() -> None:
+    import asyncio
+
+    from ctxcore import AssemblyRequest, MemoryRecord, Query, Sources
+
+    mems = [MemoryRecord("a", "o", "g", "Refunds take 5 days.", similarity=0.9),
+            MemoryRecord("b", "o", "g", "refunds  TAKE 5 days!", similarity=0.85),
+            MemoryRecord("c", "o", "g", "Shipping is free.", similarity=0.5),
+            MemoryRecord("d", "o", "g", "Refunds take 6 days.", similarity=0.4)]
+
+    async def hot(scope: object, query: object, limit: int) -> list[MemoryRecord]:
+        return mems
+
+    ctx = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "g", "gpt-4o", Query("refunds")), sources=Sources(hot=hot)))
+    reasons = {e.memory_id: e.reason.value for e in ctx.trace}
+    assert ctx.selected_ids == ("a", "c", "d")  # "d" differs in a digit: not a duplicate
+    assert reasons["b"] == "redundant" and ctx.pack is not None and ctx.pack.redundant == 1
+    assert ctx.record()["pack"]["redundant"] == 1
+    # Nothing is dropped as redundant when no two memories share a text.
+    distinct = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "g", "gpt-4o", Query("refunds")),
+                                            sources=Sources(hot=lambda s, q, n: _as_coro([mems[0], mems[2], mems[3]]))))
+    assert distinct.selected_ids == ("a", "c", "d") and distinct.pack is not None and distinct.pack.redundant == 0
+
+
+async def _as_coro(value: object) -> object:
+    return value

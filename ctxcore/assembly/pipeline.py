@@ -20,6 +20,7 @@ from ..catalog import Catalog, default_catalog
 from ..formatting import _SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, _Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
+from ..redundancy import TextKeys, groups_from_keys, has_duplicates
 from ..request import AssemblyRequest
 from ..rerank import Reranker, RerankRecord, RerankStatus, rerank
 from ..result import (
@@ -45,6 +46,8 @@ _PINNED = "pinned"
 _PINNED_CODE = int(_REASON_CODE[TraceReason.PINNED])
 
 _T = TypeVar("_T")
+#: The normalized texts of retrieved memories, kept across requests (near-duplicates).
+_TEXT_KEYS = TextKeys()
 
 async def _in(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
     if executor is None:
@@ -227,9 +230,20 @@ def _packer(cols: _Columns, cand: npt.NDArray[np.intp], usable: int,
         pinned = np.fromiter((cols.ids[i] in pins for i in rows), dtype=bool, count=len(rows))
     ids = list(map(cols.ids.__getitem__, rows))
     scores = cols.scores[cand]
+    groups: list[npt.NDArray[np.int64] | None] = [None]
 
     def pack(costs: npt.NDArray[np.int64]) -> PackResult:
-        return pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance)
+        # Near-duplicates (one normalized text) take room once: the selection is checked,
+        # and only a selection holding two of them is packed again with the candidates'
+        # groups (at most one member each), which then hold for the request's later rounds.
+        result = pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance,
+                             groups=groups[0])
+        if groups[0] is None and result.indices.size > 1:
+            if has_duplicates(_TEXT_KEYS.keys([cols.texts[rows[k]] for k in result.indices.tolist()])):
+                groups[0] = groups_from_keys(_TEXT_KEYS.keys(list(map(cols.texts.__getitem__, rows))))
+                result = pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance,
+                                     groups=groups[0])
+        return result
 
     return pack, pinned
 
