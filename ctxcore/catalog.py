@@ -27,7 +27,7 @@ from typing import Any
 
 from ._files import read_utf8
 from .errors import CatalogError, UnknownModel
-from .tokens import TokenKind, _fallback_family, estimator_families
+from .tokens import TokenKind, estimator_families, fallback_family_of
 
 __all__ = [
     "Catalog",
@@ -215,7 +215,7 @@ def _parse_policies(data: Any, exact_fraction: float | None, source: str) -> dic
     out: dict[str, TokenizerPolicy] = {}
     for family, entry in data.items():
         where = f"{source}: tokenizer_policy.{family}"
-        if family not in known and _fallback_family(family) is None:
+        if family not in known and fallback_family_of(family) is None:
             raise CatalogError(
                 f"{where}: unknown tokenizer family; the estimator knows {', '.join(sorted(known))} "
                 "(register_tokenizer adds others)"
@@ -246,7 +246,7 @@ def _borrow_policies(models: Any, policies: dict[str, TokenizerPolicy]) -> None:
         family = entry.get("tokenizer_family") if isinstance(entry, dict) else None
         if not isinstance(family, str) or family in policies:
             continue
-        fallback = _fallback_family(family)
+        fallback = fallback_family_of(family)
         if fallback is not None and fallback in policies:
             policies[family] = TokenizerPolicy(family, policies[fallback].safety_fractions)
 
@@ -265,7 +265,7 @@ def _parse_model(name: str, entry: Any, policies: Mapping[str, TokenizerPolicy],
         raise CatalogError(f"{where}: missing {', '.join(sorted(missing))}")
     family = entry["tokenizer_family"]
     if not isinstance(family, str) or family not in policies:
-        fallback = _fallback_family(family) if isinstance(family, str) else None
+        fallback = fallback_family_of(family) if isinstance(family, str) else None
         borrowed = f", nor has its fallback family {fallback!r}" if fallback is not None else ""
         raise CatalogError(
             f"{where}: tokenizer_family {family!r} has no [tokenizer_policy] entry{borrowed} "

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _core
 from .errors import InvalidFormatInput
-from .tokens import _estimator_for
+from .tokens import estimator_for
 
 __all__ = [
     "COMPACT_NONCE_DIGITS",
@@ -64,7 +64,7 @@ COMPACT_SAFETY_SENTENCE: str = _core.COMPACT_SAFETY_SENTENCE
 MEMORY_FORMATS: tuple[str, ...] = ("compact", "verbose")
 #: The attributes the compact rendering writes only when a request names them.
 MEMORY_ATTRIBUTES: tuple[str, ...] = ("score", "source")
-_FORMAT_CODES = {"verbose": 0, "compact": 1}
+FORMAT_CODES = {"verbose": 0, "compact": 1}
 
 _NONCE = re.compile(f"[0-9a-f]{{{MIN_NONCE_HEX_DIGITS},}}")
 _COMPACT_NONCE = re.compile(f"[0-9]{{{COMPACT_NONCE_DIGITS},}}")
@@ -81,11 +81,11 @@ class FormatSection(enum.StrEnum):
 
 
 # Mirrors ctxcore::FormatSection and ctxcore::PieceKind (src_c/include/ctxcore/serializer.hpp).
-_SECTIONS = (FormatSection.DIRECTIVE, FormatSection.HISTORY, FormatSection.MEMORIES, FormatSection.TOOLS)
-_PIECE_FRAME, _PIECE_DIRECTIVE, _PIECE_MESSAGE, _PIECE_MEMORY, _PIECE_TOOLS = range(5)
+SECTIONS = (FormatSection.DIRECTIVE, FormatSection.HISTORY, FormatSection.MEMORIES, FormatSection.TOOLS)
+PIECE_FRAME, PIECE_DIRECTIVE, PIECE_MESSAGE, PIECE_MEMORY, PIECE_TOOLS = range(5)
 
 
-class _Sections(Mapping[str, str]):
+class Sections(Mapping[str, str]):
     """Section name -> its text, sliced from the formatted text when read.
 
     The memories section is most of the text; slicing it only on access keeps building
@@ -111,8 +111,8 @@ class _Sections(Mapping[str, str]):
     def __repr__(self) -> str:
         return repr(dict(self))
 
-    def __reduce__(self) -> tuple[type[_Sections], tuple[str, dict[str, tuple[int, int]]]]:
-        return (_Sections, (self._text, self._spans))
+    def __reduce__(self) -> tuple[type[Sections], tuple[str, dict[str, tuple[int, int]]]]:
+        return (Sections, (self._text, self._spans))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ class FormattedContext:
     handles: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sections, (_Sections, MappingProxyType)):
+        if not isinstance(self.sections, (Sections, MappingProxyType)):
             object.__setattr__(self, "sections", MappingProxyType(dict(self.sections)))
         if not isinstance(self.handles, MappingProxyType):
             object.__setattr__(self, "handles", MappingProxyType(dict(self.handles)))
@@ -154,7 +154,7 @@ class FormattedContext:
         self,
     ) -> tuple[type[FormattedContext], tuple[str, str, Mapping[str, str], int, dict[str, str]]]:
         # A mappingproxy does not pickle; the plain dict it wraps does.
-        sections = self.sections if isinstance(self.sections, _Sections) else dict(self.sections)
+        sections = self.sections if isinstance(self.sections, Sections) else dict(self.sections)
         return (FormattedContext, (self.text, self.nonce, sections, self.replaced_chars, dict(self.handles)))
 
 
@@ -216,10 +216,10 @@ def _invalid(message: str, section: FormatSection, index: int = -1, item_id: str
 
 
 def _memory_format(memory_format: object) -> int:
-    if not isinstance(memory_format, str) or memory_format not in _FORMAT_CODES:
+    if not isinstance(memory_format, str) or memory_format not in FORMAT_CODES:
         raise _invalid(f"memory_format must be one of {MEMORY_FORMATS}, got {memory_format!r:.60}",
                        FormatSection.MEMORIES)
-    return _FORMAT_CODES[memory_format]
+    return FORMAT_CODES[memory_format]
 
 
 def _attributes(attributes: object) -> frozenset[str]:
@@ -263,7 +263,7 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
 
 
 def _nonce(nonce: object, code: int = 0) -> str:
-    compact = code == _FORMAT_CODES["compact"]
+    compact = code == FORMAT_CODES["compact"]
     if nonce is None:
         return (f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}" if compact
                 else secrets.token_hex(NONCE_BYTES))
@@ -310,7 +310,7 @@ def _tool_name(tool: object) -> str:
     return f" ({name!r})" if isinstance(name, str) else ""
 
 
-def _tools_json(tools: object) -> str | None:
+def tools_json_text(tools: object) -> str | None:
     """The tool schemas as one compact JSON array, or None when there are none."""
     items = _items(tools, FormatSection.TOOLS, "JSON-serializable tool schemas")
     if not items:
@@ -392,19 +392,19 @@ def format_context(
     used_nonce = _nonce(nonce, code)
     mems = _items(memories, FormatSection.MEMORIES, "memories")
     handles: dict[str, str] = {}
-    if code == _FORMAT_CODES["compact"]:
+    if code == FORMAT_CODES["compact"]:
         mems, handles = _compact(mems, attributes)
     text, spans, replaced, _ = _core.format_context(
         _directive(directive),
         _items(history, FormatSection.HISTORY, "messages"),
         mems,
-        _tools_json(tools),
+        tools_json_text(tools),
         used_nonce,
         False,
         False,
         code,
     )
-    sections = _Sections(text, {str(_SECTIONS[s]): (begin, end) for s, begin, end in spans})
+    sections = Sections(text, {str(SECTIONS[s]): (begin, end) for s, begin, end in spans})
     return FormattedContext(text, used_nonce, sections, replaced, handles)
 
 
@@ -465,7 +465,7 @@ def formatter_overhead(
     mems = _items(memories, FormatSection.MEMORIES, "memories")
     # The smallest memory rides along as the last one: priced by the same serializer pass.
     smallest: dict[str, Any] = {"id": "m", "text": ""}
-    if code == _FORMAT_CODES["compact"]:
+    if code == FORMAT_CODES["compact"]:
         # Memory i gets handle m{i+1} when formatted, whichever are selected, only if the
         # caller formats the same list; a selected subset is renumbered, and its handles are
         # never longer than the ones priced here (handle k <= i+1 digits), so the price holds.
@@ -475,7 +475,7 @@ def formatter_overhead(
         _directive(directive),
         _items(history, FormatSection.HISTORY, "messages"),
         [*mems, smallest],
-        _tools_json(tools),
+        tools_json_text(tools),
         used_nonce,
         True,
         True,
@@ -484,7 +484,7 @@ def formatter_overhead(
     kinds = [kind for kind, _ in pieces]
     if count is None:
         assert family is not None
-        costs = _price_estimated(text, kinds, [end for _, end in pieces], family)
+        costs = price_estimated(text, kinds, [end for _, end in pieces], family)
     else:
         texts: list[str] = []
         begin = 0
@@ -496,22 +496,22 @@ def formatter_overhead(
     memory_costs: list[int] = []
     for kind, cost in zip(kinds, costs):
         totals[kind] += cost
-        if kind == _PIECE_MEMORY:
+        if kind == PIECE_MEMORY:
             memory_costs.append(cost)
     wrapper = memory_costs.pop()
     return FormatterOverhead(
         nonce=used_nonce,
         family=family,
-        fixed_tokens=totals[_PIECE_FRAME],
-        directive_tokens=totals[_PIECE_DIRECTIVE],
-        history_tokens=totals[_PIECE_MESSAGE],
-        tools_tokens=totals[_PIECE_TOOLS],
+        fixed_tokens=totals[PIECE_FRAME],
+        directive_tokens=totals[PIECE_DIRECTIVE],
+        history_tokens=totals[PIECE_MESSAGE],
+        tools_tokens=totals[PIECE_TOOLS],
         memory_tokens=tuple(memory_costs),
         wrapper_tokens=wrapper,
     )
 
 
-def _price_estimated(text: str, kinds: list[int], ends: list[int], family: str) -> list[int]:
+def price_estimated(text: str, kinds: list[int], ends: list[int], family: str) -> list[int]:
     """The estimator's cost of each piece, in one compiled pass over `text`.
 
     The estimator prices each code point given the one before it, so each piece is priced
@@ -523,13 +523,13 @@ def _price_estimated(text: str, kinds: list[int], ends: list[int], family: str) 
     sum of raw costs is at most the sum of their estimates, so the prices bound the whole
     text's estimate whatever subset of the memories is formatted.
     """
-    first_memory = kinds.index(_PIECE_MEMORY)
+    first_memory = kinds.index(PIECE_MEMORY)
     # The characters a memory element can follow: the end of the piece before the first
     # memory (the safety sentence's line), and a memory element's own last character.
     after_frame = text[ends[first_memory - 1] - 1]
     after_memory = text[ends[first_memory] - 1]
-    is_memory = np.fromiter((k == _PIECE_MEMORY for k in kinds), dtype=bool, count=len(kinds))
-    priced = _estimator_for(family).price_pieces(
+    is_memory = np.fromiter((k == PIECE_MEMORY for k in kinds), dtype=bool, count=len(kinds))
+    priced = estimator_for(family).price_pieces(
         text, np.array(ends, dtype=np.int64), is_memory, after_frame, after_memory
     )
     return list(priced.tolist())

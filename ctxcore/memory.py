@@ -585,7 +585,7 @@ class MemoryBatch(Sequence[MemoryRecord]):
         return f"MemoryBatch({self.organization_id!r}, {self.agent_id!r}, {len(self)} memories)"
 
 
-class _Chain(Sequence[MemoryRecord]):
+class Chain(Sequence[MemoryRecord]):
     """Sequences of records one after another (the hot and cold results), not copied:
     a `MemoryBatch` among them stays columns until a record is read."""
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from .formatting import FormatterOverhead, formatter_overhead
 from .request import Message, Rendering, Role, ToolSpec, check_tool_pairs, tool_input
-from .tokens import _estimator, count_tokens
+from .tokens import estimator_of, count_tokens
 
 __all__ = [
     "ANTHROPIC_ASSISTANT_TURN",
@@ -497,7 +497,7 @@ class RenderingPrice:
 def _counter(family: str, exact: bool) -> Callable[[str], int]:
     if exact:
         return lambda text: count_tokens(text, family).value
-    est = _estimator(family)
+    est = estimator_of(family)
     return est.estimate
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
-from .memory import LATER, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources, _Chain
+from .memory import LATER, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources, Chain
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
 __all__ = [
@@ -339,7 +339,7 @@ async def retrieve(
             if len(o.value):
                 parts.append(o.value)
             foreign.extend(o.out_of_scope)
-    return Retrieved(directive, _Chain(parts), tuple(foreign), tuple(records), wall)
+    return Retrieved(directive, Chain(parts), tuple(foreign), tuple(records), wall)
 
 
 def _has_source(sources: Sources, branch: Branch) -> bool:

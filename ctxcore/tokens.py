@@ -135,7 +135,7 @@ def _estimator_table() -> dict[str, dict[str, Any]]:
 
 
 @functools.cache
-def _estimator(family: str) -> _core.Estimator:
+def estimator_of(family: str) -> _core.Estimator:
     table = _estimator_table()
     if family not in table:
         raise ValueError(
@@ -175,9 +175,14 @@ def _family(family: object) -> str:
     return str(family)
 
 
-def _estimator_for(family: str) -> _core.Estimator:
+def estimator_for(family: str) -> _core.Estimator:
     # A registered family is estimated with the calibrated family it borrows from.
-    return _estimator(_fallback_family(family) or family)
+    return estimator_of(fallback_family_of(family) or family)
+
+
+def tokenizer_loaded(family: str) -> bool:
+    """Whether `family`'s exact tokenizer is registered or already loaded (never loads it)."""
+    return family in _registry or family in _encodings
 
 
 def estimator_families() -> tuple[str, ...]:
@@ -219,7 +224,7 @@ def estimate_tokens(text: str, family: str) -> TokenCount:
     fam = _family(family)
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return TokenCount(_estimator_for(fam).estimate(text), fam, TokenKind.ESTIMATE)
+    return TokenCount(estimator_for(fam).estimate(text), fam, TokenKind.ESTIMATE)
 
 
 def estimate_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int64]:
@@ -239,7 +244,7 @@ def estimate_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.i
     >>> estimate_tokens_batch(["", "a b c"], "cl100k_base").tolist()[0]
     0
     """
-    est = _estimator_for(_family(family))
+    est = estimator_for(_family(family))
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of str, not a str")
     out = est.estimate_batch(texts if isinstance(texts, (list, tuple)) else list(texts))
@@ -534,7 +539,7 @@ def unregister_tokenizer(family: str) -> None:
             raise TokenizerUnavailable(f"no tokenizer is registered for {fam!r}")
 
 
-def _fallback_family(family: str) -> str | None:
+def fallback_family_of(family: str) -> str | None:
     """The calibrated family a registered `family` borrows its estimator and policy from."""
     entry = _registry.get(family)
     return None if entry is None else entry.fallback_family

@@ -321,7 +321,9 @@ def _check_exact_and_honest(family: str, ctx: ctxcore.AssembledContext, token_bu
         if e.memory_id in selected:
             assert e.pricing in EXACT_PRICINGS, e
         if e.pricing == "approximate":
-            assert e.memory_id not in selected and not e.recounted and e.reason == ctxcore.TraceReason.BUDGET_EXHAUSTED
+            # Left out on its price, or as a near-duplicate of a selected memory.
+            assert e.memory_id not in selected and not e.recounted
+            assert e.reason in (ctxcore.TraceReason.BUDGET_EXHAUSTED, ctxcore.TraceReason.REDUNDANT)
     assert ctx.pack is not None and ctx.pack.tokens_used <= ctx.budget.usable
     return exact
 

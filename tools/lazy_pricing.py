@@ -52,8 +52,8 @@ def _switch(approach: str) -> None:
     except ImportError:  # an install from before the count cache: its own pricing counts all
         return
     if approach in ("lazy-only", "estimator-only", "count-all"):
-        memcounts._MEMORY_COUNTS.get_many = lambda family, ids, texts: np.full(len(ids), -1, dtype=np.int64)  # type: ignore[method-assign]
-        memcounts._MEMORY_COUNTS.put_many = lambda family, items: None  # type: ignore[method-assign]
+        memcounts.MEMORY_COUNTS.get_many = lambda family, ids, texts: np.full(len(ids), -1, dtype=np.int64)  # type: ignore[method-assign]
+        memcounts.MEMORY_COUNTS.put_many = lambda family, items: None  # type: ignore[method-assign]
     if approach in ("cache-only", "count-all"):
         pricing.BOUNDARY_SHARE = 1e-12  # the first round's boundary: every candidate with a score
     if approach.startswith("estimator"):

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..memory import MemoryBatch, MemoryOrigin, MemoryRecord, _Chain
+from ..memory import MemoryBatch, MemoryOrigin, MemoryRecord, Chain
 from ..result import TraceReason
 from ..scoring import (
     SIGNALS,
@@ -26,11 +26,11 @@ from ..scoring import (
     value_scores,
 )
 from .config import RECENCY_HALF_LIFE_DAYS
-from .trace import _REASON_CODE, TraceTable, _TraceRows
+from .trace import REASON_CODE, TraceTable, TraceRows
 
 
 @dataclass(slots=True)
-class _Columns:
+class Columns:
     """The retrieved memories as columns (one C-level pass over the records): str fields
     as lists, numbers as arrays (NaN for None; -1 for no stored count of the family)."""
 
@@ -54,11 +54,11 @@ class _Columns:
         return len(self.ids)
 
     @classmethod
-    def of(cls, mems: Sequence[MemoryRecord], family: str) -> _Columns:
+    def of(cls, mems: Sequence[MemoryRecord], family: str) -> Columns:
         """The columns of `mems`: batches give their own (joined without going through one
         set of columns per part), records are read in one C pass, and the parts of a
         chained result are joined."""
-        parts = mems.parts if isinstance(mems, _Chain) else (mems,)
+        parts = mems.parts if isinstance(mems, Chain) else (mems,)
         out = cls._of_parts(parts, family)
         for p in parts:
             if type(p) is MemoryBatch:
@@ -67,7 +67,7 @@ class _Columns:
         return out
 
     @classmethod
-    def _of_parts(cls, parts: Sequence[Sequence[MemoryRecord]], family: str) -> _Columns:
+    def _of_parts(cls, parts: Sequence[Sequence[MemoryRecord]], family: str) -> Columns:
         if not parts:
             return cls._with_fulltext(cls(*_core.memory_columns((), MemoryRecord, family)), ())
         if all(type(p) is MemoryBatch for p in parts):
@@ -84,13 +84,13 @@ class _Columns:
         )
 
     @staticmethod
-    def _with_fulltext(cols: _Columns, records: Sequence[MemoryRecord]) -> _Columns:
+    def _with_fulltext(cols: Columns, records: Sequence[MemoryRecord]) -> Columns:
         cols.fulltext = np.array([np.nan if (v := getattr(r, "fulltext_score", None)) is None else v
                                   for r in records], dtype=np.float64)
         return cols
 
     @classmethod
-    def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> _Columns:
+    def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> Columns:
         if len(parts) == 1:
             b = parts[0]
             return cls._joined(b.ids, b.texts, list(b.origins),
@@ -104,7 +104,7 @@ class _Columns:
 
     @classmethod
     def _joined(cls, ids: list[str], texts: list[str], origins: list[str],
-                numbers: list[list[npt.NDArray[Any]]]) -> _Columns:
+                numbers: list[list[npt.NDArray[Any]]]) -> Columns:
         """Columns from the parts' arrays of similarity, confidence, importance, creation
         time, stored count and full-text score (one array each: used as it is)."""
         distinct = list(dict.fromkeys(origins))
@@ -142,7 +142,7 @@ def _recency(created_at: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.
 
 
 
-def _merge_signals(cols: _Columns) -> None:
+def _merge_signals(cols: Columns) -> None:
     """A memory returned by more than one path (the hot and the cold one, say) carries the
     signals of all of them: each row of an id gets the id's best similarity and full-text
     score (rows that are alike then score alike; the first is kept)."""
@@ -163,7 +163,7 @@ def _merge_signals(cols: _Columns) -> None:
     cols.similarity, cols.fulltext = sim, fts
 
 
-def _fused(cols: _Columns, model: ValueModel, config: ScoringConfig,
+def _fused(cols: Columns, model: ValueModel, config: ScoringConfig,
            now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], list[str], dict[str, Any]]:
     """Scores, the floors' verdict, each row's dominant signal and the record, under the
     fused value model."""
@@ -201,7 +201,7 @@ def _fused(cols: _Columns, model: ValueModel, config: ScoringConfig,
     return scores, kept, signals, record
 
 
-def gate(cols: _Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int | None,
+def gate(cols: Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int | None,
          trace: TraceTable, model: ValueModel | None = None) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
     """Score the candidates, gate them on relevance, keep the best-scored row of each id
     and at most `max_memories` of them (best first, then by id; None: no count cap). With
@@ -234,20 +234,20 @@ def gate(cols: _Columns, weights: ScoreWeights | None, config: ScoringConfig, ma
         record = scored.record()
     first = _best_of_each_id(cols.ids, cols.scores)
     keep = kept.copy()
-    reason = np.full(cols.n, _REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
+    reason = np.full(cols.n, REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
     if first is not None:
         keep &= first
-        reason[~first] = _REASON_CODE[TraceReason.DUPLICATE]
+        reason[~first] = REASON_CODE[TraceReason.DUPLICATE]
     out = np.flatnonzero(~keep)
-    trace.add_rows(_TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out],
+    trace.add_rows(TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out],
                               signal=[signals[i] for i in out.tolist()]))
     cand = np.flatnonzero(keep)
     if max_memories is not None and cand.size > max_memories:
         ids, sc = cols.ids, cols.scores
         ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
         over = ranked[max_memories:]
-        trace.add_rows(_TraceRows(cols.ids, cols.origins, over,
-                                  np.full(over.size, _REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
+        trace.add_rows(TraceRows(cols.ids, cols.origins, over,
+                                  np.full(over.size, REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
                                   cols.scores[over], cols.relevance[over], signal=[signals[i] for i in over.tolist()]))
         cand = ranked[:max_memories]
     return cand, record, signals

@@ -17,7 +17,7 @@ from ..result import (
 )
 
 
-def _message_item(m: Message) -> dict[str, str]:
+def message_item(m: Message) -> dict[str, str]:
     """A message as the formatter takes it. Tool calls and tool results are part of the
     conversation the model sees, so they are written into the content (and counted)."""
     content = m.content
@@ -29,7 +29,7 @@ def _message_item(m: Message) -> dict[str, str]:
     return {"role": m.role.value, "content": content}
 
 
-def _turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
+def turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
     """Split messages into atomic groups [begin, end): an assistant message with tool
     calls and the tool results that answer it go together; anything else stands alone."""
     groups: list[tuple[int, int]] = []
@@ -45,7 +45,7 @@ def _turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
     return groups
 
 
-def _overflow_message(budget: Budget) -> str:
+def overflow_message(budget: Budget) -> str:
     tb = budget.token_budget
     if tb is not None and tb < budget.context_window - budget.response_reserve:
         return (
@@ -62,7 +62,7 @@ def _overflow_message(budget: Budget) -> str:
     )
 
 
-def _trim(
+def trim(
     groups: Sequence[tuple[int, int]],
     group_prefix: npt.NDArray[np.int64],
     message_costs: npt.NDArray[np.int64],

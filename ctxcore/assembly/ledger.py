@@ -20,8 +20,8 @@ from .. import _core, tokens
 from ..catalog import Catalog, ModelCapability
 from ..counting import boundary_allowance, count_exact_batch
 from ..errors import TokenizerUnavailable
-from ..formatting import _FORMAT_CODES
-from ..tokens import TokenKind, _estimator_for, exact_families
+from ..formatting import FORMAT_CODES, PIECE_DIRECTIVE, PIECE_FRAME, PIECE_MEMORY, PIECE_MESSAGE, PIECE_TOOLS
+from ..tokens import TokenKind, estimator_for, exact_families
 
 #: Exact counting speed assumed when deciding whether a count can be had before the
 #: deadline (UTF-8 bytes per millisecond; tiktoken counts ~3-10 MB/s on this machine, the
@@ -81,12 +81,12 @@ _COUNTS: _CountCache[int] = _CountCache(COUNT_CACHE_ENTRIES)
 _FRAMES: _CountCache[tuple[int, int]] = _CountCache(4096)
 
 
-def _uncached_bytes(texts: Sequence[str], family: str) -> int:
+def uncached_bytes(texts: Sequence[str], family: str) -> int:
     keys = [_CountCache.key(family, t) for t in texts]
     return sum(len(t) for t, v in zip(texts, _COUNTS.get_many(keys)) if v is None)
 
 
-def _exact(texts: Sequence[str], family: str, *, cache: bool = True) -> list[int]:
+def exact_counts(texts: Sequence[str], family: str, *, cache: bool = True) -> list[int]:
     """Exact counts of `texts`, from the cache where it has them, the rest in one batch
     (texts that never repeat, such as those holding a nonce, pass ``cache=False``)."""
     if not cache:
@@ -102,7 +102,7 @@ def _exact(texts: Sequence[str], family: str, *, cache: bool = True) -> list[int
     return [int(v) for v in got]  # type: ignore[arg-type]
 
 
-def _split(text: str, pieces: Sequence[tuple[int, int]]) -> tuple[list[int], list[str]]:
+def split_pieces(text: str, pieces: Sequence[tuple[int, int]]) -> tuple[list[int], list[str]]:
     kinds: list[int] = []
     texts: list[str] = []
     begin = 0
@@ -114,7 +114,7 @@ def _split(text: str, pieces: Sequence[tuple[int, int]]) -> tuple[list[int], lis
 
 
 @dataclass(slots=True)
-class _Ledger:
+class Ledger:
     """Prices the formatter's pieces in one family, exactly or with the estimator, for
     one rendering of the memory elements (`memory_format`, as for `format_context`)."""
 
@@ -125,7 +125,7 @@ class _Ledger:
     @property
     def format_code(self) -> int:
         """The serializer's code of `memory_format`."""
-        return _FORMAT_CODES[self.memory_format]
+        return FORMAT_CODES[self.memory_format]
 
     def costs(self, text: str, pieces: Sequence[tuple[int, int]], texts: Sequence[str]) -> list[int]:
         """Each piece's cost: its exact count on its own, or the estimator's price of it
@@ -136,21 +136,21 @@ class _Ledger:
                 # A message always follows a ``>`` (``<history>`` or the message before it),
                 # and for the built-in families that ``>`` and the message's newline are one
                 # chunk: a message costs what it adds behind the ``>``, as the whole text counts.
-                is_message = [k == _PIECE_MESSAGE for k, _ in pieces]
-                counted = _exact([">" + t if m else t for t, m in zip(texts, is_message)], self.family)
-                gt = _exact([">"], self.family)[0]
+                is_message = [k == PIECE_MESSAGE for k, _ in pieces]
+                counted = exact_counts([">" + t if m else t for t, m in zip(texts, is_message)], self.family)
+                gt = exact_counts([">"], self.family)[0]
                 return [c - gt if m else c for c, m in zip(counted, is_message)]
-            return _exact(texts, self.family)
+            return exact_counts(texts, self.family)
         ends = np.array([e for _, e in pieces], dtype=np.int64)
-        priced = _estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
+        priced = estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
         return list(priced.tolist())
 
     def price(self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None,
               frame: bool) -> tuple[list[int], list[int]]:
         """(kinds, costs) of every piece of the context formatted without memories."""
-        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, _PRICING_NONCE, frame, True,
+        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, PRICING_NONCE, frame, True,
                                                   self.format_code)
-        kinds, texts = _split(text, pieces)
+        kinds, texts = split_pieces(text, pieces)
         return kinds, self.costs(text, pieces, texts)
 
     def frame_and_directive(self, directive: str | None, has_history: bool, has_tools: bool) -> tuple[int, int]:
@@ -169,19 +169,18 @@ class _Ledger:
         kinds, costs = self.price(
             directive, _PLACEHOLDER_HISTORY if has_history else (), "[0]" if has_tools else None, True
         )
-        fixed = sum(c for k, c in zip(kinds, costs) if k == _PIECE_FRAME)
-        dcost = sum(c for k, c in zip(kinds, costs) if k == _PIECE_DIRECTIVE)
+        fixed = sum(c for k, c in zip(kinds, costs) if k == PIECE_FRAME)
+        dcost = sum(c for k, c in zip(kinds, costs) if k == PIECE_DIRECTIVE)
         if self.exact and directive:
             dcost += DIRECTIVE_BOUNDARY_ALLOWANCE
         return fixed, dcost
 
 
-_PRICING_NONCE = "0" * 32
+PRICING_NONCE = "0" * 32
 _PLACEHOLDER_HISTORY = ({"role": "user", "content": ""},)
-_PIECE_FRAME, _PIECE_DIRECTIVE, _PIECE_MESSAGE, _PIECE_MEMORY, _PIECE_TOOLS = range(5)
 
 
-def _ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> ModelCapability:
+def ledger_capability(cat: Catalog, cap: ModelCapability, exact: bool) -> ModelCapability:
     kind = TokenKind.EXACT if exact else TokenKind.ESTIMATE
     if cap.estimate_kind is kind:
         return cap
@@ -194,7 +193,7 @@ _loading_lock = threading.Lock()
 
 def _tokenizer_ready(family: str) -> bool:
     """Whether `family`'s exact tokenizer is loaded (or registered), without loading it."""
-    return family in tokens._registry or family in tokens._encodings
+    return tokens.tokenizer_loaded(family)
 
 
 def _load_in_background(family: str) -> None:
@@ -222,7 +221,7 @@ def warm_tokenizers() -> tuple[str, ...]:
     return exact_families()
 
 
-def _can_count_exactly(cat: Catalog, cap: ModelCapability, deadline: float | None) -> bool:
+def can_count_exactly(cat: Catalog, cap: ModelCapability, deadline: float | None) -> bool:
     # The catalog says which kind of count the model is budgeted in; exact needs the
     # family's tokenizer installed (or registered) too. A vocabulary not loaded yet takes
     # a second or more to load: under a deadline it loads in the background and this
@@ -239,7 +238,7 @@ def _can_count_exactly(cat: Catalog, cap: ModelCapability, deadline: float | Non
     return policy is not None and TokenKind.EXACT in policy.safety_fractions
 
 
-def _time_left_ms(deadline: float | None) -> float:
+def time_left_ms(deadline: float | None) -> float:
     return math.inf if deadline is None else (deadline - time.monotonic()) * 1000.0
 
 

@@ -139,7 +139,7 @@ class _MemoryCountCache:
             self._hits = self._misses = 0
 
 
-_MEMORY_COUNTS = _MemoryCountCache(MEMORY_COUNT_CACHE_ENTRIES, MEMORY_COUNT_CACHE_CHARS)
+MEMORY_COUNTS = _MemoryCountCache(MEMORY_COUNT_CACHE_ENTRIES, MEMORY_COUNT_CACHE_CHARS)
 
 
 def memory_count_cache_stats() -> MemoryCountCacheStats:
@@ -150,7 +150,7 @@ def memory_count_cache_stats() -> MemoryCountCacheStats:
     >>> s.entries <= s.max_entries and s.chars <= s.max_chars
     True
     """
-    return _MEMORY_COUNTS.stats()
+    return MEMORY_COUNTS.stats()
 
 
 #: Tokens per UTF-8 byte assumed for a memory before any of its family's memories has

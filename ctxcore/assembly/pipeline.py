@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..catalog import Catalog, default_catalog
-from ..formatting import _SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, _Sections
+from ..formatting import SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
@@ -37,13 +37,13 @@ from ..scoring import ScoreWeights, ScoringConfig, ValueModel
 from ..tokens import TokenCount
 from .config import AssemblyConfig
 from .context import AssembledContext
-from .gate import _Columns, gate
-from .plan import _Plan, _plan, _settle
+from .gate import Columns, gate
+from .plan import Plan, make_plan, settle
 from .pricing import attribute_mask, price_candidates
-from .trace import _PACK_REASON_CODES, _REASON_CODE, TraceTable, _TraceRows
+from .trace import PACK_REASON_CODES, REASON_CODE, TraceTable, TraceRows
 
 _PINNED = "pinned"
-_PINNED_CODE = int(_REASON_CODE[TraceReason.PINNED])
+_PINNED_CODE = int(REASON_CODE[TraceReason.PINNED])
 
 _T = TypeVar("_T")
 #: The normalized texts of retrieved memories, kept across requests (near-duplicates).
@@ -128,7 +128,7 @@ async def assemble(
     weights = ScoreWeights(**dict(opts.weights)) if opts.weights else None
 
     # ---- budget before work: messages and tools priced, the request refused if it cannot fit
-    plan = await _in(executor, _plan, request, cat, cap, cfg, deadline)
+    plan = await _in(executor, make_plan, request, cat, cap, cfg, deadline)
 
     reasons: list[str] = []
     run_directive = opts.context_enabled
@@ -181,7 +181,7 @@ class _Scored:
     """The candidates once scored and gated: columns, the candidate rows, the trace so far."""
 
     trace: TraceTable
-    cols: _Columns
+    cols: Columns
     cand: npt.NDArray[np.intp]
     scoring_record: dict[str, Any]
     signals: list[str]
@@ -189,14 +189,14 @@ class _Scored:
     t_scored: float
 
 
-def _score(request: AssemblyRequest, retrieved: Retrieved, plan: _Plan, scoring_config: ScoringConfig,
+def _score(request: AssemblyRequest, retrieved: Retrieved, plan: Plan, scoring_config: ScoringConfig,
            weights: ScoreWeights | None) -> _Scored:
     """Scoring, the gate, de-duplication and the per-request cap, over columns."""
     opts = request.options
     trace = TraceTable()
     for m in retrieved.out_of_scope:
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
-    cols = _Columns.of(retrieved.memories, plan.cap.tokenizer_family)
+    cols = Columns.of(retrieved.memories, plan.cap.tokenizer_family)
     model = opts.value_model if isinstance(opts.value_model, ValueModel) else None  # "interim"
     cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
     return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
@@ -218,7 +218,7 @@ async def _rerank(reranker: Reranker, request: AssemblyRequest, scored: _Scored,
     return record
 
 
-def _packer(cols: _Columns, cand: npt.NDArray[np.intp], usable: int,
+def _packer(cols: Columns, cand: npt.NDArray[np.intp], usable: int,
             pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float
             ) -> tuple[Callable[[npt.NDArray[np.int64]], PackResult], npt.NDArray[np.bool_] | None]:
     """The knapsack over the candidates' scores (pinned ones first), as a function of
@@ -250,7 +250,7 @@ def _packer(cols: _Columns, cand: npt.NDArray[np.intp], usable: int,
 
 def _finish(
     request: AssemblyRequest,
-    plan: _Plan,
+    plan: Plan,
     retrieved: Retrieved,
     cfg: AssemblyConfig,
     scoring_config: ScoringConfig,
@@ -276,7 +276,7 @@ def _finish(
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    budget, kept_idx, dropped, directive_tokens, directive_framing = _settle(plan, directive, request, cfg)
+    budget, kept_idx, dropped, directive_tokens, directive_framing = settle(plan, directive, request, cfg)
     history = plan.history if not dropped else [plan.history[i] for i in kept_idx]
     t_budgeted = time.perf_counter()
 
@@ -298,13 +298,13 @@ def _finish(
             opts.memory_attributes,
         )
         memory_total = int(pack_result.tokens_used)
-        pack_reasons = _PACK_REASON_CODES[pack_result.reasons]
+        pack_reasons = PACK_REASON_CODES[pack_result.reasons]
         rows = cand.tolist()
         signal = list(map(signals.__getitem__, rows))
         if pinned is not None:
             for k in np.flatnonzero(pack_reasons == _PINNED_CODE).tolist():
                 signal[k] = _PINNED
-        trace.add_rows(_TraceRows(cols.ids, cols.origins, cand, pack_reasons,
+        trace.add_rows(TraceRows(cols.ids, cols.origins, cand, pack_reasons,
                                   cols.scores[cand], cols.relevance[cand], costs, recounted, pricing,
                                   signal=signal))
         selected = cand[pack_result.indices]
@@ -317,7 +317,7 @@ def _finish(
         plan.ledger.format_code, attribute_mask(opts.memory_attributes) if compact else 3, compact,
     )
     handles = {f"m{k + 1}": cols.ids[i] for k, i in enumerate(selected.tolist())} if compact else {}
-    sections = _Sections(text, {str(_SECTIONS[k]): (begin, end) for k, begin, end in spans})
+    sections = Sections(text, {str(SECTIONS[k]): (begin, end) for k, begin, end in spans})
     t_end = time.perf_counter()
     timings = StageTimings(
         budget_ms=(t_budgeted - t_scored + plan.t_priced - t_start) * 1000.0,

@@ -17,33 +17,31 @@ from .. import _core
 from ..budget import Budget, compute_budget
 from ..catalog import Catalog, ModelCapability
 from ..errors import ContextOverflow
-from ..formatting import _tools_json
+from ..formatting import PIECE_MESSAGE, PIECE_TOOLS, tools_json_text
 from ..payloads import RenderingCosts, rendering_costs
 from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
 from ..result import HistoryDrop
 from .config import AssemblyConfig
-from .history import _message_item, _overflow_message, _trim, _turn_groups
+from .history import message_item, overflow_message, trim, turn_groups
 from .ledger import (
-    _PIECE_MESSAGE,
-    _PIECE_TOOLS,
-    _PRICING_NONCE,
+    PRICING_NONCE,
     EXACT_COUNT_BYTES_PER_MS,
-    _can_count_exactly,
-    _Ledger,
-    _ledger_capability,
-    _split,
-    _time_left_ms,
-    _uncached_bytes,
+    can_count_exactly,
+    Ledger,
+    ledger_capability,
+    split_pieces,
+    time_left_ms,
+    uncached_bytes,
 )
 
 
 @dataclass(slots=True)
-class _Plan:
+class Plan:
     """What is settled before retrieval: the ledger, the messages and tools priced, and
     how much history can go."""
 
     cap: ModelCapability
-    ledger: _Ledger
+    ledger: Ledger
     history: list[dict[str, str]]
     message_costs: npt.NDArray[np.int64]
     groups: list[tuple[int, int]]  # droppable groups, oldest first
@@ -56,33 +54,33 @@ class _Plan:
     payload: RenderingCosts | None = None
 
 
-def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig,
-          deadline: float | None) -> _Plan:
+def make_plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig,
+          deadline: float | None) -> Plan:
     """Budget before work: price messages and tools and decide what history must go (up to
     the directive's share) before any store is queried; a request that cannot fit is
     refused here."""
-    history = [_message_item(m) for m in request.messages]
+    history = [message_item(m) for m in request.messages]
     tools = [dict(t) for t in request.tools] or None
-    tools_json = _tools_json(tools)
+    tools_json = tools_json_text(tools)
     family = cap.tokenizer_family
-    exact = _can_count_exactly(cat, cap, deadline)
-    text, _, _, pieces = _core.format_context(None, history, (), tools_json, _PRICING_NONCE, False, True)
-    kinds, texts = _split(text, pieces)
+    exact = can_count_exactly(cat, cap, deadline)
+    text, _, _, pieces = _core.format_context(None, history, (), tools_json, PRICING_NONCE, False, True)
+    kinds, texts = split_pieces(text, pieces)
     if exact and deadline is not None:
         # Exact counting of what is not cached must fit in half the time left; a very long
         # history on a short deadline is priced with the estimator instead (the ledger then
         # is in estimate counts, never a mix).
-        uncached = _uncached_bytes(texts, family)
-        exact = uncached <= 0.5 * _time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
+        uncached = uncached_bytes(texts, family)
+        exact = uncached <= 0.5 * time_left_ms(deadline) * EXACT_COUNT_BYTES_PER_MS
     memory_format = request.options.memory_format
-    ledger = _Ledger(family, exact, memory_format)
-    lcap = _ledger_capability(cat, cap, exact)
+    ledger = Ledger(family, exact, memory_format)
+    lcap = ledger_capability(cat, cap, exact)
     rendering = request.options.rendering
     payload: RenderingCosts | None = None
     if rendering is Rendering.TEXT:
         costs = ledger.costs(text, pieces, texts)
-        message_costs = np.array([c for k, c in zip(kinds, costs) if k == _PIECE_MESSAGE], dtype=np.int64)
-        tools_tokens = sum(c for k, c in zip(kinds, costs) if k == _PIECE_TOOLS)
+        message_costs = np.array([c for k, c in zip(kinds, costs) if k == PIECE_MESSAGE], dtype=np.int64)
+        tools_tokens = sum(c for k, c in zip(kinds, costs) if k == PIECE_TOOLS)
     else:
         # A payload: each message costs its content and its framing by the provider's rule
         # (additive over messages, so trimming takes a group's framing off with it).
@@ -90,7 +88,7 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
                                   messages=request.messages, tools=request.tools, memory_format=memory_format)
         message_costs = np.array(payload.message_tokens, dtype=np.int64)
         tools_tokens = payload.tools_tokens
-    groups = _turn_groups(request.messages)
+    groups = turn_groups(request.messages)
     last_user = max((i for i, m in enumerate(request.messages) if m.role == Role.USER), default=-1)
     droppable = [g for g in groups if not g[0] <= last_user < g[1]]
     if payload is None:
@@ -107,10 +105,10 @@ def _plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: Ass
     prefix = np.cumsum(np.array([message_costs[b:e].sum() for b, e in droppable], dtype=np.int64))
     most = int(prefix[-1]) if prefix.size else 0
     if budget.shortfall > 0 and strict:
-        raise ContextOverflow(_overflow_message(budget), budget)
+        raise ContextOverflow(overflow_message(budget), budget)
     if budget.shortfall > most:
-        raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
-    return _Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
+        raise ContextOverflow(overflow_message(budget) + " (nothing left to trim)", budget)
+    return Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
                  time.perf_counter(), payload)
 
 
@@ -123,7 +121,7 @@ def _strict(request: AssemblyRequest, window_only: Callable[[], Budget]) -> bool
     return request.token_budget is None or window_only().shortfall > 0
 
 
-def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[int, int, int]:
+def _directive_share(plan: Plan, directive: str | None, model: str) -> tuple[int, int, int]:
     """(fixed, directive, directive framing) tokens once the directive is known."""
     if plan.payload is None:
         fixed, dcost = plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
@@ -136,11 +134,11 @@ def _directive_share(plan: _Plan, directive: str | None, model: str) -> tuple[in
 
 
 
-def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
+def settle(plan: Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
             ) -> tuple[Budget, list[int], list[HistoryDrop], int, int]:
     """The budget once the directive is known: its share, then the trimming already
     planned (one prefix-sum search). Returns the budget, the kept message indices, the
-    drops, and the directive's tokens and framing. Raises `ContextOverflow` as `_plan`."""
+    drops, and the directive's tokens and framing. Raises `ContextOverflow` as `make_plan`."""
     fixed, directive_tokens, directive_framing = _directive_share(plan, directive, plan.cap.name)
     messages_tokens = int(plan.message_costs.sum())
     of = functools.partial(compute_budget, plan.cap, directive_tokens=directive_tokens,
@@ -152,14 +150,14 @@ def _settle(plan: _Plan, directive: str | None, request: AssemblyRequest, cfg: A
     most = int(plan.group_prefix[-1]) if plan.group_prefix.size else 0
     if budget.shortfall > 0:
         if _strict(request, of):
-            raise ContextOverflow(_overflow_message(budget), budget)
+            raise ContextOverflow(overflow_message(budget), budget)
         if budget.shortfall > most:
-            raise ContextOverflow(_overflow_message(budget) + " (nothing left to trim)", budget)
+            raise ContextOverflow(overflow_message(budget) + " (nothing left to trim)", budget)
     cap = request.section_budgets.get("history")
     # The history cap trims what it can: the latest user turn stays whatever it costs.
     over = min(messages_tokens - cap, most) if cap is not None else 0
     if budget.shortfall > 0 or over > 0:
-        kept_idx, dropped = _trim(plan.groups, plan.group_prefix, plan.message_costs, request.messages,
+        kept_idx, dropped = trim(plan.groups, plan.group_prefix, plan.message_costs, request.messages,
                                   max(budget.shortfall, over))
         if over > budget.shortfall:
             # The oldest groups freed the budget's shortfall; the ones after them, the cap's.

@@ -14,25 +14,24 @@ import numpy.typing as npt
 
 from .. import _core
 from ..counting import boundary_allowance, compact_body_units, count_exact_batch, memory_units
-from ..formatting import _FORMAT_CODES, MEMORY_ATTRIBUTES, _price_estimated
-from ..memory import MemoryBatch, MemoryRecord, _Chain
+from ..formatting import FORMAT_CODES, MEMORY_ATTRIBUTES, PIECE_MEMORY, price_estimated
+from ..memory import MemoryBatch, MemoryRecord, Chain
 from ..packing import PackResult
 from ..result import (
     Pricing,
 )
 from ..tokens import TokenKind, estimate_tokens_batch
-from .gate import _Columns
+from .gate import Columns
 from .ledger import (
-    _PIECE_MEMORY,
-    _PRICING_NONCE,
+    PRICING_NONCE,
     COUNT_CACHE_ENTRIES,
     EXACT_COUNT_BYTES_PER_MS,
-    _exact,
-    _Ledger,
-    _time_left_ms,
+    exact_counts,
+    Ledger,
+    time_left_ms,
 )
-from .memcounts import _MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
-from .trace import _PRICING_CODE
+from .memcounts import MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
+from .trace import PRICING_CODE
 
 
 class _ShapeCache:
@@ -87,7 +86,7 @@ class _ShapeCache:
         got = table[k]
         if (got < 0).any():
             new = np.unique(k[got < 0])
-            counted = _exact(_shape_texts([(v / 1e4, source) for v in new.tolist()], mask), family)
+            counted = exact_counts(_shape_texts([(v / 1e4, source) for v in new.tolist()], mask), family)
             table[new] = counted
             got = table[k]
         return got
@@ -96,7 +95,7 @@ class _ShapeCache:
         other = self._other
         new = [v for v in dict.fromkeys(keys) if (family, v, source, mask) not in other]
         if new:
-            counted = _exact(_shape_texts([(v / 1e4, source) for v in new], mask), family)
+            counted = exact_counts(_shape_texts([(v / 1e4, source) for v in new], mask), family)
             with self._lock:
                 if len(other) + len(new) > self._capacity:
                     other.clear()
@@ -123,10 +122,10 @@ def _head_cost(family: str, nonce: str, fmt: int = 0) -> int:
     allow = boundary_allowance(family)
     p_text = f'\n<m n="{nonce}"' if fmt == _COMPACT else f'\n<memory nonce="{nonce}"'
     if allow == 0:
-        a, b = _exact([">", "."], family)
-        pa, pb = _exact([">" + p_text, "." + p_text], family, cache=False)
+        a, b = exact_counts([">", "."], family)
+        pa, pb = exact_counts([">" + p_text, "." + p_text], family, cache=False)
         return max(pa - a, pb - b)
-    return _exact([p_text], family, cache=False)[0] + allow
+    return exact_counts([p_text], family, cache=False)[0] + allow
 
 
 class _HandleCosts:
@@ -144,7 +143,7 @@ class _HandleCosts:
         table = self._most.get(family)
         if table is None or table.size < n:
             size = max(n, 1024, 0 if table is None else 2 * table.size)
-            counted = np.asarray(_exact([f' id="m{k}' for k in range(1, size + 1)], family, cache=False),
+            counted = np.asarray(exact_counts([f' id="m{k}' for k in range(1, size + 1)], family, cache=False),
                                  dtype=np.int64)
             table = np.maximum.accumulate(counted)
             with self._lock:
@@ -192,10 +191,10 @@ class _IdCosts:
 
 
 _IDS = _IdCosts(COUNT_CACHE_ENTRIES)
-_COMPACT = _FORMAT_CODES["compact"]
+_COMPACT = FORMAT_CODES["compact"]
 #: The count cache's family key suffix for compact body units.
 _COMPACT_KEY = "\x00compact"
-_FORMAT_NAMES = {code: name for name, code in _FORMAT_CODES.items()}
+_FORMAT_NAMES = {code: name for name, code in FORMAT_CODES.items()}
 #: The verbose closing tag and the compact one: the only difference between the two
 #: renderings' body units (after a cut the built-in families always make, at ``</``).
 _CLOSE_TAGS = ("</memory>", "</m>")
@@ -236,7 +235,7 @@ def _break_density(scores: npt.NDArray[np.float64], costs: npt.NDArray[np.int64]
 
 def _memory_costs_exact(
     family: str,
-    cols: _Columns,
+    cols: Columns,
     cand: npt.NDArray[np.intp],
     nonce: str,
     deadline: float | None,
@@ -265,7 +264,7 @@ def _memory_costs_exact(
     the score/source shape table."""
     allow = boundary_allowance(family)
     compact = fmt == _COMPACT
-    code = _PRICING_CODE
+    code = PRICING_CODE
     own = cols.stored[cand].astype(np.int64, copy=True)
     pricing = np.full(cand.size, code[Pricing.STORED.value], dtype=np.uint8)
     recounted = np.zeros(cand.size, dtype=bool)
@@ -276,7 +275,7 @@ def _memory_costs_exact(
         if have.size:
             # The store's ``I + B`` less the verbose ``I``, with the closing tag swapped (a
             # cut of its own on either side: an allowance each for a registered family).
-            close_v, close_c = _exact(list(_CLOSE_TAGS), family)
+            close_v, close_c = exact_counts(list(_CLOSE_TAGS), family)
             ids = [cols.ids[k] for k in cand[have].tolist()]
             own[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
     if mask:
@@ -293,7 +292,7 @@ def _memory_costs_exact(
     rows = cand[missing].tolist()
     ids = list(map(cols.ids.__getitem__, rows))
     texts = list(map(cols.texts.__getitem__, rows))
-    got = _MEMORY_COUNTS.get_many(kept_as, ids, texts)
+    got = MEMORY_COUNTS.get_many(kept_as, ids, texts)
     pending = np.zeros(cand.size, dtype=bool)
     nbytes = np.zeros(cand.size, dtype=np.int64)
     hit = got >= 0
@@ -333,7 +332,7 @@ def _memory_costs_exact(
         r_texts = list(map(cols.texts.__getitem__, r))
         units = compact_body_units(r_texts) if compact else memory_units(r_ids, r_texts)
         size = sum(map(len, units))
-        if size <= (_time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
+        if size <= (time_left_ms(deadline) - headroom_ms) * EXACT_COUNT_BYTES_PER_MS:
             per_unit = count_exact_batch(units, family)
             how = Pricing.COUNTED.value
         else:
@@ -345,7 +344,7 @@ def _memory_costs_exact(
         recounted[at] = True
         pending[at] = False
         if how == Pricing.COUNTED.value:
-            _MEMORY_COUNTS.put_many(kept_as, list(zip(zip(r_ids, r_texts), n.tolist())))
+            MEMORY_COUNTS.put_many(kept_as, list(zip(zip(r_ids, r_texts), n.tolist())))
             counted_tokens += int(n.sum())
             counted_bytes += int(nbytes[at].sum())
             # What this request has counted prices the rest better than the running ratio;
@@ -392,7 +391,7 @@ def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | 
     """(token_count, token_family, token_kind) of each memory, read from a batch's columns
     or the records, part by part (no per-index lookups through a chained result)."""
     out: list[tuple[int | None, str | None, str | None]] = []
-    for part in (mems.parts if isinstance(mems, _Chain) else (mems,)):
+    for part in (mems.parts if isinstance(mems, Chain) else (mems,)):
         if type(part) is MemoryBatch:
             out.extend(zip(part.token_count, part.token_family, part.token_kind))
         else:
@@ -401,7 +400,7 @@ def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | 
 
 
 def _memory_costs_estimated(
-    family: str, cols: _Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str,
+    family: str, cols: Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str,
     fmt: int = 0, mask: int = 3,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
     """Each candidate's estimated cost: the estimator's price of its escaped, wrapped
@@ -412,14 +411,14 @@ def _memory_costs_estimated(
     compact = fmt == _COMPACT
     ids = [f"m{'9' * len(str(max(len(rows), 1)))}"] * cols.n if compact else cols.ids
     # The candidates formatted once, in the memories frame, each element a piece: the
-    # estimator prices each behind what can precede it (ctxcore.formatting._price_estimated).
+    # estimator prices each behind what can precede it (ctxcore.formatting.price_estimated).
     text, _, _, pieces = _core.format_columns(
         None, (), ids, cols.texts, cols.scores, cols.origins, cand.astype(np.int64), None, nonce, True, True,
         fmt, mask,
     )
     kinds = [kind for kind, _ in pieces]
-    priced = _price_estimated(text, kinds, [end for _, end in pieces], family)
-    costs = np.array([c for k, c in zip(kinds, priced) if k == _PIECE_MEMORY], dtype=np.int64)
+    priced = price_estimated(text, kinds, [end for _, end in pieces], family)
+    costs = np.array([c for k, c in zip(kinds, priced) if k == PIECE_MEMORY], dtype=np.int64)
     wrapper: int | None = None
     recounted = np.zeros(len(rows), dtype=bool)
     kind = TokenKind.ESTIMATE.value
@@ -434,7 +433,7 @@ def _memory_costs_estimated(
                 costs[k] = max(int(costs[k]), n + wrapper)
             else:
                 recounted[k] = True
-    return costs, np.full(len(rows), _PRICING_CODE[Pricing.ESTIMATED.value], dtype=np.uint8), recounted
+    return costs, np.full(len(rows), PRICING_CODE[Pricing.ESTIMATED.value], dtype=np.uint8), recounted
 
 
 def _estimated_wrapper(family: str, nonce: str, fmt: int, mask: int, mid: str) -> int:
@@ -447,8 +446,8 @@ def _estimated_wrapper(family: str, nonce: str, fmt: int, mask: int, mid: str) -
         del item["source"]
     text, _, _, pieces = _core.format_context(None, (), [item], None, nonce, True, True, fmt)
     kinds = [kind for kind, _ in pieces]
-    priced = _price_estimated(text, kinds, [end for _, end in pieces], family)
-    return next(c for k, c in zip(kinds, priced) if k == _PIECE_MEMORY)
+    priced = price_estimated(text, kinds, [end for _, end in pieces], family)
+    return next(c for k, c in zip(kinds, priced) if k == PIECE_MEMORY)
 
 
 def _shape_texts(shapes: Sequence[tuple[float, str]], mask: int = 3) -> list[str]:
@@ -464,23 +463,23 @@ def _shape_texts(shapes: Sequence[tuple[float, str]], mask: int = 3) -> list[str
         if mask & 2:
             item["source"] = src
         items.append(item)
-    text, _, _, pieces = _core.format_context(None, (), items, None, _PRICING_NONCE, False, True)
-    head = len(f'\n<memory nonce="{_PRICING_NONCE}" id="m"')
+    text, _, _, pieces = _core.format_context(None, (), items, None, PRICING_NONCE, False, True)
+    head = len(f'\n<memory nonce="{PRICING_NONCE}" id="m"')
     tail = len('"></memory>')
     out = []
     begin = 0
     for kind, end in pieces:
-        if kind == _PIECE_MEMORY:
+        if kind == PIECE_MEMORY:
             out.append(text[begin + head : end - tail])
         begin = end
     return out
 
 
 def price_candidates(
-    cols: _Columns,
+    cols: Columns,
     mems: Sequence[MemoryRecord],
     cand: npt.NDArray[np.intp],
-    ledger: _Ledger,
+    ledger: Ledger,
     nonce: str,
     deadline: float | None,
     headroom_ms: float,

@@ -19,14 +19,14 @@ from ..result import (
     TraceReason,
 )
 
-_TRACE_REASONS: tuple[TraceReason, ...] = tuple(TraceReason)
-_REASON_CODE = {r: np.uint8(k) for k, r in enumerate(_TRACE_REASONS)}
+TRACE_REASONS: tuple[TraceReason, ...] = tuple(TraceReason)
+REASON_CODE = {r: np.uint8(k) for k, r in enumerate(TRACE_REASONS)}
 _PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
-_PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(_PRICINGS)}
+PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(_PRICINGS)}
 
 
 @dataclass(frozen=True, slots=True)
-class _TraceRows:
+class TraceRows:
     """Rows of the trace that share their columns with the assembly's arrays: row k is
     candidate ``at[k]`` of the ``ids``/``origins`` columns; numbers are arrays aligned with
     ``at`` (None: zeros / not priced)."""
@@ -62,7 +62,7 @@ class TraceTable:
     _FIELDS = ("memory_id", "reason", "origin", "tokens", "score", "relevance", "recounted", "pricing", "signal")
 
     def __init__(self) -> None:
-        self._blocks: list[_TraceRows | tuple[Any, ...]] = []
+        self._blocks: list[TraceRows | tuple[Any, ...]] = []
         self._columns: dict[str, list[Any]] | None = None
 
     def add(self, memory_id: str, reason: TraceReason, origin: str, tokens: int = 0, score: float = 0.0,
@@ -71,27 +71,27 @@ class TraceTable:
         self._blocks.append((memory_id, reason, origin, tokens, score, relevance, recounted, pricing))
         self._columns = None
 
-    def add_rows(self, rows: _TraceRows) -> None:
+    def add_rows(self, rows: TraceRows) -> None:
         """Append a block of rows (the assembly's columnar path)."""
         if rows.at.size:
             self._blocks.append(rows)
             self._columns = None
 
-    def blocks(self) -> list[_TraceRows | tuple[Any, ...]]:
+    def blocks(self) -> list[TraceRows | tuple[Any, ...]]:
         """The rows as added, in order: blocks sharing the pipeline's columns, and single
         rows as tuples of (memory_id, reason, origin, tokens, score, relevance, recounted,
         pricing). For encoders that read the columns without joining them."""
         return list(self._blocks)
 
     def __len__(self) -> int:
-        return sum(b.at.size if isinstance(b, _TraceRows) else 1 for b in self._blocks)
+        return sum(b.at.size if isinstance(b, TraceRows) else 1 for b in self._blocks)
 
     def _joined(self) -> dict[str, list[Any]]:
         if self._columns is not None:
             return self._columns
         cols: dict[str, list[Any]] = {f: [] for f in self._FIELDS}
         for b in self._blocks:
-            if not isinstance(b, _TraceRows):
+            if not isinstance(b, TraceRows):
                 for f, v in zip(self._FIELDS, b):
                     cols[f].append(v)
                 if len(b) < len(self._FIELDS):
@@ -101,7 +101,7 @@ class TraceTable:
             n = len(at)
             cols["memory_id"].extend(map(b.ids.__getitem__, at))
             cols["origin"].extend(map(b.origins.__getitem__, at))
-            cols["reason"].extend(map(_TRACE_REASONS.__getitem__, b.reason.tolist()))
+            cols["reason"].extend(map(TRACE_REASONS.__getitem__, b.reason.tolist()))
             for name, arr, zero in (("tokens", b.tokens, 0), ("score", b.score, 0.0),
                                     ("relevance", b.relevance, 0.0), ("recounted", b.recounted, False)):
                 cols[name].extend(arr.tolist() if arr is not None else [zero] * n)
@@ -164,7 +164,7 @@ class TraceTable:
 
 
 # The packer's reasons (ctxcore.Reason, by its uint8 code) as trace reason codes.
-_PACK_REASON_CODES = np.array([_REASON_CODE[r] for r in (
+PACK_REASON_CODES = np.array([REASON_CODE[r] for r in (
     TraceReason.SELECTED,
     TraceReason.PINNED,
     TraceReason.BUDGET_EXHAUSTED,

@@ -22,7 +22,7 @@ from .config import (
     ServiceConfig,
     TlsConfig,
     load_service_config,
-    _auto_workers,
+    auto_workers,
     parse_principals,
 )
 
@@ -36,7 +36,7 @@ def _workers(text: str) -> int:
     """``--workers``: a count (checked with the rest of the configuration), or ``auto`` (one
     per usable CPU, see `usable_cpus`)."""
     if text == "auto":
-        return _auto_workers()
+        return auto_workers()
     try:
         return int(text)
     except ValueError:

@@ -261,7 +261,7 @@ class ServiceConfig:
     db_url: str | None = None
 
     def __post_init__(self) -> None:
-        _host_port(self.bind)
+        host_port(self.bind)
         if self.db_url is not None and not (
             isinstance(self.db_url, str) and self.db_url.lower().startswith(("postgresql://", "postgres://"))
         ):
@@ -374,7 +374,7 @@ def _non_negative(name: str, v: object) -> None:
         raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
-def _host_port(bind: str) -> tuple[str, int | None]:
+def host_port(bind: str) -> tuple[str, int | None]:
     if not isinstance(bind, str) or not bind:
         raise ConfigError(f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}")
     if bind.startswith("unix:"):
@@ -393,7 +393,7 @@ def is_loopback_bind(bind: str) -> bool:
     >>> [is_loopback_bind(b) for b in ("127.0.0.1:1", "[::1]:1", "localhost:1", "0.0.0.0:1", "[::]:1")]
     [True, True, True, False, False]
     """
-    host, port = _host_port(bind)
+    host, port = host_port(bind)
     if port is None:  # a unix domain socket
         return True
     if host.lower() == "localhost":
@@ -404,7 +404,7 @@ def is_loopback_bind(bind: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def _auto_workers() -> int:
+def auto_workers() -> int:
     """``workers = "auto"``: one per usable CPU on Linux (at most `MAX_WORKERS`), else 1
     (elsewhere a shared port does not spread connections)."""
     if not sys.platform.startswith("linux"):
@@ -604,7 +604,7 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
         if isinstance(kw.get("workers"), str):
             if kw["workers"] != "auto":
                 raise ConfigError(f"server.workers must be a positive integer or \"auto\", got {kw['workers']!r}")
-            kw["workers"] = _auto_workers()
+            kw["workers"] = auto_workers()
         if "reflection" in srv:
             r = srv["reflection"]
             if r not in ("auto", False):

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from .. import _core
-from ..assembly.trace import _TRACE_REASONS, _TraceRows
+from ..assembly.trace import TRACE_REASONS, TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, is_valid_unicode
@@ -532,7 +532,7 @@ def _pack_to_proto(pack: Any) -> pb.PackRecord:
 _TRACE_CODES = {r: enum_to_proto(r, pb.TraceReason, "TRACE_REASON") for r in TraceReason}
 # The wire value of each of the trace's reason codes (`ctxcore.assembly.trace`), and the
 # trace's field number in the answer.
-_WIRE_REASONS = np.array([_TRACE_CODES[r] for r in _TRACE_REASONS], dtype=np.int32)
+_WIRE_REASONS = np.array([_TRACE_CODES[r] for r in TRACE_REASONS], dtype=np.int32)
 _TRACE_FIELD = pb.AssembledContext.DESCRIPTOR.fields_by_name["trace"].number
 # Rows with this wire reason carry no memory id: another tenant's ids never leave.
 _HIDDEN_ID_REASON = _TRACE_CODES[TraceReason.OUT_OF_SCOPE]
@@ -550,7 +550,7 @@ def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
         _rows_into(rows, out)
         return
     for block in t.blocks():
-        if isinstance(block, _TraceRows):
+        if isinstance(block, TraceRows):
             out.MergeFromString(_core.encode_trace_rows(
                 block.ids, block.origins, block.at, _WIRE_REASONS[block.reason], block.tokens, block.score,
                 block.relevance, block.recounted, _HIDDEN_ID_REASON, _TRACE_FIELD, block.signal,

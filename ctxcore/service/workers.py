@@ -49,7 +49,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ..errors import ConfigError
-from .config import ServiceConfig, _host_port
+from .config import ServiceConfig, host_port
 from .logs import configure_logging, log_event
 
 __all__ = ["serve_workers"]
@@ -104,7 +104,7 @@ def _claim_port(host: str, port: int) -> int:
 
 
 def _worker_config(config: ServiceConfig, index: int, port: int) -> ServiceConfig:
-    host, _ = _host_port(config.bind)
+    host, _ = host_port(config.bind)
     metrics = config.metrics_port + index if config.metrics_port else config.metrics_port
     return dataclasses.replace(config, bind=_bind_text(host, port), metrics_port=metrics)
 
@@ -284,7 +284,7 @@ def serve_workers(config: ServiceConfig, *, log_level: str = "info") -> int:
         ConfigError: the port is taken, or a worker failed to start (its error quoted).
     """
     configure_logging(log_level)
-    host, port = _host_port(config.bind)
+    host, port = host_port(config.bind)
     if port is None:
         raise ConfigError(f"server.workers > 1 needs a TCP bind (host:port), got {config.bind!r}")
     sup = _Supervisor(config, log_level)
