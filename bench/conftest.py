@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from bench_support import STORE_MEMORIES, Store100k, Timed, store_corpus
 
 from ctxcore.benchmarking import sample

@@ -53,6 +53,7 @@ MAX_REQUESTS = 1_000_000
 MAX_SECONDS = 600.0
 MAX_CONCURRENCY = 1024
 
+
 def check_loopback(target: str) -> list[str]:
     """The host:port pairs of a target list, each checked to be a loopback address.
 
@@ -108,8 +109,11 @@ def build_db(path: Path, n: int, optimize: bool = True) -> float:
                 batch = []
         store.add_many(batch)
         for s in scopes():
-            store.set_directive(s.organization_id, s.agent_id,
-                                f"You are the assistant of {s.organization_id}/{s.agent_id}. Be brief and exact.")
+            store.set_directive(
+                s.organization_id,
+                s.agent_id,
+                f"You are the assistant of {s.organization_id}/{s.agent_id}. Be brief and exact.",
+            )
         if optimize:
             store.optimize()
     return time.perf_counter() - t0
@@ -174,8 +178,9 @@ async def run_load(
     sent = 0
     connections = max(1, min(connections, MAX_CONNECTIONS))
     await wait_serving(hosts)
-    async with ContextClient(channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000,
-                             connections=connections) as c:
+    async with ContextClient(
+        channel_target(hosts), api_key=api_key, token=token, timeout=timeout_ms / 1000, connections=connections
+    ) as c:
         # Connect to the replicas before the clock starts (the client's `_pick` takes each
         # connection in turn while none has a call in flight).
         for _ in range(connections * len(hosts)):
@@ -211,8 +216,10 @@ async def run_load(
                 degraded += r.degraded
                 for b in r.branches:
                     if b.status not in (pb.BRANCH_STATUS_OK, pb.BRANCH_STATUS_SKIPPED):
-                        key = f"{pb.Branch.Name(b.branch).removeprefix('BRANCH_').lower()}_" \
-                              f"{pb.BranchStatus.Name(b.status).removeprefix('BRANCH_STATUS_').lower()}"
+                        key = (
+                            f"{pb.Branch.Name(b.branch).removeprefix('BRANCH_').lower()}_"
+                            f"{pb.BranchStatus.Name(b.status).removeprefix('BRANCH_STATUS_').lower()}"
+                        )
                         branches[key] = branches.get(key, 0) + 1
                 w = pb.WallSource.Name(r.wall.source).removeprefix("WALL_SOURCE_").lower()
                 walls[w] = walls.get(w, 0) + 1
@@ -284,8 +291,11 @@ async def run_open_loop(
     rng = random.Random(seed)
     # Requests are serialized up front and answers are not decoded, so that the driver
     # (which shares the machine with the server) spends as little as it can per call.
-    payloads = [request_to_proto(AssemblyRequest(s.organization_id, s.agent_id, model, Query(q))).SerializeToString()
-                for s in scopes() for q in QUESTIONS]
+    payloads = [
+        request_to_proto(AssemblyRequest(s.organization_id, s.agent_id, model, Query(q))).SerializeToString()
+        for s in scopes()
+        for q in QUESTIONS
+    ]
     metadata: list[tuple[str, str]] = []
     if api_key is not None:
         metadata.append(("x-api-key", api_key))
@@ -302,8 +312,11 @@ async def run_open_loop(
         for _ in hosts:
             await c.model_capabilities("gpt-4o", timeout=5.0)
         call = c._channel.unary_unary(  # type: ignore[call-arg]  # grpc-stubs lack _registered_method
-            METHOD_PREFIX + "AssembleContext", request_serializer=None, response_deserializer=None,
-            _registered_method=True)
+            METHOD_PREFIX + "AssembleContext",
+            request_serializer=None,
+            response_deserializer=None,
+            _registered_method=True,
+        )
 
         async def one(payload: bytes) -> None:
             t0 = time.perf_counter()
@@ -372,14 +385,22 @@ async def run_open_loop(
     }
 
 
-async def run_overload(target: str, *, factor: float = 2.0, seconds: float = 10.0,
-                       timeout_ms: float = DEFAULT_CLIENT_TIMEOUT_MS,
-                       calibrate_requests: int = 1500, concurrency: int = 16, **kw: Any) -> dict[str, Any]:
+async def run_overload(
+    target: str,
+    *,
+    factor: float = 2.0,
+    seconds: float = 10.0,
+    timeout_ms: float = DEFAULT_CLIENT_TIMEOUT_MS,
+    calibrate_requests: int = 1500,
+    concurrency: int = 16,
+    **kw: Any,
+) -> dict[str, Any]:
     """The sustainable rate (closed loop, `concurrency` in flight, 2 s deadlines: what the
     server completes per second when nothing expires), then `run_open_loop` at `factor`
     times it."""
-    closed = await run_load(target, concurrency=concurrency, requests=calibrate_requests, max_seconds=60.0,
-                            timeout_ms=2000.0, **kw)
+    closed = await run_load(
+        target, concurrency=concurrency, requests=calibrate_requests, max_seconds=60.0, timeout_ms=2000.0, **kw
+    )
     sustainable = float(closed["rps"])
     report = await run_open_loop(target, rate=factor * sustainable, seconds=seconds, timeout_ms=timeout_ms, **kw)
     report["sustainable_rps"] = sustainable
@@ -393,8 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("build-db", help="create the bench SQLite database")
     b.add_argument("path", type=Path)
     b.add_argument("--memories", type=int, default=100_000)
-    b.add_argument("--no-optimize", action="store_true",
-                   help="leave the full-text index in the segments the writes left (no `optimize`)")
+    b.add_argument(
+        "--no-optimize",
+        action="store_true",
+        help="leave the full-text index in the segments the writes left (no `optimize`)",
+    )
     r = sub.add_parser("run", help="run the closed loop and print a JSON report")
     r.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
     r.add_argument("--concurrency", type=int, default=16)
@@ -404,12 +428,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--model", default="gpt-4o")
     r.add_argument("--api-key")
     r.add_argument("--token")
-    r.add_argument("--warm-pairs", action="store_true",
-                   help="first send every scope/question pair once, before the clock")
-    r.add_argument("--connections", type=int, default=1,
-                   help="channels, each with its own connection, that share the calls (default 1)")
-    for name, helptext in (("open", "open-loop Poisson arrivals at --rate calls/s"),
-                           ("overload", "measure the sustainable rate, then run open at --factor times it")):
+    r.add_argument(
+        "--warm-pairs", action="store_true", help="first send every scope/question pair once, before the clock"
+    )
+    r.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="channels, each with its own connection, that share the calls (default 1)",
+    )
+    for name, helptext in (
+        ("open", "open-loop Poisson arrivals at --rate calls/s"),
+        ("overload", "measure the sustainable rate, then run open at --factor times it"),
+    ):
         o = sub.add_parser(name, help=helptext)
         o.add_argument("--target", required=True, help="host:port, or several joined by commas (round_robin)")
         o.add_argument("--seconds", type=float, default=10.0)
@@ -423,8 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             o.add_argument("--factor", type=float, default=2.0, help="offered rate over the sustainable rate")
     args = ap.parse_args(argv)
     if args.cmd in ("open", "overload"):
-        common = dict(seconds=args.seconds, timeout_ms=args.timeout_ms, model=args.model, api_key=args.api_key,
-                      token=args.token)
+        common = dict(
+            seconds=args.seconds, timeout_ms=args.timeout_ms, model=args.model, api_key=args.api_key, token=args.token
+        )
         if args.cmd == "open":
             out = asyncio.run(run_open_loop(args.target, rate=args.rate, **common))
         else:
@@ -437,10 +469,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         secs = build_db(args.path, args.memories, optimize=not args.no_optimize)
         print(json.dumps({"path": str(args.path), "memories": args.memories, "seconds": round(secs, 1)}))
         return 0
-    report = asyncio.run(run_load(args.target, concurrency=args.concurrency, requests=args.requests,
-                                  max_seconds=args.max_seconds, timeout_ms=args.timeout_ms, model=args.model,
-                                  api_key=args.api_key, token=args.token, warm_pairs=args.warm_pairs,
-                                  connections=args.connections))
+    report = asyncio.run(
+        run_load(
+            args.target,
+            concurrency=args.concurrency,
+            requests=args.requests,
+            max_seconds=args.max_seconds,
+            timeout_ms=args.timeout_ms,
+            model=args.model,
+            api_key=args.api_key,
+            token=args.token,
+            warm_pairs=args.warm_pairs,
+            connections=args.connections,
+        )
+    )
     print(json.dumps(report, indent=2))
     return 0 if not report["errors"] else 1
 

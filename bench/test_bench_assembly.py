@@ -36,8 +36,9 @@ WORDS = (
 ).split()
 
 
-def _memories(n: int, seed: int = 1, words: tuple[str, ...] | list[str] = WORDS, lo: int = 10,
-              hi: int = 80) -> list[MemoryRecord]:
+def _memories(
+    n: int, seed: int = 1, words: tuple[str, ...] | list[str] = WORDS, lo: int = 10, hi: int = 80
+) -> list[MemoryRecord]:
     """Memories as a store returns them: with their exact counts in every installed family."""
     rng = random.Random(seed)
     ids = [f"mem-{i:05d}" for i in range(n)]
@@ -136,8 +137,9 @@ def test_assembly_with_1000_uncounted_candidates() -> None:
     reference interleaved) under half the count-everything reference, and the packing
     fills >= 0.99 of the usable budget with the prompt's exact count inside the window."""
     stored = _memories(1000)
-    bare = [MemoryRecord(m.id, "org", "agent", m.text, similarity=m.similarity, confidence=m.confidence)
-            for m in stored]
+    bare = [
+        MemoryRecord(m.id, "org", "agent", m.text, similarity=m.similarity, confidence=m.confidence) for m in stored
+    ]
 
     def sources(mems: list[MemoryRecord]) -> Sources:
         async def hot(scope: Scope, query: Query, limit: int) -> Sequence[MemoryRecord]:
@@ -152,7 +154,10 @@ def test_assembly_with_1000_uncounted_candidates() -> None:
         return Sources(directive, hot, cold)
 
     req = AssemblyRequest(
-        "org", "agent", "gpt-4", Query("can I get a refund?"),
+        "org",
+        "agent",
+        "gpt-4",
+        Query("can I get a refund?"),
         messages=(Message("user", "can I get a refund for last month's invoice?"),),
         options=AssemblyOptions(max_memories=1000),
     )
@@ -166,23 +171,42 @@ def test_assembly_with_1000_uncounted_candidates() -> None:
         # CPU time of the calling thread (in-process sources: the whole call runs on it), so
         # that a neighbour's time slice on the shared machine does not set the p99; the
         # wall-clock figures are reported beside it.
-        samples = [measure(lambda: run(ctxcore.assemble(req, sources=uncounted)), rounds=300, warmup=10,
-                           reference=lambda: run(ctxcore.assemble(req, sources=with_counts)), reference_rounds=60,
-                           timer=time.thread_time)
-                   for _ in range(3)]
+        samples = [
+            measure(
+                lambda: run(ctxcore.assemble(req, sources=uncounted)),
+                rounds=300,
+                warmup=10,
+                reference=lambda: run(ctxcore.assemble(req, sources=with_counts)),
+                reference_rounds=60,
+                timer=time.thread_time,
+            )
+            for _ in range(3)
+        ]
         wall = measure(lambda: run(ctxcore.assemble(req, sources=uncounted)), rounds=300, warmup=10)[0]
         ctx = run(ctxcore.assemble(req, sources=uncounted))
         # Built after the samples above (a larger heap would lengthen their GC pauses); the
         # interleaved reference rounds each take one more untimed call.
         fresh_rounds = 60
-        fresh = [sources([MemoryRecord(m.id, "org", "agent", f"{m.text} (call {r})", similarity=m.similarity,
-                                       confidence=m.confidence) for m in bare]) for r in range(fresh_rounds + 20)]
+        fresh = [
+            sources(
+                [
+                    MemoryRecord(
+                        m.id, "org", "agent", f"{m.text} (call {r})", similarity=m.similarity, confidence=m.confidence
+                    )
+                    for m in bare
+                ]
+            )
+            for r in range(fresh_rounds + 20)
+        ]
         it = iter(fresh)
         texts = [m.text for m in bare]
         ids = [m.id for m in bare]
         fresh_times, count_all = measure(
-            lambda: run(ctxcore.assemble(req, sources=next(it))), rounds=fresh_rounds, warmup=2,
-            reference=lambda: count_memory_tokens(ids, texts, ["cl100k_base"]), reference_rounds=15,
+            lambda: run(ctxcore.assemble(req, sources=next(it))),
+            rounds=fresh_rounds,
+            warmup=2,
+            reference=lambda: count_memory_tokens(ids, texts, ["cl100k_base"]),
+            reference_rounds=15,
             timer=time.thread_time,
         )
         assert count_all is not None
@@ -237,6 +261,7 @@ def test_end_to_end_against_the_100k_store(store_100k: Store100k) -> None:
     sources = Sources.from_store(store)
     loop = asyncio.new_event_loop()
     try:
+
         async def first_of_each() -> None:
             for r in reqs:
                 await ctxcore.assemble(r, sources=sources)
@@ -288,17 +313,21 @@ def test_fill_with_estimate_and_with_exact_pricing() -> None:
         mems = _memories(n, seed=7, words=MULTILINGUAL, lo=5, hi=hi)
         rng = random.Random(3)
         fills: dict[str, list[float]] = {"estimate": [], "exact": []}
-        for r in range(5):
+        for _ in range(5):
             sample = rng.sample(mems, len(mems))
             req = AssemblyRequest(
-                "org", "agent", model, Query("refund?"),
+                "org",
+                "agent",
+                model,
+                Query("refund?"),
                 messages=(Message("user", " ".join(rng.choice(MULTILINGUAL) for _ in range(60))),),
                 tools=({"name": "lookup", "description": "find an order", "parameters": {"type": "object"}},),
                 options=AssemblyOptions(max_memories=n),
             )
 
-            async def hot(scope: Scope, query: Query, limit: int,
-                          sample: list[MemoryRecord] = sample) -> Sequence[MemoryRecord]:
+            async def hot(
+                scope: Scope, query: Query, limit: int, sample: list[MemoryRecord] = sample
+            ) -> Sequence[MemoryRecord]:
                 return sample
 
             for label, cat in (("estimate", estimated), ("exact", None)):
@@ -331,8 +360,14 @@ def test_history_trimming_is_linear() -> None:
     drop would be quadratic). Gate: 20,000 turns cost at most 8x 5,000 (4x is linear)."""
     times = {}
     for n in (5000, 20000):
-        req = AssemblyRequest("org", "agent", "gpt-4", Query("q"), messages=tuple(_turns(n // 4)),
-                              options=AssemblyOptions(history_policy=HistoryPolicy.TRIM_OLDEST))
+        req = AssemblyRequest(
+            "org",
+            "agent",
+            "gpt-4",
+            Query("q"),
+            messages=tuple(_turns(n // 4)),
+            options=AssemblyOptions(history_policy=HistoryPolicy.TRIM_OLDEST),
+        )
         runs = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -341,8 +376,10 @@ def test_history_trimming_is_linear() -> None:
             assert ctx.history_dropped and ctx.budget.shortfall == 0
         times[n] = float(np.median(runs))
     ratio = times[20000] / times[5000]
-    print(f"\ntrimming: 5,000 turns {times[5000] * 1e3:.0f} ms, 20,000 turns {times[20000] * 1e3:.0f} ms "
-          f"(ratio {ratio:.1f}, linear is 4)")
+    print(
+        f"\ntrimming: 5,000 turns {times[5000] * 1e3:.0f} ms, 20,000 turns {times[20000] * 1e3:.0f} ms "
+        f"(ratio {ratio:.1f}, linear is 4)"
+    )
     assert ratio <= 8.0
 
 
@@ -358,7 +395,9 @@ def test_ingest_throughput_with_exact_counts(tmp_path: Path) -> None:
     rng = random.Random(9)
     n = 5000
     batch = [
-        NewMemory(f"m{i}", "org", f"agent{i % 10}", " ".join(rng.choice(MULTILINGUAL) for _ in range(rng.randint(5, 40))))
+        NewMemory(
+            f"m{i}", "org", f"agent{i % 10}", " ".join(rng.choice(MULTILINGUAL) for _ in range(rng.randint(5, 40)))
+        )
         for i in range(n)
     ]
     fams = ctxcore.exact_families()
@@ -369,8 +408,10 @@ def test_ingest_throughput_with_exact_counts(tmp_path: Path) -> None:
         t0 = time.perf_counter()
         store.add_many(batch)
         with_counts = time.perf_counter() - t0
-    with mock.patch("ctxcore.stores.sqlite.store.exact_families", return_value=()), \
-            mock.patch("ctxcore.stores.counting.exact_families", return_value=()):
+    with (
+        mock.patch("ctxcore.stores.sqlite.store.exact_families", return_value=()),
+        mock.patch("ctxcore.stores.counting.exact_families", return_value=()),
+    ):
         with SqliteMemoryStore(tmp_path / "without.db", embedder=HashingEmbedder()) as store:
             t0 = time.perf_counter()
             store.add_many(batch)

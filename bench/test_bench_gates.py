@@ -66,7 +66,12 @@ def test_assemble_gate_with_in_process_sources(ctxcore_gate: LatencyGate) -> Non
     async def cold(scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         return records[500:]
 
-    request = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", ctxcore.Query("can I get a refund?"),
-                                      options=ctxcore.AssemblyOptions(max_memories=1000))
+    request = ctxcore.AssemblyRequest(
+        "org",
+        "agent",
+        "gpt-4o",
+        ctxcore.Query("can I get a refund?"),
+        options=ctxcore.AssemblyOptions(max_memories=1000),
+    )
     gated = ctxcore_gate.assemble(request, sources=ctxcore.Sources(hot=hot, cold=cold), **DEFAULT_GATES["assemble"])
     assert len(gated.value.selected_ids) > 100

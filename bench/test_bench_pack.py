@@ -24,8 +24,8 @@ import pytest
 
 import ctxcore
 from ctxcore.benchmarking.gates import measure
-from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp, numpy_mckp
 from ctxcore.benchmarking.instances import memory_instance, pack_instance
+from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp, numpy_mckp
 
 if TYPE_CHECKING:
     from bench_support import Timed
@@ -108,9 +108,16 @@ def test_realistic_pack_at_32k_vs_numpy_bucket_dp() -> None:
     # during either side moved the ratio between 11x and 35x in one minute). The p99 is the
     # better of the two samples (a slower packer raises both, another process's burst on the
     # shared machine seldom lands in both).
-    runs = [measure(lambda: ctxcore.pack_arrays(ids, tokens, scores, budget), rounds=1000, warmup=20,
-                    reference=lambda: numpy_bucket_dp(tokens, scores, budget), reference_rounds=15)
-            for _ in range(2)]
+    runs = [
+        measure(
+            lambda: ctxcore.pack_arrays(ids, tokens, scores, budget),
+            rounds=1000,
+            warmup=20,
+            reference=lambda: numpy_bucket_dp(tokens, scores, budget),
+            reference_rounds=15,
+        )
+        for _ in range(2)
+    ]
     samples = [t for t, _ in runs]
     ref = np.concatenate([r for _, r in runs if r is not None])
     times = np.concatenate(samples)

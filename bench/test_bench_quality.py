@@ -18,14 +18,13 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from quality_corpus import generate
 
 pytest.importorskip("wordllama")
 pytest.importorskip("bm25s")
 
-from ctxcore.evaluation import Label, evaluate  # noqa: E402
-from ctxcore.stores import NewMemory, SqliteMemoryStore, WordLlamaEmbedder  # noqa: E402
+from ctxcore.evaluation import Label, evaluate
+from ctxcore.stores import NewMemory, SqliteMemoryStore, WordLlamaEmbedder
 
 SEEDS = (1, 2)
 SPENDS = (256, 512, 1024)
@@ -48,4 +47,5 @@ def test_evidence_recall_against_the_baselines(seed: int, tmp_path: Path) -> Non
         assert mine.spent <= spend
         assert mine.recall >= QUALITY_FLOOR * best.recall, (
             f"seed {seed}, {spend} tokens: ctxcore {mine.recall:.3f} < {QUALITY_FLOOR} x {best.system} "
-            f"{best.recall:.3f}")
+            f"{best.recall:.3f}"
+        )

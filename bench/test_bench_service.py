@@ -49,8 +49,6 @@ CLIENT_TIMEOUT_MS = DEFAULT_CLIENT_TIMEOUT_MS
 GENEROUS_TIMEOUT_MS = 2000.0
 
 
-
-
 @pytest.fixture(scope="module")
 def db(store_100k: Store100k) -> Path:
     return Path(store_100k.store.path)
@@ -59,9 +57,24 @@ def db(store_100k: Store100k) -> Path:
 class Server:
     def __init__(self, db: Path, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ctxcore.cli", "serve", "--db", str(db), "--bind", "127.0.0.1:0",
-             "--allow-unauthenticated", "--log-level", "warning", "--drain-delay-s", "0", *args],
-            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-m",
+                "ctxcore.cli",
+                "serve",
+                "--db",
+                str(db),
+                "--bind",
+                "127.0.0.1:0",
+                "--allow-unauthenticated",
+                "--log-level",
+                "warning",
+                "--drain-delay-s",
+                "0",
+                *args,
+            ],
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.port = 0
         self.metrics_port = int(args[args.index("--metrics-port") + 1]) if "--metrics-port" in args else 0
@@ -148,16 +161,21 @@ def _in_process_reference(store: MemoryStore, requests: int, concurrency: int) -
                 done += 1
                 s = all_scopes[rng.randrange(len(all_scopes))]
                 t0 = time.perf_counter()
-                await assemble(AssemblyRequest(s.organization_id, s.agent_id, "gpt-4o",
-                                               Query(rng.choice(QUESTIONS))), sources=sources)
+                await assemble(
+                    AssemblyRequest(s.organization_id, s.agent_id, "gpt-4o", Query(rng.choice(QUESTIONS))),
+                    sources=sources,
+                )
                 lat.append((time.perf_counter() - t0) * 1000)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
         lat.sort()
-        return {"rps": round(len(lat) / elapsed, 1), "p50_ms": round(lat[len(lat) // 2], 2),
-                "p99_ms": round(lat[int(0.99 * len(lat))], 2)}
+        return {
+            "rps": round(len(lat) / elapsed, 1),
+            "p50_ms": round(lat[len(lat) // 2], 2),
+            "p99_ms": round(lat[int(0.99 * len(lat))], 2),
+        }
 
     return asyncio.run(main())
 
@@ -177,19 +195,41 @@ def test_served_throughput_against_in_process(db: Path, store_100k: Store100k, s
     refs, serveds = [], []
     for k in range(ROUNDS):
         refs.append(_in_process_reference(store_100k.store, REQUESTS // ROUNDS, CONCURRENCY))
-        serveds.append(asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=REQUESTS // ROUNDS,
-                                                   max_seconds=MAX_SECONDS, timeout_ms=GENEROUS_TIMEOUT_MS,
-                                                   seed=10 + k)))
-    reference = {"rps": round(sum(r["rps"] for r in refs) / ROUNDS, 1),
-                 "p50_ms": sorted(r["p50_ms"] for r in refs)[ROUNDS // 2],
-                 "p99_ms": max(r["p99_ms"] for r in refs)}
-    served = {"calls": sum(s["calls"] for s in serveds), "rps": round(sum(s["rps"] for s in serveds) / ROUNDS, 1),
-              "p50_ms": sorted(s["p50_ms"] for s in serveds)[ROUNDS // 2],
-              "p99_ms": max(s["p99_ms"] for s in serveds),
-              "errors": {k: v for s in serveds for k, v in s["errors"].items()},
-              "degraded": sum(s["degraded"] for s in serveds)}
-    at_timeout = asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=REQUESTS,
-                                             max_seconds=MAX_SECONDS, timeout_ms=CLIENT_TIMEOUT_MS, seed=2))
+        serveds.append(
+            asyncio.run(
+                driver.run_load(
+                    target,
+                    concurrency=CONCURRENCY,
+                    requests=REQUESTS // ROUNDS,
+                    max_seconds=MAX_SECONDS,
+                    timeout_ms=GENEROUS_TIMEOUT_MS,
+                    seed=10 + k,
+                )
+            )
+        )
+    reference = {
+        "rps": round(sum(r["rps"] for r in refs) / ROUNDS, 1),
+        "p50_ms": sorted(r["p50_ms"] for r in refs)[ROUNDS // 2],
+        "p99_ms": max(r["p99_ms"] for r in refs),
+    }
+    served = {
+        "calls": sum(s["calls"] for s in serveds),
+        "rps": round(sum(s["rps"] for s in serveds) / ROUNDS, 1),
+        "p50_ms": sorted(s["p50_ms"] for s in serveds)[ROUNDS // 2],
+        "p99_ms": max(s["p99_ms"] for s in serveds),
+        "errors": {k: v for s in serveds for k, v in s["errors"].items()},
+        "degraded": sum(s["degraded"] for s in serveds),
+    }
+    at_timeout = asyncio.run(
+        driver.run_load(
+            target,
+            concurrency=CONCURRENCY,
+            requests=REQUESTS,
+            max_seconds=MAX_SECONDS,
+            timeout_ms=CLIENT_TIMEOUT_MS,
+            seed=2,
+        )
+    )
     print()
     _show("in-process assemble (reference)", reference)
     _show("1 replica, 2 s deadline", served)
@@ -217,12 +257,20 @@ def _big_request() -> bytes:
 
     s = scopes()[0]
     # 20,000 short turns, about 2.2 MB: far past gpt-4's 8k window, trimmed oldest first.
-    msgs = [pb.Message(role=("user", "assistant")[i % 2],
-                       content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.")
-            for i in range(BIG_TURNS)]
+    msgs = [
+        pb.Message(
+            role=("user", "assistant")[i % 2],
+            content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.",
+        )
+        for i in range(BIG_TURNS)
+    ]
     return pb.AssembleContextRequest(
-        organization_id=s.organization_id, agent_id=s.agent_id, model="gpt-4", query=pb.Query(text="refund"),
-        messages=msgs, options=pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_TRIM_OLDEST),
+        organization_id=s.organization_id,
+        agent_id=s.agent_id,
+        model="gpt-4",
+        query=pb.Query(text="refund"),
+        messages=msgs,
+        options=pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_TRIM_OLDEST),
     ).SerializeToString()
 
 
@@ -280,15 +328,19 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
     target = f"127.0.0.1:{servers[0].port}"
     asyncio.run(driver.run_load(target, concurrency=4, requests=200, timeout_ms=GENEROUS_TIMEOUT_MS))
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-    with grpc.insecure_channel(target, options=opts) as big_ch, grpc.insecure_channel(target) as probe_ch, \
-            grpc.insecure_channel(target) as small_ch:
+    with (
+        grpc.insecure_channel(target, options=opts) as big_ch,
+        grpc.insecure_channel(target) as probe_ch,
+        grpc.insecure_channel(target) as small_ch,
+    ):
         health = health_pb2_grpc.HealthStub(probe_ch)
-        small = small_ch.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
-                                     response_deserializer=None)
-        big = big_ch.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None,
-                                 response_deserializer=None)
-        small_req = pb.AssembleContextRequest(organization_id="org-01", agent_id="agent-1", model="gpt-4o",
-                                              query=pb.Query(text="refund")).SerializeToString()
+        small = small_ch.unary_unary(
+            METHOD_PREFIX + "AssembleContext", request_serializer=None, response_deserializer=None
+        )
+        big = big_ch.unary_unary(METHOD_PREFIX + "AssembleContext", request_serializer=None, response_deserializer=None)
+        small_req = pb.AssembleContextRequest(
+            organization_id="org-01", agent_id="agent-1", model="gpt-4o", query=pb.Query(text="refund")
+        ).SerializeToString()
 
         def check() -> None:
             health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5.0)
@@ -313,15 +365,24 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
                     code, dropped = "OK", sum(d.count for d in answer.history_dropped)
                 except grpc.RpcError as exc:
                     code, dropped = exc.code().name, 0
-                results.append({"timeout_ms": timeout_s * 1000, "code": code, "dropped_turns": dropped,
-                                "ms": round((time.perf_counter() - t0) * 1000, 1)})
+                results.append(
+                    {
+                        "timeout_ms": timeout_s * 1000,
+                        "code": code,
+                        "dropped_turns": dropped,
+                        "ms": round((time.perf_counter() - t0) * 1000, 1),
+                    }
+                )
             return results
 
         load_h, load_a, bigs = probes(run_big)
     print(f"\n{len(payload) / 1e6:.2f} MB, {BIG_TURNS} turns, TRIM_OLDEST on gpt-4: " + json.dumps(bigs))
-    for name, samples in (("health (reference)", base_h), ("small AssembleContext (reference)", base_a),
-                          ("health under the large requests", load_h),
-                          ("small AssembleContext under the large requests", load_a)):
+    for name, samples in (
+        ("health (reference)", base_h),
+        ("small AssembleContext (reference)", base_a),
+        ("health under the large requests", load_h),
+        ("small AssembleContext under the large requests", load_a),
+    ):
         codes: dict[str, int] = {}
         for _, c in samples:
             codes[c] = codes.get(c, 0) + 1
@@ -333,8 +394,14 @@ def test_the_largest_request_does_not_stall_the_server(db: Path, servers: list[S
             assert r["dropped_turns"] > BIG_TURNS // 2, r
     assert any(r["code"] == "OK" for r in bigs if r["timeout_ms"] >= 10_000), bigs
     assert all(c == "OK" for _, c in load_h)
-    assert _p99(load_h) <= max(RESPONSIVE_P99_MS, RESPONSIVE_OVER_REFERENCE * _p99(base_h)), (_p99(load_h), _p99(base_h))
-    assert _p99(load_a) <= max(RESPONSIVE_P99_MS, RESPONSIVE_OVER_REFERENCE * _p99(base_a)), (_p99(load_a), _p99(base_a))
+    assert _p99(load_h) <= max(RESPONSIVE_P99_MS, RESPONSIVE_OVER_REFERENCE * _p99(base_h)), (
+        _p99(load_h),
+        _p99(base_h),
+    )
+    assert _p99(load_a) <= max(RESPONSIVE_P99_MS, RESPONSIVE_OVER_REFERENCE * _p99(base_a)), (
+        _p99(load_a),
+        _p99(base_a),
+    )
 
 
 # ---- overload: admission control --------------------------------------------------------
@@ -374,17 +441,33 @@ def test_overload_is_refused_at_arrival(db: Path, servers: list[Server]) -> None
     servers.append(Server(db, "--metrics-port", str(_free_port())))
     target = f"127.0.0.1:{servers[0].port}"
     asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=300, timeout_ms=GENEROUS_TIMEOUT_MS))
-    r = asyncio.run(driver.run_overload(target, factor=OVERLOAD_FACTOR, seconds=OVERLOAD_SECONDS,
-                                        timeout_ms=CLIENT_TIMEOUT_MS))
+    r = asyncio.run(
+        driver.run_overload(target, factor=OVERLOAD_FACTOR, seconds=OVERLOAD_SECONDS, timeout_ms=CLIENT_TIMEOUT_MS)
+    )
     admitted = _metric(servers[0].metrics_port, "ctxcore_admission_admitted_calls_total")
     in_time = sum(v for k, v in admitted.items() if 'in_time="yes"' in k)
     late = sum(v for k, v in admitted.items() if 'in_time="no"' in k)
     r["server_admitted"] = int(in_time + late)
     r["server_admitted_in_time"] = round(in_time / (in_time + late), 4) if in_time + late else 1.0
-    keep = ("sustainable_rps", "offered_rps", "answered_rps", "sent", "ok", "failed", "refused_at_arrival",
-            "refused_by_reason", "refused_share_of_failures", "accepted", "accepted_met_deadline",
-            "accepted_p50_ms", "accepted_p99_ms", "driver_lag_p99_ms", "server_admitted", "server_admitted_in_time",
-            "codes")
+    keep = (
+        "sustainable_rps",
+        "offered_rps",
+        "answered_rps",
+        "sent",
+        "ok",
+        "failed",
+        "refused_at_arrival",
+        "refused_by_reason",
+        "refused_share_of_failures",
+        "accepted",
+        "accepted_met_deadline",
+        "accepted_p50_ms",
+        "accepted_p99_ms",
+        "driver_lag_p99_ms",
+        "server_admitted",
+        "server_admitted_in_time",
+        "codes",
+    )
     print("\noverload (2x sustainable, 45 ms deadline): " + json.dumps({k: r[k] for k in keep}))
     assert r["failed"] > 0.2 * r["sent"], "not overloaded: too few failures to judge"
     assert r["refused_share_of_failures"] >= REFUSED_SHARE_OF_FAILURES, r
@@ -394,10 +477,21 @@ def test_overload_is_refused_at_arrival(db: Path, servers: list[Server]) -> None
 def test_two_replicas_round_robin(db: Path, servers: list[Server]) -> None:
     servers.extend([Server(db), Server(db)])
     target = ",".join(f"127.0.0.1:{s.port}" for s in servers)
-    two = asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=REQUESTS,
-                                      max_seconds=MAX_SECONDS, timeout_ms=GENEROUS_TIMEOUT_MS))
-    at_timeout = asyncio.run(driver.run_load(target, concurrency=CONCURRENCY, requests=REQUESTS,
-                                             max_seconds=MAX_SECONDS, timeout_ms=CLIENT_TIMEOUT_MS, seed=2))
+    two = asyncio.run(
+        driver.run_load(
+            target, concurrency=CONCURRENCY, requests=REQUESTS, max_seconds=MAX_SECONDS, timeout_ms=GENEROUS_TIMEOUT_MS
+        )
+    )
+    at_timeout = asyncio.run(
+        driver.run_load(
+            target,
+            concurrency=CONCURRENCY,
+            requests=REQUESTS,
+            max_seconds=MAX_SECONDS,
+            timeout_ms=CLIENT_TIMEOUT_MS,
+            seed=2,
+        )
+    )
     print()
     _show("2 replicas (round_robin), 2 s deadline", two)
     _show(f"2 replicas (round_robin), {CLIENT_TIMEOUT_MS:g} ms deadline", at_timeout)
@@ -426,21 +520,50 @@ def test_worker_processes_serve_more_than_one(db: Path, servers: list[Server]) -
     one, two = servers
     targets = {"1 process": f"127.0.0.1:{one.port}", "--workers 2": f"127.0.0.1:{two.port}"}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-    for name, target in targets.items():  # each sees its traffic once before the clock
-        asyncio.run(driver.run_load(target, concurrency=4, requests=200, timeout_ms=GENEROUS_TIMEOUT_MS,
-                                    warm_pairs=True, connections=WORKER_CONNECTIONS))
+    for target in targets.values():  # each sees its traffic once before the clock
+        asyncio.run(
+            driver.run_load(
+                target,
+                concurrency=4,
+                requests=200,
+                timeout_ms=GENEROUS_TIMEOUT_MS,
+                warm_pairs=True,
+                connections=WORKER_CONNECTIONS,
+            )
+        )
     for k in range(ROUNDS):
         for name, target in targets.items():
-            runs[name].append(asyncio.run(driver.run_load(
-                target, concurrency=CONCURRENCY, requests=REQUESTS // ROUNDS, max_seconds=MAX_SECONDS,
-                timeout_ms=GENEROUS_TIMEOUT_MS, seed=20 + k, connections=WORKER_CONNECTIONS)))
+            runs[name].append(
+                asyncio.run(
+                    driver.run_load(
+                        target,
+                        concurrency=CONCURRENCY,
+                        requests=REQUESTS // ROUNDS,
+                        max_seconds=MAX_SECONDS,
+                        timeout_ms=GENEROUS_TIMEOUT_MS,
+                        seed=20 + k,
+                        connections=WORKER_CONNECTIONS,
+                    )
+                )
+            )
     rps = {name: statistics.median(r["rps"] for r in rs) for name, rs in runs.items()}
     print()
     for name, target in targets.items():
         _show(f"{name}, 2 s deadline (median {rps[name]} calls/s)", runs[name][len(runs[name]) // 2])
-        _show(f"{name}, {CLIENT_TIMEOUT_MS:g} ms deadline", asyncio.run(driver.run_load(
-            target, concurrency=CONCURRENCY, requests=REQUESTS, max_seconds=MAX_SECONDS,
-            timeout_ms=CLIENT_TIMEOUT_MS, seed=2, connections=WORKER_CONNECTIONS)))
+        _show(
+            f"{name}, {CLIENT_TIMEOUT_MS:g} ms deadline",
+            asyncio.run(
+                driver.run_load(
+                    target,
+                    concurrency=CONCURRENCY,
+                    requests=REQUESTS,
+                    max_seconds=MAX_SECONDS,
+                    timeout_ms=CLIENT_TIMEOUT_MS,
+                    seed=2,
+                    connections=WORKER_CONNECTIONS,
+                )
+            ),
+        )
     for rs in runs.values():
         assert all(r["errors"] == {} for r in rs), rs
     assert rps["--workers 2"] >= WORKERS_OVER_ONE * rps["1 process"], rps
@@ -471,18 +594,30 @@ def test_turns_keep_answers_whole_at_4_in_flight(db: Path, servers: list[Server]
     interleaved rounds: with turns, an assembly runs alone and finishes its retrieval
     inside its wall, where four sharing the two cores (and the GIL) run out of it and
     answer degraded."""
-    servers.extend([Server(db, "--max-running", "0"), Server(db, "--max-running", "1"), Server(db, "--max-running", "1")])
+    servers.extend(
+        [Server(db, "--max-running", "0"), Server(db, "--max-running", "1"), Server(db, "--max-running", "1")]
+    )
     plain, turns, second = (f"127.0.0.1:{s.port}" for s in servers)
     configs = (("no limit", plain), ("max_running 1", turns), ("2 replicas, max_running 1", f"{turns},{second}"))
     for _, target in configs:
-        asyncio.run(driver.run_load(target, concurrency=TURNS_CONCURRENCY, requests=200,
-                                    timeout_ms=GENEROUS_TIMEOUT_MS))
+        asyncio.run(
+            driver.run_load(target, concurrency=TURNS_CONCURRENCY, requests=200, timeout_ms=GENEROUS_TIMEOUT_MS)
+        )
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in configs}
     for k in range(TURNS_ROUNDS):
         for name, target in configs:
-            runs[name].append(asyncio.run(driver.run_load(
-                target, concurrency=TURNS_CONCURRENCY, requests=TURNS_REQUESTS, max_seconds=MAX_SECONDS,
-                timeout_ms=CLIENT_TIMEOUT_MS, seed=20 + k)))
+            runs[name].append(
+                asyncio.run(
+                    driver.run_load(
+                        target,
+                        concurrency=TURNS_CONCURRENCY,
+                        requests=TURNS_REQUESTS,
+                        max_seconds=MAX_SECONDS,
+                        timeout_ms=CLIENT_TIMEOUT_MS,
+                        seed=20 + k,
+                    )
+                )
+            )
     print()
     whole = {}
     for name, rs in runs.items():
@@ -491,9 +626,11 @@ def test_turns_keep_answers_whole_at_4_in_flight(db: Path, servers: list[Server]
         degraded = sum(r["degraded"] for r in rs)
         rounds = [_whole(r) / r["calls"] for r in rs]
         whole[name] = statistics.median(rounds)
-        print(f"{name}, {TURNS_CONCURRENCY} in flight, {CLIENT_TIMEOUT_MS:g} ms deadline: {calls} calls, "
-              f"whole answers {[f'{w:.1%}' for w in rounds]} (median {whole[name]:.1%}), degraded {degraded}, "
-              f"refused or late {refused}, rps {[r['rps'] for r in rs]}, p99 {[r['p99_ms'] for r in rs]} ms")
+        print(
+            f"{name}, {TURNS_CONCURRENCY} in flight, {CLIENT_TIMEOUT_MS:g} ms deadline: {calls} calls, "
+            f"whole answers {[f'{w:.1%}' for w in rounds]} (median {whole[name]:.1%}), degraded {degraded}, "
+            f"refused or late {refused}, rps {[r['rps'] for r in rs]}, p99 {[r['p99_ms'] for r in rs]} ms"
+        )
     # Measured on the 2-core machine: 94-95% whole answers with turns against 37-43%
     # without, and 94-98% from two replicas with a turn each, one per core, at about twice
     # the whole answers a second (`bench/load_driver.py run --concurrency 4`). Since the

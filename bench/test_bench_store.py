@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import pytest
-
 from bench_support import QUESTIONS, store_corpus
 
 from ctxcore.memory import MemoryStore, Query, Scope
@@ -47,6 +46,7 @@ ROUNDS = 300
 LIMIT = 64
 MIN_SIMILARITY = 0.70
 
+
 def queries(store: MemoryStore, scope: Scope) -> list[str]:
     # Half questions, half texts of this scope's own memories (vector hits >= 0.70).
     own = [r.text for r in asyncio.run(store.hot(scope, Query(""), 8))]
@@ -57,8 +57,9 @@ def percentiles(samples: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(samples, 50)), float(np.percentile(samples, 99))
 
 
-def cycle(loop: asyncio.AbstractEventLoop, make: Callable[[str], Awaitable[object]],
-          texts: list[str]) -> Callable[[], object]:
+def cycle(
+    loop: asyncio.AbstractEventLoop, make: Callable[[str], Awaitable[object]], texts: list[str]
+) -> Callable[[], object]:
     it = iter(range(10**9))
 
     def call() -> object:
@@ -108,9 +109,12 @@ def test_cold_and_hot_latency(benchmark: BenchmarkFixture, timed: Timed, store_1
     ref_p50 = float(np.median(ref_s))
     vector_hits = sum(r.similarity is not None for rs in results for r in rs)
     benchmark.extra_info.update(
-        cold_p50_ms=round(cold_p50 * 1e3, 3), cold_p99_ms=round(cold_p99 * 1e3, 3),
-        hot_p50_ms=round(hot_p50 * 1e3, 3), hot_p99_ms=round(hot_p99 * 1e3, 3),
-        hydrate_all_reference_p50_ms=round(ref_p50 * 1e3, 3), vector_hits=vector_hits,
+        cold_p50_ms=round(cold_p50 * 1e3, 3),
+        cold_p99_ms=round(cold_p99 * 1e3, 3),
+        hot_p50_ms=round(hot_p50 * 1e3, 3),
+        hot_p99_ms=round(hot_p99 * 1e3, 3),
+        hydrate_all_reference_p50_ms=round(ref_p50 * 1e3, 3),
+        vector_hits=vector_hits,
     )
     print(
         f"\n{scope.organization_id}/{scope.agent_id} ({store_100k.size} memories in the store): "
@@ -143,9 +147,9 @@ def test_cold_and_hot_latency(benchmark: BenchmarkFixture, timed: Timed, store_1
 # maintains its HNSW index per insert), so it runs with CTXCORE_BENCH_PG=1 or
 # CTXCORE_SLOW=1 only, never in the default CI run.
 
-import os  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import os
+import sys
+import time
 
 PG_MEMORIES = int(os.environ.get("CTXCORE_BENCH_PG_MEMORIES", "100000"))
 PG_INGEST_BATCH = 2_000
@@ -174,7 +178,7 @@ def pg_100k(store_100k: Store100k, tmp_path_factory: pytest.TempPathFactory) -> 
         with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(), grant_to=db.app) as s:
             t0 = time.perf_counter()
             for k in range(0, len(mems), PG_INGEST_BATCH):
-                s.add_many(mems[k:k + PG_INGEST_BATCH])
+                s.add_many(mems[k : k + PG_INGEST_BATCH])
             pg_s = time.perf_counter() - t0
         import psycopg
 
@@ -188,8 +192,10 @@ def pg_100k(store_100k: Store100k, tmp_path_factory: pytest.TempPathFactory) -> 
             time.sleep(1.5)
             for table in ("memories", "memory_terms", "memory_vectors"):  # every partition of the last
                 conn.execute(f"VACUUM {table}")
-            vm = conn.execute("SELECT relname, relpages, relallvisible FROM pg_class "
-                              "WHERE relname IN ('memories', 'memory_terms') ORDER BY relname").fetchall()
+            vm = conn.execute(
+                "SELECT relname, relpages, relallvisible FROM pg_class "
+                "WHERE relname IN ('memories', 'memory_terms') ORDER BY relname"
+            ).fetchall()
         print(f"\nPostgreSQL pages all-visible after VACUUM: {vm}")
         # and the checkpoint after the bulk load, which would otherwise land among the timed reads
         server.superuser("CHECKPOINT")
@@ -197,12 +203,17 @@ def pg_100k(store_100k: Store100k, tmp_path_factory: pytest.TempPathFactory) -> 
         with SqliteMemoryStore(sqlite_path, embedder=HashingEmbedder()) as s:
             t0 = time.perf_counter()
             for k in range(0, len(mems), PG_INGEST_BATCH):
-                s.add_many(mems[k:k + PG_INGEST_BATCH])
+                s.add_many(mems[k : k + PG_INGEST_BATCH])
             sqlite_s = time.perf_counter() - t0
-        ingest = {"memories": len(mems), "postgres_per_s": round(len(mems) / pg_s, 1),
-                  "sqlite_per_s": round(len(mems) / sqlite_s, 1)}
-        print(f"\ningest of {len(mems)} memories (batches of {PG_INGEST_BATCH}): PostgreSQL "
-              f"{ingest['postgres_per_s']}/s, SQLite {ingest['sqlite_per_s']}/s")
+        ingest = {
+            "memories": len(mems),
+            "postgres_per_s": round(len(mems) / pg_s, 1),
+            "sqlite_per_s": round(len(mems) / sqlite_s, 1),
+        }
+        print(
+            f"\ningest of {len(mems)} memories (batches of {PG_INGEST_BATCH}): PostgreSQL "
+            f"{ingest['postgres_per_s']}/s, SQLite {ingest['sqlite_per_s']}/s"
+        )
         with PostgresMemoryStore(db.app_url, migrate=False) as app:
             app.warm()
             yield app, db, ingest
@@ -211,8 +222,9 @@ def pg_100k(store_100k: Store100k, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.mark.parametrize("which", ["large", "typical"], ids=["large-scope-10k", "typical-scope"])
-def test_postgres_beside_sqlite_latency(benchmark: BenchmarkFixture, timed: Timed, store_100k: Store100k,
-                                        pg_100k: PgBench, which: str) -> None:
+def test_postgres_beside_sqlite_latency(
+    benchmark: BenchmarkFixture, timed: Timed, store_100k: Store100k, pg_100k: PgBench, which: str
+) -> None:
     pg, _, _ = pg_100k
     scope: Scope = getattr(store_100k, which)
     loop = asyncio.new_event_loop()
@@ -221,6 +233,7 @@ def test_postgres_beside_sqlite_latency(benchmark: BenchmarkFixture, timed: Time
         texts = queries(pg, scope)
         stores: tuple[tuple[str, MemoryStore], ...] = (("postgres", pg), ("sqlite", store_100k.store))
         for name, store in stores:
+
             def cold_of(t: str, s: MemoryStore = store) -> Awaitable[object]:
                 return s.cold(scope, Query(t), LIMIT, MIN_SIMILARITY)
 
@@ -242,12 +255,18 @@ def test_postgres_beside_sqlite_latency(benchmark: BenchmarkFixture, timed: Time
     vector_hits = sum(r.similarity is not None for rs in results for r in rs)
     print(f"\n{scope.organization_id}/{scope.agent_id}: {size} memories in the scope")
     for name, (c50, c99, h50, h99) in rows.items():
-        print(f"  {name:8s} cold p50 {c50 * 1e3:6.2f} ms p99 {c99 * 1e3:6.2f} ms; "
-              f"hot p50 {h50 * 1e3:6.2f} ms p99 {h99 * 1e3:6.2f} ms")
-        benchmark.extra_info.update({f"{name}_cold_p50_ms": round(c50 * 1e3, 3),
-                                     f"{name}_cold_p99_ms": round(c99 * 1e3, 3),
-                                     f"{name}_hot_p50_ms": round(h50 * 1e3, 3),
-                                     f"{name}_hot_p99_ms": round(h99 * 1e3, 3)})
+        print(
+            f"  {name:8s} cold p50 {c50 * 1e3:6.2f} ms p99 {c99 * 1e3:6.2f} ms; "
+            f"hot p50 {h50 * 1e3:6.2f} ms p99 {h99 * 1e3:6.2f} ms"
+        )
+        benchmark.extra_info.update(
+            {
+                f"{name}_cold_p50_ms": round(c50 * 1e3, 3),
+                f"{name}_cold_p99_ms": round(c99 * 1e3, 3),
+                f"{name}_hot_p50_ms": round(h50 * 1e3, 3),
+                f"{name}_hot_p99_ms": round(h99 * 1e3, 3),
+            }
+        )
     assert all(r.scope == scope for rs in results for r in rs)
     assert vector_hits > 0
     if which == "large":
@@ -270,14 +289,28 @@ def test_served_two_postgres_replicas_beside_one_sqlite_replica(store_100k: Stor
     import subprocess
 
     import load_driver as driver
+
     _, db, _ = pg_100k
 
     def serve(target_db: str) -> tuple[subprocess.Popen[str], int]:
         import json
 
-        proc = subprocess.Popen([sys.executable, "-m", "ctxcore.cli", "serve", "--db", target_db, "--bind",
-                                 "127.0.0.1:0", "--allow-unauthenticated"],
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ctxcore.cli",
+                "serve",
+                "--db",
+                target_db,
+                "--bind",
+                "127.0.0.1:0",
+                "--allow-unauthenticated",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         assert proc.stderr is not None
         port = 0
         while True:
@@ -299,13 +332,18 @@ def test_served_two_postgres_replicas_beside_one_sqlite_replica(store_100k: Stor
             assert p.stderr is not None
             p.stderr.close()
         requests, conc = 1_500, 16
-        asyncio.run(driver.run_load(f"127.0.0.1:{pa},127.0.0.1:{pb}", concurrency=conc, requests=200,
-                                    timeout_ms=2000.0))
-        two_pg = asyncio.run(driver.run_load(f"127.0.0.1:{pa},127.0.0.1:{pb}", concurrency=conc,
-                                             requests=requests, timeout_ms=2000.0, max_seconds=90))
+        asyncio.run(
+            driver.run_load(f"127.0.0.1:{pa},127.0.0.1:{pb}", concurrency=conc, requests=200, timeout_ms=2000.0)
+        )
+        two_pg = asyncio.run(
+            driver.run_load(
+                f"127.0.0.1:{pa},127.0.0.1:{pb}", concurrency=conc, requests=requests, timeout_ms=2000.0, max_seconds=90
+            )
+        )
         asyncio.run(driver.run_load(f"127.0.0.1:{pc}", concurrency=conc, requests=200, timeout_ms=2000.0))
-        one_sqlite = asyncio.run(driver.run_load(f"127.0.0.1:{pc}", concurrency=conc, requests=requests,
-                                                 timeout_ms=2000.0, max_seconds=90))
+        one_sqlite = asyncio.run(
+            driver.run_load(f"127.0.0.1:{pc}", concurrency=conc, requests=requests, timeout_ms=2000.0, max_seconds=90)
+        )
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -64,8 +64,12 @@ def held_out(request: pytest.FixtureRequest, held_out_corpus: list[Any]) -> dict
     exact = ctxcore.count_tokens_batch(texts, family).astype(np.float64)
     keep = exact > 0
     texts = [t for t, k in zip(texts, keep) if k]
-    return {"family": family, "texts": texts, "exact": exact[keep],
-            "kinds": [s.kind for s, k in zip(corpus, keep) if k]}
+    return {
+        "family": family,
+        "texts": texts,
+        "exact": exact[keep],
+        "kinds": [s.kind for s, k in zip(corpus, keep) if k],
+    }
 
 
 def _stats(est: np.ndarray, exact: np.ndarray) -> dict[str, float]:
@@ -88,8 +92,11 @@ def _bytes3(texts: list[str]) -> np.ndarray:
 def test_estimator_accuracy_on_held_out_text(benchmark: BenchmarkFixture, held_out: dict[str, Any]) -> None:
     texts, exact, family = held_out["texts"], held_out["exact"], held_out["family"]
     est = benchmark(ctxcore.estimate_tokens_batch, texts, family).astype(np.float64)
-    rows = {"ctxcore estimator": _stats(est, exact), "chars/4": _stats(_chars4(texts), exact),
-            "bytes/3": _stats(_bytes3(texts), exact)}
+    rows = {
+        "ctxcore estimator": _stats(est, exact),
+        "chars/4": _stats(_chars4(texts), exact),
+        "bytes/3": _stats(_bytes3(texts), exact),
+    }
     print(f"\n{family}: held-out texts: {len(texts)}, exact tokens: {int(exact.sum())}")
     print(f"{'method':<18} {'undercount':>10} {'median over':>12} {'p95 over':>9}")
     for name, r in rows.items():
@@ -101,8 +108,10 @@ def test_estimator_accuracy_on_held_out_text(benchmark: BenchmarkFixture, held_o
         print(f"  {kind:<16} n={int(m.sum()):<5} undercount {r['undercount']:.2%}  median over {r['median_over']:+.1%}")
     benchmark.extra_info.update({f"{k}:{m}": round(v, 4) for k, r in rows.items() for m, v in r.items()})
     ours = rows["ctxcore estimator"]
-    print(f"targets: undercount <= {TARGET_UNDERCOUNT:.1%} ({'met' if ours['undercount'] <= TARGET_UNDERCOUNT else 'MISSED'}), "
-          f"median over <= {TARGET_MEDIAN_OVER:.0%} ({'met' if ours['median_over'] <= TARGET_MEDIAN_OVER else 'MISSED'})")
+    print(
+        f"targets: undercount <= {TARGET_UNDERCOUNT:.1%} ({'met' if ours['undercount'] <= TARGET_UNDERCOUNT else 'MISSED'}), "
+        f"median over <= {TARGET_MEDIAN_OVER:.0%} ({'met' if ours['median_over'] <= TARGET_MEDIAN_OVER else 'MISSED'})"
+    )
     assert ours["undercount"] <= GATE_UNDERCOUNT
     assert ours["median_over"] <= GATE_MEDIAN_OVER
     # Never wildly above: at most 2.5x the exact count on texts of 20 tokens or more
@@ -127,9 +136,12 @@ def test_estimator_speed_vs_tiktoken(benchmark: BenchmarkFixture, timed: Timed, 
     enc = _encoding(family)
     benchmark(ctxcore.estimate_tokens_batch, texts, family)
     # tiktoken's rounds are spread among the estimator's, so that both see the same load.
-    ours, encoded = measure(lambda: ctxcore.estimate_tokens_batch(texts, family), rounds=30,
-                            reference=lambda: [len(enc.encode(t, disallowed_special=())) for t in texts],
-                            reference_rounds=5)
+    ours, encoded = measure(
+        lambda: ctxcore.estimate_tokens_batch(texts, family),
+        rounds=30,
+        reference=lambda: [len(enc.encode(t, disallowed_special=())) for t in texts],
+        reference_rounds=5,
+    )
     assert encoded is not None
     batch, ref = float(np.median(ours)), float(np.median(encoded))
     single = float(np.median(timed(lambda: [ctxcore.estimate_tokens(t, family) for t in texts], rounds=10)))
@@ -150,8 +162,9 @@ def test_estimator_speed_vs_tiktoken(benchmark: BenchmarkFixture, timed: Timed, 
     assert speedup >= GATE_SPEEDUP
 
 
-def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark: BenchmarkFixture, timed: Timed,
-                                                       held_out: dict[str, Any]) -> None:
+def test_count_tokens_batch_vs_tiktoken_one_at_a_time(
+    benchmark: BenchmarkFixture, timed: Timed, held_out: dict[str, Any]
+) -> None:
     # Exact counts for a whole batch in one call against the same tiktoken encoding called
     # once per text and against tiktoken's own encode_ordinary_batch (a thread pool), in
     # the same run.
@@ -163,14 +176,22 @@ def test_count_tokens_batch_vs_tiktoken_one_at_a_time(benchmark: BenchmarkFixtur
     assert np.array_equal(benchmark(ctxcore.count_tokens_batch, texts, family), want)
     # A reference round before each timed round, so that both see the same load (timed one
     # after the other, a burst during either moved the ratio to 0.63x in a CI run).
-    ours, one_at_a_time = measure(lambda: ctxcore.count_tokens_batch(texts, family), rounds=5, warmup=1,
-                                  reference=lambda: [len(enc.encode_ordinary(t)) for t in texts], reference_rounds=5)
+    ours, one_at_a_time = measure(
+        lambda: ctxcore.count_tokens_batch(texts, family),
+        rounds=5,
+        warmup=1,
+        reference=lambda: [len(enc.encode_ordinary(t)) for t in texts],
+        reference_rounds=5,
+    )
     assert one_at_a_time is not None
     batch, ref = float(np.median(ours)), float(np.median(one_at_a_time))
     pool = float(np.median(timed(lambda: enc.encode_ordinary_batch(texts), rounds=5, warmup=1)))
     per_text = batch / len(texts)
-    benchmark.extra_info.update(ratio_vs_one_at_a_time=round(ref / batch, 2), us_per_text=round(per_text * 1e6, 1),
-                                ratio_vs_encode_ordinary_batch=round(pool / batch, 2))
+    benchmark.extra_info.update(
+        ratio_vs_one_at_a_time=round(ref / batch, 2),
+        us_per_text=round(per_text * 1e6, 1),
+        ratio_vs_encode_ordinary_batch=round(pool / batch, 2),
+    )
     print(
         f"\n{family}: count_tokens_batch {batch * 1e3:.1f} ms for {len(texts)} texts "
         f"({per_text * 1e6:.0f} us/text); tiktoken one at a time {ref * 1e3:.1f} ms ({ref / batch:.2f}x), "

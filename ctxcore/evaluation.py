@@ -92,8 +92,7 @@ class Label:
         return Scope(self.organization_id, self.agent_id)
 
     @classmethod
-    def parse(cls, doc: object, *, line: int, organization_id: str | None = None,
-              agent_id: str | None = None) -> Label:
+    def parse(cls, doc: object, *, line: int, organization_id: str | None = None, agent_id: str | None = None) -> Label:
         """A label from one JSON object: ``query`` (str), ``evidence`` (a non-empty list of
         memory ids), and optionally ``organization_id``, ``agent_id`` (else the defaults
         given) and ``id``."""
@@ -101,29 +100,31 @@ class Label:
             raise LabelError(f"line {line}: a label must be a JSON object, got {type(doc).__name__}")
         unknown = set(doc) - {"query", "evidence", "organization_id", "agent_id", "id"}
         if unknown:
-            raise LabelError(f"line {line}: unknown keys {sorted(unknown)} (a label has query, evidence, "
-                             "organization_id, agent_id, id)")
+            raise LabelError(
+                f"line {line}: unknown keys {sorted(unknown)} (a label has query, evidence, "
+                "organization_id, agent_id, id)"
+            )
         query = doc.get("query")
         if not isinstance(query, str) or not query.strip():
             raise LabelError(f"line {line}: query must be a non-empty string, got {query!r:.60}")
         evidence = doc.get("evidence")
-        if (not isinstance(evidence, list) or not evidence
-                or not all(isinstance(e, str) and e for e in evidence)):
+        if not isinstance(evidence, list) or not evidence or not all(isinstance(e, str) and e for e in evidence):
             raise LabelError(f"line {line}: evidence must be a non-empty list of memory ids, got {evidence!r:.60}")
         org = doc.get("organization_id", organization_id)
         agent = doc.get("agent_id", agent_id)
         for name, value in (("organization_id", org), ("agent_id", agent)):
             if not isinstance(value, str) or not value:
-                raise LabelError(f"line {line}: {name} must be a non-empty string (in the label or given "
-                                 f"as the default), got {value!r:.60}")
+                raise LabelError(
+                    f"line {line}: {name} must be a non-empty string (in the label or given "
+                    f"as the default), got {value!r:.60}"
+                )
         ident = doc.get("id")
         if ident is not None and not isinstance(ident, str):
             raise LabelError(f"line {line}: id must be a string, got {ident!r:.60}")
         return cls(query, frozenset(evidence), str(org), str(agent), ident)
 
 
-def read_labels(path: str | Path, *, organization_id: str | None = None,
-                agent_id: str | None = None) -> list[Label]:
+def read_labels(path: str | Path, *, organization_id: str | None = None, agent_id: str | None = None) -> list[Label]:
     """The labels of a JSON Lines file (blank lines skipped); `LabelError` names the first
     bad line."""
     p = Path(path)
@@ -186,8 +187,7 @@ class EvalReport:
 
     def best_baseline(self, budget: int) -> SystemScore:
         """The baseline with the highest recall at `budget`."""
-        return max((s for s in self.scores if s.budget == budget and s.system != "ctxcore"),
-                   key=lambda s: s.recall)
+        return max((s for s in self.scores if s.budget == budget and s.system != "ctxcore"), key=lambda s: s.recall)
 
     def record(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
@@ -201,9 +201,14 @@ class EvalReport:
             "missing_evidence": self.missing_evidence,
             "ctxcore_ms": {"p50": round(self.ctxcore_p50_ms, 3), "p99": round(self.ctxcore_p99_ms, 3)},
             "scores": [
-                {"system": s.system, "budget": s.budget, "recall": round(s.recall, 4),
-                 "all_evidence": round(s.all_evidence, 4), "spent": round(s.spent, 1),
-                 "selected": round(s.selected, 2)}
+                {
+                    "system": s.system,
+                    "budget": s.budget,
+                    "recall": round(s.recall, 4),
+                    "all_evidence": round(s.all_evidence, 4),
+                    "spent": round(s.spent, 1),
+                    "selected": round(s.selected, 2),
+                }
                 for s in self.scores
             ],
             "ratio_to_best_baseline": {
@@ -223,16 +228,23 @@ class EvalReport:
                 s = self.score(name, b)
                 row.append(f"{s.recall:.3f} ({s.all_evidence:.2f})")
             rows.append(row)
-        rows.append(["ctxcore / best"] + [
-            f"{self.score('ctxcore', b).recall / max(self.best_baseline(b).recall, 1e-12):.2f}x"
-            for b in self.budgets])
+        rows.append(
+            ["ctxcore / best"]
+            + [
+                f"{self.score('ctxcore', b).recall / max(self.best_baseline(b).recall, 1e-12):.2f}x"
+                for b in self.budgets
+            ]
+        )
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                 for r in rows]
+        lines = [
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        foot = (f"evidence recall (all-evidence share) over {self.labels} labels, charged in {self.family} "
-                f"tokens ({self.model}); embedder: {self.embedder or 'none'}; ctxcore assembly p50 "
-                f"{self.ctxcore_p50_ms:.1f} ms, p99 {self.ctxcore_p99_ms:.1f} ms, degraded {self.degraded}")
+        foot = (
+            f"evidence recall (all-evidence share) over {self.labels} labels, charged in {self.family} "
+            f"tokens ({self.model}); embedder: {self.embedder or 'none'}; ctxcore assembly p50 "
+            f"{self.ctxcore_p50_ms:.1f} ms, p99 {self.ctxcore_p99_ms:.1f} ms, degraded {self.degraded}"
+        )
         if self.missing_evidence:
             foot += f"; {self.missing_evidence} evidence ids are not in the store"
         return "\n".join([*lines, foot])
@@ -366,8 +378,10 @@ async def evaluate(
         raise LabelError("no labels to evaluate")
     scan = getattr(store, "memories", None)
     if not callable(scan):
-        raise ConfigError(f"{type(store).__name__} cannot list a scope's memories (memories(scope)); "
-                          "ctxcore eval needs a store that can")
+        raise ConfigError(
+            f"{type(store).__name__} cannot list a scope's memories (memories(scope)); "
+            "ctxcore eval needs a store that can"
+        )
     family = default_catalog().get_model(model).tokenizer_family
     embedder = getattr(store, "embedder", None)
     opts = options if options is not None else AssemblyOptions()
@@ -401,8 +415,9 @@ async def evaluate(
         missing += sum(1 for e in label.evidence if e not in index.position)
         rankings = _rankings(index, label.query, embedder)
         for budget in spends:
-            req = AssemblyRequest(label.organization_id, label.agent_id, model, Query(label.query),
-                                  options=opts, token_budget=budget)
+            req = AssemblyRequest(
+                label.organization_id, label.agent_id, model, Query(label.query), options=opts, token_budget=budget
+            )
             t0 = time.perf_counter()
             try:
                 ctx = await assemble(req, sources=sources, config=config)
@@ -412,27 +427,51 @@ async def evaluate(
             else:
                 degraded += bool(ctx.degraded)
                 section = ctx.sections.get("memories", "")
-                note("ctxcore", budget, label.evidence, ctx.selected_ids,
-                     count_tokens(section, family).value if section else 0)
+                note(
+                    "ctxcore",
+                    budget,
+                    label.evidence,
+                    ctx.selected_ids,
+                    count_tokens(section, family).value if section else 0,
+                )
             latencies.append((time.perf_counter() - t0) * 1000.0)
             for name in BASELINES:
                 ranking = rankings.get(name)
                 if ranking is None:
                     continue
                 picked = _fill(ranking, index.cost, budget)
-                note(name, budget, label.evidence, [index.ids[i] for i in picked],
-                     int(index.cost[picked].sum()) if picked else 0)
+                note(
+                    name,
+                    budget,
+                    label.evidence,
+                    [index.ids[i] for i in picked],
+                    int(index.cost[picked].sum()) if picked else 0,
+                )
     scores = tuple(
-        SystemScore(system, b, float(np.mean(found[(system, b)])), float(np.mean(complete[(system, b)])),
-                    float(np.mean(spent[(system, b)])), float(np.mean(counts[(system, b)])))
-        for system in SYSTEMS for b in spends if (system, b) in found
+        SystemScore(
+            system,
+            b,
+            float(np.mean(found[(system, b)])),
+            float(np.mean(complete[(system, b)])),
+            float(np.mean(spent[(system, b)])),
+            float(np.mean(counts[(system, b)])),
+        )
+        for system in SYSTEMS
+        for b in spends
+        if (system, b) in found
     )
     lat = np.asarray(latencies)
     return EvalReport(
-        model=model, family=family, budgets=spends, labels=len(labels), scores=scores,
+        model=model,
+        family=family,
+        budgets=spends,
+        labels=len(labels),
+        scores=scores,
         embedder=None if embedder is None else str(getattr(embedder, "name", type(embedder).__name__)),
-        degraded=degraded, missing_evidence=missing,
-        ctxcore_p50_ms=float(np.percentile(lat, 50)), ctxcore_p99_ms=float(np.percentile(lat, 99)),
+        degraded=degraded,
+        missing_evidence=missing,
+        ctxcore_p50_ms=float(np.percentile(lat, 50)),
+        ctxcore_p99_ms=float(np.percentile(lat, 99)),
     )
 
 

@@ -217,20 +217,24 @@ def _invalid(message: str, section: FormatSection, index: int = -1, item_id: str
 
 def _memory_format(memory_format: object) -> int:
     if not isinstance(memory_format, str) or memory_format not in FORMAT_CODES:
-        raise _invalid(f"memory_format must be one of {MEMORY_FORMATS}, got {memory_format!r:.60}",
-                       FormatSection.MEMORIES)
+        raise _invalid(
+            f"memory_format must be one of {MEMORY_FORMATS}, got {memory_format!r:.60}", FormatSection.MEMORIES
+        )
     return FORMAT_CODES[memory_format]
 
 
 def _attributes(attributes: object) -> frozenset[str]:
     if isinstance(attributes, str) or not isinstance(attributes, Iterable):
-        raise _invalid(f"memory_attributes must be a sequence of names from {MEMORY_ATTRIBUTES}, "
-                       f"got {type(attributes).__name__}", FormatSection.MEMORIES)
+        raise _invalid(
+            f"memory_attributes must be a sequence of names from {MEMORY_ATTRIBUTES}, got {type(attributes).__name__}",
+            FormatSection.MEMORIES,
+        )
     names = tuple(attributes)
     for name in names:
         if name not in MEMORY_ATTRIBUTES:
-            raise _invalid(f"memory_attributes: unknown attribute {name!r:.60}; known: {MEMORY_ATTRIBUTES}",
-                           FormatSection.MEMORIES)
+            raise _invalid(
+                f"memory_attributes: unknown attribute {name!r:.60}; known: {MEMORY_ATTRIBUTES}", FormatSection.MEMORIES
+            )
     return frozenset(names)
 
 
@@ -251,8 +255,9 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
     for i, item in enumerate(memories):
         mid = _field(item, "id")
         if not isinstance(mid, str) or not mid:
-            raise _invalid(f"memory at index {i}: id must be a non-empty str, got {type(mid).__name__}",
-                           FormatSection.MEMORIES, i)
+            raise _invalid(
+                f"memory at index {i}: id must be a non-empty str, got {type(mid).__name__}", FormatSection.MEMORIES, i
+            )
         handle = f"m{i + 1}"
         handles[handle] = mid
         entry: dict[str, Any] = {"id": handle, "text": _field(item, "text")}
@@ -265,8 +270,11 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
 def _nonce(nonce: object, code: int = 0) -> str:
     compact = code == FORMAT_CODES["compact"]
     if nonce is None:
-        return (f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}" if compact
-                else secrets.token_hex(NONCE_BYTES))
+        return (
+            f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}"
+            if compact
+            else secrets.token_hex(NONCE_BYTES)
+        )
     if not isinstance(nonce, str):
         raise _invalid(f"nonce must be a str or None, got {type(nonce).__name__}", FormatSection.MEMORIES)
     if compact and _COMPACT_NONCE.fullmatch(nonce) is None:
@@ -542,8 +550,9 @@ def _price(texts: list[str], count: Callable[[str], SupportsIndex]) -> list[int]
     for t in texts:
         got = count(t)
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, numbers.Integral):
-            raise TypeError(f"count returned {type(got).__name__} {got!r:.40} for a piece of {len(t)} characters, "
-                            "not an int")
+            raise TypeError(
+                f"count returned {type(got).__name__} {got!r:.40} for a piece of {len(t)} characters, not an int"
+            )
         n = operator.index(got)
         if n < 0:
             raise ValueError(f"count returned {n} (< 0) for a piece of {len(t)} characters")

@@ -181,22 +181,36 @@ class MemoryRecord:
         # origin already a MemoryOrigin) pass one expression; anything else takes the full
         # check, which names what is wrong. (x - x == 0.0 holds exactly for finite floats;
         # a range test fails for NaN.)
-        s, c, i, ca, aa, n = (self.similarity, self.confidence, self.importance, self.created_at,
-                              self.accessed_at, self.token_count)
+        s, c, i, ca, aa, n = (
+            self.similarity,
+            self.confidence,
+            self.importance,
+            self.created_at,
+            self.accessed_at,
+            self.token_count,
+        )
         if not (
-            type(self.id) is str and self.id and type(self.organization_id) is str and self.organization_id
-            and type(self.agent_id) is str and self.agent_id and type(self.text) is str
+            type(self.id) is str
+            and self.id
+            and type(self.organization_id) is str
+            and self.organization_id
+            and type(self.agent_id) is str
+            and self.agent_id
+            and type(self.text) is str
             and (self.id.isascii() or is_valid_unicode(self.id))
             and (self.organization_id.isascii() or is_valid_unicode(self.organization_id))
             and (self.agent_id.isascii() or is_valid_unicode(self.agent_id))
-            and type(c) is float and 0.0 <= c <= 1.0
+            and type(c) is float
+            and 0.0 <= c <= 1.0
             and (s is None or (type(s) is float and -1.0 <= s <= 1.0))
             and (i is None or (type(i) is float and 0.0 <= i <= 1.0))
             and (ca is None or (type(ca) is float and ca - ca == 0.0))
             and (aa is None or (type(aa) is float and aa - aa == 0.0))
             and (n is None or (type(n) is int and 0 <= n <= MAX_MEMORY_TOKENS))
-            and (self.fulltext_score is None or (type(self.fulltext_score) is float
-                                                 and 0.0 <= self.fulltext_score < math.inf))
+            and (
+                self.fulltext_score is None
+                or (type(self.fulltext_score) is float and 0.0 <= self.fulltext_score < math.inf)
+            )
         ):
             self._check_fields()
         counts = self.exact_tokens
@@ -226,11 +240,13 @@ class MemoryRecord:
             if not low <= v <= high:
                 raise ValueError(f"memory {self.id!r}: {name} must be in [{low:g}, {high:g}], got {v!r:.80}")
         if self.token_count is not None and (
-            isinstance(self.token_count, bool) or not isinstance(self.token_count, int)
+            isinstance(self.token_count, bool)
+            or not isinstance(self.token_count, int)
             or not 0 <= self.token_count <= MAX_MEMORY_TOKENS
         ):
-            raise ValueError(f"memory {self.id!r}: token_count must be an int in [0, 2**40], "
-                             f"got {self.token_count!r:.80}")
+            raise ValueError(
+                f"memory {self.id!r}: token_count must be an int in [0, 2**40], got {self.token_count!r:.80}"
+            )
 
     def _check_counts(self) -> None:
         if not isinstance(self.exact_tokens, Mapping):
@@ -258,9 +274,14 @@ class MemoryRecord:
 
 
 #: The range of each number of a `MemoryRecord` (times only need to be finite).
-_RANGES = (("similarity", -1.0, 1.0), ("confidence", 0.0, 1.0), ("importance", 0.0, 1.0),
-           ("created_at", -math.inf, math.inf), ("accessed_at", -math.inf, math.inf),
-           ("fulltext_score", 0.0, math.inf))
+_RANGES = (
+    ("similarity", -1.0, 1.0),
+    ("confidence", 0.0, 1.0),
+    ("importance", 0.0, 1.0),
+    ("created_at", -math.inf, math.inf),
+    ("accessed_at", -math.inf, math.inf),
+    ("fulltext_score", 0.0, math.inf),
+)
 
 
 def is_valid_unicode(text: str) -> bool:
@@ -310,8 +331,9 @@ def _stored_count(text: str, family: str) -> int:
     return got
 
 
-def _nan_or(values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: int,
-            name: str) -> npt.NDArray[np.float64]:
+def _nan_or(
+    values: Sequence[float | None] | npt.NDArray[np.float64] | None, n: int, name: str
+) -> npt.NDArray[np.float64]:
     if values is None:
         return np.full(n, np.nan)
     if isinstance(values, np.ndarray):
@@ -351,8 +373,10 @@ def check_limit(limit: object) -> None:
 def check_min_similarity(min_similarity: object) -> float:
     """`min_similarity` as a float; ValueError unless it is a number in [-1, 1] (a cold
     source's ANN cutoff)."""
-    if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not (
-        -1.0 <= min_similarity <= 1.0
+    if (
+        isinstance(min_similarity, bool)
+        or not isinstance(min_similarity, (int, float))
+        or not (-1.0 <= min_similarity <= 1.0)
     ):
         raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r:.40}")
     return float(min_similarity)
@@ -374,8 +398,21 @@ def _same_records(records: Sequence[MemoryRecord], other: Any) -> bool:
 
 
 #: The columns `MemoryBatch.with_similarity` copies (lists and arrays).
-_COPIED_COLUMNS = ("ids", "texts", "origins", "confidence", "importance", "created_at", "accessed_at", "rank",
-                   "token_count", "token_family", "token_kind", "exact_tokens", "fulltext_score")
+_COPIED_COLUMNS = (
+    "ids",
+    "texts",
+    "origins",
+    "confidence",
+    "importance",
+    "created_at",
+    "accessed_at",
+    "rank",
+    "token_count",
+    "token_family",
+    "token_kind",
+    "exact_tokens",
+    "fulltext_score",
+)
 
 
 class MemoryBatch(Sequence[MemoryRecord]):
@@ -399,9 +436,26 @@ class MemoryBatch(Sequence[MemoryRecord]):
         TypeError: a text that is not a str.
     """
 
-    __slots__ = ("organization_id", "agent_id", "ids", "texts", "origins", "similarity", "confidence",
-                 "importance", "created_at", "accessed_at", "rank", "token_count", "token_family", "token_kind",
-                 "exact_tokens", "fulltext_score", "reference", "_records")
+    __slots__ = (
+        "organization_id",
+        "agent_id",
+        "ids",
+        "texts",
+        "origins",
+        "similarity",
+        "confidence",
+        "importance",
+        "created_at",
+        "accessed_at",
+        "rank",
+        "token_count",
+        "token_family",
+        "token_kind",
+        "exact_tokens",
+        "fulltext_score",
+        "reference",
+        "_records",
+    )
 
     def __init__(
         self,
@@ -433,14 +487,19 @@ class MemoryBatch(Sequence[MemoryRecord]):
             raise ValueError(f"MemoryBatch: {n} ids, {len(self.texts)} texts, {len(self.origins)} origins")
         if not all(type(i) is str and i and (i.isascii() or is_valid_unicode(i)) for i in self.ids):
             k = next(k for k, i in enumerate(self.ids) if type(i) is not str or not i or not is_valid_unicode(i))
-            raise ValueError(f"MemoryBatch: memory {k}: id must be a non-empty str of valid Unicode text (no lone "
-                             f"surrogate), got {self.ids[k]!r:.80}")
+            raise ValueError(
+                f"MemoryBatch: memory {k}: id must be a non-empty str of valid Unicode text (no lone "
+                f"surrogate), got {self.ids[k]!r:.80}"
+            )
         if not all(type(t) is str for t in self.texts):
             k = next(k for k, t in enumerate(self.texts) if type(t) is not str)
-            raise TypeError(f"MemoryBatch: memory {self.ids[k]!r}: text must be str, got {type(self.texts[k]).__name__}")
+            raise TypeError(
+                f"MemoryBatch: memory {self.ids[k]!r}: text must be str, got {type(self.texts[k]).__name__}"
+            )
         self.similarity = _in_range(_nan_or(similarity, n, "similarity"), -1.0, "similarity")
-        self.confidence = np.ones(n) if confidence is None else _in_range(_nan_or(confidence, n, "confidence"),
-                                                                          0.0, "confidence")
+        self.confidence = (
+            np.ones(n) if confidence is None else _in_range(_nan_or(confidence, n, "confidence"), 0.0, "confidence")
+        )
         if _core.first_outside(self.confidence, -math.inf, math.inf, allow_nan=False) >= 0:
             raise ValueError("MemoryBatch: confidence may not be missing")
         self.importance = _in_range(_nan_or(importance, n, "importance"), 0.0, "importance")
@@ -459,18 +518,31 @@ class MemoryBatch(Sequence[MemoryRecord]):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"MemoryBatch: {name} has {len(getattr(self, name))} values for {n} memories")
         if not all(c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS) for c in self.token_count):
-            k = next(k for k, c in enumerate(self.token_count)
-                     if not (c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS)))
-            raise ValueError(f"MemoryBatch: memory {self.ids[k]!r}: token_count must be an int in [0, 2**40] or "
-                             f"None, got {self.token_count[k]!r:.40}")
+            k = next(
+                k
+                for k, c in enumerate(self.token_count)
+                if not (c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS))
+            )
+            raise ValueError(
+                f"MemoryBatch: memory {self.ids[k]!r}: token_count must be an int in [0, 2**40] or "
+                f"None, got {self.token_count[k]!r:.40}"
+            )
         for k, c in enumerate(self.exact_tokens):
             # A store's JSON texts are read (and checked) when counted; mappings here.
-            if c is not None and not isinstance(c, str) and not (
-                isinstance(c, Mapping) and all(type(f) is str and f and type(v) is int and 0 <= v <= MAX_MEMORY_TOKENS
-                                               for f, v in c.items())
+            if (
+                c is not None
+                and not isinstance(c, str)
+                and not (
+                    isinstance(c, Mapping)
+                    and all(
+                        type(f) is str and f and type(v) is int and 0 <= v <= MAX_MEMORY_TOKENS for f, v in c.items()
+                    )
+                )
             ):
-                raise ValueError(f"MemoryBatch: memory {self.ids[k]!r}: exact_tokens must be None, a JSON object "
-                                 f"text or a mapping of family names to ints in [0, 2**40], got {c!r:.60}")
+                raise ValueError(
+                    f"MemoryBatch: memory {self.ids[k]!r}: exact_tokens must be None, a JSON object "
+                    f"text or a mapping of family names to ints in [0, 2**40], got {c!r:.60}"
+                )
         self._records: list[MemoryRecord | None] = [None] * n
         #: Per signal (``"vector"``, ``"fulltext"``), the (mean, standard deviation) of its
         #: score over every memory of the scope for this query, when the store knows them
@@ -483,16 +555,27 @@ class MemoryBatch(Sequence[MemoryRecord]):
     def _record(self, i: int) -> MemoryRecord:
         rec = self._records[i]
         if rec is None:
+
             def num(a: npt.NDArray[np.float64]) -> float | None:
                 v = float(a[i])
                 return None if v != v else v
 
             counts = self.exact_tokens[i]
             rec = MemoryRecord(
-                self.ids[i], self.organization_id, self.agent_id, self.texts[i], origin=self.origins[i],
-                similarity=num(self.similarity), confidence=float(self.confidence[i]), importance=num(self.importance),
-                created_at=num(self.created_at), accessed_at=num(self.accessed_at), rank=self.rank[i],
-                token_count=self.token_count[i], token_family=self.token_family[i], token_kind=self.token_kind[i],
+                self.ids[i],
+                self.organization_id,
+                self.agent_id,
+                self.texts[i],
+                origin=self.origins[i],
+                similarity=num(self.similarity),
+                confidence=float(self.confidence[i]),
+                importance=num(self.importance),
+                created_at=num(self.created_at),
+                accessed_at=num(self.accessed_at),
+                rank=self.rank[i],
+                token_count=self.token_count[i],
+                token_family=self.token_family[i],
+                token_kind=self.token_kind[i],
                 exact_tokens=_parse_counts(counts) if isinstance(counts, str) else counts,
                 fulltext_score=num(self.fulltext_score),
             )
@@ -525,8 +608,10 @@ class MemoryBatch(Sequence[MemoryRecord]):
             return np.fromiter(map(known.__getitem__, self.exact_tokens), dtype=np.int64, count=len(self))
         except KeyError:
             try:
-                new = {c: -1 if c is None else _stored_count(cast(str, c), family)
-                       for c in set(self.exact_tokens).difference(known)}
+                new = {
+                    c: -1 if c is None else _stored_count(cast(str, c), family)
+                    for c in set(self.exact_tokens).difference(known)
+                }
                 if len(known) + len(new) > _FAMILY_COUNTS_LIMIT:
                     known.clear()
                 known.update(new)
@@ -644,9 +729,7 @@ class MemoryStore(Protocol):
         """The agent's most recent memories, newest first, at most `limit`."""
         ...
 
-    async def cold(
-        self, scope: Scope, query: Query, limit: int, min_similarity: float
-    ) -> Sequence[MemoryRecord]:
+    async def cold(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         """Memories relevant to `query`: vector hits with similarity >= `min_similarity`
         (the ANN cutoff, applied before hydration) and full-text hits, at most `limit`."""
         ...
@@ -660,6 +743,7 @@ class Later(enum.Enum):
 
 #: What a branch's `now` function returns when its answer needs a wait (see `NowOrLater`).
 LATER: Final = Later.LATER
+
 
 class NowOrLater:
     """A branch that can often answer at once: called, it is the coroutine function `fn`;

@@ -537,8 +537,11 @@ def pack_arrays(
     node_limit = _as_int(search_node_limit, "search_node_limit")
     if node_limit < 0:
         raise ValueError(f"search_node_limit must be >= 0, got {node_limit}")
-    if (isinstance(rank_tolerance, bool) or not isinstance(rank_tolerance, (int, float))
-            or not 0.0 <= rank_tolerance < 1.0):
+    if (
+        isinstance(rank_tolerance, bool)
+        or not isinstance(rank_tolerance, (int, float))
+        or not 0.0 <= rank_tolerance < 1.0
+    ):
         raise ValueError(f"rank_tolerance must be a number in [0, 1), got {rank_tolerance!r:.40}")
 
     score_arr = _scores_array(scores)
@@ -565,11 +568,32 @@ def pack_arrays(
     grp_arr = None if grp_raw is None else _groups_array(grp_raw, id_list)
 
     out = _core.pack_arrays(
-        id_list, tok_arr, score_arr, pin_arr, _to_int64(budget_int), _to_int64(bucket), _to_int64(ceiling), _to_int64(node_limit),
-        CORE_CELL_LIMIT, float(rank_tolerance), grp_arr,
+        id_list,
+        tok_arr,
+        score_arr,
+        pin_arr,
+        _to_int64(budget_int),
+        _to_int64(bucket),
+        _to_int64(ceiling),
+        _to_int64(node_limit),
+        CORE_CELL_LIMIT,
+        float(rank_tolerance),
+        grp_arr,
     )
-    (tokens_used, total_score, upper_bound, path, evaluated, excluded, truncated, proven, dp_cells, nodes, dominated,
-     free_items) = out.summary
+    (
+        tokens_used,
+        total_score,
+        upper_bound,
+        path,
+        evaluated,
+        excluded,
+        truncated,
+        proven,
+        dp_cells,
+        nodes,
+        dominated,
+        free_items,
+    ) = out.summary
     if pin_arr is None:
         pin_arr = np.zeros(n, dtype=bool)  # a fresh array: made read-only without a copy
         pin_arr.setflags(write=False)

@@ -33,7 +33,7 @@ from typing import Any
 
 from .formatting import FormatterOverhead, formatter_overhead
 from .request import Message, Rendering, Role, ToolSpec, check_tool_pairs, tool_input
-from .tokens import estimator_of, count_tokens
+from .tokens import count_tokens, estimator_of
 
 __all__ = [
     "ANTHROPIC_ASSISTANT_TURN",
@@ -575,8 +575,9 @@ def rendering_costs(
         count = _counter(family, exact)
         # The estimator prices the frame's pieces behind what precedes them (the formatter's
         # own pricing), which keeps the memory block's estimate within frame + memories.
-        memory_frame = (formatter_overhead((), family=family, memory_format=memory_format).fixed_tokens
-                        if not exact else None)
+        memory_frame = (
+            formatter_overhead((), family=family, memory_format=memory_format).fixed_tokens if not exact else None
+        )
     else:
         memory_frame = None
     if memory_frame is None:
@@ -589,8 +590,9 @@ def rendering_costs(
         # Either role the caller may pick for the directive: the dearer one.
         directive_framing = OPENAI_TOKENS_PER_MESSAGE + max(count("system"), count("developer")) if directive else 0
     else:
-        t = count_anthropic({"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count,
-                            model=model)
+        t = count_anthropic(
+            {"messages": [], "tools": render_anthropic(tools=tools).get("tools", [])}, count, model=model
+        )
         reply = count(ANTHROPIC_REPLY_PRIMING)
         memory_framing = count(ANTHROPIC_HUMAN_TURN)
         directive_framing = 0
@@ -642,8 +644,16 @@ def price_rendering(
     """
     if rendering is Rendering.TEXT:
         return overhead, RenderingPrice(rendering, 0, overhead.directive_tokens + overhead.history_tokens)
-    c = rendering_costs(rendering, model=model, family=family, exact=exact, directive=directive,
-                        messages=messages, tools=tools, memory_format=memory_format)
+    c = rendering_costs(
+        rendering,
+        model=model,
+        family=family,
+        exact=exact,
+        directive=directive,
+        messages=messages,
+        tools=tools,
+        memory_format=memory_format,
+    )
     repriced = replace(
         overhead,
         directive_tokens=c.directive_tokens,

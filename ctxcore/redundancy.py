@@ -24,8 +24,14 @@ import numpy.typing as npt
 
 from .errors import invalid
 
-__all__ = ["DEFAULT_DUPLICATE_THRESHOLD", "TextKeys", "groups_from_keys", "has_duplicates", "near_duplicate_groups",
-           "normalized_text_key"]
+__all__ = [
+    "DEFAULT_DUPLICATE_THRESHOLD",
+    "TextKeys",
+    "groups_from_keys",
+    "has_duplicates",
+    "near_duplicate_groups",
+    "normalized_text_key",
+]
 
 #: Cosine similarity at or above which two embeddings are near-duplicates. 0.95 keeps
 #: rewordings of one sentence together (paraphrases of one fact score ~0.9-0.97 on
@@ -158,8 +164,10 @@ def near_duplicate_groups(
     >>> near_duplicate_groups(["a", "b", "c"], [[1.0, 0.0], [0.99, 0.05], [0.0, 1.0]]).tolist()
     [0, 0, -1]
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not (
-        math.isfinite(float(threshold)) and 0.0 < float(threshold) <= 1.0
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, numbers.Real)
+        or not (math.isfinite(float(threshold)) and 0.0 < float(threshold) <= 1.0)
     ):
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r:.40}")
     if isinstance(texts, str):

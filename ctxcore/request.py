@@ -194,9 +194,7 @@ class Message:
             if self.role.__class__ is not Role:
                 object.__setattr__(self, "role", Role(self.role))
         except ValueError:
-            raise ValueError(
-                f"message role must be one of {[r.value for r in Role]}, got {self.role!r}"
-            ) from None
+            raise ValueError(f"message role must be one of {[r.value for r in Role]}, got {self.role!r}") from None
         if self.parts is not None:
             parts = tuple(self.parts)
             for j, part in enumerate(parts):
@@ -311,6 +309,8 @@ def _plain(value: Any) -> Any:
     """An SDK response object (pydantic) as the mapping it dumps to; anything else as is."""
     dump = getattr(value, "model_dump", None)
     return dump(exclude_none=True) if callable(dump) else value
+
+
 _ANTHROPIC_ROLES = frozenset({"user", "assistant"})
 
 
@@ -590,8 +590,11 @@ class AssemblyOptions:
         for name in ("context_enabled", "skip_memory"):
             if not isinstance(getattr(self, name), bool):  # "false" would be truthy
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        if self.max_memories is not None and (isinstance(self.max_memories, bool) or not isinstance(
-                self.max_memories, int) or not 0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT):
+        if self.max_memories is not None and (
+            isinstance(self.max_memories, bool)
+            or not isinstance(self.max_memories, int)
+            or not 0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT
+        ):
             raise ValueError(f"max_memories must be None or an int in [0, 2**31 - 1], got {self.max_memories!r:.40}")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or not 0 <= self.pool <= MAX_RETRIEVAL_LIMIT:
             raise ValueError(f"pool must be an int in [0, 2**31 - 1], got {self.pool!r:.40}")

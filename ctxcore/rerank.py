@@ -81,17 +81,24 @@ class RerankRecord:
 
     def record(self) -> dict[str, Any]:
         """JSON-ready fields."""
-        return {"status": self.status.value, "candidates": self.candidates,
-                "latency_ms": round(self.latency_ms, 3), "timeout_ms": round(self.timeout_ms, 3),
-                "error": self.error}
+        return {
+            "status": self.status.value,
+            "candidates": self.candidates,
+            "latency_ms": round(self.latency_ms, 3),
+            "timeout_ms": round(self.timeout_ms, 3),
+            "error": self.error,
+        }
 
 
 def check_rerank_settings(pool: object, timeout_ms: object) -> None:
     """Raise `ConfigError` naming a bad rerank pool size or timeout."""
     if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
         raise ConfigError(f"rerank_pool must be an int >= 1, got {pool!r:.40}")
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not (
-            math.isfinite(timeout_ms) and timeout_ms > 0):
+    if (
+        isinstance(timeout_ms, bool)
+        or not isinstance(timeout_ms, (int, float))
+        or not (math.isfinite(timeout_ms) and timeout_ms > 0)
+    ):
         raise ConfigError(f"rerank_timeout_ms must be a finite number of milliseconds > 0, got {timeout_ms!r:.40}")
 
 
@@ -103,8 +110,9 @@ def _threads() -> ThreadPoolExecutor:
     global _THREADS
     with _THREADS_LOCK:
         if _THREADS is None:
-            _THREADS = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
-                                          thread_name_prefix="ctxcore-rerank")
+            _THREADS = ThreadPoolExecutor(
+                max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="ctxcore-rerank"
+            )
         return _THREADS
 
 
@@ -146,15 +154,21 @@ async def rerank(
     try:
         got = await asyncio.wait_for(future, allowed / 1000.0)
         scores = _scores(got, len(texts))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         # The thread cannot be stopped: its answer, when it comes, is dropped.
         return None, RerankRecord(RerankStatus.TIMEOUT, len(texts), (time.perf_counter() - t0) * 1000.0, allowed)
     except Exception as exc:  # a user's model: any failure degrades to the fused order
-        return None, RerankRecord(RerankStatus.ERROR, len(texts), (time.perf_counter() - t0) * 1000.0, allowed,
-                                  f"{type(exc).__name__}: {exc}"[:300])
+        return None, RerankRecord(
+            RerankStatus.ERROR,
+            len(texts),
+            (time.perf_counter() - t0) * 1000.0,
+            allowed,
+            f"{type(exc).__name__}: {exc}"[:300],
+        )
     order = np.argsort(-scores, kind="stable")
-    return order.astype(np.intp), RerankRecord(RerankStatus.OK, len(texts), (time.perf_counter() - t0) * 1000.0,
-                                               allowed)
+    return order.astype(np.intp), RerankRecord(
+        RerankStatus.OK, len(texts), (time.perf_counter() - t0) * 1000.0, allowed
+    )
 
 
 class CrossEncoderReranker:
@@ -174,8 +188,14 @@ class CrossEncoderReranker:
 
     __slots__ = ("_batch", "_model")
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, batch_size: int = 32, device: str = "cpu",
-                 model: Any = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        batch_size: int = 32,
+        device: str = "cpu",
+        model: Any = None,
+    ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r:.40}")
         if (path is None) == (model is None):

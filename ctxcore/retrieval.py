@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
-from .memory import LATER, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources, Chain
+from .memory import LATER, Chain, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
 __all__ = [
@@ -129,8 +129,11 @@ def compute_wall(
     >>> compute_wall(45, 40, deadline=100.020, headroom_ms=5, now=100.0).source.value
     'caller_deadline'
     """
-    for name, v in (("client_timeout_ms", client_timeout_ms), ("server_deadline_ms", server_deadline_ms),
-                    ("headroom_ms", headroom_ms)):
+    for name, v in (
+        ("client_timeout_ms", client_timeout_ms),
+        ("server_deadline_ms", server_deadline_ms),
+        ("headroom_ms", headroom_ms),
+    ):
         if not is_milliseconds(v):
             raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {v!r:.40}")
     if client_timeout_ms <= server_deadline_ms:
@@ -217,16 +220,20 @@ def _answer_now(branch: Branch, now: Callable[..., Any], args: tuple[Any, ...], 
     return None if value is LATER else _answered(branch, value, scope, t0)
 
 
-async def _run_branch(
-    branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope
-) -> _Outcome:
+async def _run_branch(branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope) -> _Outcome:
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
             value = await call()
     except TimeoutError:
-        return _Outcome(BranchRecord(branch, BranchStatus.TIMEOUT, (time.perf_counter() - t0) * 1000.0,
-                                     f"no answer within {timeout_s * 1000:.1f} ms"))
+        return _Outcome(
+            BranchRecord(
+                branch,
+                BranchStatus.TIMEOUT,
+                (time.perf_counter() - t0) * 1000.0,
+                f"no answer within {timeout_s * 1000:.1f} ms",
+            )
+        )
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a failing source is recorded, never propagated
@@ -291,8 +298,9 @@ async def retrieve(
             if outcome is not None:
                 outcomes[branch] = outcome
                 continue
-        tasks[branch] = _start(loop, _run_branch(branch, functools.partial(fn, *args), budget_s, scope),
-                               f"ctxcore-{branch}")
+        tasks[branch] = _start(
+            loop, _run_branch(branch, functools.partial(fn, *args), budget_s, scope), f"ctxcore-{branch}"
+        )
 
     waiting = [t for t in tasks.values() if not t.done()]
     pending: set[asyncio.Task[_Outcome]] = set()
@@ -330,7 +338,9 @@ async def retrieve(
             reason = "not requested" if _has_source(sources, branch) else "no source"
             records.append(BranchRecord(branch, BranchStatus.SKIPPED, 0.0, reason))
     directive_outcome = outcomes.get(Branch.DIRECTIVE)
-    directive = directive_outcome.value if directive_outcome and directive_outcome.record.status == BranchStatus.OK else None
+    directive = (
+        directive_outcome.value if directive_outcome and directive_outcome.record.status == BranchStatus.OK else None
+    )
     parts: list[Sequence[MemoryRecord]] = []
     foreign: list[MemoryRecord] = []
     for branch in (Branch.HOT, Branch.COLD):

@@ -453,7 +453,9 @@ class ValueModel:
         try:
             object.__setattr__(self, "fusion", FusionMethod(self.fusion))
         except ValueError:
-            raise ConfigError(f"fusion must be one of {[m.value for m in FusionMethod]}, got {self.fusion!r:.40}") from None
+            raise ConfigError(
+                f"fusion must be one of {[m.value for m in FusionMethod]}, got {self.fusion!r:.40}"
+            ) from None
         object.__setattr__(self, "rrf_k", _weight("rrf_k", self.rrf_k, positive=True))
         object.__setattr__(self, "temperature", _weight("temperature", self.temperature, positive=True))
         object.__setattr__(self, "z_cap", _weight("z_cap", self.z_cap, positive=True))
@@ -471,8 +473,11 @@ class ValueModel:
                 raise ConfigError(f"{name} must be in [0, 1], got {v!r}")
             object.__setattr__(self, name, v)
         if self.recency_half_life_days is not None:
-            object.__setattr__(self, "recency_half_life_days",
-                               _weight("recency_half_life_days", self.recency_half_life_days, positive=True))
+            object.__setattr__(
+                self,
+                "recency_half_life_days",
+                _weight("recency_half_life_days", self.recency_half_life_days, positive=True),
+            )
 
     def record(self) -> dict[str, Any]:
         """The model's parameters, as a result records them."""
@@ -561,18 +566,24 @@ def fuse(
     if rec.shape != sim.shape:
         raise ValueError("recency must be one number (or NaN) per candidate")
     rec_present = ~np.isnan(rec)
-    weights = np.array([model.fulltext_weight if lex_present.any() else 0.0,
-                        model.vector_weight if vec_present.any() else 0.0,
-                        model.recency_weight if rec_present.any() else 0.0])
+    weights = np.array(
+        [
+            model.fulltext_weight if lex_present.any() else 0.0,
+            model.vector_weight if vec_present.any() else 0.0,
+            model.recency_weight if rec_present.any() else 0.0,
+        ]
+    )
     if n == 0 or weights.sum() == 0:
         return np.zeros(n), np.full(n, -1, dtype=np.int64)
     if model.fusion is FusionMethod.RRF:
         k = model.rrf_k
-        parts = np.stack([
-            np.nan_to_num(weights[0] / (k + _ranks(lex_key, lex_present)), nan=0.0),
-            np.nan_to_num(weights[1] / (k + _ranks(np.where(vec_present, sim, -np.inf), vec_present)), nan=0.0),
-            np.nan_to_num(weights[2] / (k + _ranks(np.where(rec_present, rec, -np.inf), rec_present)), nan=0.0),
-        ])
+        parts = np.stack(
+            [
+                np.nan_to_num(weights[0] / (k + _ranks(lex_key, lex_present)), nan=0.0),
+                np.nan_to_num(weights[1] / (k + _ranks(np.where(vec_present, sim, -np.inf), vec_present)), nan=0.0),
+                np.nan_to_num(weights[2] / (k + _ranks(np.where(rec_present, rec, -np.inf), rec_present)), nan=0.0),
+            ]
+        )
         top = float(weights.sum() / (k + 1.0))
     elif model.fusion is FusionMethod.ZSCORE:
         ref = reference or {}
@@ -585,11 +596,13 @@ def fuse(
             return np.minimum((vals - mean) / std, model.z_cap)
 
         lex_val = np.where(lex_present & (lex_key >= 0), lex_key, 0.0)
-        parts = np.stack([weights[0] * standard(lex_val, lex_present, "fulltext", 0.0),
-                          weights[1] * standard(sim, vec_present, "vector",
-                                                float(np.nanmin(sim)) if vec_present.any() else 0.0),
-                          weights[2] * standard(rec, rec_present, "recency",
-                                                float(np.nanmin(rec)) if rec_present.any() else 0.0)])
+        parts = np.stack(
+            [
+                weights[0] * standard(lex_val, lex_present, "fulltext", 0.0),
+                weights[1] * standard(sim, vec_present, "vector", float(np.nanmin(sim)) if vec_present.any() else 0.0),
+                weights[2] * standard(rec, rec_present, "recency", float(np.nanmin(rec)) if rec_present.any() else 0.0),
+            ]
+        )
         z = parts.sum(axis=0) / weights.sum()
         relevance = np.exp((z - float(z.max())) / model.temperature)
         dominant = np.argmax(parts, axis=0).astype(np.int64)
@@ -645,5 +658,7 @@ def value_scores(
         v = v * np.where(np.isnan(imp), 1.0, 1.0 - w + w * np.nan_to_num(imp))
     if age_days is not None and model.recency_half_life_days is not None:
         age = np.asarray(age_days, dtype=np.float64)
-        v = v * np.where(np.isnan(age), 1.0, np.power(0.5, np.maximum(0.0, np.nan_to_num(age)) / model.recency_half_life_days))
+        v = v * np.where(
+            np.isnan(age), 1.0, np.power(0.5, np.maximum(0.0, np.nan_to_num(age)) / model.recency_half_life_days)
+        )
     return v

@@ -138,9 +138,7 @@ def _estimator_table() -> dict[str, dict[str, Any]]:
 def estimator_of(family: str) -> _core.Estimator:
     table = _estimator_table()
     if family not in table:
-        raise ValueError(
-            f"unknown tokenizer family {family!r}; the estimator knows: {', '.join(sorted(table))}"
-        )
+        raise ValueError(f"unknown tokenizer family {family!r}; the estimator knows: {', '.join(sorted(table))}")
     entry = table[family]
     factor = 1.0
     if "basis" in entry:

@@ -34,8 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def ctxcore_gate(request: pytest.FixtureRequest) -> Any:
     """Latency gates on ctxcore's stages (see `ctxcore.benchmarking.pytest_plugin.LatencyGate`)."""
     if not request.config.pluginmanager.hasplugin("benchmark"):
-        pytest.fail("the ctxcore_gate fixture builds on pytest-benchmark, which is not installed or is disabled "
-                    "(-p no:benchmark): pip install 'ctxcore-llm[bench]'", pytrace=False)
+        pytest.fail(
+            "the ctxcore_gate fixture builds on pytest-benchmark, which is not installed or is disabled "
+            "(-p no:benchmark): pip install 'ctxcore-llm[bench]'",
+            pytrace=False,
+        )
     from ctxcore.benchmarking.pytest_plugin import LatencyGate
 
     return LatencyGate(request, request.getfixturevalue("benchmark"))

@@ -28,23 +28,41 @@ LOOKUP_ORDER = {
 
 async def build_payload(store: SqliteMemoryStore) -> dict[str, Any]:
     request = ctxcore.AssemblyRequest(
-        "acme-retail", "support", "claude-sonnet-4", ctxcore.Query("Can I still return the shoes?"),
-        messages=parse_messages([
-            {"role": "user", "content": "I bought running shoes three weeks ago."},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup_order",
-                                               "input": {"customer": "C-1042"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": '{"order": 7, "days_ago": 21}'},
-                {"type": "text", "text": "Can I still return them?"}]},
-        ]),
+        "acme-retail",
+        "support",
+        "claude-sonnet-4",
+        ctxcore.Query("Can I still return the shoes?"),
+        messages=parse_messages(
+            [
+                {"role": "user", "content": "I bought running shoes three weeks ago."},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {"customer": "C-1042"}}
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": '{"order": 7, "days_ago": 21}'},
+                        {"type": "text", "text": "Can I still return them?"},
+                    ],
+                },
+            ]
+        ),
         tools=(LOOKUP_ORDER,),
         # Price the budget for the Messages framing; trim the oldest turns if needed.
         options=ctxcore.AssemblyOptions(rendering=Rendering.ANTHROPIC, history_policy=HistoryPolicy.TRIM_OLDEST),
     )
     # A service warms its store at start-up and times each branch in milliseconds; here the
     # one-off script gives the branches a roomy wall instead.
-    config = ctxcore.AssemblyConfig(client_timeout_ms=2000, server_deadline_ms=2000, directive_timeout_ms=1000,
-                                    hot_timeout_ms=1000, cold_timeout_ms=1000)
+    config = ctxcore.AssemblyConfig(
+        client_timeout_ms=2000,
+        server_deadline_ms=2000,
+        directive_timeout_ms=1000,
+        hot_timeout_ms=1000,
+        cold_timeout_ms=1000,
+    )
     ctx = await ctxcore.assemble(request, sources=ctxcore.Sources.from_store(store), config=config)
     assert not ctx.degraded, ctx.degradation_reasons
     return ctx.to_anthropic()  # {"system": [...], "messages": [...], "tools": [...]}, cache breakpoint set

@@ -27,8 +27,13 @@ async def assemble(store: ctxcore.MemoryStore) -> ctxcore.AssembledContext:
     )
     # A service warms its store at start-up and times each branch in milliseconds; here the
     # one-off script gives the branches a roomy wall instead.
-    config = ctxcore.AssemblyConfig(client_timeout_ms=2000, server_deadline_ms=2000, directive_timeout_ms=1000,
-                                    hot_timeout_ms=1000, cold_timeout_ms=1000)
+    config = ctxcore.AssemblyConfig(
+        client_timeout_ms=2000,
+        server_deadline_ms=2000,
+        directive_timeout_ms=1000,
+        hot_timeout_ms=1000,
+        cold_timeout_ms=1000,
+    )
     return await ctxcore.assemble(request, sources=ctxcore.Sources.from_store(store), config=config)
 
 

@@ -26,7 +26,9 @@ def main(budget: int = 800) -> ctxcore.PackResult:
 if __name__ == "__main__":
     budget = int(sys.argv[1]) if len(sys.argv) > 1 else 800
     res = main(budget)
-    print(f"{len(res.ids)} of {res.evaluated} candidates selected, {res.tokens_used} of {budget} tokens, "
-          f"score {res.total_score:.3f} (bound {res.upper_bound:.3f}), path {res.path}")
+    print(
+        f"{len(res.ids)} of {res.evaluated} candidates selected, {res.tokens_used} of {budget} tokens, "
+        f"score {res.total_score:.3f} (bound {res.upper_bound:.3f}), path {res.path}"
+    )
     for d in res.decisions:
         print(f"  {d.id:<28} {d.reason}")

@@ -28,12 +28,12 @@
 namespace {
 
 // Aborts (which libFuzzer reports with the input) naming the broken invariant.
-#define check(cond)                                                                  \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define check(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
       std::fprintf(stderr, "fuzz_serializer.cpp:%d: invariant broken: %s\n", __LINE__, #cond); \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::abort();                                                                            \
+    }                                                                                          \
   } while (0)
 
 // Code points in s[0, bytes): the bytes that are not continuation bytes.
@@ -94,7 +94,7 @@ std::string sanitized(std::string_view s, std::int64_t& replaced) {
 // Reverses the references the escapers write. Aborts on any other '&' sequence.
 std::string unescape(std::string_view s) {
   static const std::pair<std::string_view, char> kRefs[] = {
-      {"&amp;", '&'}, {"&lt;", '<'},    {"&gt;", '>'},    {"&quot;", '"'},
+      {"&amp;", '&'},  {"&lt;", '<'},  {"&gt;", '>'},   {"&quot;", '"'},
       {"&#39;", '\''}, {"&#9;", '\t'}, {"&#10;", '\n'}, {"&#13;", '\r'},
   };
   std::string out;

@@ -198,9 +198,8 @@ std::int64_t code_of(py::list& distinct, const py::object& value) {
   return n;
 }
 
-using Columns = std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>,
-                           py::array_t<double>, py::array_t<double>, py::array_t<std::int64_t>, py::list,
-                           py::array_t<std::int64_t>>;
+using Columns = std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>, py::array_t<double>,
+                           py::array_t<double>, py::array_t<std::int64_t>, py::list, py::array_t<std::int64_t>>;
 
 // (ids, texts, origins, similarity, confidence, importance, created_at, stored counts of
 // `family`, the distinct origins, each record's index into them) of records of
@@ -239,15 +238,15 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
     cr[i] = number(created_of(item), "created_at", i);
     st[i] = stored_count(counts_of(item), family, i);
   }
-  return {std::move(ids), std::move(texts), std::move(origins), std::move(sim), std::move(conf), std::move(imp),
-          std::move(created), std::move(stored), std::move(distinct), std::move(origin_code)};
+  return {std::move(ids), std::move(texts),   std::move(origins), std::move(sim),      std::move(conf),
+          std::move(imp), std::move(created), std::move(stored),  std::move(distinct), std::move(origin_code)};
 }
 
 // The index of the first value that is infinite, NaN (unless `allow_nan`) or outside
 // [low, high]; -1 when every value passes. One pass over a float64 column, where the
 // same checks in numpy are a temporary array and a reduction each.
-py::ssize_t first_outside(const py::array_t<double, py::array::c_style | py::array::forcecast>& values,
-                          double low, double high, bool allow_nan) {
+py::ssize_t first_outside(const py::array_t<double, py::array::c_style | py::array::forcecast>& values, double low,
+                          double high, bool allow_nan) {
   if (values.ndim() != 1) throw py::value_error("first_outside: values must be one-dimensional");
   const double* v = values.data();
   const py::ssize_t n = values.shape(0);

@@ -327,8 +327,8 @@ ctxcore::MemoryFormat to_memory_format(int v) {
 }
 
 Formatted format_context(const py::object& directive, const py::object& history, const py::object& memories,
-                         const py::object& tools_json, const py::str& nonce, bool memories_frame,
-                         bool record_pieces, int memory_format) {
+                         const py::object& tools_json, const py::str& nonce, bool memories_frame, bool record_pieces,
+                         int memory_format) {
   Buffers buf(8);
   ctxcore::FormatInput in;
   in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
@@ -362,8 +362,8 @@ Formatted format_context(const py::object& directive, const py::object& history,
 Formatted format_columns(const py::object& directive, const py::object& history, const py::list& ids,
                          const py::list& texts, const py::array_t<double, py::array::c_style>& scores,
                          const py::list& sources, const py::array_t<std::int64_t, py::array::c_style>& order,
-                         const py::object& tools_json, const py::str& nonce, bool memories_frame,
-                         bool record_pieces, int memory_format, int attributes, bool handles) {
+                         const py::object& tools_json, const py::str& nonce, bool memories_frame, bool record_pieces,
+                         int memory_format, int attributes, bool handles) {
   if (attributes < 0 || attributes > 3)
     throw py::value_error("format_columns: attributes must be a mask of 1 (score) and 2 (source), got " +
                           std::to_string(attributes));
@@ -460,10 +460,10 @@ void register_format(py::module_& m) {
   m.def("format_context", &format_context, py::arg("directive"), py::arg("history"), py::arg("memories"),
         py::arg("tools_json"), py::arg("nonce"), py::arg("memories_frame"), py::arg("record_pieces"),
         py::arg("memory_format") = 0, "Serialize validated sections. Private: call ctxcore.format_context.");
-  m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"),
-        py::arg("texts"), py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"),
-        py::arg("nonce"), py::arg("memories_frame") = false, py::arg("record_pieces") = false,
-        py::arg("memory_format") = 0, py::arg("attributes") = 3, py::arg("handles") = false,
+  m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"), py::arg("texts"),
+        py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"), py::arg("nonce"),
+        py::arg("memories_frame") = false, py::arg("record_pieces") = false, py::arg("memory_format") = 0,
+        py::arg("attributes") = 3, py::arg("handles") = false,
         "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 

@@ -20,11 +20,9 @@ using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecas
 using BoolArray = py::array_t<bool, py::array::c_style | py::array::forcecast>;
 
 template <class T>
-ctxcore::View<T> view_1d(const py::array_t<T, py::array::c_style | py::array::forcecast>& a,
-                         const char* name) {
+ctxcore::View<T> view_1d(const py::array_t<T, py::array::c_style | py::array::forcecast>& a, const char* name) {
   if (a.ndim() != 1)
-    throw ctxcore::InvalidCandidate(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
-                                        " dimensions",
+    throw ctxcore::InvalidCandidate(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + " dimensions",
                                     -1, "");
   return {a.data(), static_cast<std::size_t>(a.shape(0))};
 }
@@ -63,17 +61,17 @@ PackOutput pack_arrays(const py::sequence& ids, const Int64Array& tokens, const 
       continue;
     }
     if (!PyUnicode_Check(item)) {
-      throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) + ": id must be str, got " +
-                                          std::string(Py_TYPE(item)->tp_name),
-                                      static_cast<std::int64_t>(i), "");
+      throw ctxcore::InvalidCandidate(
+          "candidate at index " + std::to_string(i) + ": id must be str, got " + std::string(Py_TYPE(item)->tp_name),
+          static_cast<std::int64_t>(i), "");
     }
     Py_ssize_t size = 0;
     const char* utf8 = PyUnicode_AsUTF8AndSize(item, &size);
     if (utf8 == nullptr) {
       PyErr_Clear();
-      throw ctxcore::InvalidCandidate("candidate at index " + std::to_string(i) +
-                                          ": id is not encodable as UTF-8 (lone surrogate)",
-                                      static_cast<std::int64_t>(i), "");
+      throw ctxcore::InvalidCandidate(
+          "candidate at index " + std::to_string(i) + ": id is not encodable as UTF-8 (lone surrogate)",
+          static_cast<std::int64_t>(i), "");
     }
     views.emplace_back(utf8, static_cast<std::size_t>(size));
   }
@@ -124,35 +122,33 @@ void register_pack(py::module_& m) {
   m.attr("MAX_CANDIDATES") = ctxcore::kMaxCandidates;
 
   py::class_<PackOutput>(m, "PackOutput", "Raw packer output; wrapped by ctxcore.PackResult.")
-      .def_property_readonly(
-          "indices",
-          [](py::object self) {
-            auto& v = self.cast<PackOutput&>().r.indices;
-            py::array_t<std::int64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(std::int64_t)}, v.data(),
-                                        self);
-            a.attr("setflags")(py::arg("write") = false);
-            return a;
-          })
-      .def_property_readonly(
-          "reasons",
-          [](py::object self) {
-            auto& v = self.cast<PackOutput&>().r.reasons;
-            static_assert(sizeof(ctxcore::Reason) == 1, "Reason is one byte");
-            py::array_t<std::uint8_t> a({static_cast<py::ssize_t>(v.size())}, {std::size_t{1}},
-                                        reinterpret_cast<const std::uint8_t*>(v.data()), self);
-            a.attr("setflags")(py::arg("write") = false);
-            return a;
-          })
+      .def_property_readonly("indices",
+                             [](py::object self) {
+                               auto& v = self.cast<PackOutput&>().r.indices;
+                               py::array_t<std::int64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(std::int64_t)},
+                                                           v.data(), self);
+                               a.attr("setflags")(py::arg("write") = false);
+                               return a;
+                             })
+      .def_property_readonly("reasons",
+                             [](py::object self) {
+                               auto& v = self.cast<PackOutput&>().r.reasons;
+                               static_assert(sizeof(ctxcore::Reason) == 1, "Reason is one byte");
+                               py::array_t<std::uint8_t> a({static_cast<py::ssize_t>(v.size())}, {std::size_t{1}},
+                                                           reinterpret_cast<const std::uint8_t*>(v.data()), self);
+                               a.attr("setflags")(py::arg("write") = false);
+                               return a;
+                             })
       .def_property_readonly("ids", [](const PackOutput& o) { return o.ids; })
       .def_property_readonly("candidate_ids", [](const PackOutput& o) { return o.candidate_ids; })
-      .def_property_readonly(
-          "summary",
-          [](const PackOutput& o) {
-            // Every scalar at once, for the wrapper: one call instead of twelve.
-            return py::make_tuple(o.r.tokens_used, o.r.total_score, o.r.upper_bound, static_cast<int>(o.r.path),
-                                  o.r.evaluated, o.r.excluded_for_budget, o.r.truncated, o.r.proven_optimal,
-                                  o.r.dp_cells, o.r.search_nodes, o.r.dominated, o.r.free_items);
-          })
+      .def_property_readonly("summary",
+                             [](const PackOutput& o) {
+                               // Every scalar at once, for the wrapper: one call instead of twelve.
+                               return py::make_tuple(o.r.tokens_used, o.r.total_score, o.r.upper_bound,
+                                                     static_cast<int>(o.r.path), o.r.evaluated, o.r.excluded_for_budget,
+                                                     o.r.truncated, o.r.proven_optimal, o.r.dp_cells, o.r.search_nodes,
+                                                     o.r.dominated, o.r.free_items);
+                             })
       .def_property_readonly("tokens_used", [](const PackOutput& o) { return o.r.tokens_used; })
       .def_property_readonly("total_score", [](const PackOutput& o) { return o.r.total_score; })
       .def_property_readonly("upper_bound", [](const PackOutput& o) { return o.r.upper_bound; })

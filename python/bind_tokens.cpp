@@ -191,7 +191,7 @@ void fill_buckets(const Unit* cps, std::size_t n, unsigned bits, std::uint64_t* 
 // Per code point of `text`: its packed pair number and its block. What the calibration
 // averages exact token starts over; private.
 std::pair<py::array_t<std::uint64_t>, py::array_t<std::uint32_t>> estimator_buckets(const py::str& text,
-                                                                                  unsigned bits) {
+                                                                                    unsigned bits) {
   if (bits < ctxcore::kMinPairBits || bits > ctxcore::kMaxPairBits)
     throw std::invalid_argument("bits must be in [" + std::to_string(ctxcore::kMinPairBits) + ", " +
                                 std::to_string(ctxcore::kMaxPairBits) + "], got " + std::to_string(bits));
@@ -203,12 +203,10 @@ std::pair<py::array_t<std::uint64_t>, py::array_t<std::uint32_t>> estimator_buck
       fill_buckets(static_cast<const std::uint8_t*>(t.data), t.size, bits, pair.mutable_data(), block.mutable_data());
       break;
     case 2:
-      fill_buckets(static_cast<const std::uint16_t*>(t.data), t.size, bits, pair.mutable_data(),
-                   block.mutable_data());
+      fill_buckets(static_cast<const std::uint16_t*>(t.data), t.size, bits, pair.mutable_data(), block.mutable_data());
       break;
     default:
-      fill_buckets(static_cast<const std::uint32_t*>(t.data), t.size, bits, pair.mutable_data(),
-                   block.mutable_data());
+      fill_buckets(static_cast<const std::uint32_t*>(t.data), t.size, bits, pair.mutable_data(), block.mutable_data());
       break;
   }
   return {pair, block};

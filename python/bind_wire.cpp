@@ -44,7 +44,7 @@ std::string_view utf8(PyObject* s, const char* what, std::size_t row) {
   }
   Py_ssize_t size = 0;
   const char* data = PyUnicode_AsUTF8AndSize(s, &size);  // cached on the str
-  if (data == nullptr) throw py::error_already_set();  // a lone surrogate: not valid UTF-8
+  if (data == nullptr) throw py::error_already_set();    // a lone surrogate: not valid UTF-8
   return {data, static_cast<std::size_t>(size)};
 }
 
@@ -75,7 +75,8 @@ py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, co
   std::optional<Items> signal_items;
   if (!signals.is_none()) {
     signal_items.emplace(signals, "signals must be a sequence");
-    if (signal_items->n != n) throw py::value_error("signals must hold one str per trace row (" + std::to_string(n) + ")");
+    if (signal_items->n != n)
+      throw py::value_error("signals must hold one str per trace row (" + std::to_string(n) + ")");
   }
   std::string out;
   out.reserve(n * 64);
@@ -105,11 +106,12 @@ py::bytes encode_trace_rows(const py::handle& ids, const py::handle& origins, co
 }  // namespace
 
 void register_wire(py::module_& m) {
-  m.def("encode_trace_rows", &encode_trace_rows, py::arg("ids"), py::arg("origins"), py::arg("at"),
-        py::arg("reasons"), py::arg("tokens"), py::arg("score"), py::arg("relevance"), py::arg("recounted"),
-        py::arg("hide_id_reason"), py::arg("field"), py::arg("signals") = py::none(),
+  m.def("encode_trace_rows", &encode_trace_rows, py::arg("ids"), py::arg("origins"), py::arg("at"), py::arg("reasons"),
+        py::arg("tokens"), py::arg("score"), py::arg("relevance"), py::arg("recounted"), py::arg("hide_id_reason"),
+        py::arg("field"), py::arg("signals") = py::none(),
         "Trace rows (row k is candidate at[k] of ids/origins; reasons are wire enum values; a None\n"
-        "column is zeros; signals, when given, one str per row) as serialized entries of repeated field `field`. Private: used by\n"
+        "column is zeros; signals, when given, one str per row) as serialized entries of repeated field `field`. "
+        "Private: used by\n"
         "ctxcore.service.convert.");
 }
 

@@ -162,7 +162,10 @@ bool is_word_prefix(const Unit* cps, std::size_t n, const WordModel& w) noexcept
   std::size_t lo = 0, hi = count;  // first word >= key
   while (lo < hi) {
     const std::size_t mid = lo + (hi - lo) / 2;
-    if (word(mid) < key) lo = mid + 1; else hi = mid;
+    if (word(mid) < key)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo < count && word(lo).substr(0, key.size()) == key;
 }
@@ -177,8 +180,8 @@ struct NoWords {
 // `last_open`: the last word may still be extended by text that follows (the end of a whole
 // text: word price while it is a vocabulary-word prefix); else it is priced by its pairs.
 template <class Unit, class OnWord>
-RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t prev, bool first_credit,
-             bool last_open, OnWord&& on_word) {
+RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t prev, bool first_credit, bool last_open,
+             OnWord&& on_word) {
   const WordModel& w = p.words;
   const bool o200k = w.mode == kWordsO200k;
   const std::uint64_t floor = 2 * std::uint64_t{w.cost};  // two tokens
@@ -189,7 +192,7 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
   std::size_t start = 0;
   bool in_run = false, credit = false, lower = false;
   std::uint8_t k1 = prev != 0 ? class_of(prev, w) : kClassStart;  // class of cps[i - 1]
-  std::uint8_t k2 = kClassStart;                                   // class of cps[i - 2]
+  std::uint8_t k2 = kClassStart;                                  // class of cps[i - 2]
   // A word found in the vocabulary is one token: the word price, never above its pairs nor
   // below its leading character's pair cost. One not found is at least two tokens.
   const auto priced = [&](bool found) {
@@ -302,8 +305,8 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
     return;
   }
   if (classes.size() != kClassLimit)
-    throw std::invalid_argument("estimator char classes must have " + std::to_string(kClassLimit) +
-                                " entries, got " + std::to_string(classes.size()));
+    throw std::invalid_argument("estimator char classes must have " + std::to_string(kClassLimit) + " entries, got " +
+                                std::to_string(classes.size()));
   for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i] >= kClassCount)
       throw std::invalid_argument("estimator char class of U+" + std::to_string(i) + " must be < " +
@@ -323,8 +326,7 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
     std::size_t end = words_utf8.find('\0', pos);
     if (end == std::string_view::npos) end = words_utf8.size();
     const std::string_view word = words_utf8.substr(pos, end - pos);
-    if (word.empty())
-      throw std::invalid_argument("estimator word " + std::to_string(words.size()) + " is empty");
+    if (word.empty()) throw std::invalid_argument("estimator word " + std::to_string(words.size()) + " is empty");
     std::uint64_t h = kHashSeed;
     std::size_t cps = 0;
     for (std::size_t i = 0; i < word.size();) {
@@ -347,7 +349,8 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
     }
     const auto first = static_cast<unsigned char>(word[0]);
     if (first < 0x80 && word.find_first_not_of(word[0]) == std::string_view::npos)
-      w.run_max[first] = static_cast<std::uint8_t>(std::min<std::size_t>(std::max<std::size_t>(w.run_max[first], cps), 255));
+      w.run_max[first] =
+          static_cast<std::uint8_t>(std::min<std::size_t>(std::max<std::size_t>(w.run_max[first], cps), 255));
     words.push_back(word);
     hashes.push_back(h);
     pos = end + 1;
@@ -384,8 +387,8 @@ void validate(const EstimatorParams& p) {
     throw std::invalid_argument("estimator pair_bits must be in [" + std::to_string(kMinPairBits) + ", " +
                                 std::to_string(kMaxPairBits) + "], got " + std::to_string(p.pair_bits));
   if (p.latin_costs.size() != kLatinPairs)
-    throw std::invalid_argument("estimator latin_costs must have " + std::to_string(kLatinPairs) +
-                                " entries, got " + std::to_string(p.latin_costs.size()));
+    throw std::invalid_argument("estimator latin_costs must have " + std::to_string(kLatinPairs) + " entries, got " +
+                                std::to_string(p.latin_costs.size()));
   const std::size_t want = std::size_t{1} << p.pair_bits;
   if (p.pair_entries.size() != want)
     throw std::invalid_argument("estimator pair_entries must have 2**pair_bits = " + std::to_string(want) +
@@ -513,8 +516,7 @@ void for_each_word(const CodePoints& t, const EstimatorParams& params,
   }
 }
 
-void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params,
-                           std::int64_t* out) {
+void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params, std::int64_t* out) {
   for (std::size_t i = 0; i < texts.size; ++i) out[i] = estimate_tokens(texts[i], params);
 }
 

@@ -66,8 +66,7 @@ void validate_options(const PackOptions& opt) {
   if (opt.core_cell_limit < 0)
     throw std::invalid_argument("core_cell_limit must be >= 0, got " + std::to_string(opt.core_cell_limit));
   if (opt.search_node_limit < 0)
-    throw std::invalid_argument("search_node_limit must be >= 0, got " +
-                                std::to_string(opt.search_node_limit));
+    throw std::invalid_argument("search_node_limit must be >= 0, got " + std::to_string(opt.search_node_limit));
   if (!(opt.rank_tolerance >= 0.0 && opt.rank_tolerance < 1.0))
     throw std::invalid_argument("rank_tolerance must be in [0, 1), got " + std::to_string(opt.rank_tolerance));
 }
@@ -100,24 +99,21 @@ void validate_candidates(const PackInput& in) {
   const std::size_t n = in.ids.size;
   if (in.tokens.size != n || in.scores.size != n || (in.pinned.size != 0 && in.pinned.size != n) ||
       (in.groups.size != 0 && in.groups.size != n)) {
-    throw InvalidCandidate("mismatched lengths: " + std::to_string(n) + " ids, " +
-                               std::to_string(in.tokens.size) + " tokens, " +
-                               std::to_string(in.scores.size) + " scores, " +
+    throw InvalidCandidate("mismatched lengths: " + std::to_string(n) + " ids, " + std::to_string(in.tokens.size) +
+                               " tokens, " + std::to_string(in.scores.size) + " scores, " +
                                std::to_string(in.pinned.size) + " pinned flags" +
                                (in.groups.size != 0 ? ", " + std::to_string(in.groups.size) + " groups" : ""),
                            -1, "");
   }
   if (n > kMaxCandidates) {
-    throw InvalidCandidate("too many candidates: " + std::to_string(n) + " > " +
-                               std::to_string(kMaxCandidates),
-                           -1, "");
+    throw InvalidCandidate("too many candidates: " + std::to_string(n) + " > " + std::to_string(kMaxCandidates), -1,
+                           "");
   }
   double positive_sum = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
     if (in.ids[i].empty()) fail(in, i, "id must be a non-empty string");
     if (in.tokens[i] < 0) fail(in, i, "tokens must be >= 0, got " + std::to_string(in.tokens[i]));
-    if (in.tokens[i] > kMaxTokens)
-      fail(in, i, "tokens must be <= 2**40, got " + std::to_string(in.tokens[i]));
+    if (in.tokens[i] > kMaxTokens) fail(in, i, "tokens must be <= 2**40, got " + std::to_string(in.tokens[i]));
     if (!std::isfinite(in.scores[i])) fail(in, i, "score must be finite");
     if (in.scores[i] > 0.0) {
       positive_sum += in.scores[i];
@@ -266,8 +262,7 @@ struct Pool {
 // positive, so their bit patterns order them.
 void order_by_density(Pool& pool) {
   std::vector<std::uint64_t> keys(pool.size());
-  for (std::size_t p = 0; p < keys.size(); ++p)
-    keys[p] = descending_key(pool.v[p] / static_cast<double>(pool.t[p]));
+  for (std::size_t p = 0; p < keys.size(); ++p) keys[p] = descending_key(pool.v[p] / static_cast<double>(pool.t[p]));
   pool.by_density = stable_order_wide(keys);
 }
 
@@ -403,8 +398,10 @@ Fixing fix_by_bounds(const Pool& pool, double lb) {
     }
     while (hi - lo > 1) {
       const std::size_t mid = lo + (hi - lo) / 2;
-      if (pt[mid] <= cap) lo = mid;
-      else hi = mid;
+      if (pt[mid] <= cap)
+        lo = mid;
+      else
+        hi = mid;
     }
     return lo;
   };
@@ -465,9 +462,9 @@ std::vector<char> dp_select(const std::vector<std::int64_t>& tokens, const std::
   // Weights saturate at width: an item heavier than the capacity never fits either way,
   // and the suffix sums below stay far from overflow.
   for (std::size_t i = 0; i < m; ++i)
-    weight[i] = static_cast<std::size_t>(
-        std::min<std::int64_t>(static_cast<std::int64_t>(width),
-                               std::max<std::int64_t>(1, round_up ? (tokens[i] - 1) / bucket + 1 : to_buckets(tokens[i], bucket))));
+    weight[i] = static_cast<std::size_t>(std::min<std::int64_t>(
+        static_cast<std::int64_t>(width),
+        std::max<std::int64_t>(1, round_up ? (tokens[i] - 1) / bucket + 1 : to_buckets(tokens[i], bucket))));
   std::vector<std::size_t> after(m + 1, 0);  // weight of items i.. (saturating at width)
   for (std::size_t i = m; i-- > 0;) after[i] = std::min(width, after[i + 1] + weight[i]);
   std::vector<char> chosen(m, 0);
@@ -572,8 +569,10 @@ bool pareto_select(const Pool& pool, std::int64_t state_limit, std::vector<char>
         ++b;
       }
       if (s.v > last) {
-        if (!next.empty() && next.back().w == s.w) next.back() = s;  // same tokens, more value
-        else next.push_back(s);
+        if (!next.empty() && next.back().w == s.w)
+          next.back() = s;  // same tokens, more value
+        else
+          next.push_back(s);
         last = s.v;
       }
     }
@@ -627,8 +626,7 @@ void repair(const Pool& pool, std::vector<char>& chosen) {
 
   std::size_t single = pool.size();
   for (std::size_t p = 0; p < pool.size(); ++p) {
-    if (chosen[p] && pool.t[p] >= excess && (single == pool.size() || pool.v[p] < pool.v[single]))
-      single = p;
+    if (chosen[p] && pool.t[p] >= excess && (single == pool.size() || pool.v[p] < pool.v[single])) single = p;
   }
   double single_loss = single < pool.size() ? pool.v[single] : std::numeric_limits<double>::infinity();
 
@@ -748,10 +746,10 @@ bool best_swap(const Pool& pool, std::vector<char>& chosen) {
 }
 
 // Depth-first branch-and-bound over items in density order (Horowitz and Sahni), seeded
-// with the current selection as the incumbent and stopped after `limit` nodes. It only ever replaces the incumbent with a strictly better feasible set;
-// when it finishes inside the limit the result is a proven optimum. `floor` is a value some
-// packing outside this pool's scope already reaches (the caller keeps that packing): the
-// search then only looks for packings above it.
+// with the current selection as the incumbent and stopped after `limit` nodes. It only ever replaces the incumbent with
+// a strictly better feasible set; when it finishes inside the limit the result is a proven optimum. `floor` is a value
+// some packing outside this pool's scope already reaches (the caller keeps that packing): the search then only looks
+// for packings above it.
 struct SearchOutcome {
   bool complete = false;
   std::int64_t nodes = 0;
@@ -909,8 +907,10 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
     }
     std::vector<char> fixed(red.size(), 0), free_mask(red.size(), 0);
     for (std::size_t p = 0; p < red.size(); ++p) {
-      if (fx.state[p] == Fix::In) fixed[p] = 1;
-      else if (fx.state[p] == Fix::Free && red.t[p] <= fx.residual) free_mask[p] = 1;
+      if (fx.state[p] == Fix::In)
+        fixed[p] = 1;
+      else if (fx.state[p] == Fix::Free && red.t[p] <= fx.residual)
+        free_mask[p] = 1;
     }
     Pool sub = subset(red, free_mask, fx.residual);
     res.free_items = static_cast<std::int64_t>(sub.size());
@@ -940,8 +940,8 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
       // Few Pareto states (large items: at most kParetoMaxFit of them fit): the free items'
       // exact optimum for much less work than the table. Tried within the step's cell
       // budget, and given up early when the states would cost a good part of the table.
-      std::int64_t state_limit = dp_path ? std::max(options.core_cell_limit, options.cell_ceiling / 4)
-                                         : options.core_cell_limit;
+      std::int64_t state_limit =
+          dp_path ? std::max(options.core_cell_limit, options.cell_ceiling / 4) : options.core_cell_limit;
       if (room + 1 <= std::numeric_limits<std::int64_t>::max() / (4 * m))
         state_limit = std::min(state_limit, (room + 1) * m / 4);
       std::vector<char> exact;
@@ -976,8 +976,7 @@ void solve_reduced(const Pool& red, const PackOptions& options, std::vector<char
     // fixed-in item and no fixed-out one), else from the free items' density packing.
     order_by_tokens(sub);
     bool consistent = true;
-    for (std::size_t p = 0; p < red.size() && consistent; ++p)
-      consistent = free_mask[p] || best[p] == fixed[p];
+    for (std::size_t p = 0; p < red.size() && consistent; ++p) consistent = free_mask[p] || best[p] == fixed[p];
     std::vector<char> chosen;
     if (consistent) {
       for (std::size_t p = 0; p < red.size(); ++p)
@@ -1198,9 +1197,9 @@ std::vector<char> grouped_dp_select(const Pool& pool, std::int64_t bucket, std::
   const std::size_t cap = width - 1;
   std::vector<std::size_t> weight(m);
   for (std::size_t i = 0; i < m; ++i)
-    weight[i] = static_cast<std::size_t>(
-        std::min<std::int64_t>(static_cast<std::int64_t>(width),
-                               std::max<std::int64_t>(1, round_up ? (pool.t[i] - 1) / bucket + 1 : to_buckets(pool.t[i], bucket))));
+    weight[i] = static_cast<std::size_t>(std::min<std::int64_t>(
+        static_cast<std::int64_t>(width),
+        std::max<std::int64_t>(1, round_up ? (pool.t[i] - 1) / bucket + 1 : to_buckets(pool.t[i], bucket))));
   const std::vector<std::size_t> members = stable_order(pool.group);  // grouped, rank order within
   std::vector<std::size_t> starts;
   for (std::size_t k = 0; k < m; ++k)
@@ -1250,8 +1249,8 @@ struct Segments {
   std::vector<double> pv;        // prefix sums of value
   std::vector<std::int64_t> dt;  // each segment's tokens, density order
   std::vector<double> dv;
-  std::vector<std::size_t> at;   // per pool item: its segment's density position, or m when it is no
-                                 // singleton (only singletons' segments are removed one at a time)
+  std::vector<std::size_t> at;    // per pool item: its segment's density position, or m when it is no
+                                  // singleton (only singletons' segments are removed one at a time)
   std::vector<std::size_t> to;    // per segment (density order): the hull vertex it ends at
   std::vector<std::size_t> from;  // the vertex it starts at, or m for the empty choice
 
@@ -1265,9 +1264,7 @@ struct Segments {
     return bound;
   }
   // The LP without segment k (a singleton's) at capacity `cap`: as fix_by_bounds's.
-  double lp_without(std::size_t k, std::int64_t cap) const {
-    return pt[k] < cap ? lp(cap + dt[k]) - dv[k] : lp(cap);
-  }
+  double lp_without(std::size_t k, std::int64_t cap) const { return pt[k] < cap ? lp(cap + dt[k]) - dv[k] : lp(cap); }
 };
 
 Segments hull_segments(const Pool& pool) {
@@ -1280,7 +1277,7 @@ Segments hull_segments(const Pool& pool) {
   std::vector<double> seg_v;
   std::vector<std::size_t> seg_item;  // the singleton item of a segment, or m
   std::vector<std::size_t> seg_to, seg_from;
-  std::vector<std::size_t> hull;      // pool positions of the current group's hull vertices
+  std::vector<std::size_t> hull;  // pool positions of the current group's hull vertices
   for (std::size_t a = 0; a < m;) {
     std::size_t b = a + 1;
     while (b < m && key[by_group[b]] == key[by_group[a]]) ++b;
@@ -1524,8 +1521,7 @@ std::vector<char> solve_grouped(Pool red, const PackOptions& options, PackResult
 // less the base's, and those not above it stay out. What is left is one multiple-choice
 // knapsack, solved by the ungrouped steps when no group keeps two members.
 CTXCORE_COLD double pack_grouped(const PackInput& in, const std::vector<std::size_t>& order, std::int64_t room,
-                                 bool any_pinned,
-                    const PackOptions& options, PackResult& res) {
+                                 bool any_pinned, const PackOptions& options, PackResult& res) {
   const std::size_t n = in.ids.size;
   const auto is_pinned = [&](std::size_t i) { return any_pinned && in.pinned[i] != 0; };
   // Compact group ids, numbered in rank order (the DP's rows and the hull's ties follow
@@ -1567,7 +1563,8 @@ CTXCORE_COLD double pack_grouped(const PackInput& in, const std::vector<std::siz
   std::vector<std::size_t> base_item(groups, n);
   for (std::size_t i : order) {
     if (is_pinned(i)) continue;
-    if (!(in.scores[i] > 0.0)) res.reasons[i] = Reason::NonPositiveScore;
+    if (!(in.scores[i] > 0.0))
+      res.reasons[i] = Reason::NonPositiveScore;
     else if (in.tokens[i] == 0 && !taken[gid[i]] && base_item[gid[i]] == n) {
       base_item[gid[i]] = i;
       base[gid[i]] = in.scores[i];
@@ -1659,8 +1656,10 @@ CTXCORE_COLD double pack_grouped(const PackInput& in, const std::vector<std::siz
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (is_pinned(i) || res.reasons[i] == Reason::NonPositiveScore) continue;
-    if (selected[i]) res.reasons[i] = Reason::Selected;
-    else res.reasons[i] = claimed[gid[i]] ? Reason::Redundant : Reason::BudgetExhausted;
+    if (selected[i])
+      res.reasons[i] = Reason::Selected;
+    else
+      res.reasons[i] = claimed[gid[i]] ? Reason::Redundant : Reason::BudgetExhausted;
   }
   return fixed + pool_bound;
 }
@@ -1686,8 +1685,10 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
     // No decision to make: nothing fits. Candidates present make this a truncation.
     res.proven_optimal = true;
     for (std::size_t i = 0; i < n; ++i) {
-      if (is_pinned(i)) res.reasons[i] = Reason::PinnedOverBudget;
-      else if (!(in.scores[i] > 0.0)) res.reasons[i] = Reason::NonPositiveScore;
+      if (is_pinned(i))
+        res.reasons[i] = Reason::PinnedOverBudget;
+      else if (!(in.scores[i] > 0.0))
+        res.reasons[i] = Reason::NonPositiveScore;
     }
   } else if (in.groups.size != 0) {
     res.upper_bound = pack_grouped(in, order, std::min(budget, kBudgetClamp), any_pinned, options, res);
@@ -1769,8 +1770,10 @@ PackResult pack(const PackInput& in, std::int64_t budget, const PackOptions& opt
     res.total_score += in.scores[static_cast<std::size_t>(i)];
   }
   for (Reason r : res.reasons) {
-    if (r == Reason::BudgetExhausted || r == Reason::PinnedOverBudget) ++res.excluded_for_budget;
-    else if (r == Reason::Redundant) ++res.redundant;
+    if (r == Reason::BudgetExhausted || r == Reason::PinnedOverBudget)
+      ++res.excluded_for_budget;
+    else if (r == Reason::Redundant)
+      ++res.redundant;
   }
   res.truncated = n > 0 && (budget <= 0 || res.excluded_for_budget > 0);
   // The bound and the total are summed in different orders; where the packing is exactly

@@ -224,8 +224,7 @@ inline unsigned special_mask(const unsigned char* p) {
 #endif
 
 inline char* write_json_u(char* dst, char32_t cp) {
-  const char u[6] = {'\\', 'u', kHex[(cp >> 12) & 0xF], kHex[(cp >> 8) & 0xF], kHex[(cp >> 4) & 0xF],
-                     kHex[cp & 0xF]};
+  const char u[6] = {'\\', 'u', kHex[(cp >> 12) & 0xF], kHex[(cp >> 8) & 0xF], kHex[(cp >> 4) & 0xF], kHex[cp & 0xF]};
   std::memcpy(dst, u, 6);
   return dst + 6;
 }
@@ -315,14 +314,14 @@ void validate(const FormatInput& in, MemoryFormat format) {
   if (format == MemoryFormat::Compact) {
     if (!is_valid_compact_nonce(in.nonce))
       throw InvalidFormatInput("nonce must be at least " + std::to_string(kMinCompactNonceDigits) +
-                                   " decimal digits for the compact rendering, got " +
-                                   std::to_string(in.nonce.size()) + " characters" +
+                                   " decimal digits for the compact rendering, got " + std::to_string(in.nonce.size()) +
+                                   " characters" +
                                    (in.nonce.size() >= kMinCompactNonceDigits ? " that are not all of 0-9" : ""),
                                FormatSection::Memories, -1);
   } else if (!is_valid_nonce(in.nonce)) {
     throw InvalidFormatInput("nonce must be at least " + std::to_string(kMinNonceHexDigits) +
-                                 " lowercase hex digits, got " + std::to_string(in.nonce.size()) +
-                                 " characters" + (in.nonce.size() >= kMinNonceHexDigits ? " that are not all of 0-9a-f" : ""),
+                                 " lowercase hex digits, got " + std::to_string(in.nonce.size()) + " characters" +
+                                 (in.nonce.size() >= kMinNonceHexDigits ? " that are not all of 0-9a-f" : ""),
                              FormatSection::Memories, -1);
   }
   for (std::size_t i = 0; i < in.history.size; ++i) {

@@ -70,9 +70,9 @@ void append_varint(std::string& out, std::uint64_t value) {
 }
 
 std::size_t trace_entry_size(const TraceEntry& e) {
-  return string_size(e.memory_id) + varint_field_size(e.reason) + string_size(e.origin) +
-         varint_field_size(e.tokens) + double_size(e.score) + double_size(e.relevance) +
-         varint_field_size(e.recounted ? 1 : 0) + string_size(e.signal);
+  return string_size(e.memory_id) + varint_field_size(e.reason) + string_size(e.origin) + varint_field_size(e.tokens) +
+         double_size(e.score) + double_size(e.relevance) + varint_field_size(e.recounted ? 1 : 0) +
+         string_size(e.signal);
 }
 
 void append_trace_entry(std::string& out, std::uint32_t field, const TraceEntry& e) {

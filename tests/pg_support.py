@@ -52,8 +52,11 @@ def _as_server_user(cmd: list[str]) -> list[str]:
     try:
         pwd.getpwnam(PG_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER],
+            check=True,
+            capture_output=True,
+        )
     return ["runuser", "-u", PG_USER, "--", *cmd]
 
 
@@ -101,24 +104,58 @@ class PgServer:
                     shutil.copytree(libs, copy.parent / libs.name, symlinks=True)
                 bin_dir = copy / "pginstall" / "bin"
         subprocess.run(
-            _as_server_user([str(bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                             "-E", "UTF8", "--locale=C", "--no-sync"]),
-            check=True, capture_output=True,
+            _as_server_user(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            capture_output=True,
         )
         with open(self.dir / "server.log", "wb") as log:
             self.proc = subprocess.Popen(
-                _as_server_user([str(bin_dir / "postgres"), "-D", str(self.data), "-k", str(self.sock),
-                                 "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
-                                 "-c", "full_page_writes=off", "-c", "max_connections=300",
-                                 "-c", "shared_buffers=256MB", "-c", "maintenance_work_mem=256MB"]),
-                stdout=log, stderr=subprocess.STDOUT,
+                _as_server_user(
+                    [
+                        str(bin_dir / "postgres"),
+                        "-D",
+                        str(self.data),
+                        "-k",
+                        str(self.sock),
+                        "-c",
+                        "listen_addresses=",
+                        "-c",
+                        "fsync=off",
+                        "-c",
+                        "synchronous_commit=off",
+                        "-c",
+                        "full_page_writes=off",
+                        "-c",
+                        "max_connections=300",
+                        "-c",
+                        "shared_buffers=256MB",
+                        "-c",
+                        "maintenance_work_mem=256MB",
+                    ]
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited: {(self.dir / 'server.log').read_text()[-2000:]}")
-            r = subprocess.run([str(bin_dir / "pg_isready"), "-h", str(self.sock), "-U", "postgres"],
-                               capture_output=True)
+            r = subprocess.run(
+                [str(bin_dir / "pg_isready"), "-h", str(self.sock), "-U", "postgres"], capture_output=True
+            )
             if r.returncode == 0:
                 return self
             time.sleep(0.1)

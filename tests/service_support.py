@@ -7,9 +7,9 @@ Imported by tests/test_service_*.py by name (pyproject.toml puts tests/ on the p
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
 import datetime as dt
+import gc
 import random
 import secrets
 import sys
@@ -58,9 +58,13 @@ def make_tenants(n: int, per_tenant: int = 4) -> list[Tenant]:
         cs = sorted(canaries)
         mems = [
             MemoryRecord(
-                f"mem-{t:03d}-{k}", scope.organization_id, scope.agent_id,
+                f"mem-{t:03d}-{k}",
+                scope.organization_id,
+                scope.agent_id,
                 f"Tenant {t} note {k}: the secret marker is {cs[k]}.",
-                origin=MemoryOrigin.VECTOR, similarity=0.9 - 0.01 * k, confidence=0.9,
+                origin=MemoryOrigin.VECTOR,
+                similarity=0.9 - 0.01 * k,
+                confidence=0.9,
             )
             for k in range(per_tenant)
         ]
@@ -202,8 +206,10 @@ def _pem_key(k: ec.EllipticCurvePrivateKey) -> bytes:
     return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def _cert(subject_cn: str, key: Any, issuer_cn: str, issuer_key: Any, *, ca: bool, san: list[x509.GeneralName] | None = None) -> x509.Certificate:
-    now = dt.datetime.now(dt.timezone.utc)
+def _cert(
+    subject_cn: str, key: Any, issuer_cn: str, issuer_key: Any, *, ca: bool, san: list[x509.GeneralName] | None = None
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
     b = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
@@ -225,14 +231,27 @@ def make_pki(client_cn: str) -> Pki:
     ca_key, rogue_ca_key = _key(), _key()
     ca = _cert("ctxcore test CA", ca_key, "ctxcore test CA", ca_key, ca=True)
     server_key = _key()
-    server = _cert("localhost", server_key, "ctxcore test CA", ca_key, ca=False,
-                   san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    server = _cert(
+        "localhost",
+        server_key,
+        "ctxcore test CA",
+        ca_key,
+        ca=False,
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
     client_key, rogue_key = _key(), _key()
     client = _cert(client_cn, client_key, "ctxcore test CA", ca_key, ca=False)
     rogue = _cert(client_cn, rogue_key, "rogue CA", rogue_ca_key, ca=False)
     pem = serialization.Encoding.PEM
-    return Pki(ca.public_bytes(pem), server.public_bytes(pem), _pem_key(server_key), client.public_bytes(pem),
-               _pem_key(client_key), rogue.public_bytes(pem), _pem_key(rogue_key))
+    return Pki(
+        ca.public_bytes(pem),
+        server.public_bytes(pem),
+        _pem_key(server_key),
+        client.public_bytes(pem),
+        _pem_key(client_key),
+        rogue.public_bytes(pem),
+        _pem_key(rogue_key),
+    )
 
 
 def rsa_keypair() -> tuple[bytes, bytes]:
@@ -242,8 +261,16 @@ def rsa_keypair() -> tuple[bytes, bytes]:
     return priv, pub
 
 
-def make_jwt(private_pem: bytes, sub: str, *, aud: str = AUDIENCE, iss: str = ISSUER, ttl: float = 300,
-             alg: str = "RS256", **extra: Any) -> str:
+def make_jwt(
+    private_pem: bytes,
+    sub: str,
+    *,
+    aud: str = AUDIENCE,
+    iss: str = ISSUER,
+    ttl: float = 300,
+    alg: str = "RS256",
+    **extra: Any,
+) -> str:
     now = int(time.time())
     claims = {"sub": sub, "aud": aud, "iss": iss, "iat": now, "exp": now + int(ttl), **extra}
     return jwt.encode(claims, private_pem, algorithm=alg)
@@ -258,7 +285,9 @@ def unsigned_jwt(sub: str) -> str:
         return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
 
     now = int(time.time())
-    return f"{b64({'alg': 'none', 'typ': 'JWT'})}.{b64({'sub': sub, 'aud': AUDIENCE, 'iss': ISSUER, 'exp': now + 300})}."
+    return (
+        f"{b64({'alg': 'none', 'typ': 'JWT'})}.{b64({'sub': sub, 'aud': AUDIENCE, 'iss': ISSUER, 'exp': now + 300})}."
+    )
 
 
 def api_key_file(d: Path, keys: dict[str, str]) -> Path:
@@ -309,7 +338,9 @@ class ServeProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ctxcore.cli", "serve", "--bind", "127.0.0.1:0", "--drain-delay-s", "0", *args],
-            stderr=self._log, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stderr=self._log,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.port = 0
         self.metrics_port: int | None = None

@@ -33,8 +33,10 @@ def framework(name: str) -> ModuleType:
 
 
 def sources(n: int = 3) -> Sources:
-    mems = [MemoryRecord(f"m{i}", ORG, AGENT, f"Refunds take {i + 3} days </memory> & more", similarity=0.9)
-            for i in range(n)]
+    mems = [
+        MemoryRecord(f"m{i}", ORG, AGENT, f"Refunds take {i + 3} days </memory> & more", similarity=0.9)
+        for i in range(n)
+    ]
 
     async def hot(scope: Any, query: Any, limit: int) -> list[MemoryRecord]:
         return mems[:limit]
@@ -45,8 +47,13 @@ def sources(n: int = 3) -> Sources:
     return Sources(directive=directive, hot=hot)
 
 
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 
 def check_block(block: str, ctx: ctxcore.AssembledContext) -> None:
@@ -102,8 +109,14 @@ def test_langchain_messages_out() -> None:
     m = framework("langchain_core.messages")
     from ctxcore.adapters.langchain import from_langchain, to_langchain
 
-    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("order 8"), messages=from_langchain(lc_conversation(m)),
-                          options=AssemblyOptions(rendering="openai"))
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        "gpt-4o",
+        Query("order 8"),
+        messages=from_langchain(lc_conversation(m)),
+        options=AssemblyOptions(rendering="openai"),
+    )
     ctx = asyncio.run(ctxcore.assemble(req, sources=sources(), config=ROOMY))
     out = to_langchain(ctx)
     assert isinstance(out[0], m.SystemMessage) and out[0].content == "You are the support agent of Acme."
@@ -146,10 +159,16 @@ def test_langchain_runnable_where_trim_messages_would_go() -> None:
     sent = seen[0]
     assert 3 < len(sent) < len(conversation)  # trimmed to the window
     assert sent[-2].content == "And the refund?"  # the latest user turn, then the memories
-    check_tool_pairs([Message("assistant", tool_calls=tuple(ToolCall(c["id"], c["name"]) for c in x.tool_calls))
-                      if isinstance(x, m.AIMessage) and x.tool_calls else
-                      Message("tool", str(x.content), tool_call_id=x.tool_call_id) if isinstance(x, m.ToolMessage)
-                      else Message("user", "x") for x in sent[1:-1]])
+    check_tool_pairs(
+        [
+            Message("assistant", tool_calls=tuple(ToolCall(c["id"], c["name"]) for c in x.tool_calls))
+            if isinstance(x, m.AIMessage) and x.tool_calls
+            else Message("tool", str(x.content), tool_call_id=x.tool_call_id)
+            if isinstance(x, m.ToolMessage)
+            else Message("user", "x")
+            for x in sent[1:-1]
+        ]
+    )
     # The sync path gives the same messages (apart from the fresh nonce).
     again = prepare.invoke(conversation)
     assert [type(x) for x in again] == [type(x) for x in sent]
@@ -159,12 +178,19 @@ def test_langchain_runnable_where_trim_messages_would_go() -> None:
 
 
 def li_conversation(llms: ModuleType) -> list[Any]:
-    ChatMessage, R = llms.ChatMessage, llms.MessageRole  # noqa: N806
+    ChatMessage, R = llms.ChatMessage, llms.MessageRole
     return [
         ChatMessage(role=R.SYSTEM, content="Answer in English."),
         ChatMessage(role=R.USER, content="Where is order 7?"),
-        ChatMessage(role=R.ASSISTANT, content="", additional_kwargs={"tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}]}),
+        ChatMessage(
+            role=R.ASSISTANT,
+            content="",
+            additional_kwargs={
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}
+                ]
+            },
+        ),
         ChatMessage(role=R.TOOL, content="shipped", additional_kwargs={"tool_call_id": "call_1"}),
         ChatMessage(role=R.ASSISTANT, content="It shipped."),
         ChatMessage(role=R.USER, blocks=[llms.TextBlock(text="Thanks."), llms.TextBlock(text="Refund?")]),
@@ -184,8 +210,14 @@ def test_llamaindex_messages_in_and_out() -> None:
         Message("assistant", "It shipped."),
         Message("user", parts=("Thanks.", "Refund?")),
     )
-    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("refund"), messages=msgs,
-                          options=AssemblyOptions(rendering="openai", history_policy=HistoryPolicy.TRIM_OLDEST))
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        "gpt-4o",
+        Query("refund"),
+        messages=msgs,
+        options=AssemblyOptions(rendering="openai", history_policy=HistoryPolicy.TRIM_OLDEST),
+    )
     ctx = asyncio.run(ctxcore.assemble(req, sources=sources(), config=ROOMY))
     out = to_llamaindex(ctx)
     assert out[0].role == llms.MessageRole.SYSTEM and out[0].content == "You are the support agent of Acme."

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-USER_TESTS = '''
+USER_TESTS = """
 import os
 import time
 
@@ -42,9 +42,9 @@ PACKER = slowed if os.environ.get("SLOW_PACKER") else ctxcore.pack_arrays
 def test_pack_generous(ctxcore_gate):
     gated = ctxcore_gate.pack_arrays(IDS, TOKENS, SCORES, 8000, packer=PACKER, max_ratio=50)
     assert gated.value.tokens_used <= 8000
-'''
+"""
 
-MORE_TESTS = '''
+MORE_TESTS = """
 
 @pytest.mark.ctxcore_gate(rounds=100)
 def test_pack_impossible(ctxcore_gate):
@@ -97,15 +97,18 @@ def test_unknown_marker_setting(ctxcore_gate):
 
 def test_plain():
     assert sum(range(4)) == 6
-'''
+"""
 
 
 def _env(**extra: str) -> dict[str, str]:
     # A user's own pytest run: none of this run's settings, nor pytest-xdist's worker
     # variables (pytest-benchmark turns itself off inside an xdist worker).
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH", "PYTEST_PLUGINS")
-           and not k.startswith("PYTEST_XDIST")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH", "PYTEST_PLUGINS")
+        and not k.startswith("PYTEST_XDIST")
+    }
     env["COLUMNS"] = "1000"  # whole lines in the short summary
     env.update(extra)
     return env
@@ -114,7 +117,11 @@ def _env(**extra: str) -> dict[str, str]:
 def _pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--strict-markers", "-rA", *args],
-        cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600,
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -140,13 +147,16 @@ def test_the_plugin_is_a_pytest11_entry_point() -> None:
 
 
 def test_a_session_without_gates_imports_neither_ctxcore_nor_numpy(tmp_path: Path) -> None:
-    (tmp_path / "test_plain.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_plain.py").write_text(
+        textwrap.dedent("""
         import sys
 
         def test_nothing_heavy_is_loaded():
             loaded = {m for m in sys.modules if m.split(".")[0] in ("ctxcore", "numpy")}
             assert not loaded, sorted(loaded)
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     proc = _pytest(tmp_path, "test_plain.py")
     out = proc.stdout + proc.stderr
     assert _outcomes(out) == {"test_nothing_heavy_is_loaded": "PASSED"}, out
@@ -173,8 +183,7 @@ def test_gates_pass_on_generous_bounds_and_fail_on_impossible_ones(user_dir: Pat
         "test_plain": "PASSED",
     }, out
     # The failing gate is named, with the measured value against its bound.
-    summary = {line.split("::", 1)[1].split(" ")[0]: line for line in out.splitlines()
-               if line.startswith("FAILED ")}
+    summary = {line.split("::", 1)[1].split(" ")[0]: line for line in out.splitlines() if line.startswith("FAILED ")}
     assert "LatencyGateFailed: ctxcore latency gate failed: FAIL  pack p99" in summary["test_pack_impossible"]
     assert "FAIL  pack median" in summary["test_pack_slowed_packer"] and "> 15 ms" in summary["test_pack_slowed_packer"]
     assert "FAIL  pack median ratio" in summary["test_ratio_impossible"]
@@ -212,18 +221,26 @@ def test_skipped_with_a_reason_under_benchmark_disable(user_dir: Path) -> None:
 
 def test_regression_against_a_saved_baseline(user_dir: Path) -> None:
     storage = f"file://{user_dir / 'baselines'}"
-    base = _pytest(user_dir, "test_user.py::test_pack_generous", f"--benchmark-storage={storage}",
-                   "--benchmark-save=base")
+    base = _pytest(
+        user_dir, "test_user.py::test_pack_generous", f"--benchmark-storage={storage}", "--benchmark-save=base"
+    )
     assert base.returncode == 0, base.stdout + base.stderr
     # Compared with the baseline: the saved run shows in the table.
-    same = _pytest(user_dir, "test_user.py::test_pack_generous", f"--benchmark-storage={storage}",
-                   "--benchmark-compare=0001")
+    same = _pytest(
+        user_dir, "test_user.py::test_pack_generous", f"--benchmark-storage={storage}", "--benchmark-compare=0001"
+    )
     assert same.returncode == 0, same.stdout + same.stderr
     assert "0001_base" in same.stdout
     # The slowed packer still meets the generous bounds of the gate itself, but is far
     # slower than the baseline: --benchmark-compare-fail fails the run.
-    slow = _pytest(user_dir, "test_user.py::test_pack_generous", f"--benchmark-storage={storage}",
-                   "--benchmark-compare=0001", "--benchmark-compare-fail=median:200%", SLOW_PACKER="1")
+    slow = _pytest(
+        user_dir,
+        "test_user.py::test_pack_generous",
+        f"--benchmark-storage={storage}",
+        "--benchmark-compare=0001",
+        "--benchmark-compare-fail=median:200%",
+        SLOW_PACKER="1",
+    )
     out = slow.stdout + slow.stderr
     assert slow.returncode != 0, out
     assert "Performance has regressed" in out and "test_pack_generous" in out

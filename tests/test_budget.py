@@ -10,8 +10,9 @@ import ctxcore
 from ctxcore import Budget, BudgetPolicy, ModelCapability, TokenCount, TokenKind, compute_budget
 
 
-def cap(window: int, max_out: int, safety: float = 0.0, family: str = "cl100k_base",
-        kind: TokenKind = TokenKind.ESTIMATE) -> ModelCapability:
+def cap(
+    window: int, max_out: int, safety: float = 0.0, family: str = "cl100k_base", kind: TokenKind = TokenKind.ESTIMATE
+) -> ModelCapability:
     return ModelCapability("test-model", "test", window, max_out, family, kind, safety)
 
 
@@ -46,8 +47,19 @@ CASES = [
 @pytest.mark.parametrize(
     "window,max_out,safety,directive,messages,tools,overhead,reserve,buffer,usable,constrained", CASES
 )
-def test_budget_table(window: int, max_out: int, safety: float, directive: int, messages: int, tools: int,
-                      overhead: int, reserve: int, buffer: int, usable: int, constrained: bool) -> None:
+def test_budget_table(
+    window: int,
+    max_out: int,
+    safety: float,
+    directive: int,
+    messages: int,
+    tools: int,
+    overhead: int,
+    reserve: int,
+    buffer: int,
+    usable: int,
+    constrained: bool,
+) -> None:
     b = compute_budget(
         cap(window, max_out, safety),
         directive_tokens=directive,
@@ -57,7 +69,11 @@ def test_budget_table(window: int, max_out: int, safety: float, directive: int, 
     )
     assert (b.response_reserve, b.safety_buffer, b.usable, b.constrained) == (reserve, buffer, usable, constrained)
     assert (b.directive_tokens, b.messages_tokens, b.tool_schema_tokens, b.formatter_overhead_tokens) == (
-        directive, messages, tools, overhead)
+        directive,
+        messages,
+        tools,
+        overhead,
+    )
     # The ledger balances: every token of the window is accounted for.
     spent = b.response_reserve + b.safety_buffer + directive + messages + tools + overhead
     assert b.usable == max(0, window - spent)
@@ -75,9 +91,19 @@ def test_budget_from_the_catalog_by_name_and_alias() -> None:
 
 def test_budget_record_has_every_term() -> None:
     rec = compute_budget("claude-sonnet-4", tool_schema_tokens=900).record()
-    for key in ("context_window", "response_reserve", "safety_buffer", "directive_tokens", "messages_tokens",
-                "tool_schema_tokens", "formatter_overhead_tokens", "usable", "constrained", "tokenizer_family",
-                "estimate_kind"):
+    for key in (
+        "context_window",
+        "response_reserve",
+        "safety_buffer",
+        "directive_tokens",
+        "messages_tokens",
+        "tool_schema_tokens",
+        "formatter_overhead_tokens",
+        "usable",
+        "constrained",
+        "tokenizer_family",
+        "estimate_kind",
+    ):
         assert key in rec
     assert rec["tool_schema_tokens"] == 900 and rec["estimate_kind"] == "estimate"
 
@@ -93,7 +119,9 @@ def test_policy_is_configurable() -> None:
     policy = BudgetPolicy(response_fraction=0.25, response_min=100, response_max=10_000, constrained_below=1000)
     b = compute_budget(cap(8000, 8000), policy=policy, messages_tokens=5100)
     assert b.response_reserve == 2000 and b.usable == 900 and b.constrained
-    assert compute_budget(cap(8000, 8000), policy=BudgetPolicy(response_fraction=0, response_min=0)).response_reserve == 0
+    assert (
+        compute_budget(cap(8000, 8000), policy=BudgetPolicy(response_fraction=0, response_min=0)).response_reserve == 0
+    )
 
 
 @pytest.mark.parametrize(

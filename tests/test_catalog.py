@@ -104,15 +104,24 @@ def test_load_a_users_catalog(tmp_path: pathlib.Path) -> None:
         ("[tokenizer_policy.cl100k_base]\nexact = -0.1\n" + MODEL, "safety fraction"),
         ("[tokenizer_policy.cl100k_base]\nroughly = 0.1\n" + MODEL, "unknown kind 'roughly'"),
         ("[tokenizer_policy.cl100k_base]\nexact = 0.01\n" + MODEL, r"models.'m1'.*no safety fraction for estimate"),
-        (POLICY + MODEL.replace("context_window = 32000", "context_window = 0"), r"models.'m1'.*context_window must be a positive"),
+        (
+            POLICY + MODEL.replace("context_window = 32000", "context_window = 0"),
+            r"models.'m1'.*context_window must be a positive",
+        ),
         (POLICY + MODEL.replace("context_window = 32000", 'context_window = "big"'), "context_window"),
         (POLICY + MODEL.replace("max_output_tokens = 4000", "max_output_tokens = 64000"), "exceeds context_window"),
-        (POLICY + MODEL.replace('tokenizer_family = "cl100k_base"', 'tokenizer_family = "o200k_base"'), "no \\[tokenizer_policy\\] entry"),
+        (
+            POLICY + MODEL.replace('tokenizer_family = "cl100k_base"', 'tokenizer_family = "o200k_base"'),
+            "no \\[tokenizer_policy\\] entry",
+        ),
         (POLICY + MODEL.replace('estimate_kind = "estimate"', 'estimate_kind = "guess"'), "estimate_kind must be"),
         (POLICY + MODEL.replace('aliases = ["m1-latest"]', "aliases = [1]"), "aliases must be a list"),
         (POLICY + MODEL.replace('provider = "house"', "colour = 'red'"), "unknown keys colour"),
         (POLICY + MODEL.replace('estimate_kind = "estimate"\n', ""), "missing estimate_kind"),
-        (POLICY + MODEL + MODEL.replace('[models."m1"]', '[models."m2"]'), "'m1-latest' of model 'm2' is already used by model 'm1'"),
+        (
+            POLICY + MODEL + MODEL.replace('[models."m1"]', '[models."m2"]'),
+            "'m1-latest' of model 'm2' is already used by model 'm1'",
+        ),
     ],
 )
 def test_invalid_catalogs_name_the_bad_entry(tmp_path: pathlib.Path, text: str, match: str) -> None:
@@ -197,7 +206,12 @@ OPENAI_MODELS = [
 def test_openai_models_are_budgeted_in_their_exact_tokens(name: str, window: int, max_out: int, family: str) -> None:
     cat = ctxcore.default_catalog()
     m = cat[name]
-    assert (m.provider, m.context_window, m.max_output_tokens, m.tokenizer_family) == ("openai", window, max_out, family)
+    assert (m.provider, m.context_window, m.max_output_tokens, m.tokenizer_family) == (
+        "openai",
+        window,
+        max_out,
+        family,
+    )
     assert m.estimate_kind is TokenKind.EXACT and family in ctxcore.exact_families()
     assert m.safety_fraction == cat.policies[family].safety_fraction(TokenKind.EXACT)
     # counts of the model's own family and kind build its budget; others are refused
@@ -230,8 +244,10 @@ def test_one_exact_safety_fraction_for_every_family() -> None:
 
 
 def test_exact_safety_fraction_in_a_users_catalog(tmp_path: pathlib.Path) -> None:
-    text = "exact_safety_fraction = 0.003\n" + POLICY.replace("exact = 0.01\n", "") + MODEL.replace(
-        'estimate_kind = "estimate"', 'estimate_kind = "exact"'
+    text = (
+        "exact_safety_fraction = 0.003\n"
+        + POLICY.replace("exact = 0.01\n", "")
+        + MODEL.replace('estimate_kind = "estimate"', 'estimate_kind = "exact"')
     )
     cat = ctxcore.load_catalog(write(tmp_path, text))
     assert cat["m1"].safety_fraction == 0.003

@@ -30,8 +30,16 @@ def test_pack_example_as_json() -> None:
     assert sum(tokens[i] for i in doc["selected"]) == doc["record"]["tokens_used"] <= 1200
     assert doc["record"]["evaluated"] == len(rows) == len(doc["decisions"])
     pinned = [r["id"] for r in rows if r.get("pinned")]
-    assert doc["selected"][: len(pinned)] == sorted(pinned, key=lambda i: -next(r["score"] for r in rows if r["id"] == i))
-    assert {d["reason"] for d in doc["decisions"]} <= {"selected", "pinned", "budget_exhausted", "pinned_over_budget", "non_positive_score"}
+    assert doc["selected"][: len(pinned)] == sorted(
+        pinned, key=lambda i: -next(r["score"] for r in rows if r["id"] == i)
+    )
+    assert {d["reason"] for d in doc["decisions"]} <= {
+        "selected",
+        "pinned",
+        "budget_exhausted",
+        "pinned_over_budget",
+        "non_positive_score",
+    }
 
 
 def test_pack_example_as_tables() -> None:
@@ -43,10 +51,16 @@ def test_pack_example_as_tables() -> None:
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        ('{"id": "a", "tokens": 1, "score": 1}\n{"id": "b", "tokens": -4, "score": 1}\n', ":2: candidate 'b' (index 1): tokens must be >= 0"),
+        (
+            '{"id": "a", "tokens": 1, "score": 1}\n{"id": "b", "tokens": -4, "score": 1}\n',
+            ":2: candidate 'b' (index 1): tokens must be >= 0",
+        ),
         ('{"id": "a", "tokens": 1, "score": 1}\nnot json\n', ":2: invalid JSON"),
-        ('[1, 2]\n', ":1: expected a JSON object"),
-        ('{"id": "a", "tokens": 1, "score": 1}\n\n{"id": "a", "tokens": 2, "score": 1}\n', ":3: candidate 'a' (index 1): duplicate id"),
+        ("[1, 2]\n", ":1: expected a JSON object"),
+        (
+            '{"id": "a", "tokens": 1, "score": 1}\n\n{"id": "a", "tokens": 2, "score": 1}\n',
+            ":3: candidate 'a' (index 1): duplicate id",
+        ),
     ],
 )
 def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) -> None:
@@ -73,15 +87,27 @@ def test_demo_assembles_from_the_shipped_dataset(tmp_path: Path) -> None:
     assert len(doc["trace"]) >= len(doc["selected"])
     assert doc["nonce"] in doc["text"] and "<memories>" in doc["text"]
     # the same store, through `ctxcore assemble`, as text and tables
-    again = run("assemble", "--db", str(db), "--model", "gpt-4o", "--org", "acme-retail", "--agent", "support",
-                "--query", "refund for shoes")
+    again = run(
+        "assemble",
+        "--db",
+        str(db),
+        "--model",
+        "gpt-4o",
+        "--org",
+        "acme-retail",
+        "--agent",
+        "support",
+        "--query",
+        "refund for shoes",
+    )
     assert again.returncode == 0, again.stderr
     assert "budget (gpt-4o" in again.stdout and "branches" in again.stdout and "trace" in again.stdout
 
 
 def test_assemble_names_what_is_missing(tmp_path: Path) -> None:
-    out = run("assemble", "--db", str(tmp_path / "none.db"), "--model", "gpt-4o", "--org", "o", "--agent", "a",
-              "--query", "q")
+    out = run(
+        "assemble", "--db", str(tmp_path / "none.db"), "--model", "gpt-4o", "--org", "o", "--agent", "a", "--query", "q"
+    )
     assert out.returncode == 1 and "no database" in out.stderr
     db = tmp_path / "demo.db"
     assert run("demo", "--db", str(db), "--json").returncode == 0
@@ -96,8 +122,9 @@ MEMORY = '{{"id": "{id}", "organization_id": "acme", "agent_id": "support", "tex
 
 def run_in(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m ctxcore ARGS` with `stdin` as standard input."""
-    return subprocess.run([sys.executable, "-m", "ctxcore", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ctxcore", *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
@@ -151,8 +178,13 @@ def test_memories_add_on_conflict_and_stdin(tmp_path: Path) -> None:
     newer = MEMORY.format(id="m1", text="Refunds within 60 days.") + MEMORY.format(id="m3", text="Gift cards.")
     skip = run_in(newer, "memories", "add", "-", "--db", str(db), "--on-conflict", "skip", "--json")
     assert skip.returncode == 0, skip.stderr
-    assert json.loads(skip.stdout) | {"db": None} == {"db": None, "source": "<stdin>", "memories": 1,
-                                                      "directives": 0, "skipped": 1}
+    assert json.loads(skip.stdout) | {"db": None} == {
+        "db": None,
+        "source": "<stdin>",
+        "memories": 1,
+        "directives": 0,
+        "skipped": 1,
+    }
     assert texts(db) == {"m1": "Refunds within 30 days.", "m2": "Shoes ship free.", "m3": "Gift cards."}
     replace = run_in(newer, "memories", "add", "-", "--db", str(db), "--on-conflict", "replace", "--json")
     assert replace.returncode == 0, replace.stderr
@@ -194,15 +226,22 @@ def test_ctrl_c_exits_quietly_with_130(tmp_path: Path) -> None:
     import time
 
     big = tmp_path / "big.jsonl"
-    big.write_text("".join(MEMORY.format(id=f"m{i}", text=f"memory number {i} about refunds and shoes " * 4)
-                           for i in range(200_000)))
+    big.write_text(
+        "".join(
+            MEMORY.format(id=f"m{i}", text=f"memory number {i} about refunds and shoes " * 4) for i in range(200_000)
+        )
+    )
     db = tmp_path / "big.db"
     # The child starts with SIGINT's default action whatever this process was started with
     # (a background job of a non-interactive shell ignores SIGINT, and a child inherits
     # that; Python then installs no KeyboardInterrupt handler).
-    proc = subprocess.Popen([sys.executable, "-m", "ctxcore", "memories", "add", str(big), "--db", str(db)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxcore", "memories", "add", str(big), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     # Interrupt once the ingest is under way (the database exists once the file is parsed).
     deadline = time.monotonic() + 90
     while not db.exists() and proc.poll() is None and time.monotonic() < deadline:

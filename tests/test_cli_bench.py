@@ -50,11 +50,13 @@ def test_every_stage_passes_generous_gates_and_the_json_has_the_documented_shape
     validate(doc)
     assert doc["passed"] is True
     assert list(doc["stages"]) == ["pack", "format", "assemble"]
-    for name, st in doc["stages"].items():
+    for st in doc["stages"].values():
         assert st["rounds"] == 100
         assert st["min_ms"] <= st["p50_ms"] <= st["p90_ms"] <= st["p99_ms"] <= st["max_ms"]
-        assert [(g["gate"], g["bound"], g["passed"]) for g in st["gates"]] == [("p99", 5000.0, True),
-                                                                              ("ratio", 1000.0, True)]
+        assert [(g["gate"], g["bound"], g["passed"]) for g in st["gates"]] == [
+            ("p99", 5000.0, True),
+            ("ratio", 1000.0, True),
+        ]
         assert st["reference"]["rounds"] == 3
     assert doc["stages"]["pack"]["workload"] == {"name": "pack-memory", "candidates": 1000, "budget": 8000}
     assert doc["stages"]["pack"]["reference"]["name"] == "numpy DP"
@@ -90,12 +92,20 @@ def test_text_output_has_percentiles_per_stage_and_a_line_per_gate(tmp_path: Pat
 
 
 def test_users_candidates_run_through_every_stage(tmp_path: Path) -> None:
-    rows = [{"id": f"c{i}", "text": f"memory number {i} about refunds & <returns> " * (1 + i % 7),
-             "similarity": 0.3 + (i % 10) / 15, "confidence": 0.5} for i in range(300)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "text": f"memory number {i} about refunds & <returns> " * (1 + i % 7),
+            "similarity": 0.3 + (i % 10) / 15,
+            "confidence": 0.5,
+        }
+        for i in range(300)
+    ]
     path = tmp_path / "mine.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    proc = bench(tmp_path, "--candidates", str(path), "--budget", "2000", "--model", "gpt-4", "--json",
-                 "--p99-ms", "5000", *FAST)
+    proc = bench(
+        tmp_path, "--candidates", str(path), "--budget", "2000", "--model", "gpt-4", "--json", "--p99-ms", "5000", *FAST
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     validate(doc)
@@ -109,8 +119,21 @@ def test_bench_against_a_memory_store(tmp_path: Path) -> None:
 
     db = tmp_path / "demo.db"
     load_demo(db).close()
-    proc = bench(tmp_path, "--stage", "assemble", "--db", str(db), "--org", "acme-retail", "--agent", "support",
-                 "--query", "refund for shoes", "--json", *FAST)
+    proc = bench(
+        tmp_path,
+        "--stage",
+        "assemble",
+        "--db",
+        str(db),
+        "--org",
+        "acme-retail",
+        "--agent",
+        "support",
+        "--query",
+        "refund for shoes",
+        "--json",
+        *FAST,
+    )
     assert proc.returncode in (0, 1), proc.stderr  # the default 45 ms gate is a latency: either verdict is valid
     doc = json.loads(proc.stdout)
     validate(doc)
@@ -146,8 +169,10 @@ def test_usage_errors_exit_2_with_a_message(tmp_path: Path, args: list[str], mes
     ("lines", "message"),
     [
         (['{"id": "a", "tokens": 5, "score": 1}', "not json"], "bad.jsonl:2: invalid JSON"),
-        (['{"id": "a", "tokens": 5, "score": 1}', '{"id": "a", "tokens": 6, "score": 1}'],
-         "bad.jsonl:2: duplicate id 'a' (first at "),
+        (
+            ['{"id": "a", "tokens": 5, "score": 1}', '{"id": "a", "tokens": 6, "score": 1}'],
+            "bad.jsonl:2: duplicate id 'a' (first at ",
+        ),
         (['{"id": "a", "tokens": -5, "score": 1}'], "bad.jsonl:1: 'tokens' must be an integer >= 0"),
         (['{"id": "a", "tokens": 5, "score": NaN}'], "bad.jsonl:1: 'score' must be a finite number"),
         (['{"id": "a", "tokens": 5, "score": 1, "colour": "red"}'], "bad.jsonl:1: unknown field(s) colour"),
@@ -204,9 +229,29 @@ def test_assemble_plot_draws_the_budget_as_a_stacked_bar(tmp_path: Path) -> None
     load_demo(db).close()
     png, svg = tmp_path / "budget.png", tmp_path / "budget.svg"
     for out in (png, svg):
-        proc = subprocess.run([CTXCORE, "assemble", "--db", str(db), "--model", "gpt-4o", "--org", "acme-retail",
-                               "--agent", "support", "--query", "refund for shoes", "--json", "--plot", str(out)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                CTXCORE,
+                "assemble",
+                "--db",
+                str(db),
+                "--model",
+                "gpt-4o",
+                "--org",
+                "acme-retail",
+                "--agent",
+                "support",
+                "--query",
+                "refund for shoes",
+                "--json",
+                "--plot",
+                str(out),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
     with Image.open(png) as im:
         im.verify()
@@ -216,14 +261,39 @@ def test_assemble_plot_draws_the_budget_as_a_stacked_bar(tmp_path: Path) -> None
     joined = " ".join(labels)
     # Every segment is in the legend with its tokens, memories and unused from the pack.
     used = rec["pack"]["tokens_used"] if rec["pack"] else 0
-    for label, tokens in [("response reserve", b["response_reserve"]), ("safety buffer", b["safety_buffer"]),
-                          ("directive", b["directive_tokens"]), ("messages", b["messages_tokens"]),
-                          ("tools", b["tool_schema_tokens"]), ("formatting", b["formatter_overhead_tokens"]),
-                          ("memories", used), ("unused", b["usable"] - used)]:
+    for label, tokens in [
+        ("response reserve", b["response_reserve"]),
+        ("safety buffer", b["safety_buffer"]),
+        ("directive", b["directive_tokens"]),
+        ("messages", b["messages_tokens"]),
+        ("tools", b["tool_schema_tokens"]),
+        ("formatting", b["formatter_overhead_tokens"]),
+        ("memories", used),
+        ("unused", b["usable"] - used),
+    ]:
         assert f"{label}: {tokens:,}" in joined, (label, tokens)
-    bad = subprocess.run([CTXCORE, "assemble", "--db", str(db), "--model", "gpt-4o", "--org", "acme-retail",
-                          "--agent", "support", "--query", "q", "--plot", str(tmp_path / "b.bmp")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            CTXCORE,
+            "assemble",
+            "--db",
+            str(db),
+            "--model",
+            "gpt-4o",
+            "--org",
+            "acme-retail",
+            "--agent",
+            "support",
+            "--query",
+            "q",
+            "--plot",
+            str(tmp_path / "b.bmp"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "must end in .png, .svg, .pdf" in bad.stderr
 
 
@@ -231,8 +301,9 @@ def test_budget_segments_add_up_to_the_window() -> None:
     import ctxcore
     from ctxcore.benchmarking.plots import budget_segments
 
-    b = ctxcore.compute_budget("gpt-4o", directive_tokens=300, messages_tokens=900, tool_schema_tokens=400,
-                               formatter_overhead_tokens=50)
+    b = ctxcore.compute_budget(
+        "gpt-4o", directive_tokens=300, messages_tokens=900, tool_schema_tokens=400, formatter_overhead_tokens=50
+    )
     parts = dict(budget_segments(b, 5000))
     assert sum(parts.values()) == b.context_window
     assert parts["memories"] == 5000 and parts["unused"] == b.usable - 5000

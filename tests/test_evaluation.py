@@ -14,15 +14,37 @@ import pytest
 
 pytest.importorskip("bm25s")
 
-from ctxcore.errors import ConfigError  # noqa: E402
-from ctxcore.evaluation import SYSTEMS, Label, LabelError, evaluate_sync, read_labels  # noqa: E402
-from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore  # noqa: E402
+from ctxcore.errors import ConfigError
+from ctxcore.evaluation import SYSTEMS, Label, LabelError, evaluate_sync, read_labels
+from ctxcore.stores import HashingEmbedder, NewMemory, SqliteMemoryStore
 
 ORG, AGENT = "acme", "helper"
-THINGS = ["violin", "kayak", "saffron", "glacier", "lantern", "origami", "falcon", "tulip", "marathon", "telescope",
-          "bonsai", "harbor", "quartz", "cello", "meadow", "pottery"]
-FILLER = ["we talked about the weather again", "it was a long day at work", "thanks for asking how I am",
-          "let us catch up next week", "I made pasta for dinner", "the traffic was slow this morning"]
+THINGS = [
+    "violin",
+    "kayak",
+    "saffron",
+    "glacier",
+    "lantern",
+    "origami",
+    "falcon",
+    "tulip",
+    "marathon",
+    "telescope",
+    "bonsai",
+    "harbor",
+    "quartz",
+    "cello",
+    "meadow",
+    "pottery",
+]
+FILLER = [
+    "we talked about the weather again",
+    "it was a long day at work",
+    "thanks for asking how I am",
+    "let us catch up next week",
+    "I made pasta for dinner",
+    "the traffic was slow this morning",
+]
 
 
 def corpus(seed: int = 7) -> tuple[list[NewMemory], list[dict[str, object]]]:
@@ -35,8 +57,11 @@ def corpus(seed: int = 7) -> tuple[list[NewMemory], list[dict[str, object]]]:
             memories.append(NewMemory(f"f{len(memories)}", ORG, AGENT, rng.choice(FILLER), created_at=t))
             t += 60
         mid = f"fact{i}"
-        memories.append(NewMemory(mid, ORG, AGENT, f"Sam said the {thing} story from last spring still makes them laugh",
-                                  created_at=t))
+        memories.append(
+            NewMemory(
+                mid, ORG, AGENT, f"Sam said the {thing} story from last spring still makes them laugh", created_at=t
+            )
+        )
         t += 60
         labels.append({"query": f"What did Sam say about the {thing}?", "evidence": [mid]})
     for _ in range(10):
@@ -99,13 +124,16 @@ def test_missing_evidence_is_counted_and_missed(store_and_labels: tuple[Path, Pa
     assert report.score("bm25", 512).recall == 0.5 and report.score("bm25", 512).all_evidence == 0.0
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("not json", "line 1 is not JSON"),
-    ('{"query": "x"}', "evidence must be a non-empty list"),
-    ('{"query": "", "evidence": ["a"]}', "query must be a non-empty string"),
-    ('{"query": "x", "evidence": ["a"], "answer": 1}', "unknown keys ['answer']"),
-    ('[1, 2]', "a label must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", "line 1 is not JSON"),
+        ('{"query": "x"}', "evidence must be a non-empty list"),
+        ('{"query": "", "evidence": ["a"]}', "query must be a non-empty string"),
+        ('{"query": "x", "evidence": ["a"], "answer": 1}', "unknown keys ['answer']"),
+        ("[1, 2]", "a label must be a JSON object"),
+    ],
+)
 def test_bad_label_lines_are_named(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "labels.jsonl"
     path.write_text(line + "\n", encoding="utf-8")
@@ -142,8 +170,22 @@ def test_cli_reports_json_and_draws_the_plot(store_and_labels: tuple[Path, Path]
     pytest.importorskip("matplotlib")
     db, path = store_and_labels
     plot = tmp_path / "recall.png"
-    out = run("eval", "--db", str(db), "--labels", str(path), "--org", ORG, "--agent", AGENT,
-              "--budget", "256,64", "--json", "--plot", str(plot))
+    out = run(
+        "eval",
+        "--db",
+        str(db),
+        "--labels",
+        str(path),
+        "--org",
+        ORG,
+        "--agent",
+        AGENT,
+        "--budget",
+        "256,64",
+        "--json",
+        "--plot",
+        str(plot),
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["budgets"] == [64, 256] and doc["labels"] == len(THINGS)

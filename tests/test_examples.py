@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from testkit import REPO
 
 EXAMPLES = REPO / "examples"
@@ -40,8 +39,12 @@ def _run_example(name: str, cwd: Path, *args: str) -> str:
 
 
 def test_every_example_is_tested() -> None:
-    assert {p.name for p in SCRIPTS} == {"anthropic_payload.py", "assemble_demo.py", "openai_payload.py",
-                                        "pack_candidates.py"}
+    assert {p.name for p in SCRIPTS} == {
+        "anthropic_payload.py",
+        "assemble_demo.py",
+        "openai_payload.py",
+        "pack_candidates.py",
+    }
     # Every data file in examples/ is read by one of them.
     for data in EXAMPLES.iterdir():
         if data.suffix != ".py" and data.is_file():
@@ -62,8 +65,11 @@ def test_each_example_states_the_published_install_line(path: Path) -> None:
 
 def test_pack_candidates_prints_a_decision_per_candidate(tmp_path: Path) -> None:
     out = _run_example("pack_candidates.py", tmp_path, "800").splitlines()
-    m = re.fullmatch(r"(\d+) of (\d+) candidates selected, (\d+) of 800 tokens, score ([0-9.]+) "
-                     r"\(bound ([0-9.]+)\), path (dp|greedy|trivial)", out[0])
+    m = re.fullmatch(
+        r"(\d+) of (\d+) candidates selected, (\d+) of 800 tokens, score ([0-9.]+) "
+        r"\(bound ([0-9.]+)\), path (dp|greedy|trivial)",
+        out[0],
+    )
     assert m is not None, out[0]
     selected, evaluated, used = int(m[1]), int(m[2]), int(m[3])
     rows = (EXAMPLES / "candidates.jsonl").read_text(encoding="utf-8").splitlines()
@@ -109,8 +115,11 @@ def test_payload_examples_print_a_payload(name: str, tmp_path: Path) -> None:
 
 def _python_blocks(markdown: str) -> list[tuple[int, str]]:
     fence = re.compile(r"^```python(?P<flags>[^\n]*)\n(?P<body>.*?)^```\s*$", re.S | re.M)
-    return [(markdown.count("\n", 0, m.start()) + 1, m["body"]) for m in fence.finditer(markdown)
-            if "no-check" not in m["flags"]]
+    return [
+        (markdown.count("\n", 0, m.start()) + 1, m["body"])
+        for m in fence.finditer(markdown)
+        if "no-check" not in m["flags"]
+    ]
 
 
 README_BLOCKS = _python_blocks(README.read_text(encoding="utf-8"))
@@ -136,9 +145,11 @@ def test_readme_python_blocks_run_as_written(line: int, code: str, tmp_path: Pat
 #: Documentation blocks that need a file the reader supplies, by page: they are type-checked
 #: (tools/check_readme_types.py) but not run.
 NEEDS_READER_FILES = {"howto/tokenizers.md": "a Hugging Face tokenizer.json"}
-ALL_DOCS_BLOCKS = [(page.relative_to(REPO / "docs").as_posix(), line, code)
-                   for page in sorted((REPO / "docs").rglob("*.md"))
-                   for line, code in _python_blocks(page.read_text(encoding="utf-8"))]
+ALL_DOCS_BLOCKS = [
+    (page.relative_to(REPO / "docs").as_posix(), line, code)
+    for page in sorted((REPO / "docs").rglob("*.md"))
+    for line, code in _python_blocks(page.read_text(encoding="utf-8"))
+]
 DOCS_BLOCKS = [b for b in ALL_DOCS_BLOCKS if b[0] not in NEEDS_READER_FILES]
 
 

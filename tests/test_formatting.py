@@ -164,7 +164,9 @@ def replaced_in(
     attributes: Sequence[str] = (),
 ) -> int:
     if memory_format == "verbose":
-        n = sum(illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories)
+        n = sum(
+            illegal(field(m, "id")) + illegal(field(m, "text")) + illegal(field(m, "source") or "") for m in memories
+        )
     else:  # the ids are handles; a source only when asked for
         with_source = "source" in attributes
         n = sum(illegal(field(m, "text")) + (illegal(field(m, "source") or "") if with_source else 0) for m in memories)
@@ -496,7 +498,11 @@ def test_memory_objects_mappings_and_iterables() -> None:
         def __init__(self, role: str, content: str) -> None:
             self.role, self.content = role, content
 
-    memories: list[Any] = [Mem("a", "x < y", 0.5), types.MappingProxyType({"id": "b", "text": "z"}), {"id": "c", "text": ""}]
+    memories: list[Any] = [
+        Mem("a", "x < y", 0.5),
+        types.MappingProxyType({"id": "b", "text": "z"}),
+        {"id": "c", "text": ""},
+    ]
     out = ctxcore.format_context(history=(Msg("user", "q"),), memories=iter(memories), nonce=NONCE)
     check_memories(out, [{"id": "a", "text": "x < y", "score": 0.5}, {"id": "b", "text": "z"}, {"id": "c", "text": ""}])
     check_history(out, [{"role": "user", "content": "q"}])
@@ -521,7 +527,9 @@ def test_formatted_context_is_immutable_and_picklable() -> None:
 
 
 def test_threads_give_the_serial_answer() -> None:
-    memories = [{"id": f"m{i}", "text": "<&>\r" * (i % 50) + CORPUS[i % len(CORPUS)]["text"][:2000]} for i in range(400)]
+    memories = [
+        {"id": f"m{i}", "text": "<&>\r" * (i % 50) + CORPUS[i % len(CORPUS)]["text"][:2000]} for i in range(400)
+    ]
     want = ctxcore.format_context(memories=memories, nonce=NONCE)
     results: list[ctxcore.FormattedContext] = []
 
@@ -543,7 +551,13 @@ def test_threads_give_the_serial_answer() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "section", "index", "item_id", "message"),
     [
-        ({"memories": [{"id": "a", "text": "x"}, {"text": "y"}]}, "memories", 1, None, r"memory at index 1: missing 'id'"),
+        (
+            {"memories": [{"id": "a", "text": "x"}, {"text": "y"}]},
+            "memories",
+            1,
+            None,
+            r"memory at index 1: missing 'id'",
+        ),
         ({"memories": [{"id": "a"}]}, "memories", 0, "a", r"memory 'a' \(index 0\): missing 'text'"),
         ({"memories": [{"id": 7, "text": "y"}]}, "memories", 0, None, r"id must be str, got int"),
         ({"memories": [{"id": "", "text": "y"}]}, "memories", 0, None, r"id must be a non-empty str"),
@@ -707,8 +721,9 @@ def cl100k(text: str) -> int:
 
 
 def test_compact_wrapper_costs_less_and_its_safety_sentence_under_30_tokens() -> None:
-    memories = [{"id": f"{i:08x}-e29b-41d4-a716-446655440000", "text": t, "score": 0.5}
-                for i, t in enumerate(TYPICAL_MEMORIES)]
+    memories = [
+        {"id": f"{i:08x}-e29b-41d4-a716-446655440000", "text": t, "score": 0.5} for i, t in enumerate(TYPICAL_MEMORIES)
+    ]
     assert cl100k(COMPACT_SAFETY_SENTENCE) < 30
     assert cl100k(COMPACT_SAFETY_SENTENCE) < cl100k(ctxcore.SAFETY_SENTENCE)
     per_memory = {}
@@ -747,8 +762,9 @@ def test_overhead_prices_the_rendering_used_exactly(memory_format: str, family: 
 
 
 def test_compact_nonce_is_decimal_and_fresh() -> None:
-    seen = {ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce
-            for _ in range(2000)}
+    seen = {
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce for _ in range(2000)
+    }
     assert len(seen) == 2000
     assert all(re.fullmatch("[0-9]{20}", n) for n in seen)
 

@@ -18,8 +18,13 @@ from ctxcore.retrieval import compute_wall
 from ctxcore.stores import InvalidMemory, NewMemory, SqliteMemoryStore
 
 HUGE = 10**400  # an int no float holds
-CFG = AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=2000,
-                     hot_timeout_ms=2000, cold_timeout_ms=2000)
+CFG = AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=2000,
+    hot_timeout_ms=2000,
+    cold_timeout_ms=2000,
+)
 
 
 @pytest.mark.parametrize("scale", [1e200, 1e-200, 1.0])
@@ -34,35 +39,53 @@ def test_embeddings_of_any_finite_scale_keep_their_direction(tmp_path: Path, sca
         assert [m.id for m in hits] == ["m1"] and hits[0].similarity == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("make, error, names", [
-    (lambda: NewMemory("m", "o", "a", "t", embedding=[HUGE, 1]), InvalidMemory, "embedding"),
-    (lambda: NewMemory("m", "o", "a", "t", created_at=HUGE), InvalidMemory, "created_at"),
-    (lambda: Query("q", (HUGE,)), ValueError, "query embedding"),
-    (lambda: Query("q", ("x",)), TypeError, "query embedding"),
-    (lambda: MemoryRecord("m", "o", "a", "t", confidence=1e306), ValueError, "confidence"),
-    (lambda: MemoryRecord("m", "o", "a", "t", similarity=1.5), ValueError, "similarity"),
-    (lambda: MemoryRecord("m", "o", "a", "t", importance=-0.1), ValueError, "importance"),
-    (lambda: MemoryRecord("m", "o", "a", "t", created_at=HUGE), ValueError, "created_at"),
-    (lambda: MemoryRecord("m", "o", "a", "t", token_count=2**70, token_family="claude", token_kind="estimate"),
-     ValueError, "token_count"),
-    (lambda: MemoryRecord("m", "o", "a", "t", exact_tokens={"o200k_base": 2**62}), ValueError, "exact_tokens"),
-    (lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], confidence=[2.0]), ValueError,
-     "confidence"),
-    (lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], similarity=[-1.5]), ValueError,
-     "similarity"),
-    (lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], token_count=[2**41]), ValueError,
-     "token_count"),
-    (lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], exact_tokens=[{"x": 2**64}]),
-     ValueError, "exact_tokens"),
-    (lambda: ctxcore.pack([{"id": "a", "tokens": 1, "score": HUGE}], 10), ctxcore.InvalidCandidate, "score"),
-    (lambda: ctxcore.pack_arrays(["a"], [1], [HUGE], 10), ctxcore.InvalidCandidate, "score"),
-    (lambda: ctxcore.score_candidates([HUGE], [0.5]), ValueError, "similarity"),
-    (lambda: AssemblyConfig(client_timeout_ms=HUGE), ctxcore.ConfigError, "client_timeout_ms"),
-    (lambda: compute_wall(-5, 100), ValueError, "client_timeout_ms"),
-    (lambda: compute_wall(45, math.nan), ValueError, "server_deadline_ms"),
-    (lambda: ctxcore.compute_budget("gpt-4o", catalog={}), TypeError, "catalog"),
-    (lambda: ctxcore.AssemblyOptions(max_memories=10**30), ValueError, "max_memories"),
-])
+@pytest.mark.parametrize(
+    "make, error, names",
+    [
+        (lambda: NewMemory("m", "o", "a", "t", embedding=[HUGE, 1]), InvalidMemory, "embedding"),
+        (lambda: NewMemory("m", "o", "a", "t", created_at=HUGE), InvalidMemory, "created_at"),
+        (lambda: Query("q", (HUGE,)), ValueError, "query embedding"),
+        (lambda: Query("q", ("x",)), TypeError, "query embedding"),
+        (lambda: MemoryRecord("m", "o", "a", "t", confidence=1e306), ValueError, "confidence"),
+        (lambda: MemoryRecord("m", "o", "a", "t", similarity=1.5), ValueError, "similarity"),
+        (lambda: MemoryRecord("m", "o", "a", "t", importance=-0.1), ValueError, "importance"),
+        (lambda: MemoryRecord("m", "o", "a", "t", created_at=HUGE), ValueError, "created_at"),
+        (
+            lambda: MemoryRecord("m", "o", "a", "t", token_count=2**70, token_family="claude", token_kind="estimate"),
+            ValueError,
+            "token_count",
+        ),
+        (lambda: MemoryRecord("m", "o", "a", "t", exact_tokens={"o200k_base": 2**62}), ValueError, "exact_tokens"),
+        (
+            lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], confidence=[2.0]),
+            ValueError,
+            "confidence",
+        ),
+        (
+            lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], similarity=[-1.5]),
+            ValueError,
+            "similarity",
+        ),
+        (
+            lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], token_count=[2**41]),
+            ValueError,
+            "token_count",
+        ),
+        (
+            lambda: MemoryBatch("o", "a", ids=["m"], texts=["t"], origins=["hot"], exact_tokens=[{"x": 2**64}]),
+            ValueError,
+            "exact_tokens",
+        ),
+        (lambda: ctxcore.pack([{"id": "a", "tokens": 1, "score": HUGE}], 10), ctxcore.InvalidCandidate, "score"),
+        (lambda: ctxcore.pack_arrays(["a"], [1], [HUGE], 10), ctxcore.InvalidCandidate, "score"),
+        (lambda: ctxcore.score_candidates([HUGE], [0.5]), ValueError, "similarity"),
+        (lambda: AssemblyConfig(client_timeout_ms=HUGE), ctxcore.ConfigError, "client_timeout_ms"),
+        (lambda: compute_wall(-5, 100), ValueError, "client_timeout_ms"),
+        (lambda: compute_wall(45, math.nan), ValueError, "server_deadline_ms"),
+        (lambda: ctxcore.compute_budget("gpt-4o", catalog={}), TypeError, "catalog"),
+        (lambda: ctxcore.AssemblyOptions(max_memories=10**30), ValueError, "max_memories"),
+    ],
+)
 def test_out_of_range_numbers_are_refused_by_name(make: Any, error: type[Exception], names: str) -> None:
     with pytest.raises(error, match=names):
         make()
@@ -71,11 +94,14 @@ def test_out_of_range_numbers_are_refused_by_name(make: Any, error: type[Excepti
 def test_a_registered_tokenizers_count_beyond_2_40_is_refused() -> None:
     with pytest.raises(ctxcore.InvalidTokenizerOutput, match="above 2\\*\\*40"):  # probed at registration
         ctxcore.register_tokenizer("test-huge-counts", lambda s: 2**70, fallback_family="cl100k_base")
-    ctxcore.register_tokenizer("test-huge-counts", lambda s: 2**70 if s == "boom" else len(s),
-                               fallback_family="cl100k_base")
+    ctxcore.register_tokenizer(
+        "test-huge-counts", lambda s: 2**70 if s == "boom" else len(s), fallback_family="cl100k_base"
+    )
     try:
-        for call in (lambda: ctxcore.count_tokens_batch(["a", "boom"], "test-huge-counts"),
-                     lambda: ctxcore.count_tokens("boom", "test-huge-counts")):
+        for call in (
+            lambda: ctxcore.count_tokens_batch(["a", "boom"], "test-huge-counts"),
+            lambda: ctxcore.count_tokens("boom", "test-huge-counts"),
+        ):
             with pytest.raises(ctxcore.InvalidTokenizerOutput, match="above 2\\*\\*40"):
                 call()
     finally:
@@ -105,10 +131,14 @@ def test_store_limits_and_retention_times_are_checked(tmp_path: Path) -> None:
         assert store.expire(5, now=106.0) == 1
 
 
-@pytest.mark.parametrize("fields", [
-    {"confidence": 1e306}, {"similarity": 7.0}, {"token_count": 2**70, "token_family": "claude",
-                                                 "token_kind": "estimate"},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"confidence": 1e306},
+        {"similarity": 7.0},
+        {"token_count": 2**70, "token_family": "claude", "token_kind": "estimate"},
+    ],
+)
 def test_a_source_building_an_out_of_range_record_degrades_its_branch(fields: dict[str, Any]) -> None:
     # The record is refused where the source builds it: the branch is an error, the
     # others still serve, and the assembly answers.
@@ -119,8 +149,9 @@ def test_a_source_building_an_out_of_range_record_degrades_its_branch(fields: di
         return [MemoryRecord("m2", "o", "a", "tea", similarity=0.9)]
 
     for model in ("gpt-4o", "claude-sonnet-4"):
-        r = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "a", model, "q"), sources=Sources(hot=hot, cold=cold),
-                                         config=CFG))
+        r = asyncio.run(
+            ctxcore.assemble(AssemblyRequest("o", "a", model, "q"), sources=Sources(hot=hot, cold=cold), config=CFG)
+        )
         statuses = {b.branch.value: b.status.value for b in r.branches}
         assert statuses["hot"] == "error" and statuses["cold"] == "ok", statuses
         assert r.selected_ids == ("m2",) and r.degraded

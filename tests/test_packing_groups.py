@@ -61,7 +61,9 @@ def grouped_sets(draw: st.DrawFn, max_n: int = 10) -> tuple[list[int], list[floa
     kinds = draw(st.integers(1, 4))
     tokens = draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
     if draw(st.booleans()):
-        scores = draw(st.lists(st.floats(-1.0, 10.0, allow_nan=False).map(lambda x: round(x, 3)), min_size=n, max_size=n))
+        scores = draw(
+            st.lists(st.floats(-1.0, 10.0, allow_nan=False).map(lambda x: round(x, 3)), min_size=n, max_size=n)
+        )
     else:  # on one line through the tokens: collinear hulls, many equal densities
         scores = [t / 100 + 0.1 for t in tokens]
     groups = draw(st.lists(st.integers(-1, kinds - 1), min_size=n, max_size=n))
@@ -103,8 +105,13 @@ def test_mid_size_grouped_sets_keep_the_constraint_and_do_not_depend_on_order(
     check_groups(res, groups, budget)
     perm = rng.permutation(n)
     again = ctxcore.pack_arrays(
-        [ids[i] for i in perm], tokens[perm], scores[perm], budget, groups=groups[perm],
-        pinned=None if pinned is None else pinned[perm], cell_ceiling=ceiling,
+        [ids[i] for i in perm],
+        tokens[perm],
+        scores[perm],
+        budget,
+        groups=groups[perm],
+        pinned=None if pinned is None else pinned[perm],
+        cell_ceiling=ceiling,
     )
     assert again.ids == res.ids
     assert [d.reason for d in again.decisions] == [res.decisions[i].reason for i in perm]
@@ -162,7 +169,9 @@ def test_group_labels_may_be_any_integers() -> None:
 
 
 def test_rank_tolerance_keeps_one_member_per_group() -> None:
-    res = ctxcore.pack_arrays(["a", "a2", "b"], [40, 40, 60], [1.0, 0.99, 0.5], 100, groups=[0, 0, -1], rank_tolerance=0.5)
+    res = ctxcore.pack_arrays(
+        ["a", "a2", "b"], [40, 40, 60], [1.0, 0.99, 0.5], 100, groups=[0, 0, -1], rank_tolerance=0.5
+    )
     assert res.ids == ("a", "b")
     assert res.decisions[1].reason == Reason.REDUNDANT
 
@@ -179,7 +188,10 @@ def test_rank_tolerance_keeps_one_member_per_group() -> None:
         (np.int64(3), "groups must be a 1-D array, got 0 dimensions"),
         ([0, -2, 1], "candidate 'b' (index 1): group must be >= 0, or -1 for none, got -2"),
         (np.array([0, 2**63, 1], np.uint64), "candidate 'b' (index 1): group must be < 2**63"),
-        (np.array([0, None, 1], object), "candidate 'b' (index 1): group must be an integer (-1 for none), got NoneType"),
+        (
+            np.array([0, None, 1], object),
+            "candidate 'b' (index 1): group must be an integer (-1 for none), got NoneType",
+        ),
         (np.array([0, 1, 2**70], object), "candidate 'c' (index 2): group must be >= 0"),
     ],
 )
@@ -189,13 +201,19 @@ def test_bad_groups_are_named(groups: object, message: str) -> None:
     assert message in str(err.value)
 
 
-@given(st.lists(st.one_of(st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=3), st.none(), st.booleans()),
-                min_size=3, max_size=3))
+@given(
+    st.lists(
+        st.one_of(st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=3), st.none(), st.booleans()),
+        min_size=3,
+        max_size=3,
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_arbitrary_group_values_give_a_result_or_a_typed_error(values: list[object]) -> None:
     try:
-        res = ctxcore.pack_arrays(["a", "b", "c"], [5, 5, 5], [1.0, 2.0, 3.0], 10,
-                                  groups=np.array(values, dtype=object))
+        res = ctxcore.pack_arrays(
+            ["a", "b", "c"], [5, 5, 5], [1.0, 2.0, 3.0], 10, groups=np.array(values, dtype=object)
+        )
     except InvalidCandidate as exc:
         assert "group" in str(exc)
     else:
@@ -317,10 +335,12 @@ def test_assemble_takes_one_of_each_set_of_near_duplicates() -> None:
 
     from ctxcore import AssemblyRequest, MemoryRecord, Query, Sources
 
-    mems = [MemoryRecord("a", "o", "g", "Refunds take 5 days.", similarity=0.9),
-            MemoryRecord("b", "o", "g", "refunds  TAKE 5 days!", similarity=0.85),
-            MemoryRecord("c", "o", "g", "Shipping is free.", similarity=0.5),
-            MemoryRecord("d", "o", "g", "Refunds take 6 days.", similarity=0.4)]
+    mems = [
+        MemoryRecord("a", "o", "g", "Refunds take 5 days.", similarity=0.9),
+        MemoryRecord("b", "o", "g", "refunds  TAKE 5 days!", similarity=0.85),
+        MemoryRecord("c", "o", "g", "Shipping is free.", similarity=0.5),
+        MemoryRecord("d", "o", "g", "Refunds take 6 days.", similarity=0.4),
+    ]
 
     async def hot(scope: object, query: object, limit: int) -> list[MemoryRecord]:
         return mems
@@ -331,8 +351,12 @@ def test_assemble_takes_one_of_each_set_of_near_duplicates() -> None:
     assert reasons["b"] == "redundant" and ctx.pack is not None and ctx.pack.redundant == 1
     assert ctx.record()["pack"]["redundant"] == 1
     # Nothing is dropped as redundant when no two memories share a text.
-    distinct = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "g", "gpt-4o", Query("refunds")),
-                                            sources=Sources(hot=lambda s, q, n: _as_coro([mems[0], mems[2], mems[3]]))))
+    distinct = asyncio.run(
+        ctxcore.assemble(
+            AssemblyRequest("o", "g", "gpt-4o", Query("refunds")),
+            sources=Sources(hot=lambda s, q, n: _as_coro([mems[0], mems[2], mems[3]])),
+        )
+    )
     assert distinct.selected_ids == ("a", "c", "d") and distinct.pack is not None and distinct.pack.redundant == 0
 
 

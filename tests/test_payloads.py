@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, NotRequired, Required, Union, get_args, get_origin
 
 import anthropic
 import httpx
@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from lxml import etree
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
 from testkit import REPO, adversarial_corpus, load_script
-from typing_extensions import NotRequired, Required, get_args, get_origin, get_type_hints, is_typeddict
+from typing_extensions import get_type_hints, is_typeddict
 
 import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Message, Query, Sources, ToolCall
@@ -161,15 +161,29 @@ TOOLS = [
             },
         },
     },
-    {"name": "refund", "description": "Refund an order.", "input_schema": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "reason": {"type": "string", "enum": ["damaged", "late", "other"]}}}},
+    {
+        "name": "refund",
+        "description": "Refund an order.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "reason": {"type": "string", "enum": ["damaged", "late", "other"]},
+            },
+        },
+    },
 ]
 
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "developer", "content": "Answer in English."},
     {"role": "user", "content": "Where is order 7?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "shipped <2024-05-01> & on its way"},
     {"role": "assistant", "content": "It shipped on May 1st."},
     {"role": "user", "content": [{"type": "text", "text": "Thanks."}, {"type": "text", "text": "Can I get a refund?"}]},
@@ -190,15 +204,34 @@ def sources(mems: Sequence[MemoryRecord] = (), directive: str | None = "You are 
     return Sources(directive=direct, hot=hot)
 
 
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 
-def assemble(model: str, messages: Sequence[Any], *, rendering: str, mems: Sequence[MemoryRecord] = (),
-             tools: Sequence[Any] = (), policy: HistoryPolicy = HistoryPolicy.STRICT,
-             directive: str | None = "You are the support agent of Acme.") -> ctxcore.AssembledContext:
-    req = AssemblyRequest(ORG, AGENT, model, Query("refund"), messages=tuple(messages), tools=tuple(tools),
-                          options=AssemblyOptions(rendering=rendering, history_policy=policy, max_memories=500))
+def assemble(
+    model: str,
+    messages: Sequence[Any],
+    *,
+    rendering: str,
+    mems: Sequence[MemoryRecord] = (),
+    tools: Sequence[Any] = (),
+    policy: HistoryPolicy = HistoryPolicy.STRICT,
+    directive: str | None = "You are the support agent of Acme.",
+) -> ctxcore.AssembledContext:
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        model,
+        Query("refund"),
+        messages=tuple(messages),
+        tools=tuple(tools),
+        options=AssemblyOptions(rendering=rendering, history_policy=policy, max_memories=500),
+    )
     return asyncio.run(ctxcore.assemble(req, sources=sources(mems, directive), config=ROOMY))
 
 
@@ -240,8 +273,14 @@ def check_memory_block(block: str, ctx: ctxcore.AssembledContext, texts: dict[st
 def memory_block_of(payload: dict[str, Any], rendering: str) -> str | None:
     if rendering == "openai":
         last = payload["messages"][-1] if payload["messages"] else None
-        return last["content"] if last and last["role"] == "user" and isinstance(last["content"], str) and \
-            last["content"].startswith("<memories>") else None
+        return (
+            last["content"]
+            if last
+            and last["role"] == "user"
+            and isinstance(last["content"], str)
+            and last["content"].startswith("<memories>")
+            else None
+        )
     turns = payload["messages"]
     if not turns or turns[-1]["role"] != "user":
         return None
@@ -262,17 +301,27 @@ def test_openai_payload_of_a_conversation_with_tool_calls() -> None:
     assert msgs[1:7] == [
         {"role": "developer", "content": "Answer in English."},
         {"role": "user", "content": "Where is order 7?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 7}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "shipped <2024-05-01> & on its way"},
         {"role": "assistant", "content": "It shipped on May 1st."},
-        {"role": "user", "content": [{"type": "text", "text": "Thanks."}, {"type": "text", "text": "Can I get a refund?"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Thanks."}, {"type": "text", "text": "Can I get a refund?"}],
+        },
     ]
     assert msgs[7]["role"] == "user" and len(msgs) == 8
     check_memory_block(msgs[7]["content"], ctx, {m.id: m.text for m in memories(3)})
     assert p["tools"][0] == TOOLS[0]
-    assert p["tools"][1] == {"type": "function", "function": {
-        "name": "refund", "description": "Refund an order.", "parameters": TOOLS[1]["input_schema"]}}
+    assert p["tools"][1] == {
+        "type": "function",
+        "function": {"name": "refund", "description": "Refund an order.", "parameters": TOOLS[1]["input_schema"]},
+    }
     # The reasoning models take instructions as a developer message.
     assert assemble("o3", CONVERSATION, rendering="openai").to_openai()["messages"][0]["role"] == "developer"
     assert ctx.to_openai(directive_role="developer")["messages"][0]["role"] == "developer"
@@ -283,21 +332,29 @@ def test_anthropic_payload_of_a_conversation_with_tool_calls() -> None:
     p = ctx.to_anthropic()
     check_anthropic(p)
     assert set(p) == {"system", "messages", "tools"}
-    assert p["system"] == [{"type": "text", "text": "You are the support agent of Acme."},
-                           {"type": "text", "text": "Answer in English."}]
+    assert p["system"] == [
+        {"type": "text", "text": "You are the support agent of Acme."},
+        {"type": "text", "text": "Answer in English."},
+    ]
     turns = p["messages"]
     assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant", "user"]
     assert turns[1]["content"] == [{"type": "tool_use", "id": "call_1", "name": "lookup_order", "input": {"id": 7}}]
     assert turns[2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "call_1", "content": "shipped <2024-05-01> & on its way"}]
+        {"type": "tool_result", "tool_use_id": "call_1", "content": "shipped <2024-05-01> & on its way"}
+    ]
     last = turns[4]["content"]
-    assert last[:2] == [{"type": "text", "text": "Thanks."},
-                        {"type": "text", "text": "Can I get a refund?", "cache_control": {"type": "ephemeral"}}]
+    assert last[:2] == [
+        {"type": "text", "text": "Thanks."},
+        {"type": "text", "text": "Can I get a refund?", "cache_control": {"type": "ephemeral"}},
+    ]
     assert len(last) == 3
     check_memory_block(last[2]["text"], ctx, {m.id: m.text for m in memories(3)})
     assert p["tools"][1] == TOOLS[1]
-    assert p["tools"][0] == {"name": "lookup_order", "description": "Look up an order by its number.",
-                             "input_schema": TOOLS[0]["function"]["parameters"]}
+    assert p["tools"][0] == {
+        "name": "lookup_order",
+        "description": "Look up an order by its number.",
+        "input_schema": TOOLS[0]["function"]["parameters"],
+    }
     assert "cache_control" not in json.dumps(ctx.to_anthropic(cache_breakpoint=False))
 
 
@@ -309,13 +366,31 @@ def _mock_client(kind: str, sent: list[dict[str, Any]]) -> Any:
     def handler(request: Any) -> Any:
         sent.append(json.loads(request.content))
         if kind == "openai":
-            return http_lib.Response(200, json={
-                "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-4o",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
-        return http_lib.Response(200, json={
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "stop_sequence": None,
-            "usage": {"input_tokens": 1, "output_tokens": 1}})
+            return http_lib.Response(
+                200,
+                json={
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "gpt-4o",
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+                    ],
+                },
+            )
+        return http_lib.Response(
+            200,
+            json={
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            },
+        )
 
     http = http_lib.Client(transport=http_lib.MockTransport(handler))
     if kind == "openai":
@@ -333,8 +408,9 @@ def test_the_sdks_send_the_payloads_as_they_are() -> None:
     with warnings.catch_warnings():
         # The SDK warns about model names it lists as deprecated; the payload is the subject here.
         warnings.simplefilter("ignore", DeprecationWarning)
-        reply = _mock_client("anthropic", sent).messages.create(model="claude-opus-4-1", max_tokens=512,
-                                                                **ctx.to_anthropic())
+        reply = _mock_client("anthropic", sent).messages.create(
+            model="claude-opus-4-1", max_tokens=512, **ctx.to_anthropic()
+        )
     assert reply.content[0].type == "text"
     assert sent[-1] == {"model": "claude-opus-4-1", "max_tokens": 512, **ctx.to_anthropic()}
 
@@ -342,15 +418,27 @@ def test_the_sdks_send_the_payloads_as_they_are() -> None:
 def test_anthropic_input_round_trips_and_renders_for_openai() -> None:
     history = [
         {"role": "user", "content": [{"type": "text", "text": "Refund order 7 and 9."}]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Looking both up."},
-            {"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {"id": 7}},
-            {"type": "tool_use", "id": "toolu_2", "name": "lookup_order", "input": {"id": 9}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "delivered"},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "lost"}],
-             "is_error": True},
-            {"type": "text", "text": "Go ahead."}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking both up."},
+                {"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {"id": 7}},
+                {"type": "tool_use", "id": "toolu_2", "name": "lookup_order", "input": {"id": 9}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "delivered"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": [{"type": "text", "text": "lost"}],
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Go ahead."},
+            ],
+        },
     ]
     msgs = parse_messages(history)
     assert [m.role for m in msgs] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.TOOL, Role.USER]
@@ -369,39 +457,73 @@ def test_anthropic_input_round_trips_and_renders_for_openai() -> None:
 
 def test_media_parts_are_refused_naming_the_message_and_the_part() -> None:
     with pytest.raises(ValueError, match=r"messages\[1\]: content\[1\] is a 'image_url' part"):
-        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=(
-            {"role": "user", "content": "hi"},
-            {"role": "user", "content": [{"type": "text", "text": "look"},
-                                         {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}))
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "gpt-4o",
+            Query("q"),
+            messages=(
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "look"},
+                        {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
+                    ],
+                },
+            ),
+        )
     with pytest.raises(ValueError, match=r"messages\[0\]: content\[0\] is a 'image' part"):
         parse_messages([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "u"}}]}])
     with pytest.raises(ValueError, match=r"content\[0\]\.content\[0\] is a 'image' part"):
-        parse_messages([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-            {"type": "image", "source": {}}]}]}])
+        parse_messages(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}
+                    ],
+                }
+            ]
+        )
 
 
 def test_unpaired_tool_calls_and_results_are_refused_for_payloads() -> None:
     orphan = ({"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c9", "content": "42"})
     AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=orphan)  # the text rendering writes them as text
     with pytest.raises(ValueError, match=r"messages\[1\]: the tool result for 'c9'"):
-        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=orphan,
-                        options=AssemblyOptions(rendering="openai"))
-    unanswered = (Message("assistant", tool_calls=(ToolCall("a", "f"), ToolCall("b", "f"))),
-                  Message("tool", "1", tool_call_id="a"), Message("user", "x"))
+        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=orphan, options=AssemblyOptions(rendering="openai"))
+    unanswered = (
+        Message("assistant", tool_calls=(ToolCall("a", "f"), ToolCall("b", "f"))),
+        Message("tool", "1", tool_call_id="a"),
+        Message("user", "x"),
+    )
     with pytest.raises(ValueError, match=r"messages\[0\]: the tool call\(s\) \['b'\]"):
         check_tool_pairs(unanswered)
     with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls\[0\]: arguments must be a JSON object"):
-        AssemblyRequest(ORG, AGENT, "claude-sonnet-4", Query("q"),
-                        messages=(Message("assistant", tool_calls=(ToolCall("a", "f", "[1]"),)),
-                                  Message("tool", "1", tool_call_id="a")),
-                        options=AssemblyOptions(rendering="anthropic"))
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "claude-sonnet-4",
+            Query("q"),
+            messages=(
+                Message("assistant", tool_calls=(ToolCall("a", "f", "[1]"),)),
+                Message("tool", "1", tool_call_id="a"),
+            ),
+            options=AssemblyOptions(rendering="anthropic"),
+        )
 
 
 def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
     with pytest.raises(ValueError, match=r"tools\[0\]: an Anthropic 'web_search_20250305' tool"):
-        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), tools=({"type": "web_search_20250305", "name": "w",
-                                                                    "input_schema": {}},),
-                        options=AssemblyOptions(rendering="openai"))
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "gpt-4o",
+            Query("q"),
+            tools=({"type": "web_search_20250305", "name": "w", "input_schema": {}},),
+            options=AssemblyOptions(rendering="openai"),
+        )
     strict = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
     assert render_openai(tools=[strict])["tools"] == [strict]
     with pytest.raises(ValueError, match=r"tools\[0\] \('f'\): 'strict' cannot be carried by an Anthropic tool"):
@@ -411,14 +533,32 @@ def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
 
 
 def test_developer_role_and_parts_are_messages_of_their_own() -> None:
-    m = Message.from_mapping({"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    m = Message.from_mapping(
+        {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    )
     assert (m.role, m.parts, m.content) == (Role.DEVELOPER, ("a", "b"), "a\nb")
     with pytest.raises(ValueError, match="parse_messages"):
-        Message.from_mapping({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "1"},
-                                                          {"type": "tool_result", "tool_use_id": "b", "content": "2"}]})
+        Message.from_mapping(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "a", "content": "1"},
+                    {"type": "tool_result", "tool_use_id": "b", "content": "2"},
+                ],
+            }
+        )
     with pytest.raises(ValueError, match=r"content\[1\]: tool_result blocks must come first"):
-        parse_messages([{"role": "user", "content": [{"type": "text", "text": "x"},
-                                                     {"type": "tool_result", "tool_use_id": "a", "content": "1"}]}])
+        parse_messages(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "x"},
+                        {"type": "tool_result", "tool_use_id": "a", "content": "1"},
+                    ],
+                }
+            ]
+        )
 
 
 # ---- the counting rules, on fixed examples -------------------------------------------------------
@@ -426,24 +566,50 @@ def test_developer_role_and_parts_are_messages_of_their_own() -> None:
 # The OpenAI Cookbook's example ("How to count tokens with tiktoken"): 129 prompt tokens
 # for gpt-4 / gpt-3.5-turbo, as its num_tokens_from_messages and the API both report.
 COOKBOOK_MESSAGES = [
-    {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon "
-                                  "into plain English."},
+    {
+        "role": "system",
+        "content": "You are a helpful, pattern-following assistant that translates corporate jargon "
+        "into plain English.",
+    },
     {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
     {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
-    {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch "
-                                                          "base on opportunities for increased leverage."},
-    {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to "
-                                                               "do better."},
-    {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client "
-                                "deliverable."},
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "Let's circle back when we have more bandwidth to touch "
+        "base on opportunities for increased leverage.",
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Let's talk later when we're less busy about how to do better.",
+    },
+    {
+        "role": "user",
+        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
+    },
 ]
-COOKBOOK_TOOLS = [{"type": "function", "function": {
-    "name": "get_current_weather", "description": "Get the current weather in a given location",
-    "parameters": {"type": "object", "properties": {
-        "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
-        "unit": {"type": "string", "description": "The unit of temperature to return",
-                 "enum": ["celsius", "fahrenheit"]}},
-        "required": ["location"]}}}]
+COOKBOOK_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_current_weather",
+            "description": "Get the current weather in a given location",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+                    "unit": {
+                        "type": "string",
+                        "description": "The unit of temperature to return",
+                        "enum": ["celsius", "fahrenheit"],
+                    },
+                },
+                "required": ["location"],
+            },
+        },
+    }
+]
 COOKBOOK_TOOL_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant that can answer to questions about the weather."},
     {"role": "user", "content": "What's the weather like in San Francisco?"},
@@ -482,8 +648,11 @@ def test_openai_rule_reproduces_the_cookbook_figures() -> None:
 
 
 def test_openai_rule_counts_what_the_cookbook_leaves_out_as_json() -> None:
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+    }
     t = count_openai({"messages": [call]}, exact)
     assert t.messages == exact(json.dumps(call["tool_calls"], separators=(",", ":")))
     parts = {"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "text", "text": "c"}]}
@@ -493,10 +662,14 @@ def test_openai_rule_counts_what_the_cookbook_leaves_out_as_json() -> None:
 
 def test_anthropic_rule_on_a_fixed_example() -> None:
     words = lambda t: len(t.split()) + t.count("\n")  # noqa: E731 - a counter that is easy to follow
-    p = {"system": [{"type": "text", "text": "be brief"}],
-         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi there", "cache_control": {"type": "ephemeral"}}]},
-                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
-         "tools": [{"name": "f", "input_schema": {"type": "object"}}]}
+    p = {
+        "system": [{"type": "text", "text": "be brief"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi there", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        ],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    }
     t = count_anthropic(p, words, model="claude-sonnet-4")
     assert t.system == 2 and t.messages == 2 + 1
     assert t.tools == words('{"name":"f","input_schema":{"type":"object"}}')
@@ -527,8 +700,10 @@ def test_the_ledger_carries_the_framing_of_the_rendering_asked_for() -> None:
         frame = ctxcore.formatter_overhead((), count=est, memory_format=oa.memory_format).fixed_tokens
     else:
         frame = ctxcore.formatter_overhead((), family="cl100k_base", memory_format=oa.memory_format).fixed_tokens
-    assert b.directive_tokens + b.messages_tokens + b.tool_schema_tokens + b.formatter_overhead_tokens == \
-        fixed.total + role_extra + 3 + est("user") + frame
+    assert (
+        b.directive_tokens + b.messages_tokens + b.tool_schema_tokens + b.formatter_overhead_tokens
+        == fixed.total + role_extra + 3 + est("user") + frame
+    )
     # Each message carries its own framing in the messages term: trimming takes it off with it.
     per_message = [ctxcore.payloads.message_tokens(m, Rendering.OPENAI, est) for m in oa.messages]
     assert b.messages_tokens == sum(c + f for c, f in per_message)
@@ -566,8 +741,11 @@ def histories(draw: Any) -> list[Message]:
             out.append(Message("developer", draw(long_text())))
         else:
             calls = tuple(
-                ToolCall(f"call_{next(ids)}", draw(st.sampled_from(["lookup_order", "refund"])),
-                         json.dumps({"id": draw(st.integers(0, 10**6)), "note": draw(TEXT)}, ensure_ascii=False))
+                ToolCall(
+                    f"call_{next(ids)}",
+                    draw(st.sampled_from(["lookup_order", "refund"])),
+                    json.dumps({"id": draw(st.integers(0, 10**6)), "note": draw(TEXT)}, ensure_ascii=False),
+                )
                 for _ in range(draw(st.integers(1, 3)))
             )
             out.append(Message("assistant", draw(st.sampled_from(["", "Checking."])), calls))
@@ -629,7 +807,8 @@ def check_pairs_in_payload(p: dict[str, Any], rendering: str) -> None:
         if uses:
             nxt = msgs[i + 1]["content"]
             assert [b["tool_use_id"] for b in nxt[: len(uses)]] == uses and all(
-                b["type"] == "tool_result" for b in nxt[: len(uses)])
+                b["type"] == "tool_result" for b in nxt[: len(uses)]
+            )
 
 
 # One model per family with an exact tokenizer on this installation (cl100k_base today;
@@ -645,8 +824,9 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 @pytest.mark.parametrize("rendering", ["openai", "anthropic"])
 @settings(max_examples=40, deadline=None, suppress_health_check=_HEALTH)
 @given(history=histories(), n_memories=st.integers(0, 120), data=st.data())
-def test_random_histories_round_trip_within_budget(family: str, rendering: str, history: list[Message],
-                                                   n_memories: int, data: Any) -> None:
+def test_random_histories_round_trip_within_budget(
+    family: str, rendering: str, history: list[Message], n_memories: int, data: Any
+) -> None:
     check_random_history(family, rendering, history, n_memories, data)
 
 
@@ -655,15 +835,18 @@ def test_random_histories_round_trip_within_budget(family: str, rendering: str, 
 @pytest.mark.parametrize("rendering", ["openai", "anthropic"])
 @settings(max_examples=2000, deadline=None, suppress_health_check=_HEALTH)
 @given(history=histories(), n_memories=st.integers(0, 120), data=st.data())
-def test_random_histories_round_trip_within_budget_long(family: str, rendering: str, history: list[Message],
-                                                        n_memories: int, data: Any) -> None:
+def test_random_histories_round_trip_within_budget_long(
+    family: str, rendering: str, history: list[Message], n_memories: int, data: Any
+) -> None:
     check_random_history(family, rendering, history, n_memories, data)
 
 
 def check_random_history(family: str, rendering: str, history: list[Message], n_memories: int, data: Any) -> None:
     model = EXACT_MODELS[family]
-    mems = [MemoryRecord(f"m{i}", ORG, AGENT, data.draw(long_text(), label="memory") or "x", similarity=0.9)
-            for i in range(n_memories)]
+    mems = [
+        MemoryRecord(f"m{i}", ORG, AGENT, data.draw(long_text(), label="memory") or "x", similarity=0.9)
+        for i in range(n_memories)
+    ]
     try:
         ctx = assemble(model, history, rendering=rendering, mems=mems, tools=TOOLS, policy=HistoryPolicy.TRIM_OLDEST)
     except ctxcore.ContextOverflow as exc:
@@ -691,7 +874,8 @@ def check_random_history(family: str, rendering: str, history: list[Message], n_
         block = memory_block_of(p, "anthropic")
         assert payload_atoms(p["messages"], block) == anthropic_atoms(kept)
         assert [b["text"] for b in p["system"]] == [ctx.directive] + [
-            t for m in kept if m.role in (Role.SYSTEM, Role.DEVELOPER) for t in (m.parts or (m.content,)) if t]
+            t for m in kept if m.role in (Role.SYSTEM, Role.DEVELOPER) for t in (m.parts or (m.content,)) if t
+        ]
         n = count_anthropic(p, lambda t: ctxcore.count_tokens(t, family).value, model=model).total
     check_pairs_in_payload(p, rendering)
     assert (block is not None) == bool(ctx.selected_ids)
@@ -716,7 +900,8 @@ def anthropic_units(p: dict[str, Any]) -> tuple[list[Any], int]:
     units: list[Any] = []
     end = 0
     for kind, blocks in [("tool", p.get("tools", ())), ("system", p.get("system", ()))] + [
-            (t["role"], t["content"]) for t in p["messages"]]:
+        (t["role"], t["content"]) for t in p["messages"]
+    ]:
         for b in blocks:
             units.append((kind, {k: v for k, v in b.items() if k != "cache_control"}))
             if "cache_control" in b:
@@ -744,13 +929,29 @@ def test_each_turn_starts_with_the_previous_turns_stable_prefix(rendering: str) 
         if rendering == "anthropic":
             # The breakpoint sits on the last block before the memory block.
             assert stable == len(units) - (1 if memory_block_of(p, "anthropic") is not None else 0)
-            prefix = {"tools": p["tools"], "system": p["system"], "messages": [
-                dict(t, content=[b for b in t["content"] if b["type"] != "text" or not b["text"].startswith("<memories>")])
-                for t in p["messages"]]}
+            prefix = {
+                "tools": p["tools"],
+                "system": p["system"],
+                "messages": [
+                    dict(
+                        t,
+                        content=[
+                            b for b in t["content"] if b["type"] != "text" or not b["text"].startswith("<memories>")
+                        ],
+                    )
+                    for t in p["messages"]
+                ],
+            }
             n = count_anthropic(prefix, est, model=model).total - est("\n\nAssistant:")
         else:
-            n = count_openai({"messages": p["messages"][: stable - len(p["tools"])], "tools": p["tools"]}, est,
-                             model=model).total - 3 + max(est("system"), est("developer")) - est("system")
+            n = (
+                count_openai(
+                    {"messages": p["messages"][: stable - len(p["tools"])], "tools": p["tools"]}, est, model=model
+                ).total
+                - 3
+                + max(est("system"), est("developer"))
+                - est("system")
+            )
         assert ctx.stable_prefix_tokens == n
         if previous is not None:
             old_units, old_stable = previous
@@ -759,8 +960,19 @@ def test_each_turn_starts_with_the_previous_turns_stable_prefix(rendering: str) 
         previous = (units, stable)
         if turn % 3 == 1:
             call = f"call_{turn}"
-            history.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": call, "type": "function", "function": {"name": "lookup_order", "arguments": json.dumps({"id": turn})}}]})
+            history.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call,
+                            "type": "function",
+                            "function": {"name": "lookup_order", "arguments": json.dumps({"id": turn})},
+                        }
+                    ],
+                }
+            )
             history.append({"role": "tool", "tool_call_id": call, "content": f"order {turn}: shipped"})
         history.append({"role": "assistant", "content": f"Answer {turn}."})
 
@@ -771,7 +983,7 @@ def test_each_turn_starts_with_the_previous_turns_stable_prefix(rendering: str) 
 CORPUS = adversarial_corpus()
 
 
-def PACKABLE(memory_id: str) -> bool:  # noqa: N802 - reads as a predicate on the corpus
+def PACKABLE(memory_id: str) -> bool:
     """The packer refuses ids with lone surrogates (InvalidCandidate); the serializer's own
     tests cover those ids, the payload tests take the memories a store can return."""
     return not any(0xD800 <= ord(c) <= 0xDFFF for c in memory_id)
@@ -795,12 +1007,17 @@ def test_adversarial_corpus_inside_payloads(rendering: str) -> None:
         assert [m["content"] for m in p["messages"][1:-1]] == [h["content"] for h in history]
 
 
-@pytest.mark.parametrize("memory", [m for m in CORPUS if len(m["text"]) < 200_000 and PACKABLE(m["id"])],
-                         ids=lambda m: m["id"].encode("unicode_escape").decode()[:40])
+@pytest.mark.parametrize(
+    "memory",
+    [m for m in CORPUS if len(m["text"]) < 200_000 and PACKABLE(m["id"])],
+    ids=lambda m: m["id"].encode("unicode_escape").decode()[:40],
+)
 def test_adversarial_memories_one_by_one_in_both_payloads(memory: dict[str, Any]) -> None:
-    mems = [MemoryRecord("before", ORG, AGENT, "x", similarity=0.95),
-            MemoryRecord(memory["id"], ORG, AGENT, memory["text"], similarity=0.9),
-            MemoryRecord("after", ORG, AGENT, "y", similarity=0.85)]
+    mems = [
+        MemoryRecord("before", ORG, AGENT, "x", similarity=0.95),
+        MemoryRecord(memory["id"], ORG, AGENT, memory["text"], similarity=0.9),
+        MemoryRecord("after", ORG, AGENT, "y", similarity=0.85),
+    ]
     texts = {m.id: m.text for m in mems}
     for rendering in ("openai", "anthropic"):
         ctx = assemble("gpt-4.1", [{"role": "user", "content": "hi"}], rendering=rendering, mems=mems)
@@ -818,15 +1035,22 @@ def test_cli_prints_the_payloads() -> None:
     exe = str(beside) if beside.exists() else shutil.which("ctxcore")
     assert exe is not None
     # Roomy branch timeouts: on a busy machine the 5 / 15 / 45 ms defaults can degrade the demo.
-    env = {**os.environ, "CTXCORE_CONTEXT_TIMEOUT_MS": "5000", "CTXCORE_CONTEXT_DEADLINE_MS": "5000",
-           "CTXCORE_DIRECTIVE_TIMEOUT_MS": "5000", "CTXCORE_HOT_TIMEOUT_MS": "5000", "CTXCORE_COLD_TIMEOUT_MS": "5000"}
+    env = {
+        **os.environ,
+        "CTXCORE_CONTEXT_TIMEOUT_MS": "5000",
+        "CTXCORE_CONTEXT_DEADLINE_MS": "5000",
+        "CTXCORE_DIRECTIVE_TIMEOUT_MS": "5000",
+        "CTXCORE_HOT_TIMEOUT_MS": "5000",
+        "CTXCORE_COLD_TIMEOUT_MS": "5000",
+    }
     out = subprocess.run([exe, "demo", "--format", "openai"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     p = json.loads(out.stdout)
     check_openai(p)
     assert p["messages"][-1]["content"].startswith("<memories>\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE)
-    out = subprocess.run([exe, "demo", "--format", "anthropic", "--json"], capture_output=True, text=True,
-                         timeout=120, env=env)
+    out = subprocess.run(
+        [exe, "demo", "--format", "anthropic", "--json"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     check_anthropic(doc["payload"])
@@ -865,20 +1089,54 @@ def test_sdk_response_objects_join_the_history_as_they_came() -> None:
     from anthropic.types import Message as AnthropicReply
     from openai.types.chat import ChatCompletion
 
-    completion = ChatCompletion.model_validate({
-        "id": "c", "object": "chat.completion", "created": 0, "model": "gpt-4o", "choices": [{
-            "index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": None, "refusal": None, "annotations": [], "tool_calls": [
-                    {"id": "call_9", "type": "function", "function": {"name": "lookup_order", "arguments": '{"id": 9}'}}]}}]})
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4o",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "refusal": None,
+                        "annotations": [],
+                        "tool_calls": [
+                            {
+                                "id": "call_9",
+                                "type": "function",
+                                "function": {"name": "lookup_order", "arguments": '{"id": 9}'},
+                            }
+                        ],
+                    },
+                }
+            ],
+        }
+    )
     (m,) = parse_messages([completion.choices[0].message])
     assert m == Message("assistant", "", (ToolCall("call_9", "lookup_order", '{"id": 9}'),))
     assert parse_messages([completion.choices[0].message.model_dump()]) == (m,)  # None and [] fields say nothing
-    reply = AnthropicReply.model_validate({
-        "id": "msg", "type": "message", "role": "assistant", "model": "claude-opus-4-1", "stop_reason": "tool_use",
-        "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}, "content": [
-            {"type": "text", "text": "Let me check.", "citations": None},
-            {"type": "tool_use", "id": "toolu_9", "name": "lookup_order", "input": {"id": 9}}]})
+    reply = AnthropicReply.model_validate(
+        {
+            "id": "msg",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-opus-4-1",
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+            "content": [
+                {"type": "text", "text": "Let me check.", "citations": None},
+                {"type": "tool_use", "id": "toolu_9", "name": "lookup_order", "input": {"id": 9}},
+            ],
+        }
+    )
     (a,) = parse_messages([{"role": "assistant", "content": reply.content}])
-    assert a == Message("assistant", parts=("Let me check.",), tool_calls=(ToolCall("toolu_9", "lookup_order", '{"id": 9}'),))
+    assert a == Message(
+        "assistant", parts=("Let me check.",), tool_calls=(ToolCall("toolu_9", "lookup_order", '{"id": 9}'),)
+    )
     with pytest.raises(ValueError, match=r"unsupported message fields \['name'\]"):
         parse_messages([{"role": "user", "content": "x", "name": "alice"}])

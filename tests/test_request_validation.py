@@ -46,8 +46,12 @@ def test_bool_options_take_only_a_bool(name: str, value: object) -> None:
 
 
 def test_valid_options_round_trip() -> None:
-    o = AssemblyOptions(pinned_memory_ids=["m-17", "m-18"], skip_memory=True, context_enabled=False,
-                        weights={"similarity": 1, "recency": 0.5})
+    o = AssemblyOptions(
+        pinned_memory_ids=["m-17", "m-18"],
+        skip_memory=True,
+        context_enabled=False,
+        weights={"similarity": 1, "recency": 0.5},
+    )
     assert o.pinned_memory_ids == frozenset({"m-17", "m-18"})
     assert o.skip_memory is True and o.context_enabled is False
     assert o.weights == {"similarity": 1, "recency": 0.5}
@@ -63,10 +67,18 @@ def test_weights_refuse_an_unknown_component() -> None:
         AssemblyOptions(weights={"bogus": 1.0})
 
 
-@pytest.mark.parametrize(("value", "error"), [
-    (True, TypeError), ("1", TypeError), (None, TypeError),
-    (-1.0, ValueError), (math.nan, ValueError), (math.inf, ValueError), (10**400, ValueError),
-])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (True, TypeError),
+        ("1", TypeError),
+        (None, TypeError),
+        (-1.0, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (10**400, ValueError),
+    ],
+)
 def test_weights_refuse_a_bad_value_naming_the_key(value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"weights\['recency'\]"):
         AssemblyOptions(weights={"recency": value})  # type: ignore[dict-item]
@@ -76,7 +88,10 @@ def test_every_documented_weight_is_accepted() -> None:
     w = {name: 1.0 for name in COMPONENTS}
     assert set(w) == {"similarity", "confidence", "recency", "importance"}
     assert AssemblyOptions(weights=w).weights == w
-    assert AssemblyOptions(weights={"similarity": 1e308, "confidence": 0}).weights == {"similarity": 1e308, "confidence": 0}
+    assert AssemblyOptions(weights={"similarity": 1e308, "confidence": 0}).weights == {
+        "similarity": 1e308,
+        "confidence": 0,
+    }
 
 
 # ---- messages: tool calls and tool_call_id ------------------------------------------------------
@@ -96,8 +111,15 @@ def test_unknown_keys_of_a_tool_call_are_refused() -> None:
 
 def test_the_auditors_tool_call_is_refused() -> None:
     with pytest.raises(ValueError, match=r"tool_calls\[0\]"):
-        Message.from_mapping({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}", "junk": 1}, "junk2": 2}]})
+        Message.from_mapping(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}", "junk": 1}, "junk2": 2}
+                ],
+            }
+        )
 
 
 def test_a_tool_call_function_that_is_not_a_mapping_is_named() -> None:
@@ -114,8 +136,9 @@ def test_a_tool_call_missing_a_field_is_named() -> None:
 
 def test_request_names_the_message_of_a_bad_tool_call() -> None:
     with pytest.raises(ValueError, match=r"messages\[1\]: tool_calls\[0\]: unsupported keys \['junk2'\]"):
-        AssemblyRequest("org-1", "agent-1", "gpt-4o", Query("q"),
-                        messages=[{"role": "user", "content": "hi"}, _call(junk2=2)])
+        AssemblyRequest(
+            "org-1", "agent-1", "gpt-4o", Query("q"), messages=[{"role": "user", "content": "hi"}, _call(junk2=2)]
+        )
 
 
 def test_tool_call_id_only_on_tool_messages() -> None:
@@ -137,8 +160,13 @@ def test_tool_call_id_must_be_a_str() -> None:
 def test_valid_tool_calls_round_trip_through_both_payloads() -> None:
     history: list[dict[str, Any]] = [
         {"role": "user", "content": "where is order 7?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": 7}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": 7}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "shipped"},
     ]
     msgs = [Message.from_mapping(m) for m in history]
@@ -158,23 +186,31 @@ def test_valid_tool_calls_round_trip_through_both_payloads() -> None:
 
 
 def test_an_openai_tool_with_an_extra_top_level_key_is_refused() -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}},
-            "cache_control": {"type": "ephemeral"}}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object"}},
+        "cache_control": {"type": "ephemeral"},
+    }
     with pytest.raises(ValueError, match=r"unsupported keys \['cache_control'\]"):
         ToolSpec.from_mapping(tool)
     for render in (render_openai, render_anthropic):
         with pytest.raises(ValueError, match=r"tools\[0\]: unsupported keys \['cache_control'\]"):
             render(tools=[tool])
     with pytest.raises(ValueError, match=r"tools\[0\]: unsupported keys \['cache_control'\]"):
-        AssemblyRequest("org-1", "agent-1", "gpt-4o", Query("q"), tools=[tool],
-                        options=AssemblyOptions(rendering="openai"))
+        AssemblyRequest(
+            "org-1", "agent-1", "gpt-4o", Query("q"), tools=[tool], options=AssemblyOptions(rendering="openai")
+        )
 
 
 def test_valid_tools_round_trip() -> None:
-    openai_tool = {"type": "function", "function": {"name": "f", "description": "d",
-                                                    "parameters": {"type": "object"}, "strict": True}}
+    openai_tool = {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True},
+    }
     anthropic_tool = {"name": "g", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
     assert render_openai(tools=[openai_tool])["tools"] == [openai_tool]
     assert render_anthropic(tools=[anthropic_tool], cache_breakpoint=False)["tools"] == [anthropic_tool]
-    assert render_anthropic(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-                            cache_breakpoint=False)["tools"] == [{"name": "f", "input_schema": {"type": "object"}}]
+    assert render_anthropic(
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        cache_breakpoint=False,
+    )["tools"] == [{"name": "f", "input_schema": {"type": "object"}}]

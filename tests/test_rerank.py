@@ -16,23 +16,38 @@ import pytest
 import ctxcore
 from ctxcore import AssemblyRequest, CrossEncoderReranker, MemoryRecord, Query, RerankStatus, Sources
 
-ROOMY = dict(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-             hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = dict(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 # Ten memories the fused ranking orders m0 (best) .. m9; only m7 answers the question.
-MEMS = [MemoryRecord(f"m{i}", "org", "agent", f"memory number {i} " + ("the answer: blue" if i == 7 else "noise"),
-                     similarity=0.9 - 0.02 * i) for i in range(10)]
+MEMS = [
+    MemoryRecord(
+        f"m{i}",
+        "org",
+        "agent",
+        f"memory number {i} " + ("the answer: blue" if i == 7 else "noise"),
+        similarity=0.9 - 0.02 * i,
+    )
+    for i in range(10)
+]
 
 
-def _assemble(reranker: Any, *, token_budget: int | None = None, deadline: float | None = None,
-              **cfg: Any) -> ctxcore.AssembledContext:
+def _assemble(
+    reranker: Any, *, token_budget: int | None = None, deadline: float | None = None, **cfg: Any
+) -> ctxcore.AssembledContext:
     async def hot(scope: Any, query: Any, limit: int) -> list[MemoryRecord]:
         return MEMS
 
     req = AssemblyRequest("org", "agent", "gpt-4o", Query("what colour?"), token_budget=token_budget)
     config = ctxcore.AssemblyConfig(**{**ROOMY, **cfg})
-    return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot), config=config, deadline=deadline,
-                                        reranker=reranker))
+    return asyncio.run(
+        ctxcore.assemble(req, sources=Sources(hot=hot), config=config, deadline=deadline, reranker=reranker)
+    )
 
 
 def answer_first(query: str, texts: Sequence[str]) -> list[float]:
@@ -107,8 +122,11 @@ def test_no_time_left_means_no_rerank_call() -> None:
 
     req = AssemblyRequest("org", "agent", "gpt-4o", Query("what colour?"))
     config = ctxcore.AssemblyConfig(**{**ROOMY, "packing_headroom_ms": 100.0})
-    ctx = asyncio.run(ctxcore.assemble(req, sources=Sources(hot=slow_hot), config=config,
-                                       deadline=time.monotonic() + 0.2, reranker=rec))
+    ctx = asyncio.run(
+        ctxcore.assemble(
+            req, sources=Sources(hot=slow_hot), config=config, deadline=time.monotonic() + 0.2, reranker=rec
+        )
+    )
     assert ctx.selected_ids, "the hot branch's answer was kept"
     assert not called
     assert ctx.rerank is not None and ctx.rerank.status is RerankStatus.SKIPPED
@@ -116,8 +134,13 @@ def test_no_time_left_means_no_rerank_call() -> None:
 
 
 def test_nothing_to_rerank_is_not_a_degradation() -> None:
-    ctx = asyncio.run(ctxcore.assemble(AssemblyRequest("org", "agent", "gpt-4o", Query("q")),
-                                       sources=Sources(hot=lambda s, q, n: _empty()), reranker=answer_first))
+    ctx = asyncio.run(
+        ctxcore.assemble(
+            AssemblyRequest("org", "agent", "gpt-4o", Query("q")),
+            sources=Sources(hot=lambda s, q, n: _empty()),
+            reranker=answer_first,
+        )
+    )
     assert ctx.rerank is not None and ctx.rerank.status is RerankStatus.OK and ctx.rerank.candidates == 0
     assert not any(r.startswith("rerank") for r in ctx.degradation_reasons)
 
@@ -126,12 +149,15 @@ async def _empty() -> list[MemoryRecord]:
     return []
 
 
-@pytest.mark.parametrize("bad", [
-    lambda q, t: [1.0],  # too few
-    lambda q, t: [float("nan")] * len(t),
-    lambda q, t: "high",
-    lambda q, t: 1 / 0,
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda q, t: [1.0],  # too few
+        lambda q, t: [float("nan")] * len(t),
+        lambda q, t: "high",
+        lambda q, t: 1 / 0,
+    ],
+)
 def test_a_failing_or_malformed_reranker_is_an_error_record(bad: Any) -> None:
     ctx = _assemble(bad, token_budget=_budget_for_one())
     assert ctx.selected_ids == ("m0",)

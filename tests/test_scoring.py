@@ -52,8 +52,9 @@ def test_full_text_hits_carry_the_sentinel_and_pass_the_floor() -> None:
     assert r.kept.tolist() == [True, False, True]
     assert r.scores[0] == pytest.approx(0.85 * 0.5 + 0.15 * 0.4)
     # Even the highest legal floor keeps full-text hits.
-    r = score_candidates(sim, [0.4, 0.4, 0.4], full_text=[True, False, False],
-                         config=ScoringConfig(relevance_floor=0.4999))
+    r = score_candidates(
+        sim, [0.4, 0.4, 0.4], full_text=[True, False, False], config=ScoringConfig(relevance_floor=0.4999)
+    )
     assert r.kept.tolist() == [True, False, True]
 
 
@@ -82,8 +83,13 @@ def test_ann_cutoff_is_validated_separately(value: float) -> None:
 def test_caller_weights_take_effect_for_present_components() -> None:
     sim, conf = [0.9, 0.2], [0.1, 0.9]
     rec, imp = [0.0, 1.0], [0.5, 0.5]
-    r = score_candidates(sim, conf, recency=rec, importance=imp,
-                         weights=ScoreWeights(similarity=2, confidence=1, recency=1, importance=0))
+    r = score_candidates(
+        sim,
+        conf,
+        recency=rec,
+        importance=imp,
+        weights=ScoreWeights(similarity=2, confidence=1, recency=1, importance=0),
+    )
     assert r.formula is ScoreFormula.WEIGHTED
     assert dict(r.weights) == {"similarity": 0.5, "confidence": 0.25, "recency": 0.25}
     assert r.scores.tolist() == pytest.approx([0.5 * 0.9 + 0.25 * 0.1, 0.5 * 0.2 + 0.25 * 0.9 + 0.25])

@@ -16,14 +16,13 @@ from typing import Any
 
 import grpc
 import pytest
-
 from service_support import FakeSources, make_tenants, open_config, running
 
 from ctxcore.client import ContextClient
+from ctxcore.errors import ConfigError
 from ctxcore.memory import NowOrLater, Query, Sources
 from ctxcore.request import AssemblyRequest
 from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
-from ctxcore.errors import ConfigError
 from ctxcore.service.config import ServiceConfig, load_service_config
 from ctxcore.service.fullgc import HELD_FULL_COLLECTION_THRESHOLD
 from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
@@ -76,7 +75,9 @@ def test_the_queue_is_bounded_and_refusals_carry_a_retry_hint() -> None:
                     assert (await f).scope.organization_id == T.scope.organization_id
                 assert (await client.assemble(REQ)).scope.organization_id == T.scope.organization_id
                 assert svc.admission.admitted == 0
-                refused = svc.metrics.registry.get_sample_value("ctxcore_admission_refused_total", {"reason": "refused-queue"})
+                refused = svc.metrics.registry.get_sample_value(
+                    "ctxcore_admission_refused_total", {"reason": "refused-queue"}
+                )
                 assert refused == 1
 
     asyncio.run(main())
@@ -128,14 +129,17 @@ def test_calls_that_cannot_finish_in_time_are_refused_at_arrival() -> None:
                 out["work_done"] = (runs - before, len(fake.asked) - asked)
                 r = await client.assemble(REQ, timeout=3.0)
                 out["admitted_wall_ms"] = r.wall.limit_ms
-                out["metric"] = svc.metrics.registry.get_sample_value("ctxcore_admission_refused_total",
-                                                                    {"reason": "refused-deadline"})
+                out["metric"] = svc.metrics.registry.get_sample_value(
+                    "ctxcore_admission_refused_total", {"reason": "refused-deadline"}
+                )
         return out
 
     out = asyncio.run(main())
-    print(f"\ntail estimate after 12 calls with a {tail_s * 1000:g} ms tail: {out['estimate_ms']:.1f} ms; "
-          f"refusal answered in {out['refused_after_ms']:.1f} ms; admitted 3 s call's wall "
-          f"{out['admitted_wall_ms']:.1f} ms")
+    print(
+        f"\ntail estimate after 12 calls with a {tail_s * 1000:g} ms tail: {out['estimate_ms']:.1f} ms; "
+        f"refusal answered in {out['refused_after_ms']:.1f} ms; admitted 3 s call's wall "
+        f"{out['admitted_wall_ms']:.1f} ms"
+    )
     assert out["fresh"] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert out["estimate_ms"] >= tail_s * 1000
     code, mark, details = out["refused"]
@@ -157,14 +161,17 @@ def test_the_time_left_at_arrival_is_a_histogram_of_the_callers_deadlines() -> N
                     await client.assemble(REQ, timeout=0.3)
                 await client.assemble(REQ, timeout=20.0)
                 # No deadline at all: not observed (there is no time left to speak of).
-                call = client._channel.unary_unary(METHOD_PREFIX + "AssembleContext",
-                                                   request_serializer=None, response_deserializer=None)
+                call = client._channel.unary_unary(
+                    METHOD_PREFIX + "AssembleContext", request_serializer=None, response_deserializer=None
+                )
                 answer = pb.AssembledContext.FromString(await call(request_to_proto(REQ).SerializeToString()))
                 assert answer.scope.organization_id == T.scope.organization_id
             reg = svc.metrics.registry
             name = "ctxcore_admission_time_left_seconds"
-            buckets = {le: reg.get_sample_value(f"{name}_bucket", {"le": le})
-                       for le in ("0.045", "0.1", "0.5", "10.0", "30.0", "+Inf")}
+            buckets = {
+                le: reg.get_sample_value(f"{name}_bucket", {"le": le})
+                for le in ("0.045", "0.1", "0.5", "10.0", "30.0", "+Inf")
+            }
             return buckets, reg.get_sample_value(f"{name}_count"), reg.get_sample_value(f"{name}_sum")
 
     buckets, count, total = asyncio.run(main())
@@ -224,8 +231,9 @@ def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_
 def test_the_lag_probe_sleeps_while_no_call_arrives_and_an_arrival_wakes_it() -> None:
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        adm = Admission(max_queue=8, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0,
-                        probe_idle_after_s=0.05)
+        adm = Admission(
+            max_queue=8, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0, probe_idle_after_s=0.05
+        )
         out["before_start"] = adm.probing
         adm.start()
         out["started"] = adm.probing
@@ -319,7 +327,10 @@ def test_a_server_learns_whether_its_calls_wait_for_the_loop() -> None:
                     selected += r.pack.selected
             return svc.admission.waited_share, selected
 
-    (now_share, now_selected), (wait_share, wait_selected) = asyncio.run(share(answers_now)), asyncio.run(share(waiting))
+    (now_share, now_selected), (wait_share, wait_selected) = (
+        asyncio.run(share(answers_now)),
+        asyncio.run(share(waiting)),
+    )
     assert now_share < 0.1 and wait_share > 0.9
     assert now_selected == wait_selected > 0
 
@@ -572,12 +583,16 @@ def test_a_request_with_few_but_long_messages_does_not_take_a_turn() -> None:
             return await assemble(request, **kw)
 
     held = HoldLarge()
-    big = AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
-                          messages=[Message("user", "word " * 20_000) for _ in range(3)])
+    big = AssemblyRequest(
+        T.scope.organization_id,
+        T.scope.agent_id,
+        "gpt-4o",
+        Query("marker"),
+        messages=[Message("user", "word " * 20_000) for _ in range(3)],
+    )
 
     async def main() -> None:
-        async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(),
-                           assemble=held) as svc:
+        async with running(open_config(max_running=1), sources=FakeSources(TENANTS).sources(), assemble=held) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=30.0) as client:
                 large = asyncio.ensure_future(client.assemble(big))
                 await asyncio.wait_for(held.large_in.wait(), 10)
@@ -612,8 +627,13 @@ def test_an_ordinary_calls_stages_run_on_the_loop_and_a_large_ones_on_the_execut
         assert threading.current_thread() is threading.main_thread()
         return await assemble(request, executor=executor, **kw)
 
-    big = AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
-                          messages=[Message("user", "word " * 20_000) for _ in range(3)])
+    big = AssemblyRequest(
+        T.scope.organization_id,
+        T.scope.agent_id,
+        "gpt-4o",
+        Query("marker"),
+        messages=[Message("user", "word " * 20_000) for _ in range(3)],
+    )
 
     async def main() -> None:
         async with running(open_config(), sources=FakeSources(TENANTS).sources(), assemble=spy) as svc:
@@ -632,8 +652,13 @@ def _numbered_large(k: int) -> AssemblyRequest:
     """A large request (three 100 kB messages) whose first word is `k`."""
     from ctxcore.request import Message
 
-    return AssemblyRequest(T.scope.organization_id, T.scope.agent_id, "gpt-4o", Query("marker"),
-                           messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)])
+    return AssemblyRequest(
+        T.scope.organization_id,
+        T.scope.agent_id,
+        "gpt-4o",
+        Query("marker"),
+        messages=[Message("user", f"{k} " + "word " * 20_000) for _ in range(3)],
+    )
 
 
 def _large_number(request: AssemblyRequest) -> int:
@@ -683,8 +708,14 @@ def test_full_collections_wait_while_large_calls_run() -> None:
 
     asyncio.run(main())
     held = HELD_FULL_COLLECTION_THRESHOLD
-    assert seen == [("small", before[2]), ("small", held), ("large 0", held), ("small", held),
-                    ("large 1", held), ("small", before[2])]
+    assert seen == [
+        ("small", before[2]),
+        ("small", held),
+        ("large 0", held),
+        ("small", held),
+        ("large 1", held),
+        ("small", before[2]),
+    ]
     assert gc.get_threshold() == before
 
 
@@ -752,7 +783,7 @@ def test_max_running_on_the_command_line_is_a_count_or_auto_and_overrides_the_fi
     from ctxcore.service.cli import config_from_args
 
     path = tmp_path / "serve.toml"
-    path.write_text('[server]\nmax_running = 3\n')
+    path.write_text("[server]\nmax_running = 3\n")
     parser = build_parser()
 
     def limit(*flags: str) -> int | None:
@@ -778,8 +809,16 @@ def test_by_default_assemblies_over_the_sqlite_store_take_turns_and_other_source
 
     async def main() -> None:
         # Roomy branch timeouts: the answers are whole however busy the machine is.
-        roomy = {k: 5000.0 for k in ("client_timeout_ms", "server_deadline_ms", "directive_timeout_ms",
-                                     "hot_timeout_ms", "cold_timeout_ms")}
+        roomy = {
+            k: 5000.0
+            for k in (
+                "client_timeout_ms",
+                "server_deadline_ms",
+                "directive_timeout_ms",
+                "hot_timeout_ms",
+                "cold_timeout_ms",
+            )
+        }
         async with running(open_config(db=db, assembly=roomy)) as svc:
             assert svc.turns is not None and svc.turns.limit == 1
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:

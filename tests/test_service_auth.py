@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import jwt
 import pytest
-
 from service_support import (
     AUDIENCE,
     ISSUER,
@@ -26,9 +25,9 @@ from service_support import (
     unsigned_jwt,
 )
 
+from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
-from ctxcore.client import ContextClient
 from ctxcore.service import AuthConfig, ClientAuth, Grant, JwtConfig, ServiceConfig, TlsConfig
 
 OK, UNAUTH, DENIED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
@@ -58,8 +57,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     other_priv, _ = rsa_keypair()
     (d / "issuer.pem").write_bytes(pub)
     api = {"bob": "bob-key-" + "b" * 40, "carol": "carol-key-" + "c" * 40}
-    return {"dir": d, "priv": priv, "pub": pub, "other_priv": other_priv, "api": api,
-            "keyfile": api_key_file(d, api)}
+    return {"dir": d, "priv": priv, "pub": pub, "other_priv": other_priv, "api": api, "keyfile": api_key_file(d, api)}
 
 
 def _bearer_config(keys: dict[str, Any], **kw: Any) -> ServiceConfig:
@@ -92,8 +90,13 @@ def test_credential_matrix(keys: dict[str, Any]) -> None:
         "unknown-key": {"api_key": "nobody-" + "x" * 40},
         "nothing": {},
     }
-    targets = {"t0": T0, "t0-other-agent": type(T0)(T0.organization_id, "agent-999"), "t1": T1,
-               "t1-other-agent": type(T1)(T1.organization_id, "agent-777"), "t2": T2}
+    targets = {
+        "t0": T0,
+        "t0-other-agent": type(T0)(T0.organization_id, "agent-999"),
+        "t1": T1,
+        "t1-other-agent": type(T1)(T1.organization_id, "agent-777"),
+        "t2": T2,
+    }
     expected = {
         "alice-jwt": {"t0": OK, "t0-other-agent": DENIED, "t1": DENIED, "t1-other-agent": DENIED, "t2": DENIED},
         "bob-key": {"t0": DENIED, "t0-other-agent": DENIED, "t1": OK, "t1-other-agent": OK, "t2": DENIED},
@@ -176,8 +179,9 @@ def test_mtls(tmp_path: Path) -> None:
         fake = FakeSources(TENANTS)
         async with running(cfg, sources=fake.sources()) as svc:
             target = f"localhost:{svc.port}"
-            async with ContextClient(target, root_certificates=pki.ca_pem, certificate_chain=pki.client_cert,
-                                     private_key=pki.client_key) as client:
+            async with ContextClient(
+                target, root_certificates=pki.ca_pem, certificate_chain=pki.client_cert, private_key=pki.client_key
+            ) as client:
                 code, body = await _call(client, T0.organization_id, T0.agent_id)
                 assert code == OK and body.principal == "alice"
                 code, _ = await _call(client, T1.organization_id, T1.agent_id)
@@ -187,8 +191,9 @@ def test_mtls(tmp_path: Path) -> None:
                 code, _ = await _call(client, T0.organization_id, T0.agent_id)
                 assert code == grpc.StatusCode.UNAVAILABLE
             # a certificate with the right name from another CA is refused at the handshake
-            async with ContextClient(target, root_certificates=pki.ca_pem, certificate_chain=pki.rogue_cert,
-                                     private_key=pki.rogue_key) as client:
+            async with ContextClient(
+                target, root_certificates=pki.ca_pem, certificate_chain=pki.rogue_cert, private_key=pki.rogue_key
+            ) as client:
                 code, _ = await _call(client, T0.organization_id, T0.agent_id)
                 assert code == grpc.StatusCode.UNAVAILABLE
             # plaintext to a TLS port fails
@@ -205,8 +210,10 @@ def test_hmac_secret_too_short_is_refused(tmp_path: Path) -> None:
     from ctxcore.service import ContextService
 
     (tmp_path / "s").write_text("short")
-    cfg = ServiceConfig(bind="127.0.0.1:0", auth=AuthConfig(
-        jwt=JwtConfig(ISSUER, AUDIENCE, ("HS256",), tmp_path / "s"), principals=PRINCIPALS))
+    cfg = ServiceConfig(
+        bind="127.0.0.1:0",
+        auth=AuthConfig(jwt=JwtConfig(ISSUER, AUDIENCE, ("HS256",), tmp_path / "s"), principals=PRINCIPALS),
+    )
     with pytest.raises(ConfigError, match="at least 32 bytes"):
         ContextService(cfg, sources=FakeSources(TENANTS).sources())
 
@@ -214,8 +221,10 @@ def test_hmac_secret_too_short_is_refused(tmp_path: Path) -> None:
 def test_hs256_tokens(tmp_path: Path) -> None:
     secret = b"s" * 48
     (tmp_path / "s").write_bytes(secret)
-    cfg = ServiceConfig(bind="127.0.0.1:0", auth=AuthConfig(
-        jwt=JwtConfig(ISSUER, AUDIENCE, ("HS256",), tmp_path / "s"), principals=PRINCIPALS))
+    cfg = ServiceConfig(
+        bind="127.0.0.1:0",
+        auth=AuthConfig(jwt=JwtConfig(ISSUER, AUDIENCE, ("HS256",), tmp_path / "s"), principals=PRINCIPALS),
+    )
 
     async def main() -> None:
         async with running(cfg, sources=FakeSources(TENANTS).sources()) as svc:
@@ -235,8 +244,11 @@ def test_server_tls_with_bearer_tokens(tmp_path: Path, keys: dict[str, Any]) -> 
     files = pki.write(tmp_path)
     cfg = ServiceConfig(
         bind="127.0.0.1:0",
-        auth=AuthConfig(tls=TlsConfig(files["server_cert"], files["server_key"]), api_key_file=keys["keyfile"],
-                        principals=PRINCIPALS),
+        auth=AuthConfig(
+            tls=TlsConfig(files["server_cert"], files["server_key"]),
+            api_key_file=keys["keyfile"],
+            principals=PRINCIPALS,
+        ),
     )
 
     async def main() -> None:

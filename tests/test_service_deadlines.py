@@ -20,14 +20,13 @@ from typing import Any
 
 import grpc
 import pytest
-
 from service_support import FakeSources, FaultPlan, SlowSources, make_tenants, open_config, running
 
+from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest, Message
-from ctxcore.client import ContextClient
-from ctxcore.v1 import context_assembly_pb2 as pb
 from ctxcore.service.wire import METHOD_PREFIX
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 SERVICE = METHOD_PREFIX
 TYPED = {
@@ -93,16 +92,24 @@ def test_deadlines_hold_at_p99() -> None:
 
                     for _ in range(n // 4):
                         await asyncio.gather(*(one() for _ in range(4)))
-                    out[ms] = {"p50": sorted(lat)[len(lat) // 2], "p99": _p99(lat), "codes": codes, "walls": walls,
-                               "over_p95": sorted(over)[int(0.95 * len(over))], "over_p99": _p99(over),
-                               "over_15": sum(o > 15 for o in over)}
+                    out[ms] = {
+                        "p50": sorted(lat)[len(lat) // 2],
+                        "p99": _p99(lat),
+                        "codes": codes,
+                        "walls": walls,
+                        "over_p95": sorted(over)[int(0.95 * len(over))],
+                        "over_p99": _p99(over),
+                        "over_15": sum(o > 15 for o in over),
+                    }
         return out
 
     res = asyncio.run(main())
     print()
     for ms, r in res.items():
-        print(f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer: p95 "
-              f"{r['over_p95']:.2f} ms, p99 {r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}")
+        print(
+            f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer: p95 "
+            f"{r['over_p95']:.2f} ms, p99 {r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}"
+        )
         assert set(r["codes"]) <= {"OK", "DEADLINE_EXCEEDED"}, r
         # A call that ignored its deadline would end 20-40 ms past the timer (the server's
         # own wall). After a stall of the whole process (50-100 ms on this shared VM), the
@@ -171,14 +178,23 @@ def test_cancelled_calls_leave_no_task_behind() -> None:
                 for k in range(4000 // 50):
                     await asyncio.gather(*(one(k * 50 + i) for i in range(50)))
                 for _ in range(100):  # let the server see the last cancellations
-                    if (fake.running == 0 and svc.metrics.in_flight._value.get() == 0
-                            and len(asyncio.all_tasks()) <= baseline_tasks):
+                    if (
+                        fake.running == 0
+                        and svc.metrics.in_flight._value.get() == 0
+                        and len(asyncio.all_tasks()) <= baseline_tasks
+                    ):
                         break
                     await asyncio.sleep(0.02)
                 left = [repr(t.get_coro()) for t in asyncio.all_tasks()]
-                return {"cancelled": cancelled, "ended": ended, "tasks_after": len(left), "left": left,
-                        "baseline": baseline_tasks, "sources_running": fake.running,
-                        "in_flight": svc.metrics.in_flight._value.get()}
+                return {
+                    "cancelled": cancelled,
+                    "ended": ended,
+                    "tasks_after": len(left),
+                    "left": left,
+                    "baseline": baseline_tasks,
+                    "sources_running": fake.running,
+                    "in_flight": svc.metrics.in_flight._value.get(),
+                }
 
     r = asyncio.run(main())
     print(f"\ncancelled calls: {r}")
@@ -212,7 +228,8 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
 
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parent / "service_support.py"), "4", "0.2"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -282,8 +299,10 @@ def test_bad_input_gets_typed_statuses(caplog: pytest.LogCaptureFixture) -> None
         seen: dict[str, int] = {}
         async with running(open_config(max_message_bytes=1 << 20), sources=fake.sources()) as svc:
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}")
-            raw = {m: channel.unary_unary(SERVICE + m) for m in ("AssembleContext", "ComputeBudget",
-                                                                    "GetModelCapabilities")}
+            raw = {
+                m: channel.unary_unary(SERVICE + m)
+                for m in ("AssembleContext", "ComputeBudget", "GetModelCapabilities")
+            }
 
             async def call(method: str, payload: bytes) -> grpc.StatusCode:
                 try:
@@ -302,12 +321,19 @@ def test_bad_input_gets_typed_statuses(caplog: pytest.LogCaptureFixture) -> None
             # invalid UTF-8 in a string field
             assert await call("AssembleContext", b"\x0a\x02\xff\xfe") == grpc.StatusCode.INVALID_ARGUMENT
             # a huge message: refused before it is read
-            huge = pb.AssembleContextRequest(organization_id="o", agent_id="a", model="gpt-4o",
-                                             messages=[pb.Message(role="user", content="x" * (2 << 20))])
+            huge = pb.AssembleContextRequest(
+                organization_id="o",
+                agent_id="a",
+                model="gpt-4o",
+                messages=[pb.Message(role="user", content="x" * (2 << 20))],
+            )
             assert await call("AssembleContext", huge.SerializeToString()) == grpc.StatusCode.RESOURCE_EXHAUSTED
             # empty ids
-            for fields in ({"agent_id": "a", "model": "gpt-4o"}, {"organization_id": "o", "model": "gpt-4o"},
-                           {"organization_id": "o", "agent_id": "a"}):
+            for fields in (
+                {"agent_id": "a", "model": "gpt-4o"},
+                {"organization_id": "o", "model": "gpt-4o"},
+                {"organization_id": "o", "agent_id": "a"},
+            ):
                 msg = pb.AssembleContextRequest(**fields)  # type: ignore[arg-type]
                 assert await call("AssembleContext", msg.SerializeToString()) == grpc.StatusCode.INVALID_ARGUMENT
             # absurd budgets
@@ -316,29 +342,40 @@ def test_bad_input_gets_typed_statuses(caplog: pytest.LogCaptureFixture) -> None
                 assert await call("ComputeBudget", msg2.SerializeToString()) == grpc.StatusCode.INVALID_ARGUMENT
             b = pb.ComputeBudgetRequest(model="gpt-4o", messages_tokens=1 << 40)
             assert await call("ComputeBudget", b.SerializeToString()) == grpc.StatusCode.OK
-            assert await call("ComputeBudget", pb.ComputeBudgetRequest(model="nope").SerializeToString()) == \
-                grpc.StatusCode.INVALID_ARGUMENT
-            assert await call("GetModelCapabilities",
-                              pb.GetModelCapabilitiesRequest(models=["nope"]).SerializeToString()) == \
-                grpc.StatusCode.NOT_FOUND
+            assert (
+                await call("ComputeBudget", pb.ComputeBudgetRequest(model="nope").SerializeToString())
+                == grpc.StatusCode.INVALID_ARGUMENT
+            )
+            assert (
+                await call("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=["nope"]).SerializeToString())
+                == grpc.StatusCode.NOT_FOUND
+            )
             # messages that alone overflow the window (strict history policy)
             t = tenants[0]
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=5.0) as client:
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    await client.assemble(AssemblyRequest(
-                        t.scope.organization_id, t.scope.agent_id, "gpt-4", Query("q"),
-                        messages=(Message("user", "word " * 20000),)))
+                    await client.assemble(
+                        AssemblyRequest(
+                            t.scope.organization_id,
+                            t.scope.agent_id,
+                            "gpt-4",
+                            Query("q"),
+                            messages=(Message("user", "word " * 20000),),
+                        )
+                    )
                 assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert (ei.value.details() or "").startswith("messages:")
                 # an unknown model, named
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    await client.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-zz",
-                                                          Query("q")))
+                    await client.assemble(
+                        AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-zz", Query("q"))
+                    )
                 assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert (ei.value.details() or "").startswith("model:")
                 # the server is still fine
-                r = await client.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o",
-                                                          Query("q")))
+                r = await client.assemble(
+                    AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q"))
+                )
                 assert r.scope.organization_id == t.scope.organization_id
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await channel.unary_unary(SERVICE + "Nope")(b"", timeout=1.0)
@@ -365,8 +402,9 @@ def test_internal_errors_carry_no_details(caplog: pytest.LogCaptureFixture) -> N
         async with running(open_config(), sources=FakeSources(tenants).sources(), assemble=broken_assemble) as svc:
             async with ContextClient(f"127.0.0.1:{svc.port}", timeout=2.0) as client:
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
-                    await client.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o",
-                                                          Query("q")))
+                    await client.assemble(
+                        AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q"))
+                    )
                 assert ei.value.code() == grpc.StatusCode.INTERNAL
                 details = ei.value.details() or ""
                 assert details.startswith("internal error (ref ") and "CANARY" not in details

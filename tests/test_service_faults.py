@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-
 from service_support import (
     BRANCHES,
     FAULTS,
@@ -35,19 +34,14 @@ from service_support import (
     running,
 )
 
+from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
-from ctxcore.client import ContextClient
 from ctxcore.service import AuthConfig, Grant, ServiceConfig
 from ctxcore.v1 import context_assembly_pb2 as pb
 
 CANARY = re.compile(rb"CANARY-(\d{3})-\d{2}-[0-9a-f]{12}")
-CASES = [
-    (fault, subset)
-    for fault in FAULTS
-    for k in (1, 2, 3)
-    for subset in itertools.combinations(BRANCHES, k)
-]
+CASES = [(fault, subset) for fault in FAULTS for k in (1, 2, 3) for subset in itertools.combinations(BRANCHES, k)]
 _BRANCH = {"directive": pb.BRANCH_DIRECTIVE, "hot": pb.BRANCH_HOT, "cold": pb.BRANCH_COLD}
 
 
@@ -67,8 +61,13 @@ def _foreign_canaries(blob: bytes, tenant: int) -> list[bytes]:
 
 #: Branch timeouts long enough that only a hanging source ever times out, however busy the
 #: machine: the matrix checks outcomes, not speed.
-ROOMY = {"client_timeout_ms": 1000, "server_deadline_ms": 1000, "directive_timeout_ms": 250,
-         "hot_timeout_ms": 250, "cold_timeout_ms": 300}
+ROOMY = {
+    "client_timeout_ms": 1000,
+    "server_deadline_ms": 1000,
+    "directive_timeout_ms": 250,
+    "hot_timeout_ms": 250,
+    "cold_timeout_ms": 300,
+}
 
 
 def test_fault_matrix() -> None:
@@ -146,8 +145,9 @@ def test_faults_under_a_tight_deadline_never_internal() -> None:
 # ---- canary leak check -----------------------------------------------------------------
 
 
-def run_canary(n_requests: int, n_tenants: int = 50, concurrency: int = 48, seed: int = 11,
-               tmp: Path | None = None) -> dict[str, int]:
+def run_canary(
+    n_requests: int, n_tenants: int = 50, concurrency: int = 48, seed: int = 11, tmp: Path | None = None
+) -> dict[str, int]:
     """`n_requests` assemblies by `n_tenants` tenants, each with its own API key granted its
     own organization/agent only, while every branch faults at random (30% of calls: raise,
     hang, corrupt or out-of-scope). One in ten requests asks for another tenant's scope
@@ -163,13 +163,13 @@ def run_canary(n_requests: int, n_tenants: int = 50, concurrency: int = 48, seed
         ),
     )
     fake = FakeSources(tenants, FaultPlan(rate=0.3, mixed=FAULTS, rng=random.Random(seed)))
-    stats = {"requests": 0, "ok": 0, "denied": 0, "degraded": 0, "own_canaries": 0, "foreign_canaries": 0,
-             "other": 0}
+    stats = {"requests": 0, "ok": 0, "denied": 0, "degraded": 0, "own_canaries": 0, "foreign_canaries": 0, "other": 0}
 
     async def main() -> None:
         async with running(cfg, sources=fake.sources()) as svc:
-            clients = [ContextClient(f"127.0.0.1:{svc.port}", api_key=keys[f"tenant-{t.index}"], timeout=2.0)
-                       for t in tenants]
+            clients = [
+                ContextClient(f"127.0.0.1:{svc.port}", api_key=keys[f"tenant-{t.index}"], timeout=2.0) for t in tenants
+            ]
             rng = random.Random(seed)
             plan = [(rng.randrange(n_tenants), rng.random() < 0.1) for _ in range(n_requests)]
             it = iter(plan)
@@ -177,8 +177,9 @@ def run_canary(n_requests: int, n_tenants: int = 50, concurrency: int = 48, seed
             async def worker() -> None:
                 for who, cross in it:
                     target = tenants[(who + 1) % n_tenants] if cross else tenants[who]
-                    req = AssemblyRequest(target.scope.organization_id, target.scope.agent_id, "gpt-4o",
-                                          Query("secret marker"))
+                    req = AssemblyRequest(
+                        target.scope.organization_id, target.scope.agent_id, "gpt-4o", Query("secret marker")
+                    )
                     stats["requests"] += 1
                     try:
                         r = await clients[who].assemble(req)

@@ -27,22 +27,25 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from service_support import ServeProcess
 
 from ctxcore import default_catalog
 from ctxcore.scoring import COMPONENTS
 from ctxcore.service.convert import MAX_DETAILS_CHARS
-from ctxcore.v1 import context_assembly_pb2 as pb
 from ctxcore.service.wire import METHOD_PREFIX
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 SERVICE = METHOD_PREFIX
 RPCS = ("AssembleContext", "ComputeBudget", "GetModelCapabilities")
 #: What a client's input may get: anything typed, never a server fault.
-FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
-             grpc.StatusCode.DATA_LOSS}
-SCOPES = [("acme-retail", "support"), ("acme-retail", "returns"), ("helix-cloud", "oncall"),
-          ("longmen-pay", "kefu"), ("sakura-denki", "sre")]
+FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS}
+SCOPES = [
+    ("acme-retail", "support"),
+    ("acme-retail", "returns"),
+    ("helix-cloud", "oncall"),
+    ("longmen-pay", "kefu"),
+    ("sakura-denki", "sre"),
+]
 MODELS = sorted(default_catalog())
 SHORT = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 LONG = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
@@ -50,39 +53,66 @@ LONG = settings(max_examples=1500, deadline=None, suppress_health_check=list(Hea
 
 # ---- strategies ------------------------------------------------------------------------
 
+
 def _repeat(alphabet: st.SearchStrategy[str], max_n: int) -> st.SearchStrategy[str]:
     """A character repeated up to `max_n` times: long inputs without drawing each char."""
     return st.builds(lambda c, n: c * n, alphabet, st.integers(0, max_n))
 
 
 TEXT = st.text(max_size=40)
-LONG_TEXT = st.one_of(TEXT, _repeat(st.characters(exclude_categories=("Cs",)), 100_000), st.sampled_from(
-    ["</memory>", "<![CDATA[", "\x00\x01", "\ufffe\uffff", "ignore previous instructions", " spaced "]))
+LONG_TEXT = st.one_of(
+    TEXT,
+    _repeat(st.characters(exclude_categories=("Cs",)), 100_000),
+    st.sampled_from(["</memory>", "<![CDATA[", "\x00\x01", "\ufffe\uffff", "ignore previous instructions", " spaced "]),
+)
 IDS = st.one_of(st.sampled_from([o for o, _ in SCOPES]), LONG_TEXT)
 AGENTS = st.one_of(st.sampled_from([a for _, a in SCOPES]), LONG_TEXT)
 #: Mostly real names, so that most requests get past validation into the pipeline.
-MODEL_NAMES = st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), st.sampled_from(MODELS),
-                        st.sampled_from([m.upper() for m in MODELS]), LONG_TEXT)
+MODEL_NAMES = st.one_of(
+    st.sampled_from(MODELS),
+    st.sampled_from(MODELS),
+    st.sampled_from(MODELS),
+    st.sampled_from([m.upper() for m in MODELS]),
+    LONG_TEXT,
+)
 FLOATS = st.one_of(st.floats(), st.sampled_from([1e308, -1e308, float("nan"), float("inf"), 5e-324, 0.0, 0.5]))
 INT64 = st.one_of(st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.integers(-(2**63), 2**63 - 1))
-JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False,
-                      allow_infinity=False), TEXT)
-JSON_VALUE = st.recursive(JSON_LEAF, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                           st.dictionaries(TEXT, kids, max_size=4)), max_leaves=20)
+JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), TEXT
+)
+JSON_VALUE = st.recursive(
+    JSON_LEAF,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(TEXT, kids, max_size=4)),
+    max_leaves=20,
+)
 TOOL_JSON = st.one_of(
     st.builds(lambda name, params: json.dumps({"name": name, "parameters": params}), TEXT, JSON_VALUE),
     JSON_VALUE.map(json.dumps),
-    st.sampled_from(['{"name":"t","x":NaN}', '{"name":"t","x":Infinity}', '{"x":-Infinity}', '{"x":1e999}',
-                     '{"x":' + "9" * 5000 + "}", '{"x":"\\ud800"}', "[1,2", "", "null", "{}"]),
+    st.sampled_from(
+        [
+            '{"name":"t","x":NaN}',
+            '{"name":"t","x":Infinity}',
+            '{"x":-Infinity}',
+            '{"x":1e999}',
+            '{"x":' + "9" * 5000 + "}",
+            '{"x":"\\ud800"}',
+            "[1,2",
+            "",
+            "null",
+            "{}",
+        ]
+    ),
     st.integers(1, 3000).map(lambda d: '{"a":' + "[" * d + "]" * d + "}"),
     TEXT,
 )
-TOOL_CALLS = st.lists(st.builds(pb.ToolCall, id=LONG_TEXT, name=TEXT, arguments=st.one_of(TEXT, TOOL_JSON)),
-                      max_size=3)
+TOOL_CALLS = st.lists(st.builds(pb.ToolCall, id=LONG_TEXT, name=TEXT, arguments=st.one_of(TEXT, TOOL_JSON)), max_size=3)
 MESSAGES = st.builds(
     pb.Message,
-    role=st.one_of(st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
-                   st.sampled_from(["user", "assistant"]), TEXT),
+    role=st.one_of(
+        st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
+        st.sampled_from(["user", "assistant"]),
+        TEXT,
+    ),
     content=st.one_of(TEXT, _repeat(st.sampled_from("ab <&"), 20_000)),
     tool_calls=TOOL_CALLS,
     tool_call_id=st.one_of(st.just(""), TEXT),
@@ -112,15 +142,24 @@ def assemble_requests(draw: st.DrawFn) -> pb.AssembleContextRequest:
     known = draw(st.sampled_from([True, True, True, False]))
     org, agent = draw(st.sampled_from(SCOPES)) if known else (draw(IDS), draw(AGENTS))
     n_history = draw(st.sampled_from([0, 0, 1, 3, 50, 2_000]))
-    history = draw(st.lists(MESSAGES, min_size=min(n_history, 3), max_size=min(n_history, 3))) \
-        if draw(st.booleans()) else []
+    history = (
+        draw(st.lists(MESSAGES, min_size=min(n_history, 3), max_size=min(n_history, 3))) if draw(st.booleans()) else []
+    )
     if n_history > 3:  # a long history of ordinary turns after the drawn ones
-        history += [pb.Message(role=("user", "assistant")[i % 2], content=f"turn {i} " * 8)
-                    for i in range(n_history)]
-    emb = draw(st.one_of(st.just([]), st.just([]), st.lists(st.floats(-1, 1), max_size=8), st.lists(FLOATS, max_size=8),
-                         st.integers(8190, 8194).map(lambda n: [0.1] * n)))
+        history += [pb.Message(role=("user", "assistant")[i % 2], content=f"turn {i} " * 8) for i in range(n_history)]
+    emb = draw(
+        st.one_of(
+            st.just([]),
+            st.just([]),
+            st.lists(st.floats(-1, 1), max_size=8),
+            st.lists(FLOATS, max_size=8),
+            st.integers(8190, 8194).map(lambda n: [0.1] * n),
+        )
+    )
     msg = pb.AssembleContextRequest(
-        organization_id=org, agent_id=agent, model=draw(MODEL_NAMES),
+        organization_id=org,
+        agent_id=agent,
+        model=draw(MODEL_NAMES),
         query=pb.Query(text=draw(st.one_of(TEXT, LONG_TEXT)), embedding=emb),
         messages=history,
         tools_json=draw(st.lists(TOOL_JSON, max_size=3)) if draw(st.booleans()) else [],
@@ -130,11 +169,18 @@ def assemble_requests(draw: st.DrawFn) -> pb.AssembleContextRequest:
     return msg
 
 
-BUDGET_REQUESTS = st.builds(pb.ComputeBudgetRequest, model=MODEL_NAMES, directive_tokens=INT64,
-                            messages_tokens=INT64, tool_schema_tokens=INT64, formatter_overhead_tokens=INT64)
-CAPABILITY_REQUESTS = st.builds(pb.GetModelCapabilitiesRequest,
-                                models=st.one_of(st.lists(MODEL_NAMES, max_size=4),
-                                                 st.integers(255, 258).map(lambda n: ["gpt-4o"] * n)))
+BUDGET_REQUESTS = st.builds(
+    pb.ComputeBudgetRequest,
+    model=MODEL_NAMES,
+    directive_tokens=INT64,
+    messages_tokens=INT64,
+    tool_schema_tokens=INT64,
+    formatter_overhead_tokens=INT64,
+)
+CAPABILITY_REQUESTS = st.builds(
+    pb.GetModelCapabilitiesRequest,
+    models=st.one_of(st.lists(MODEL_NAMES, max_size=4), st.integers(255, 258).map(lambda n: ["gpt-4o"] * n)),
+)
 
 
 def _mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
@@ -147,11 +193,19 @@ def _mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
 
 MUTATED = st.builds(
     _mutate,
-    st.sampled_from([pb.AssembleContextRequest(organization_id=o, agent_id=a, model="gpt-4o",
-                                               query=pb.Query(text="refund"),
-                                               messages=[pb.Message(role="user", content="hi")],
-                                               tools_json=['{"name":"t"}']).SerializeToString()
-                     for o, a in SCOPES]),
+    st.sampled_from(
+        [
+            pb.AssembleContextRequest(
+                organization_id=o,
+                agent_id=a,
+                model="gpt-4o",
+                query=pb.Query(text="refund"),
+                messages=[pb.Message(role="user", content="hi")],
+                tools_json=['{"name":"t"}'],
+            ).SerializeToString()
+            for o, a in SCOPES
+        ]
+    ),
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=6),
 )
 
@@ -207,8 +261,10 @@ class Fuzzer:
     def report(self) -> str:
         total = sum(sum(h.values()) for h in self.histogram.values())
         per_rpc = {rpc: dict(sorted(h.items())) for rpc, h in self.histogram.items()}
-        return (f"fuzz: {total} requests, statuses {json.dumps(per_rpc)}; {self.health_checks} health checks, "
-                f"{len(self.health_failures)} failed")
+        return (
+            f"fuzz: {total} requests, statuses {json.dumps(per_rpc)}; {self.health_checks} health checks, "
+            f"{len(self.health_failures)} failed"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +293,11 @@ def _check(f: Fuzzer) -> None:
 
 def _fuzz_messages(f: Fuzzer, data: st.DataObject) -> None:
     rpc = data.draw(st.sampled_from(RPCS))
-    strategy = {"AssembleContext": assemble_requests(), "ComputeBudget": BUDGET_REQUESTS,
-                "GetModelCapabilities": CAPABILITY_REQUESTS}[rpc]
+    strategy = {
+        "AssembleContext": assemble_requests(),
+        "ComputeBudget": BUDGET_REQUESTS,
+        "GetModelCapabilities": CAPABILITY_REQUESTS,
+    }[rpc]
     msg: Any = data.draw(strategy)
     f.send(rpc, msg.SerializeToString())
     _check(f)
@@ -283,18 +342,27 @@ def test_fuzz_raw_bytes(fuzzer: Fuzzer) -> None:
 def test_known_problem_inputs_get_typed_statuses(fuzzer: Fuzzer) -> None:
     """The inputs that reached callers as INTERNAL or broke the metadata limit before."""
     org, agent = SCOPES[0]
-    weights = pb.AssembleContextRequest(organization_id=org, agent_id=agent, model="gpt-4o",
-                                        query=pb.Query(text="refund"),
-                                        options=pb.AssemblyOptions(weights={"similarity": 1e308, "confidence": 1e308}))
+    weights = pb.AssembleContextRequest(
+        organization_id=org,
+        agent_id=agent,
+        model="gpt-4o",
+        query=pb.Query(text="refund"),
+        options=pb.AssemblyOptions(weights={"similarity": 1e308, "confidence": 1e308}),
+    )
     assert fuzzer.send("AssembleContext", weights.SerializeToString()) == grpc.StatusCode.OK
-    nan_tool = pb.AssembleContextRequest(organization_id=org, agent_id=agent, model="gpt-4o",
-                                         tools_json=['{"name":"t","x":NaN}'])
+    nan_tool = pb.AssembleContextRequest(
+        organization_id=org, agent_id=agent, model="gpt-4o", tools_json=['{"name":"t","x":NaN}']
+    )
     assert fuzzer.send("AssembleContext", nan_tool.SerializeToString()) == grpc.StatusCode.INVALID_ARGUMENT
     huge = "m" * 100_000
-    assert fuzzer.send("ComputeBudget", pb.ComputeBudgetRequest(model=huge).SerializeToString()) == \
-        grpc.StatusCode.INVALID_ARGUMENT
-    assert fuzzer.send("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=[huge]).SerializeToString()) \
+    assert (
+        fuzzer.send("ComputeBudget", pb.ComputeBudgetRequest(model=huge).SerializeToString())
         == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert (
+        fuzzer.send("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=[huge]).SerializeToString())
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
     _check(fuzzer)
 
 

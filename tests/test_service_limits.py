@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-
 from service_support import FakeSources, make_tenants, open_config, running
 
 import ctxcore
@@ -30,8 +29,8 @@ from ctxcore.service.convert import (
     MAX_ID_CHARS,
     QUOTE_CHARS,
 )
-from ctxcore.v1 import context_assembly_pb2 as pb
 from ctxcore.service.wire import METHOD_PREFIX
+from ctxcore.v1 import context_assembly_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The serving guide, which documents the limits and the configuration file.
@@ -59,10 +58,16 @@ def _call_all(cases: list[Case]) -> list[tuple[grpc.StatusCode, str, Any]]:
         async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
                 for rpc, msg in cases:
-                    resp_cls = {"AssembleContext": pb.AssembledContext, "ComputeBudget": pb.Budget,
-                                "GetModelCapabilities": pb.GetModelCapabilitiesResponse}[rpc]
-                    call = ch.unary_unary(SERVICE + rpc, request_serializer=type(msg).SerializeToString,
-                                          response_deserializer=resp_cls.FromString)
+                    resp_cls = {
+                        "AssembleContext": pb.AssembledContext,
+                        "ComputeBudget": pb.Budget,
+                        "GetModelCapabilities": pb.GetModelCapabilitiesResponse,
+                    }[rpc]
+                    call = ch.unary_unary(
+                        SERVICE + rpc,
+                        request_serializer=type(msg).SerializeToString,
+                        response_deserializer=resp_cls.FromString,
+                    )
                     try:
                         answer = await call(msg, timeout=30.0)
                         out.append((grpc.StatusCode.OK, "", answer))
@@ -85,40 +90,62 @@ def _over_and_at(name: str) -> tuple[Case, Case]:
     n = LIMITS[name]
     user = pb.Message(role="user", content="hi")
     if name == "max_messages":  # (a window that holds them all, so the strict policy keeps them)
-        return (("AssembleContext", _req(model="gemini-1.5-pro", messages=[user] * (n + 1))),
-                ("AssembleContext", _req(model="gemini-1.5-pro", messages=[user] * n)))
+        return (
+            ("AssembleContext", _req(model="gemini-1.5-pro", messages=[user] * (n + 1))),
+            ("AssembleContext", _req(model="gemini-1.5-pro", messages=[user] * n)),
+        )
     if name == "max_tools":
-        return (("AssembleContext", _req(tools_json=['{"name":"t"}'] * (n + 1))),
-                ("AssembleContext", _req(tools_json=['{"name":"t"}'] * n)))
+        return (
+            ("AssembleContext", _req(tools_json=['{"name":"t"}'] * (n + 1))),
+            ("AssembleContext", _req(tools_json=['{"name":"t"}'] * n)),
+        )
     if name == "max_tool_calls":
+
         def msgs(k: int) -> list[pb.Message]:
             calls = [pb.ToolCall(id=f"c{i}", name="f") for i in range(k)]
-            return [user, pb.Message(role="assistant", tool_calls=calls),
-                    *[pb.Message(role="tool", tool_call_id=f"c{i}", content="ok") for i in range(k)]]
+            return [
+                user,
+                pb.Message(role="assistant", tool_calls=calls),
+                *[pb.Message(role="tool", tool_call_id=f"c{i}", content="ok") for i in range(k)],
+            ]
+
         return ("AssembleContext", _req(messages=msgs(n + 1))), ("AssembleContext", _req(messages=msgs(n)))
     if name == "max_json_depth":
+
         def nested(d: int) -> str:  # d levels of objects and arrays in all
             return '{"a":' + "[" * (d - 1) + "]" * (d - 1) + "}"
-        return (("AssembleContext", _req(tools_json=[nested(n + 1)])),
-                ("AssembleContext", _req(tools_json=[nested(n)])))
+
+        return (
+            ("AssembleContext", _req(tools_json=[nested(n + 1)])),
+            ("AssembleContext", _req(tools_json=[nested(n)])),
+        )
     if name == "max_query_chars":
-        return (("AssembleContext", _req(query=pb.Query(text="q" * (n + 1)))),
-                ("AssembleContext", _req(query=pb.Query(text="q" * n))))
+        return (
+            ("AssembleContext", _req(query=pb.Query(text="q" * (n + 1)))),
+            ("AssembleContext", _req(query=pb.Query(text="q" * n))),
+        )
     if name == "max_embedding_dims":
-        return (("AssembleContext", _req(query=pb.Query(text="q", embedding=[0.1] * (n + 1)))),
-                ("AssembleContext", _req(query=pb.Query(text="q", embedding=[0.1] * n))))
+        return (
+            ("AssembleContext", _req(query=pb.Query(text="q", embedding=[0.1] * (n + 1)))),
+            ("AssembleContext", _req(query=pb.Query(text="q", embedding=[0.1] * n))),
+        )
     if name in ("max_memories",):
-        return (("AssembleContext", _req(options=pb.AssemblyOptions(max_memories=n + 1))),
-                ("AssembleContext", _req(options=pb.AssemblyOptions(max_memories=n))))
+        return (
+            ("AssembleContext", _req(options=pb.AssemblyOptions(max_memories=n + 1))),
+            ("AssembleContext", _req(options=pb.AssemblyOptions(max_memories=n))),
+        )
     if name == "max_pinned_memory_ids":
-        return (("AssembleContext", _req(options=pb.AssemblyOptions(pinned_memory_ids=[f"m{i}" for i in range(n + 1)]))),
-                ("AssembleContext", _req(options=pb.AssemblyOptions(pinned_memory_ids=[f"m{i}" for i in range(n)]))))
+        return (
+            ("AssembleContext", _req(options=pb.AssemblyOptions(pinned_memory_ids=[f"m{i}" for i in range(n + 1)]))),
+            ("AssembleContext", _req(options=pb.AssemblyOptions(pinned_memory_ids=[f"m{i}" for i in range(n)]))),
+        )
     if name == "max_models":
-        return (("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=["gpt-4o"] * (n + 1))),
-                ("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=["gpt-4o"] * n)))
+        return (
+            ("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=["gpt-4o"] * (n + 1))),
+            ("GetModelCapabilities", pb.GetModelCapabilitiesRequest(models=["gpt-4o"] * n)),
+        )
     if name == "max_id_chars":
-        return (("AssembleContext", _req(agent_id="a" * (n + 1))),
-                ("AssembleContext", _req(agent_id="a" * n)))
+        return (("AssembleContext", _req(agent_id="a" * (n + 1))), ("AssembleContext", _req(agent_id="a" * n)))
     raise AssertionError(f"no case for {name}")
 
 
@@ -130,8 +157,11 @@ def test_every_limit_is_enforced_and_named() -> None:
     results = _call_all(cases)
     for k, name in enumerate(names):
         (code_over, details, _), (code_at, at_details, _) = results[2 * k], results[2 * k + 1]
-        expected = grpc.StatusCode.INVALID_ARGUMENT if name in ("max_id_chars", "max_memories") \
+        expected = (
+            grpc.StatusCode.INVALID_ARGUMENT
+            if name in ("max_id_chars", "max_memories")
             else grpc.StatusCode.RESOURCE_EXHAUSTED
+        )
         assert code_over == expected, (name, code_over, details)
         assert f"{name} = {LIMITS[name]}" in details, (name, details)
         assert code_at == grpc.StatusCode.OK, (name, code_at, at_details)
@@ -140,7 +170,9 @@ def test_every_limit_is_enforced_and_named() -> None:
 def test_the_serving_guide_documents_every_limit() -> None:
     guide = (SERVING_GUIDE).read_text(encoding="utf-8")
     for name, value in LIMITS.items():
-        assert re.search(rf"`{name}`\s*\|\s*{value:,}\b", guide), f"{SERVING_GUIDE.name} has no row `{name}` | {value:,}"
+        assert re.search(rf"`{name}`\s*\|\s*{value:,}\b", guide), (
+            f"{SERVING_GUIDE.name} has no row `{name}` | {value:,}"
+        )
 
 
 # ---- model names and bounded details -------------------------------------------------
@@ -192,14 +224,21 @@ def test_weights_near_the_float_maximum_are_scored() -> None:
     r = score_candidates([0.9, 0.2], [0.1, 0.9], weights=ScoreWeights(similarity=1e308, confidence=1e308))
     assert dict(r.weights) == {"similarity": 0.5, "confidence": 0.5}
     assert r.scores.tolist() == pytest.approx([0.5, 0.55])
-    code, details, answer = _one("AssembleContext", _req(
-        query=pb.Query(text="marker"), options=pb.AssemblyOptions(weights={"similarity": 1e308, "confidence": 1e308})))
+    code, details, answer = _one(
+        "AssembleContext",
+        _req(
+            query=pb.Query(text="marker"),
+            options=pb.AssemblyOptions(weights={"similarity": 1e308, "confidence": 1e308}),
+        ),
+    )
     assert code == grpc.StatusCode.OK, details
     assert any(t.reason == pb.TRACE_REASON_SELECTED for t in answer.trace)
 
 
-@pytest.mark.parametrize("text", ['{"name":"t","x":NaN}', '{"name":"t","x":Infinity}', '{"x":-Infinity}',
-                                  '{"x":1e999}', '{"x":' + "9" * 5000 + "}"])
+@pytest.mark.parametrize(
+    "text",
+    ['{"name":"t","x":NaN}', '{"name":"t","x":Infinity}', '{"x":-Infinity}', '{"x":1e999}', '{"x":' + "9" * 5000 + "}"],
+)
 def test_non_finite_json_is_invalid_argument(text: str) -> None:
     code, details, _ = _one("AssembleContext", _req(tools_json=['{"name":"ok"}', text]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
@@ -246,7 +285,6 @@ def test_ingest_is_all_or_nothing_with_directives(tmp_path: Path) -> None:
         assert asyncio.run(store.directive(Scope("o", "a"))) == "Be brief."
 
 
-
 # ---- the largest valid request ----------------------------------------------------------
 
 
@@ -257,11 +295,19 @@ def test_the_largest_request_is_trimmed_while_health_answers() -> None:
     (bench/test_bench_service.py gates the health and small-call p99 under it.)"""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    msgs = [pb.Message(role=("user", "assistant")[i % 2],
-                       content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.")
-            for i in range(20_000)]
-    big = _req(model="gpt-4", query=pb.Query(text="marker"), messages=msgs,
-               options=pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_TRIM_OLDEST))
+    msgs = [
+        pb.Message(
+            role=("user", "assistant")[i % 2],
+            content=f"Turn {i}: the order {i:05d} was shipped on time, and the customer says the delivery was fast.",
+        )
+        for i in range(20_000)
+    ]
+    big = _req(
+        model="gpt-4",
+        query=pb.Query(text="marker"),
+        messages=msgs,
+        options=pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_TRIM_OLDEST),
+    )
     assert 2_000_000 < big.ByteSize() < 4 << 20
 
     async def main() -> dict[str, Any]:
@@ -269,8 +315,11 @@ def test_the_largest_request_is_trimmed_while_health_answers() -> None:
         async with running(open_config(), sources=FakeSources(TENANTS).sources()) as svc:
             opts = [("grpc.max_send_message_length", 8 << 20)]
             async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}", options=opts) as ch:
-                call = ch.unary_unary(SERVICE + "AssembleContext", request_serializer=pb.AssembleContextRequest.
-                                      SerializeToString, response_deserializer=pb.AssembledContext.FromString)
+                call = ch.unary_unary(
+                    SERVICE + "AssembleContext",
+                    request_serializer=pb.AssembleContextRequest.SerializeToString,
+                    response_deserializer=pb.AssembledContext.FromString,
+                )
                 health = health_pb2_grpc.HealthStub(ch)
                 statuses: list[int] = []
                 done = asyncio.Event()
@@ -298,8 +347,10 @@ def test_the_largest_request_is_trimmed_while_health_answers() -> None:
         return out
 
     out = asyncio.run(main())
-    print(f"\n20,000 turns: {out['dropped']} dropped, {out['constrained_budget']} message tokens kept; "
-          f"45 ms call: {out['short']} after {out['short_ms']:.1f} ms; {len(out['health'])} health checks meanwhile")
+    print(
+        f"\n20,000 turns: {out['dropped']} dropped, {out['constrained_budget']} message tokens kept; "
+        f"45 ms call: {out['short']} after {out['short_ms']:.1f} ms; {len(out['health'])} health checks meanwhile"
+    )
     assert 19_000 < out["dropped"] < 20_000
     assert out["short"] in ("OK", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
     assert len(out["health"]) >= 2 and set(out["health"]) == {health_pb2.HealthCheckResponse.SERVING}

@@ -23,7 +23,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
 from service_support import CTXCORE, FakeSources, make_tenants, open_config, running
 
 from ctxcore.client import ContextClient
@@ -54,8 +53,12 @@ class Served:
 
 
 def _serve(*args: str) -> Served:
-    proc = subprocess.Popen([*CTXCORE, "serve", "--bind", "127.0.0.1:0", *args], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [*CTXCORE, "serve", "--bind", "127.0.0.1:0", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stderr is not None
     port, metrics_port, log = 0, None, []
     deadline = time.monotonic() + 30
@@ -97,7 +100,9 @@ def test_serve_answers_reflects_and_counts(served: Served) -> None:
                 assert r.status == health_pb2.HealthCheckResponse.SERVING
             refl = reflection_pb2_grpc.ServerReflectionStub(ch)
             names: list[str] = []
-            async for resp in refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+            async for resp in refl.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            ):
                 names += [s.name for s in resp.list_services_response.service]
             assert "ctxcore.v1.ContextAssemblyService" in names and "grpc.health.v1.Health" in names
         bodies = []
@@ -105,7 +110,7 @@ def test_serve_answers_reflects_and_counts(served: Served) -> None:
             for q in ("Can I return shoes after three weeks?", "refund to gift card", "shipping to Canada"):
                 ctx = await client.assemble(_request(q))
                 assert ctx.scope.organization_id == ORG  # (the first call may degrade while caches warm)
-                bodies += re.findall(r'<(?:memory|m) [^>]*>([^<]{20,})</(?:memory|m)>', ctx.text)
+                bodies += re.findall(r"<(?:memory|m) [^>]*>([^<]{20,})</(?:memory|m)>", ctx.text)
         return bodies
 
     bodies = asyncio.run(main())
@@ -143,14 +148,18 @@ def test_sigterm_drains_in_flight_calls() -> None:
         return await assemble(request, **{**kw, "deadline": None})
 
     async def main() -> None:
-        svc = ContextService(open_config(shutdown_grace_s=3.0, drain_delay_s=0.2),
-                             sources=FakeSources(tenants).sources(), assemble=slow_assemble)
+        svc = ContextService(
+            open_config(shutdown_grace_s=3.0, drain_delay_s=0.2),
+            sources=FakeSources(tenants).sources(),
+            assemble=slow_assemble,
+        )
         await svc.start()
         target = f"127.0.0.1:{svc.port}"
         async with ContextClient(target, timeout=5.0) as client, grpc.aio.insecure_channel(target) as ch:
             health = health_pb2_grpc.HealthStub(ch)
-            call = asyncio.ensure_future(client.assemble(
-                AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q"))))
+            call = asyncio.ensure_future(
+                client.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q")))
+            )
             await started.wait()
             stopping = asyncio.ensure_future(svc.stop())
             await asyncio.sleep(0.05)
@@ -160,8 +169,9 @@ def test_sigterm_drains_in_flight_calls() -> None:
             assert ctx.scope.organization_id == t.scope.organization_id
             await stopping
             with pytest.raises(grpc.aio.AioRpcError) as ei:
-                await client.assemble(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o",
-                                                      Query("q")), timeout=1.0)
+                await client.assemble(
+                    AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("q")), timeout=1.0
+                )
             assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(main())
@@ -221,8 +231,7 @@ def test_refuses_to_start_without_auth_off_loopback(demo_db: Path) -> None:
     with pytest.raises(ValueError, match="loopback binds only"):
         ContextService(ServiceConfig(bind="10.1.2.3:7000", auth=AuthConfig(allow_unauthenticated=True)))
     for args in (["--bind", "0.0.0.0:0"], ["--bind", "0.0.0.0:0", "--allow-unauthenticated"], []):
-        r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), *args], capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), *args], capture_output=True, text=True, timeout=30)
         assert r.returncode == 1, r
         assert "refusing to serve" in r.stderr
 
@@ -259,6 +268,7 @@ def test_two_replicas_behind_round_robin(demo_db: Path) -> None:
     a = _serve("--db", str(demo_db), "--allow-unauthenticated", "--metrics-port", "0")
     b = _serve("--db", str(demo_db), "--allow-unauthenticated", "--metrics-port", "0")
     try:
+
         async def main() -> None:
             async with ContextClient(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{b.port}", timeout=2.0) as c:
                 for _ in range(40):
@@ -292,8 +302,12 @@ def test_start_up_errors_are_named(tmp_path: Path, served: Served) -> None:
 
 
 def test_a_taken_port_is_an_error(served: Served, demo_db: Path) -> None:
-    r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated",
-                        "--bind", f"127.0.0.1:{served.port}"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated", "--bind", f"127.0.0.1:{served.port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and "cannot bind" in r.stderr, r.stderr
 
 
@@ -315,8 +329,14 @@ def test_serve_changes_the_interpreter_only_when_asked(tune: bool) -> None:
         seen.append((sys.getswitchinterval(), gc.get_freeze_count()))
         asyncio.get_running_loop().create_task(svc.stop(0))
 
-    asyncio.run(serve(open_config(reflection=False), on_serving=on_serving, tune=tune,
-                      sources=FakeSources(make_tenants(1)).sources()))
+    asyncio.run(
+        serve(
+            open_config(reflection=False),
+            on_serving=on_serving,
+            tune=tune,
+            sources=FakeSources(make_tenants(1)).sources(),
+        )
+    )
     assert len(seen) == 1
     interval, freeze_count = seen[0]
     if tune:

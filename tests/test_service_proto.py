@@ -19,8 +19,7 @@ from testkit import load_script
 import ctxcore
 from ctxcore import _core
 from ctxcore.memory import Query
-from ctxcore.request import AssemblyOptions, AssemblyRequest, Message, ToolCall
-from ctxcore.request import HistoryPolicy
+from ctxcore.request import AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, ToolCall
 from ctxcore.result import Branch, BranchStatus, TraceReason, WallSource
 from ctxcore.service import ServiceConfig, ServiceError
 from ctxcore.service.config import AuthConfig, ConfigError, Grant, parse_service_config
@@ -87,16 +86,26 @@ def test_budget_and_capability_round_trip() -> None:
 
 def test_request_round_trip() -> None:
     req = AssemblyRequest(
-        "org-1", "agent-7", "gpt-4o", Query("refund?", (0.25, -0.5)),
+        "org-1",
+        "agent-7",
+        "gpt-4o",
+        Query("refund?", (0.25, -0.5)),
         messages=(
             Message("user", "hi"),
             Message("assistant", "", (ToolCall("c1", "search", '{"q": "x"}'),)),
             Message("tool", "result", tool_call_id="c1"),
         ),
         tools=({"name": "search", "parameters": {"type": "object", "n": 1}},),
-        options=AssemblyOptions(weights={"similarity": 1.0}, relevance_floor=0.2, max_memories=10,
-                                pinned_memory_ids=frozenset({"m1"}), history_policy="trim_oldest", skip_memory=True,
-                                memory_format="verbose", memory_attributes=("score",)),
+        options=AssemblyOptions(
+            weights={"similarity": 1.0},
+            relevance_floor=0.2,
+            max_memories=10,
+            pinned_memory_ids=frozenset({"m1"}),
+            history_policy="trim_oldest",
+            skip_memory=True,
+            memory_format="verbose",
+            memory_attributes=("score",),
+        ),
         token_budget=900,
         section_budgets={"history": 300, "memories": 0},
     )
@@ -122,7 +131,8 @@ def test_bad_requests_name_the_field() -> None:
     assert _bad(messages=[pb.Message(role="user"), pb.Message(role="wizard")]).startswith("messages[1]:")
     assert _bad(messages=[pb.Message(role="tool", content="x")]).startswith("messages[0]:")
     assert _bad(messages=[pb.Message(role="assistant", tool_calls=[pb.ToolCall(name="f")])]).startswith(
-        "messages[0].tool_calls[0]:")
+        "messages[0].tool_calls[0]:"
+    )
     assert _bad(tools_json=["{}", "[1]"]).startswith("tools_json[1]:")
     assert _bad(tools_json=["{"]).startswith("tools_json[0]:")
     assert _bad(query=pb.Query(embedding=[float("nan")])).startswith("query.embedding:")
@@ -151,17 +161,27 @@ def _trace_context(value_model: str = "interim") -> ctxcore.AssembledContext:
     maximum, selected and not."""
     from ctxcore import MemoryRecord, Sources
 
-    def rec(i: str, org: str = "org", sim: float | None = 0.9, text: str = "the kettle is descaled weekly") -> MemoryRecord:
+    def rec(
+        i: str, org: str = "org", sim: float | None = 0.9, text: str = "the kettle is descaled weekly"
+    ) -> MemoryRecord:
         return MemoryRecord(i, org, "agent", text, similarity=sim, exact_tokens={"o200k_base": 8, "cl100k_base": 8})
 
     async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
-        return [rec("m-ok"), rec("m-dup", sim=0.5), rec("m-dup", sim=0.8), rec("m-low", sim=0.01),
-                rec("m-\u00e9t\u00e9 \u6f22", sim=0.7), rec("foreign-secret", org="other")]
+        return [
+            rec("m-ok"),
+            rec("m-dup", sim=0.5),
+            rec("m-dup", sim=0.8),
+            rec("m-low", sim=0.01),
+            rec("m-\u00e9t\u00e9 \u6f22", sim=0.7),
+            rec("foreign-secret", org="other"),
+        ]
 
     async def cold(scope, query, limit, min_similarity):  # type: ignore[no-untyped-def]
         return [rec(f"m-{k}", sim=None, text="kettle " * (200 + k)) for k in range(6)]
 
-    req = AssemblyRequest("org", "agent", "gpt-4o", Query("kettle"), options=AssemblyOptions(max_memories=6, value_model=value_model))
+    req = AssemblyRequest(
+        "org", "agent", "gpt-4o", Query("kettle"), options=AssemblyOptions(max_memories=6, value_model=value_model)
+    )
     return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot, cold=cold)))
 
 
@@ -169,16 +189,27 @@ def test_the_wire_trace_is_the_contexts_trace_entry_by_entry() -> None:
     ctx = _trace_context()
     wire = assembled_to_proto(ctx, "p").trace
     reasons = {e.reason for e in ctx.trace}
-    assert {TraceReason.OUT_OF_SCOPE, TraceReason.DUPLICATE, TraceReason.BELOW_RELEVANCE_FLOOR,
-            TraceReason.OVER_MAX_MEMORIES, TraceReason.SELECTED} <= reasons
+    assert {
+        TraceReason.OUT_OF_SCOPE,
+        TraceReason.DUPLICATE,
+        TraceReason.BELOW_RELEVANCE_FLOOR,
+        TraceReason.OVER_MAX_MEMORIES,
+        TraceReason.SELECTED,
+    } <= reasons
     assert len(wire) == len(ctx.trace)
     for got, want in zip(wire, ctx.trace):
         assert got.reason == enum_to_proto(want.reason, pb.TraceReason, "TRACE_REASON")
         # Another scope's memory id never leaves the server.
         assert got.memory_id == ("" if want.reason is TraceReason.OUT_OF_SCOPE else want.memory_id)
         assert (got.origin, got.tokens, got.score, got.relevance, got.recounted, got.signal) == (
-            str(want.origin), want.tokens, want.score, want.relevance, want.recounted, want.signal)
-    assert "foreign-secret" not in str(wire) and "foreign-secret".encode() not in assembled_to_proto(ctx).SerializeToString()
+            str(want.origin),
+            want.tokens,
+            want.score,
+            want.relevance,
+            want.recounted,
+            want.signal,
+        )
+    assert "foreign-secret" not in str(wire) and b"foreign-secret" not in assembled_to_proto(ctx).SerializeToString()
 
 
 def test_the_wire_trace_carries_each_rows_dominant_signal() -> None:
@@ -193,11 +224,20 @@ _FINITE = st.floats(allow_nan=False, width=64)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=12), st.sampled_from(["hot", "vector", "fulltext", ""]),
-                          st.sampled_from(list(TraceReason)), st.integers(-2**63, 2**63 - 1),
-                          _FINITE | st.sampled_from([0.0, -0.0, float("inf"), -float("inf")]), _FINITE),
-                max_size=20),
-       st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.text(max_size=12),
+            st.sampled_from(["hot", "vector", "fulltext", ""]),
+            st.sampled_from(list(TraceReason)),
+            st.integers(-(2**63), 2**63 - 1),
+            _FINITE | st.sampled_from([0.0, -0.0, float("inf"), -float("inf")]),
+            _FINITE,
+        ),
+        max_size=20,
+    ),
+    st.booleans(),
+)
 def test_trace_rows_encode_as_protobuf_writes_them(rows, recounted) -> None:  # type: ignore[no-untyped-def]
     ids = [r[0] for r in rows]
     at = np.arange(len(rows), dtype=np.intp)[::-1].copy()

@@ -15,7 +15,6 @@ sdk = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from service_support import FakeSources, FaultPlan, make_tenants, open_config, running
 
 from ctxcore.memory import Query
@@ -40,11 +39,14 @@ def test_spans_per_call_and_stage() -> None:
     async def main() -> None:
         async with running(open_config(), sources=fake.sources(), tracer_provider=PROVIDER) as svc:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
-                call = ch.unary_unary("/ctxcore.v1.ContextAssemblyService/AssembleContext",
-                                      request_serializer=pb.AssembleContextRequest.SerializeToString,
-                                      response_deserializer=pb.AssembledContext.FromString)
-                req = request_to_proto(AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o",
-                                                       Query("marker")))
+                call = ch.unary_unary(
+                    "/ctxcore.v1.ContextAssemblyService/AssembleContext",
+                    request_serializer=pb.AssembleContextRequest.SerializeToString,
+                    response_deserializer=pb.AssembledContext.FromString,
+                )
+                req = request_to_proto(
+                    AssemblyRequest(t.scope.organization_id, t.scope.agent_id, "gpt-4o", Query("marker"))
+                )
                 r = await call(req, timeout=2.0, metadata=(("traceparent", TRACEPARENT),))
                 assert r.degraded
                 with pytest.raises(grpc.aio.AioRpcError):
@@ -60,10 +62,13 @@ def test_spans_per_call_and_stage() -> None:
     assert ok.attributes["rpc.grpc.status_code"] == 0
     assert ok.attributes["ctxcore.organization_id"] == t.scope.organization_id
     assert ok.attributes["ctxcore.degraded"] is True
-    stages = sorted((s for s in spans if s.parent is not None and s.parent.span_id == ok.context.span_id),
-                    key=lambda s: s.start_time)
-    assert [s.name for s in stages] == [f"ctxcore.{n}" for n in ("budget", "retrieval", "scoring", "packing",
-                                                                   "formatting")]
+    stages = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == ok.context.span_id),
+        key=lambda s: s.start_time,
+    )
+    assert [s.name for s in stages] == [
+        f"ctxcore.{n}" for n in ("budget", "retrieval", "scoring", "packing", "formatting")
+    ]
     for a, b in zip(stages, stages[1:]):
         assert a.end_time == b.start_time
     retrieval = stages[1].attributes

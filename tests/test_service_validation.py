@@ -26,7 +26,6 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-
 from service_support import CTXCORE, FakeSources, ServeProcess, make_pki, make_tenants, open_config, running
 
 import ctxcore.cli
@@ -92,15 +91,21 @@ def test_lone_surrogate_escapes_in_tools_json_are_invalid_argument() -> None:
         '{"name":"t","d":"\\\\ud800"}',  # an escaped backslash: the text \ud800, no escape
         '{"name":"t","d":"\\u00e9"}',
     ]
-    got = _outcomes([_req(tools_json=[t]) for t in lone]
-                    + [_req(tools_json=['{"name":"ok"}', lone[0]])]
-                    + [_req(tools_json=[t]) for t in fine])
-    for code, details in got[:len(lone)]:
-        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                   "tools_json[0]: holds a lone surrogate escape (not valid Unicode)")
-    assert got[len(lone)] == (grpc.StatusCode.INVALID_ARGUMENT,
-                              "tools_json[1]: holds a lone surrogate escape (not valid Unicode)")
-    assert [c for c, _ in got[len(lone) + 1:]] == [grpc.StatusCode.OK] * len(fine), got
+    got = _outcomes(
+        [_req(tools_json=[t]) for t in lone]
+        + [_req(tools_json=['{"name":"ok"}', lone[0]])]
+        + [_req(tools_json=[t]) for t in fine]
+    )
+    for code, details in got[: len(lone)]:
+        assert (code, details) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "tools_json[0]: holds a lone surrogate escape (not valid Unicode)",
+        )
+    assert got[len(lone)] == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tools_json[1]: holds a lone surrogate escape (not valid Unicode)",
+    )
+    assert [c for c, _ in got[len(lone) + 1 :]] == [grpc.StatusCode.OK] * len(fine), got
 
 
 def test_a_valid_surrogate_pair_round_trips() -> None:
@@ -108,7 +113,7 @@ def test_a_valid_surrogate_pair_round_trips() -> None:
         return await client.assemble(_req(tools_json=['{"name":"t","description":"\\ud83d\\ude00"}']))
 
     answer = _with_client(body)
-    assert [json.loads(t) for t in answer.tools_json] == [{"name": "t", "description": "\U0001F600"}]
+    assert [json.loads(t) for t in answer.tools_json] == [{"name": "t", "description": "\U0001f600"}]
 
 
 # ---- 5. an oversized request names the part that overflows ----------------------------
@@ -118,11 +123,13 @@ def test_an_overflow_names_the_fields_that_carry_it() -> None:
     tool = json.dumps({"name": "t", "description": "lorem ipsum " * 2700})  # ~32 KB, ~5,400 tokens
     history = [pb.Message(role="user", content="word " * 150_000)]  # past 128k tokens alone
     strict = pb.AssemblyOptions(history_policy=pb.HISTORY_POLICY_STRICT)
-    got = _outcomes([
-        _req(tools_json=[tool] * 128),
-        _req(messages=history, options=strict),
-        _req(messages=history, tools_json=[tool] * 4, options=strict),
-    ])
+    got = _outcomes(
+        [
+            _req(tools_json=[tool] * 128),
+            _req(messages=history, options=strict),
+            _req(messages=history, tools_json=[tool] * 4, options=strict),
+        ]
+    )
     assert all(code == grpc.StatusCode.INVALID_ARGUMENT for code, _ in got), got
     heads = [details.split(":", 1)[0] for _, details in got]
     assert heads == ["tools_json", "messages", "messages and tools_json"], got
@@ -135,8 +142,10 @@ def test_an_overflow_names_the_fields_that_carry_it() -> None:
 def test_an_over_long_integer_is_named_without_python_internals() -> None:
     [(code, details)] = _outcomes([_req(tools_json=['{"name":"t","a":' + "9" * 5000 + "}"])])
     assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert details == (f"tools_json[0]: is not valid JSON: a number is too long (integers may have at most "
-                       f"{sys.get_int_max_str_digits()} digits)")
+    assert details == (
+        f"tools_json[0]: is not valid JSON: a number is too long (integers may have at most "
+        f"{sys.get_int_max_str_digits()} digits)"
+    )
     assert "sys." not in details
 
 
@@ -186,8 +195,9 @@ def test_grpc_limits_are_served_at_their_bound() -> None:
 
 def _encrypted(key_pem: bytes) -> bytes:
     key = serialization.load_pem_private_key(key_pem, None)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.BestAvailableEncryption(b"secret"))
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"secret")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +205,12 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("tls")
     pki, other = make_pki("alice"), make_pki("bob")
     files = {
-        "cert": pki.server_cert, "key": pki.server_key, "ca": pki.ca_pem, "other_key": other.server_key,
-        "encrypted_key": _encrypted(pki.server_key), "text": b"root:x:0:0:root:/root:/bin/bash\n",
+        "cert": pki.server_cert,
+        "key": pki.server_key,
+        "ca": pki.ca_pem,
+        "other_key": other.server_key,
+        "encrypted_key": _encrypted(pki.server_key),
+        "text": b"root:x:0:0:root:/root:/bin/bash\n",
     }
     out = {}
     for name, data in files.items():
@@ -212,8 +226,12 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("key", "key", None, "auth.tls.cert_file {key}: holds no PEM certificate"),
         ("cert", "text", None, "auth.tls.key_file {text}: holds no PEM private key"),
         ("cert", "cert", None, "auth.tls.key_file {cert}: holds no PEM private key"),
-        ("cert", "other_key", None, "auth.tls.key_file {other_key}: is not the private key of the certificate in "
-                                    "auth.tls.cert_file {cert}"),
+        (
+            "cert",
+            "other_key",
+            None,
+            "auth.tls.key_file {other_key}: is not the private key of the certificate in auth.tls.cert_file {cert}",
+        ),
         ("cert", "encrypted_key", None, "auth.tls.key_file {encrypted_key}: the key is encrypted"),
         ("cert", "missing", None, "auth.tls.key_file {missing}: cannot read it"),
         ("cert", "key", "text", "auth.tls.client_ca_file {text}: holds no PEM CA certificate"),
@@ -241,13 +259,30 @@ def test_bad_tls_files_are_named_before_the_bind(
 
 
 def test_serve_names_a_bad_certificate(tls_files: dict[str, Path], demo_db: Path) -> None:
-    r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated", "--bind", "127.0.0.1:0",
-                        "--tls-cert", str(tls_files["text"]), "--tls-key", str(tls_files["text"])],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            *CTXCORE,
+            "serve",
+            "--db",
+            str(demo_db),
+            "--allow-unauthenticated",
+            "--bind",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(tls_files["text"]),
+            "--tls-key",
+            str(tls_files["text"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     errors = [line for line in r.stderr.splitlines() if not line.startswith("{")]
-    assert errors == [f"ctxcore: error: auth.tls.cert_file {tls_files['text']}: holds no PEM certificate "
-                      "(-----BEGIN CERTIFICATE-----)"], r.stderr
+    assert errors == [
+        f"ctxcore: error: auth.tls.cert_file {tls_files['text']}: holds no PEM certificate "
+        "(-----BEGIN CERTIFICATE-----)"
+    ], r.stderr
 
 
 def test_tls_files_are_checked_for_form_not_key_size(tmp_path: Path) -> None:
@@ -261,13 +296,21 @@ def test_tls_files_are_checked_for_form_not_key_size(tmp_path: Path) -> None:
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
     (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    (tmp_path / "k.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     tls = TlsConfig(tmp_path / "c.pem", tmp_path / "k.pem")
 
     async def main() -> int:
@@ -306,8 +349,9 @@ def test_a_bad_grant_says_what_is_wrong(grant: str, needle: str, capsys: pytest.
 def test_a_second_signal_cuts_the_drain_short(
     first: signal.Signals, second: signal.Signals, demo_db: Path, tmp_path: Path
 ) -> None:
-    s = ServeProcess(tmp_path, "--db", str(demo_db), "--allow-unauthenticated", "--drain-delay-s", "600",
-                     "--shutdown-grace-s", "600")
+    s = ServeProcess(
+        tmp_path, "--db", str(demo_db), "--allow-unauthenticated", "--drain-delay-s", "600", "--shutdown-grace-s", "600"
+    )
     try:
         s.proc.send_signal(first)
         deadline = time.monotonic() + 30
@@ -342,8 +386,11 @@ def test_stop_now_cancels_calls_in_flight_during_the_drain() -> None:
         raise AssertionError("not cancelled")
 
     async def main() -> tuple[grpc.StatusCode, float]:
-        svc = ContextService(open_config(shutdown_grace_s=600.0, drain_delay_s=600.0),
-                             sources=FakeSources(TENANTS).sources(), assemble=slow_assemble)
+        svc = ContextService(
+            open_config(shutdown_grace_s=600.0, drain_delay_s=600.0),
+            sources=FakeSources(TENANTS).sources(),
+            assemble=slow_assemble,
+        )
         await svc.start()
         async with ContextClient(f"127.0.0.1:{svc.port}", timeout=120.0) as client:
             call = asyncio.ensure_future(client.assemble(_req()))
@@ -399,7 +446,7 @@ def test_the_longest_timeout_is_served() -> None:
     assert _with_client(body, timeout=MAX_TIMEOUT_S) == "gpt-4o"
 
 
-@pytest.mark.parametrize("key", ["clé-secrète", "key\nx-evil: 1", "tab\tkey", "emoji-\U0001F511"])
+@pytest.mark.parametrize("key", ["clé-secrète", "key\nx-evil: 1", "tab\tkey", "emoji-\U0001f511"])
 def test_api_keys_and_tokens_must_be_printable_ascii(key: str) -> None:
     with pytest.raises(ValueError, match="api_key must be printable ASCII") as ei:
         ContextClient("127.0.0.1:1", api_key=key)
@@ -418,13 +465,21 @@ def test_api_keys_and_tokens_must_be_printable_ascii(key: str) -> None:
 def _requests_with_a_lone_surrogate() -> Iterator[tuple[str, AssemblyRequest]]:
     bad = "x\udc00y"
     yield "query.text", AssemblyRequest(ORG, AGENT, "gpt-4o", Query(bad))
-    yield "messages[1].content", AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"),
-                                                 (Message("user", "hi"), Message("assistant", bad)))
-    yield "tools_json[0]", AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"),
-                                           tools=({"name": "t", "description": bad},))
-    yield "options.pinned_memory_ids", AssemblyRequest(
-        ORG, AGENT, "gpt-4o", Query("q"),
-        options=AssemblyOptions(pinned_memory_ids=frozenset({bad}), history_policy=HistoryPolicy.TRIM_OLDEST))
+    yield (
+        "messages[1].content",
+        AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), (Message("user", "hi"), Message("assistant", bad))),
+    )
+    yield "tools_json[0]", AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), tools=({"name": "t", "description": bad},))
+    yield (
+        "options.pinned_memory_ids",
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "gpt-4o",
+            Query("q"),
+            options=AssemblyOptions(pinned_memory_ids=frozenset({bad}), history_policy=HistoryPolicy.TRIM_OLDEST),
+        ),
+    )
 
 
 def test_a_lone_surrogate_is_named_by_the_client() -> None:
@@ -436,8 +491,10 @@ def test_a_lone_surrogate_is_named_by_the_client() -> None:
             with pytest.raises(ValueError) as ei:
                 await client.assemble(req)
             out.append(str(ei.value))
-        names: list[Callable[[], Awaitable[Any]]] = [lambda: client.compute_budget("gpt-\udc00"),
-                                                     lambda: client.model_capabilities("gpt-4o", "\ud800")]
+        names: list[Callable[[], Awaitable[Any]]] = [
+            lambda: client.compute_budget("gpt-\udc00"),
+            lambda: client.model_capabilities("gpt-4o", "\ud800"),
+        ]
         for call in names:
             with pytest.raises(ValueError) as ei:
                 await call()

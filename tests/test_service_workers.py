@@ -23,7 +23,6 @@ from typing import Any
 
 import grpc
 import pytest
-
 from service_support import CTXCORE
 
 from ctxcore.client import ContextClient
@@ -40,8 +39,13 @@ class Group:
     """A running ``ctxcore serve --workers N``; its stderr read by a thread."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([*CTXCORE, "serve", *args], stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*CTXCORE, "serve", *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -85,8 +89,19 @@ class Group:
 
 @pytest.fixture
 def group(demo_db: Path) -> Iterator[Group]:
-    g = Group("--workers", "2", "--bind", "127.0.0.1:0", "--db", str(demo_db), "--allow-unauthenticated",
-              "--metrics-port", "0", "--drain-delay-s", "0.2")
+    g = Group(
+        "--workers",
+        "2",
+        "--bind",
+        "127.0.0.1:0",
+        "--db",
+        str(demo_db),
+        "--allow-unauthenticated",
+        "--metrics-port",
+        "0",
+        "--drain-delay-s",
+        "0.2",
+    )
     yield g
     g.close()
 
@@ -98,8 +113,9 @@ def _request() -> AssemblyRequest:
 async def _call_on_fresh_connections(port: int, n: int) -> None:
     """One call on each of `n` new connections."""
     for _ in range(n):
-        async with ContextClient(f"127.0.0.1:{port}", timeout=5.0,
-                                 options=[("grpc.use_local_subchannel_pool", 1)]) as c:
+        async with ContextClient(
+            f"127.0.0.1:{port}", timeout=5.0, options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as c:
             ctx = await c.assemble(_request())
             assert ctx.scope.organization_id == ORG
 
@@ -138,8 +154,12 @@ def test_workers_share_the_port_and_drain_on_sigterm(group: Group) -> None:
 def test_a_second_server_on_the_port_is_refused(group: Group, demo_db: Path) -> None:
     port = group.serving()["port"]
     for extra in ((), ("--workers", "2")):
-        r = subprocess.run([*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated",
-                            "--bind", f"127.0.0.1:{port}", *extra], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*CTXCORE, "serve", "--db", str(demo_db), "--allow-unauthenticated", "--bind", f"127.0.0.1:{port}", *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1 and "cannot bind" in r.stderr, (extra, r.stderr)
     asyncio.run(_call_on_fresh_connections(port, 2))  # the group still serves
     assert group.stop() == 0
@@ -207,9 +227,24 @@ def _taken_after_a_free_port() -> Iterator[int]:
 def test_a_worker_that_cannot_start_fails_the_start(demo_db: Path) -> None:
     # Worker 1's metrics port (metrics.port + 1) is taken; worker 0's is free.
     with _taken_after_a_free_port() as p:
-        r = subprocess.run([*CTXCORE, "serve", "--workers", "2", "--bind", "127.0.0.1:0", "--db", str(demo_db),
-                            "--allow-unauthenticated", "--metrics-port", str(p - 1)],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                *CTXCORE,
+                "serve",
+                "--workers",
+                "2",
+                "--bind",
+                "127.0.0.1:0",
+                "--db",
+                str(demo_db),
+                "--allow-unauthenticated",
+                "--metrics-port",
+                str(p - 1),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1, r.stderr
     assert "worker 1 failed to start" in r.stderr and f"cannot serve metrics on 127.0.0.1:{p}" in r.stderr, r.stderr
 
@@ -225,18 +260,24 @@ def test_workers_need_linux(platform: str, monkeypatch: pytest.MonkeyPatch) -> N
 def test_workers_settings_are_checked() -> None:
     assert ServiceConfig().workers == 1
     assert parse_service_config("[server]\nworkers = 4").workers == 4
-    for bad, needle in ((0, "server.workers must be a positive integer"),
-                        (65, "server.workers must be at most 64"),
-                        (True, "server.workers must be a positive integer"),
-                        ("2", "server.workers must be a positive integer")):
+    for bad, needle in (
+        (0, "server.workers must be a positive integer"),
+        (65, "server.workers must be at most 64"),
+        (True, "server.workers must be a positive integer"),
+        ("2", "server.workers must be a positive integer"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             ServiceConfig(workers=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs a TCP bind"):
         ServiceConfig(workers=2, bind="unix:/tmp/ctxcore.sock")
     with pytest.raises(ConfigError, match="past 65535"):
         ServiceConfig(workers=4, metrics_port=65534)
-    r = subprocess.run([*CTXCORE, "serve", "--workers", "0", "--db", "x.db", "--allow-unauthenticated"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*CTXCORE, "serve", "--workers", "0", "--db", "x.db", "--allow-unauthenticated"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "server.workers must be a positive integer, got 0" in r.stderr, r.stderr
 
 
@@ -257,13 +298,28 @@ def test_usable_cpus_follow_the_affinity_and_the_cgroup_cpu_limit(tmp_path: Path
     cases: list[tuple[str, str, dict[str, str], int]] = [
         ("no cgroup limit (v2 max)", v2, {"kubepods/pod1/app/cpu.max": "max 100000\n"}, affinity),
         ("1.5 CPUs: one worker", v2, {"kubepods/pod1/app/cpu.max": "150000 100000\n"}, 1),
-        ("a parent's limit is the tightest", v2, {"kubepods/cpu.max": "100000 100000\n",
-                                                   "kubepods/pod1/app/cpu.max": "400000 100000\n"}, 1),
+        (
+            "a parent's limit is the tightest",
+            v2,
+            {"kubepods/cpu.max": "100000 100000\n", "kubepods/pod1/app/cpu.max": "400000 100000\n"},
+            1,
+        ),
         ("less than one CPU", v2, {"kubepods/pod1/app/cpu.max": "20000 100000\n"}, 1),
-        ("v1 quota", "5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n",
-         {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"}, 1),
-        ("v1 without a quota", "5:cpu,cpuacct:/\n",
-         {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, affinity),
+        (
+            "v1 quota",
+            "5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n",
+            {
+                "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000\n",
+                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            },
+            1,
+        ),
+        (
+            "v1 without a quota",
+            "5:cpu,cpuacct:/\n",
+            {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            affinity,
+        ),
         ("malformed files are no limit", v2, {"kubepods/pod1/app/cpu.max": "lots\n"}, affinity),
         ("no cgroup file system", v2, {}, affinity),
     ]
@@ -278,7 +334,7 @@ def test_usable_cpus_follow_the_affinity_and_the_cgroup_cpu_limit(tmp_path: Path
 def test_auto_workers_start_one_per_usable_cpu(tmp_path: Path) -> None:
     want = min(MAX_WORKERS, usable_cpus())
     assert parse_service_config('[server]\nworkers = "auto"').workers == want
-    with pytest.raises(ConfigError, match='server.workers must be a positive integer or "auto", got \'all\''):
+    with pytest.raises(ConfigError, match="server.workers must be a positive integer or \"auto\", got 'all'"):
         parse_service_config('[server]\nworkers = "all"')
     from ctxcore.cli import build_parser
     from ctxcore.service.cli import config_from_args
@@ -288,8 +344,12 @@ def test_auto_workers_start_one_per_usable_cpu(tmp_path: Path) -> None:
     path.write_text("[server]\nworkers = 3\n")
     assert config_from_args(parser.parse_args(["serve", "--config", str(path)])).workers == 3
     assert config_from_args(parser.parse_args(["serve", "--config", str(path), "--workers", "auto"])).workers == want
-    r = subprocess.run([*CTXCORE, "serve", "--workers", "every", "--db", "x.db", "--allow-unauthenticated"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*CTXCORE, "serve", "--workers", "every", "--db", "x.db", "--allow-unauthenticated"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "expected auto or a positive integer, got 'every'" in r.stderr, r.stderr
 
 
@@ -407,11 +467,20 @@ class _PeerServer:
             return pb.AssembledContext()
 
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {"AssembleContext": grpc.unary_unary_rpc_method_handler(
-                handle, request_deserializer=pb.AssembleContextRequest.FromString,
-                response_serializer=pb.AssembledContext.SerializeToString)}),))
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE_NAME,
+                    {
+                        "AssembleContext": grpc.unary_unary_rpc_method_handler(
+                            handle,
+                            request_deserializer=pb.AssembleContextRequest.FromString,
+                            response_serializer=pb.AssembledContext.SerializeToString,
+                        )
+                    },
+                ),
+            )
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:

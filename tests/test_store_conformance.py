@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from pg_support import Database, PgServer
 
 from ctxcore import count_tokens
@@ -115,7 +114,8 @@ def fill(store: Any) -> None:
     ]
     store.add_many(
         NewMemory(f"{sc.organization_id}-{sc.agent_id}-{k}", sc.organization_id, sc.agent_id, t, created_at=1000 + k)
-        for sc in (A, B, A2) for k, t in enumerate(texts)
+        for sc in (A, B, A2)
+        for k, t in enumerate(texts)
     )
     store.set_directive("acme", None, "Never share card numbers.")
     store.set_directive("acme", "support", "You are Acme's support agent.")
@@ -160,17 +160,19 @@ def test_hot_is_newest_first_with_similarity(make: Factory) -> None:
 def test_ann_cutoff_applies_before_hydration(make: Factory) -> None:
     s = make(dimensions=3)
     angles = np.deg2rad([0, 10, 30, 45, 60, 90, 180])  # cosines 1, .985, .866, .707, .5, 0, -1
-    s.add_many(NewMemory(f"v{k}", "acme", "support", f"memory {k} kettle", embedding=[float(np.cos(t)),
-                                                                                     float(np.sin(t)), 0.0])
-               for k, t in enumerate(angles))
+    s.add_many(
+        NewMemory(f"v{k}", "acme", "support", f"memory {k} kettle", embedding=[float(np.cos(t)), float(np.sin(t)), 0.0])
+        for k, t in enumerate(angles)
+    )
     s.add(NewMemory("other", "acme", "sales", "memory other", embedding=[1.0, 0.0, 0.0]))
     q = Query("", (1.0, 0.0, 0.0))  # no words: the vector path alone
     for cutoff, expect in [(0.7, ["v0", "v1", "v2", "v3"]), (0.9, ["v0", "v1"]), (-1.0, [f"v{k}" for k in range(7)])]:
         recs = run(s.cold(A, q, 50, cutoff))
         assert [r.id for r in recs] == expect
         assert all(r.origin is MemoryOrigin.VECTOR for r in recs)
-        assert [r.similarity for r in recs] == pytest.approx([float(np.cos(angles[k])) for k in range(len(expect))],
-                                                             abs=1e-6)
+        assert [r.similarity for r in recs] == pytest.approx(
+            [float(np.cos(angles[k])) for k in range(len(expect))], abs=1e-6
+        )
     top2 = run(s.cold(A, q, 2, 0.0))
     assert [r.id for r in top2] == ["v0", "v1"] and [r.rank for r in top2] == [0, 1]
     # Each path returns at most `limit`; vector hits under the cutoff are not returned, and
@@ -272,8 +274,11 @@ def test_token_counts_are_exact_and_tagged(make: Factory) -> None:
     text = "Refunds are accepted within 30 days — 返金ポリシー."
     s.add(NewMemory("t", "acme", "support", text))
     (r,) = run(s.hot(A, Query(""), 1))
-    assert (r.token_count, r.token_family, r.token_kind) == (count_tokens(text, "cl100k_base").value,
-                                                             "cl100k_base", "exact")
+    assert (r.token_count, r.token_family, r.token_kind) == (
+        count_tokens(text, "cl100k_base").value,
+        "cl100k_base",
+        "exact",
+    )
 
 
 def test_directives_and_their_cache(make: Factory) -> None:
@@ -310,8 +315,9 @@ def test_words_in_most_memories_are_left_out_and_that_follows_writes(make: Facto
     # left out of full-text search; a rare word is searched. What is common changes with
     # writes, and the next query follows (no stale stop-word list).
     s = make()
-    s.add_many(NewMemory(f"n{k}", "acme", "support", f"the note number {k}" + (" kettle" if k == 7 else ""))
-               for k in range(40))
+    s.add_many(
+        NewMemory(f"n{k}", "acme", "support", f"the note number {k}" + (" kettle" if k == 7 else "")) for k in range(40)
+    )
     for _ in range(2):  # the second time from whatever the store remembered
         assert run(s.cold(A, Query("the"), 10, 0.7)) == []
         assert [r.id for r in run(s.cold(A, Query("the kettle"), 10, 0.7))] == ["n7"]
@@ -360,20 +366,36 @@ def test_a_wrong_scope_passed_to_a_store_method_touches_nothing(make: Factory) -
     ("bad", "message"),
     [
         ({"id": "x2", "organization_id": "acme", "agent_id": "support", "text": ""}, "'x2' (index 2): text"),
-        ({"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "confidence": 2},
-         "'x2' (index 2): confidence"),
-        ({"id": "x0", "organization_id": "acme", "agent_id": "support", "text": "dup"}, "'x0' (index 2): id 'x0' is used "
-                                                                                         "twice"),
-        ({"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "embedding": [1.0, 0.0]},
-         "'x2' (index 2): embedding has 2 dimensions"),
-        ({"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "colour": "red"},
-         "'x2' (index 2): unknown field"),
+        (
+            {"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "confidence": 2},
+            "'x2' (index 2): confidence",
+        ),
+        (
+            {"id": "x0", "organization_id": "acme", "agent_id": "support", "text": "dup"},
+            "'x0' (index 2): id 'x0' is used twice",
+        ),
+        (
+            {"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "embedding": [1.0, 0.0]},
+            "'x2' (index 2): embedding has 2 dimensions",
+        ),
+        (
+            {"id": "x2", "organization_id": "acme", "agent_id": "support", "text": "t", "colour": "red"},
+            "'x2' (index 2): unknown field",
+        ),
     ],
 )
 def test_bad_ingest_names_the_record_and_stores_nothing(make: Factory, bad: dict[str, object], message: str) -> None:
     s = make(dimensions=3)
-    good = [{"id": f"x{k}", "organization_id": "acme", "agent_id": "support", "text": f"t{k}",
-             "embedding": [1.0, 0.0, float(k)]} for k in range(2)]
+    good = [
+        {
+            "id": f"x{k}",
+            "organization_id": "acme",
+            "agent_id": "support",
+            "text": f"t{k}",
+            "embedding": [1.0, 0.0, float(k)],
+        }
+        for k in range(2)
+    ]
     with pytest.raises(InvalidMemory, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         s.add_many([*good, bad])
     assert info.value.index == 2
@@ -418,8 +440,12 @@ def test_delete_forget_and_stats(make: Factory) -> None:
 
 def test_update_recounts_reindexes_and_reembeds(make: Factory) -> None:
     s = make(embedder=HashingEmbedder())
-    s.add_many([NewMemory("m1", "acme", "support", "The customer likes green tea.", created_at=5),
-                NewMemory("m2", "acme", "support", "Deliveries go to the depot.", created_at=6)])
+    s.add_many(
+        [
+            NewMemory("m1", "acme", "support", "The customer likes green tea.", created_at=5),
+            NewMemory("m2", "acme", "support", "Deliveries go to the depot.", created_at=6),
+        ]
+    )
     new = "The customer now drinks espresso every morning, 每天早上."
     assert s.update(A, "m1", text=new, importance=0.8) is True
     recs = {r.id: r for r in run(s.hot(A, Query(""), 5))}
@@ -521,9 +547,13 @@ def test_a_memory_read_again_within_the_resolution_is_written_once(make: Factory
 
 def test_retention_by_age(make: Factory) -> None:
     s = make()
-    s.add_many([NewMemory("old", "acme", "support", "old note", created_at=100),
-                NewMemory("old-b", "globex", "support", "old note", created_at=100),
-                NewMemory("new", "acme", "support", "new note", created_at=1000)])
+    s.add_many(
+        [
+            NewMemory("old", "acme", "support", "old note", created_at=100),
+            NewMemory("old-b", "globex", "support", "old note", created_at=100),
+            NewMemory("new", "acme", "support", "new note", created_at=1000),
+        ]
+    )
     assert s.expire(500, organization_id="acme", now=1000) == 1
     assert [r.id for r in run(s.hot(A, Query(""), 5))] == ["new"]
     assert make.admin(s).expire(500, now=1000) == 1  # all organizations
@@ -556,17 +586,21 @@ def test_concurrent_readers_and_writers(make: Factory) -> None:
     def writer(w: int) -> None:
         try:
             for k in range(40):
-                s.add_many([NewMemory(f"w{w}-{k}-{j}", "acme", "support", f"writer {w} refund note {k} {j}")
-                            for j in range(3)])
-        except BaseException as exc:  # noqa: BLE001
+                s.add_many(
+                    [NewMemory(f"w{w}-{k}-{j}", "acme", "support", f"writer {w} refund note {k} {j}") for j in range(3)]
+                )
+        except BaseException as exc:
             errors.append(exc)
 
     async def readers() -> int:
         reads = 0
         while not stop.is_set():
-            res = await asyncio.gather(*(
-                [s.cold(sc, Query("refund note"), 20, 0.5) for sc in (A, B, A2)]
-                + [s.hot(sc, Query("refund"), 20) for sc in (A, B, A2)]))
+            res = await asyncio.gather(
+                *(
+                    [s.cold(sc, Query("refund note"), 20, 0.5) for sc in (A, B, A2)]
+                    + [s.hot(sc, Query("refund"), 20) for sc in (A, B, A2)]
+                )
+            )
             for sc, recs in zip((A, B, A2, A, B, A2), res):
                 assert {r.scope for r in recs} <= {sc}
             reads += len(res)

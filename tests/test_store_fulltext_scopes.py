@@ -39,15 +39,18 @@ def test_a_memory_cannot_index_words_under_another_scopes_tag(tmp_path: Path) ->
         pytest.skip("this SQLite's FTS5 tokenizer splits none of these characters")
     tag = scope_tag(VICTIM.organization_id, VICTIM.agent_id)
     with SqliteMemoryStore(tmp_path / "m.db") as s:
-        s.add_many([NewMemory(f"v{k}", VICTIM.organization_id, VICTIM.agent_id, f"note {k} about orders")
-                    for k in range(100)])
+        s.add_many(
+            [NewMemory(f"v{k}", VICTIM.organization_id, VICTIM.agent_id, f"note {k} about orders") for k in range(100)]
+        )
         s.add(NewMemory("v-secret", VICTIM.organization_id, VICTIM.agent_id, "the refund code is kettle"))
         assert [m.id for m in asyncio.run(s.cold(VICTIM, Query("kettle"), 5, 0.7))] == ["v-secret"]
         # Another tenant's memories: a separator FTS5 splits at, the victim's tag, a word.
-        s.add_many([NewMemory(f"x{k}", "attacker-org", "bot", f"zz{seps[k % len(seps)]}{tag}kettle")
-                    for k in range(3)])
-        counts = dict(sqlite3.connect(tmp_path / "m.db").execute(
-            "SELECT term, doc FROM memory_words_vocab WHERE term = ?", (tag + "kettle",)).fetchall())
+        s.add_many([NewMemory(f"x{k}", "attacker-org", "bot", f"zz{seps[k % len(seps)]}{tag}kettle") for k in range(3)])
+        counts = dict(
+            sqlite3.connect(tmp_path / "m.db")
+            .execute("SELECT term, doc FROM memory_words_vocab WHERE term = ?", (tag + "kettle",))
+            .fetchall()
+        )
         assert counts == {tag + "kettle": 1}  # the victim's own memory only
         assert [m.id for m in asyncio.run(s.cold(VICTIM, Query("kettle"), 5, 0.7))] == ["v-secret"]
         # The attacker's text is still found in its own scope, by the pieces FTS5 sees.

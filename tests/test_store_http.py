@@ -20,10 +20,14 @@ from ctxcore.memory import MemoryOrigin, MemoryStore, Query, Scope
 from ctxcore.stores import HttpMemorySource, MemoryServiceError
 from ctxcore.stores.http import MAX_RESPONSE_BYTES, parse_memories
 
-
 # Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 SCOPE = Scope("acme", "support")
 
@@ -58,10 +62,10 @@ class Server:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout tests)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._answer(None)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 self._answer(json.loads(self.rfile.read(length)))
 
@@ -102,24 +106,41 @@ def call(server: Server, method: str, *args: Any, timeout: float | None = 2.0) -
 
 
 def memory(**over: Any) -> dict[str, Any]:
-    m: dict[str, Any] = {"id": "m1", "content": "Customer prefers email.", "similarity": 0.83, "confidence": 0.9,
-                         "rank": 0, "organization_id": "acme", "agent_id": "support"}
+    m: dict[str, Any] = {
+        "id": "m1",
+        "content": "Customer prefers email.",
+        "similarity": 0.83,
+        "confidence": 0.9,
+        "rank": 0,
+        "organization_id": "acme",
+        "agent_id": "support",
+    }
     m.update(over)
     return m
 
 
 def test_cold_round_trip(server: Server) -> None:
-    server.answer({"memories": [
-        memory(token_count=5, token_family="cl100k_base", token_kind="exact", importance=0.4, created_at=1.7e9),
-        memory(id="m2", similarity=None, rank=1),
-        memory(id="m3", organization_id="globex", rank=2),  # another scope: returned as it came
-    ], "next": "ignored"})
+    server.answer(
+        {
+            "memories": [
+                memory(token_count=5, token_family="cl100k_base", token_kind="exact", importance=0.4, created_at=1.7e9),
+                memory(id="m2", similarity=None, rank=1),
+                memory(id="m3", organization_id="globex", rank=2),  # another scope: returned as it came
+            ],
+            "next": "ignored",
+        }
+    )
     recs = call(server, "cold", SCOPE, Query("refund policy", (0.5, 0.25)), 10, 0.7)
     method, path, payload = server.requests[-1]
     assert (method, path) == ("POST", "/v1/retrieve")
-    assert payload == {"organization_id": "acme", "agent_id": "support", "branch": "cold",
-                       "query": {"text": "refund policy", "embedding": [0.5, 0.25]}, "limit": 10,
-                       "min_similarity": 0.7}
+    assert payload == {
+        "organization_id": "acme",
+        "agent_id": "support",
+        "branch": "cold",
+        "query": {"text": "refund policy", "embedding": [0.5, 0.25]},
+        "limit": 10,
+        "min_similarity": 0.7,
+    }
     assert [r.id for r in recs] == ["m1", "m2", "m3"]
     assert all(r.origin is MemoryOrigin.REMOTE for r in recs)
     first = recs[0]
@@ -151,8 +172,13 @@ def test_exact_counts_travel_with_the_memory_and_missing_ones_are_counted(server
 def test_hot_and_directive(server: Server) -> None:
     server.answer({"memories": [memory(similarity=None)]})
     recs = call(server, "hot", SCOPE, Query("hi"), 5)
-    assert server.requests[-1][2] == {"organization_id": "acme", "agent_id": "support", "branch": "hot",
-                                      "query": {"text": "hi"}, "limit": 5}
+    assert server.requests[-1][2] == {
+        "organization_id": "acme",
+        "agent_id": "support",
+        "branch": "hot",
+        "query": {"text": "hi"},
+        "limit": 5,
+    }
     assert [r.id for r in recs] == ["m1"]
     server.answer({"directive": "Be brief."})
     assert call(server, "directive", Scope("acme corp", "a&b")) == "Be brief."
@@ -173,16 +199,24 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("no memories", b'{"items": []}', '"memories" field'),
     ("memories not a list", b'{"memories": {"id": "m1"}}', "must be an array"),
     ("item not an object", b'{"memories": ["m1"]}', "must be an object"),
-    *[(f"missing {f}", json.dumps({"memories": [{k: v for k, v in memory().items() if k != f}]}).encode(),
-       f"missing field '{f}'")
-      for f in ("id", "content", "similarity", "confidence", "rank", "organization_id", "agent_id")],
+    *[
+        (
+            f"missing {f}",
+            json.dumps({"memories": [{k: v for k, v in memory().items() if k != f}]}).encode(),
+            f"missing field '{f}'",
+        )
+        for f in ("id", "content", "similarity", "confidence", "rank", "organization_id", "agent_id")
+    ],
     ("id not a string", json.dumps({"memories": [memory(id=7)]}).encode(), "id must be a non-empty string"),
     ("empty agent", json.dumps({"memories": [memory(agent_id="")]}).encode(), "agent_id must be"),
     ("content not a string", json.dumps({"memories": [memory(content=None)]}).encode(), "content must be a string"),
     ("similarity a string", json.dumps({"memories": [memory(similarity="0.8")]}).encode(), "similarity must be"),
     ("similarity above 1", json.dumps({"memories": [memory(similarity=1.5)]}).encode(), "similarity must be"),
-    ("similarity huge", b'{"memories": [' + json.dumps(memory()).replace("0.83", "1e999").encode() + b"]}",
-     "similarity must be"),
+    (
+        "similarity huge",
+        b'{"memories": [' + json.dumps(memory()).replace("0.83", "1e999").encode() + b"]}",
+        "similarity must be",
+    ),
     ("confidence null", json.dumps({"memories": [memory(confidence=None)]}).encode(), "confidence must be"),
     ("confidence bool", json.dumps({"memories": [memory(confidence=True)]}).encode(), "confidence must be"),
     ("confidence negative", json.dumps({"memories": [memory(confidence=-0.1)]}).encode(), "confidence must be"),
@@ -190,22 +224,42 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("rank fractional", json.dumps({"memories": [memory(rank=1.5)]}).encode(), "rank must be"),
     ("importance out of range", json.dumps({"memories": [memory(importance=3)]}).encode(), "importance must be"),
     ("token_count without family", json.dumps({"memories": [memory(token_count=5)]}).encode(), "token_family"),
-    ("token_kind unknown", json.dumps({"memories": [memory(token_count=5, token_family="cl100k_base",
-                                                           token_kind="approx")]}).encode(), "token_kind"),
-    ("token_count negative", json.dumps({"memories": [memory(token_count=-1, token_family="x",
-                                                             token_kind="exact")]}).encode(), "token_count"),
+    (
+        "token_kind unknown",
+        json.dumps({"memories": [memory(token_count=5, token_family="cl100k_base", token_kind="approx")]}).encode(),
+        "token_kind",
+    ),
+    (
+        "token_count negative",
+        json.dumps({"memories": [memory(token_count=-1, token_family="x", token_kind="exact")]}).encode(),
+        "token_count",
+    ),
     ("exact_tokens not an object", json.dumps({"memories": [memory(exact_tokens=[5])]}).encode(), "exact_tokens"),
-    ("exact_tokens negative", json.dumps({"memories": [memory(exact_tokens={"cl100k_base": -1})]}).encode(),
-     "exact_tokens"),
-    ("exact_tokens fractional", json.dumps({"memories": [memory(exact_tokens={"cl100k_base": 1.5})]}).encode(),
-     "exact_tokens"),
-    ("more than the limit", json.dumps({"memories": [memory(id=f"m{k}", rank=k) for k in range(4)]}).encode(),
-     "returned 4 memories for a limit of 3"),
-    ("token_count beyond 2**40", json.dumps({"memories": [memory(token_count=2**41, token_family="cl100k_base",
-                                                                 token_kind="exact")]}).encode(),
-     r"^memories\[0\] \('m1'\): token_count must be an int in \[0, 2\*\*40\]"),
-    ("one bad item among good ones", json.dumps({"memories": [memory(), memory(id="m2", rank="1")]}).encode(),
-     r"memories\[1\] \('m2'\): rank"),
+    (
+        "exact_tokens negative",
+        json.dumps({"memories": [memory(exact_tokens={"cl100k_base": -1})]}).encode(),
+        "exact_tokens",
+    ),
+    (
+        "exact_tokens fractional",
+        json.dumps({"memories": [memory(exact_tokens={"cl100k_base": 1.5})]}).encode(),
+        "exact_tokens",
+    ),
+    (
+        "more than the limit",
+        json.dumps({"memories": [memory(id=f"m{k}", rank=k) for k in range(4)]}).encode(),
+        "returned 4 memories for a limit of 3",
+    ),
+    (
+        "token_count beyond 2**40",
+        json.dumps({"memories": [memory(token_count=2**41, token_family="cl100k_base", token_kind="exact")]}).encode(),
+        r"^memories\[0\] \('m1'\): token_count must be an int in \[0, 2\*\*40\]",
+    ),
+    (
+        "one bad item among good ones",
+        json.dumps({"memories": [memory(), memory(id="m2", rank="1")]}).encode(),
+        r"memories\[1\] \('m2'\): rank",
+    ),
 ]
 
 
@@ -252,15 +306,20 @@ def test_a_server_dripping_its_answer_hits_the_request_timeout(server: Server) -
 def test_a_lone_surrogate_id_is_the_response_s_error_not_the_assembly_s(server: Server) -> None:
     # The id is valid JSON (an escape) but not Unicode text: the branch fails, the
     # assembly answers without it.
-    server.answer(raw=b'{"memories": [{"id": "m\\ud800", "content": "x", "similarity": 0.9, "confidence": 1.0, '
-                      b'"rank": 0, "organization_id": "acme", "agent_id": "support"}]}')
+    server.answer(
+        raw=b'{"memories": [{"id": "m\\ud800", "content": "x", "similarity": 0.9, "confidence": 1.0, '
+        b'"rank": 0, "organization_id": "acme", "agent_id": "support"}]}'
+    )
     with pytest.raises(MemoryServiceError, match="lone surrogate"):
         call(server, "hot", SCOPE, Query("q"), 5)
 
     async def go() -> ctxcore.AssembledContext:
         async with HttpMemorySource(server.url, timeout=2.0) as src:
-            return await ctxcore.assemble(ctxcore.AssemblyRequest("acme", "support", "gpt-4o", "q"),
-                                          sources=ctxcore.Sources(hot=src.hot), config=ROOMY)
+            return await ctxcore.assemble(
+                ctxcore.AssemblyRequest("acme", "support", "gpt-4o", "q"),
+                sources=ctxcore.Sources(hot=src.hot),
+                config=ROOMY,
+            )
 
     ctx = asyncio.run(go())
     statuses = {b.branch.value: b.status.value for b in ctx.branches}
@@ -307,10 +366,27 @@ def test_bad_arguments() -> None:
 
 
 json_scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=5)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(max_size=8), inner, max_size=4), max_leaves=12)
-field_names = st.sampled_from(["id", "content", "similarity", "confidence", "rank", "organization_id", "agent_id",
-                               "importance", "created_at", "token_count", "token_family", "token_kind"])
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+field_names = st.sampled_from(
+    [
+        "id",
+        "content",
+        "similarity",
+        "confidence",
+        "rank",
+        "organization_id",
+        "agent_id",
+        "importance",
+        "created_at",
+        "token_count",
+        "token_family",
+        "token_kind",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-
 from pg_support import OLD_PGVECTOR, PgServer
 
 from ctxcore.memory import MemoryOrigin, Query, Scope
@@ -56,31 +55,43 @@ def any_server(request: pytest.FixtureRequest) -> PgServer:
 def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
     db = pg_server.new_database()
     with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(), grant_to=db.app) as s:
-        s.add_many([NewMemory("a1", "acme", "support", "acme note"), NewMemory("a2", "acme", "sales", "sales note"),
-                    NewMemory("g1", "globex", "support", "GLOBEX note")])
+        s.add_many(
+            [
+                NewMemory("a1", "acme", "support", "acme note"),
+                NewMemory("a2", "acme", "sales", "sales note"),
+                NewMemory("g1", "globex", "support", "GLOBEX note"),
+            ]
+        )
         s.set_directive("globex", None, "GLOBEX directive")
     # A query with no WHERE at all, as the app role: without a scope it sees nothing; with
     # a scope only that scope's rows, whatever the statement asks for.
     with psycopg.connect(db.app_url) as conn:
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM directives").fetchone() == (0,)
-        conn.execute("SELECT set_config('ctxcore.organization_id', 'acme', true), "
-                     "set_config('ctxcore.agent_id', 'support', true)")
+        conn.execute(
+            "SELECT set_config('ctxcore.organization_id', 'acme', true), "
+            "set_config('ctxcore.agent_id', 'support', true)"
+        )
         assert conn.execute("SELECT id FROM memories").fetchall() == [("a1",)]
         # Setting the admin flag does nothing for a role that is not the owner.
         conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
         assert conn.execute("SELECT id FROM memories").fetchall() == [("a1",)]
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor can it write elsewhere
-            conn.execute("INSERT INTO memories (id, organization_id, agent_id, text, confidence, created_at, "
-                         "token_count, token_family, token_kind) VALUES ('x', 'globex', 'support', 't', 1, 0, 1, "
-                         "'cl100k_base', 'exact')")
+            conn.execute(
+                "INSERT INTO memories (id, organization_id, agent_id, text, confidence, created_at, "
+                "token_count, token_family, token_kind) VALUES ('x', 'globex', 'support', 't', 1, 0, 1, "
+                "'cl100k_base', 'exact')"
+            )
         conn.rollback()
         # The full-text term table is behind the same wall.
         assert conn.execute("SELECT count(*) FROM memory_terms").fetchone() == (0,)
-        conn.execute("SELECT set_config('ctxcore.organization_id', 'acme', true), "
-                     "set_config('ctxcore.agent_id', 'support', true)")
+        conn.execute(
+            "SELECT set_config('ctxcore.organization_id', 'acme', true), "
+            "set_config('ctxcore.agent_id', 'support', true)"
+        )
         assert conn.execute("SELECT DISTINCT organization_id, agent_id FROM memory_terms").fetchall() == [
-            ("acme", "support")]
+            ("acme", "support")
+        ]
         assert conn.execute("SELECT count(*) FROM memory_terms WHERE term = 'globex'").fetchone() == (0,)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO memory_terms SELECT 'globex', 'support', 'planted', seq FROM memories")
@@ -88,10 +99,13 @@ def test_row_level_security_is_a_second_wall(pg_server: PgServer) -> None:
         # So is the vector table; its partitions grant the app role nothing (reading one
         # directly would skip the partitioned table's policies).
         assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone() == (0,)
-        conn.execute("SELECT set_config('ctxcore.organization_id', 'acme', true), "
-                     "set_config('ctxcore.agent_id', 'support', true)")
+        conn.execute(
+            "SELECT set_config('ctxcore.organization_id', 'acme', true), "
+            "set_config('ctxcore.agent_id', 'support', true)"
+        )
         assert conn.execute("SELECT DISTINCT organization_id, agent_id FROM memory_vectors").fetchall() == [
-            ("acme", "support")]
+            ("acme", "support")
+        ]
         conn.rollback()
         for k in range(VECTOR_PARTITIONS):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -115,7 +129,8 @@ def test_migrations_are_versioned_and_idempotent(pg_server: PgServer) -> None:
         PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64)).close()
     with psycopg.connect(db.owner_url) as conn:
         assert conn.execute("SELECT version FROM ctxcore_migrations ORDER BY version").fetchall() == [
-            (v,) for v in range(1, PG_SCHEMA_VERSION + 1)]
+            (v,) for v in range(1, PG_SCHEMA_VERSION + 1)
+        ]
         assert conn.execute("SELECT value FROM ctxcore_meta WHERE key = 'embedding_dim'").fetchone() == ("64",)
         idx = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
         assert "memories_recent" in idx and "memories_embedding" not in idx
@@ -124,7 +139,8 @@ def test_migrations_are_versioned_and_idempotent(pg_server: PgServer) -> None:
             "SELECT c.relname, (SELECT count(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
             "JOIN pg_am a ON a.oid = i.relam WHERE x.indrelid = c.oid AND a.amname = 'hnsw') "
             "FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid "
-            "WHERE h.inhparent = 'memory_vectors'::regclass").fetchall()
+            "WHERE h.inhparent = 'memory_vectors'::regclass"
+        ).fetchall()
         assert len(parts) == VECTOR_PARTITIONS and all(n == 1 for _, n in parts)
         conn.execute("INSERT INTO ctxcore_migrations VALUES (99, 'from the future')")
         conn.commit()
@@ -167,8 +183,10 @@ def test_a_connection_string_libpq_cannot_read_is_refused_without_its_password(
 ) -> None:
     # libpq's own message repeats the token it cannot read; nothing connects, nothing
     # retries, and neither the error nor any log line carries the password.
-    for dsn, secret in (("postgresql://u:pa%ZZss@127.0.0.1:1/x", "pa%ZZss"),
-                        ("host=127.0.0.1 port=1 password='hunter2 dbname=x", "hunter2")):
+    for dsn, secret in (
+        ("postgresql://u:pa%ZZss@127.0.0.1:1/x", "pa%ZZss"),
+        ("host=127.0.0.1 port=1 password='hunter2 dbname=x", "hunter2"),
+    ):
         t0 = time.monotonic()
         with caplog.at_level("DEBUG"), pytest.raises(MemoryStoreError, match="libpq can read") as info:
             PostgresMemoryStore(dsn)
@@ -203,8 +221,10 @@ def _v1_database(pg_server: PgServer, memories: list[NewMemory], embedder: Hashi
 
     db = pg_server.new_database()
     with psycopg.connect(db.owner_url) as conn:
-        conn.execute("CREATE TABLE ctxcore_migrations (version integer PRIMARY KEY, description text NOT NULL, "
-                     "applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE ctxcore_migrations (version integer PRIMARY KEY, description text NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         version, description, statements = MIGRATIONS[0]
         assert version == 1
         for statement in statements:
@@ -213,8 +233,10 @@ def _v1_database(pg_server: PgServer, memories: list[NewMemory], embedder: Hashi
         conn.execute("INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)", (version, description))
         conn.execute(f"ALTER TABLE memories ALTER COLUMN embedding TYPE vector({embedder.dim})")
         conn.execute("CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_cosine_ops)")
-        conn.execute("INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s), ('embedder', %s)",
-                     (str(embedder.dim), embedder.name))
+        conn.execute(
+            "INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s), ('embedder', %s)",
+            (str(embedder.dim), embedder.name),
+        )
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives TO {db.app}")
         conn.execute(f"GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {db.app}")
         conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
@@ -224,16 +246,30 @@ def _v1_database(pg_server: PgServer, memories: list[NewMemory], embedder: Hashi
                 "INSERT INTO memories (id, organization_id, agent_id, text, embedding, fts, confidence, created_at, "
                 "token_count, token_family, token_kind) VALUES (%s, %s, %s, %s, %s::vector, "
                 "to_tsvector('simple', %s), 1, %s, 1, 'cl100k_base', 'estimate')",
-                (m.id, m.organization_id, m.agent_id, m.text, "[" + ",".join(map(str, vec.tolist())) + "]",
-                 m.text, 1.7e9 + k))
+                (
+                    m.id,
+                    m.organization_id,
+                    m.agent_id,
+                    m.text,
+                    "[" + ",".join(map(str, vec.tolist())) + "]",
+                    m.text,
+                    1.7e9 + k,
+                ),
+            )
     return db
 
 
 def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer) -> None:
     embedder = HashingEmbedder(64)
     a, b = Scope("acme", "support"), Scope("globex", "support")
-    texts = ["Refund in five business days", "Rückgabe innerhalb von 30 Tagen möglich",
-             "返金は30日以内に処理されます", "Shipping to Canada costs extra", "退款多久可以到账", "refund desk hours"]
+    texts = [
+        "Refund in five business days",
+        "Rückgabe innerhalb von 30 Tagen möglich",
+        "返金は30日以内に処理されます",
+        "Shipping to Canada costs extra",
+        "退款多久可以到账",
+        "refund desk hours",
+    ]
     mems = [NewMemory(f"m{k}", a.organization_id, a.agent_id, t) for k, t in enumerate(texts)]
     mems.append(NewMemory("g0", b.organization_id, b.agent_id, "GLOBEX refund secret"))
     db = _v1_database(pg_server, mems, embedder)
@@ -242,8 +278,10 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
     PostgresMemoryStore(db.owner_url).close()  # the owner migrates
     with psycopg.connect(db.owner_url) as conn:
         assert conn.execute("SELECT max(version) FROM ctxcore_migrations").fetchone() == (PG_SCHEMA_VERSION,)
-        cols = {r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'memories'")}
+        cols = {
+            r[0]
+            for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'memories'")
+        }
         assert "fts" not in cols
         idx = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'memories'")}
         assert "memories_fts" not in idx
@@ -257,15 +295,26 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
         # The app role was granted v1's tables only: the migration gave it the term table.
         with PostgresMemoryStore(target.app_url, migrate=False) as app:
             results[name] = [
-                [(r.id, r.origin.value) for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
-                 if r.origin is MemoryOrigin.FULLTEXT] for q in queries]
+                [
+                    (r.id, r.origin.value)
+                    for r in asyncio.run(app.cold(a, Query(q), 10, 0.99))
+                    if r.origin is MemoryOrigin.FULLTEXT
+                ]
+                for q in queries
+            ]
             # The stored embeddings moved to the partitioned vector table (migration 4), which
             # the app role was given too: the same vector hits and hot similarities.
             results[name + " vectors"] = [
-                [(r.id, round(float(r.similarity), 5)) for r in asyncio.run(app.cold(a, Query(t), 10, 0.3))
-                 if r.origin is MemoryOrigin.VECTOR] for t in texts]
-            results[name + " hot"] = [(r.id, round(float(r.similarity), 5))
-                                      for r in asyncio.run(app.hot(a, Query(texts[0]), 10))]
+                [
+                    (r.id, round(float(r.similarity), 5))
+                    for r in asyncio.run(app.cold(a, Query(t), 10, 0.3))
+                    if r.origin is MemoryOrigin.VECTOR
+                ]
+                for t in texts
+            ]
+            results[name + " hot"] = [
+                (r.id, round(float(r.similarity), 5)) for r in asyncio.run(app.hot(a, Query(texts[0]), 10))
+            ]
             assert app.flush_accesses() > 0  # and the read-time table
             app.add(NewMemory(f"new-{name}", a.organization_id, a.agent_id, "a refund note added later"))
             assert "new-" + name in [r.id for r in asyncio.run(app.cold(a, Query("refund"), 10, 0.99))]
@@ -283,12 +332,14 @@ def test_a_version_1_database_is_migrated_with_its_full_text(pg_server: PgServer
     # Deleting a memory removes its terms (the foreign key cascades, under row-level security).
     with psycopg.connect(db.owner_url) as conn:
         conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
-        assert conn.execute("SELECT count(*) FROM memory_terms t WHERE NOT EXISTS "
-                            "(SELECT 1 FROM memories m WHERE m.seq = t.seq)").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM memory_terms t WHERE NOT EXISTS (SELECT 1 FROM memories m WHERE m.seq = t.seq)"
+        ).fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM memory_terms WHERE organization_id = 'globex'").fetchone()[0] > 0
         # and its embedding
-        assert conn.execute("SELECT count(*) FROM memory_vectors v WHERE NOT EXISTS "
-                            "(SELECT 1 FROM memories m WHERE m.seq = v.seq)").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM memory_vectors v WHERE NOT EXISTS (SELECT 1 FROM memories m WHERE m.seq = v.seq)"
+        ).fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM memory_vectors").fetchone() == (len(mems),)
 
 
@@ -303,15 +354,26 @@ def test_full_text_uses_its_index_under_row_level_security(pg_server: PgServer) 
 
     db = pg_server.new_database()
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
-        s.add_many(NewMemory(f"m{k}", f"org{k % 3}", "support", f"note {k}" + (" refund 返金" if k % 10 == 1 else ""))
-                   for k in range(300))
+        s.add_many(
+            NewMemory(f"m{k}", f"org{k % 3}", "support", f"note {k}" + (" refund 返金" if k % 10 == 1 else ""))
+            for k in range(300)
+        )
     with psycopg.connect(db.owner_url, autocommit=True) as conn:
         conn.execute("ANALYZE memory_terms")
     with psycopg.connect(db.app_url) as conn:
-        conn.execute("SELECT set_config('ctxcore.organization_id', 'org1', true), "
-                     "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)")
-        params = {"org": "org1", "agent": "support", "limit": 10, "terms": query_keys(fts_terms("refund 返金")),
-                  "cap": 30, "n": 100.0, "nterms": 8}
+        conn.execute(
+            "SELECT set_config('ctxcore.organization_id', 'org1', true), "
+            "set_config('ctxcore.agent_id', 'support', true), set_config('enable_seqscan', 'off', true)"
+        )
+        params = {
+            "org": "org1",
+            "agent": "support",
+            "limit": 10,
+            "terms": query_keys(fts_terms("refund 返金")),
+            "cap": 30,
+            "n": 100.0,
+            "nterms": 8,
+        }
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + COLD_NO_VECTOR, params).fetchone()  # type: ignore[misc]
 
         def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -341,8 +403,17 @@ def test_read_times_never_rewrite_a_memory_row(pg_server: PgServer) -> None:
     db = pg_server.new_database()
     scope = Scope("acme", "support")
     with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64), grant_to=db.app) as s:
-        s.add_many(NewMemory(f"m{k:02d}", "acme", "support", f"note {k}", created_at=1.7e9 + k,
-                             accessed_at=1.7e9 + 100 if k == 0 else None) for k in range(20))
+        s.add_many(
+            NewMemory(
+                f"m{k:02d}",
+                "acme",
+                "support",
+                f"note {k}",
+                created_at=1.7e9 + k,
+                accessed_at=1.7e9 + 100 if k == 0 else None,
+            )
+            for k in range(20)
+        )
     before = _row_versions(db)
     with PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600) as app:
         first = {r.id: r.accessed_at for r in asyncio.run(app.hot(scope, Query(""), 20))}
@@ -362,10 +433,15 @@ def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -
     db = pg_server.new_database()
     scopes = [Scope("acme", "support"), Scope("acme", "sales")]
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
-        s.add_many(NewMemory(f"{sc.agent_id}-{k}", sc.organization_id, sc.agent_id, f"t{k}")
-                   for sc in scopes for k in range(120))
-    replicas = [PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600, access_resolution_seconds=0)
-                for _ in range(2)]
+        s.add_many(
+            NewMemory(f"{sc.agent_id}-{k}", sc.organization_id, sc.agent_id, f"t{k}")
+            for sc in scopes
+            for k in range(120)
+        )
+    replicas = [
+        PostgresMemoryStore(db.app_url, migrate=False, access_flush_seconds=3600, access_resolution_seconds=0)
+        for _ in range(2)
+    ]
     rng = random.Random(7)
     errors: list[BaseException] = []
     written: list[int] = []
@@ -377,7 +453,7 @@ def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -
                 for sc in order:
                     ks = rng.sample(range(120), 120)
                     for j in range(0, 120, 8):  # every memory, in an order of its own
-                        found = asyncio.run(r.cold(sc, Query(" ".join(f"t{k}" for k in ks[j:j + 8])), 8, 0.99))
+                        found = asyncio.run(r.cold(sc, Query(" ".join(f"t{k}" for k in ks[j : j + 8])), 8, 0.99))
                         assert len(found) == 8
             barrier = threading.Barrier(2)
 
@@ -385,7 +461,7 @@ def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -
                 barrier.wait()
                 try:
                     written.append(r.flush_accesses())
-                except BaseException as exc:  # noqa: BLE001 - reported below
+                except BaseException as exc:
                     errors.append(exc)
 
             threads = [threading.Thread(target=flush, args=(r,)) for r in replicas]
@@ -397,8 +473,10 @@ def test_replicas_flushing_the_same_reads_do_not_deadlock(pg_server: PgServer) -
         assert written == [240] * 24
         last = time.time()
         for sc in scopes:
-            assert all(m.accessed_at is not None and m.accessed_at <= last
-                       for m in asyncio.run(replicas[0].hot(sc, Query(""), 120)))
+            assert all(
+                m.accessed_at is not None and m.accessed_at <= last
+                for m in asyncio.run(replicas[0].hot(sc, Query(""), 120))
+            )
     finally:
         for r in replicas:
             r.close()
@@ -413,8 +491,10 @@ def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
     rng = random.Random(11)
     vocab = [f"w{k}" for k in range(60)]
     weights = [1.0 / (k + 1) for k in range(60)]
-    mems = [NewMemory(f"m{k:03d}", "acme", "support", " ".join(rng.choices(vocab, weights, k=8)), created_at=1.7e9 + k)
-            for k in range(400)]
+    mems = [
+        NewMemory(f"m{k:03d}", "acme", "support", " ".join(rng.choices(vocab, weights, k=8)), created_at=1.7e9 + k)
+        for k in range(400)
+    ]
     with PostgresMemoryStore(db.owner_url, grant_to=db.app) as s:
         s.add_many(mems)
     queries = [" ".join(rng.sample(vocab, 14)) + " absent" for _ in range(12)]
@@ -422,8 +502,10 @@ def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
     def results(store: PostgresMemoryStore, q: str) -> list[str]:
         return [r.id for r in asyncio.run(store.cold(scope, Query(q), 20, 0.99))]
 
-    with PostgresMemoryStore(db.app_url, migrate=False) as warm, \
-            PostgresMemoryStore(db.app_url, migrate=False) as writer:
+    with (
+        PostgresMemoryStore(db.app_url, migrate=False) as warm,
+        PostgresMemoryStore(db.app_url, migrate=False) as writer,
+    ):
         for q in queries:
             results(warm, q)  # counts noted
         for q in queries:
@@ -435,8 +517,9 @@ def test_noted_term_counts_change_no_result(pg_server: PgServer) -> None:
 
 
 @pytest.mark.parametrize("walk", [True, False], ids=["index", "exact"])
-def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(any_server: PgServer, walk: bool,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_scope_walk_finds_every_hit_up_to_the_limit(
+    any_server: PgServer, walk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A large scope walks the HNSW index, which holds every scope: the walk goes on past
     # other scopes' rows (a third of them nearer the query) until it has the limit's rows.
     from ctxcore.stores.postgres import store as postgres_store
@@ -479,12 +562,20 @@ def test_warm_runs_the_reads_once_per_connection_without_reading_anything(pg_ser
         assert bare.warm() == 0
         assert asyncio.run(bare.cold(scope, Query("refund"), 5, 0.5)) == []
     with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64)) as s:
-        s.add_many([NewMemory(f"m{k}", "acme", "support", t) for k, t in enumerate(
-            ["refund in five business days", "shipping to Canada costs extra", "refund desk hours"])])
+        s.add_many(
+            [
+                NewMemory(f"m{k}", "acme", "support", t)
+                for k, t in enumerate(
+                    ["refund in five business days", "shipping to Canada costs extra", "refund desk hours"]
+                )
+            ]
+        )
 
         def answers() -> list[list[tuple[str, float | None]]]:
-            return [[(r.id, r.similarity) for r in asyncio.run(read)] for read in (
-                s.cold(scope, Query("refund"), 5, 0.5), s.hot(scope, Query("refund"), 5))]
+            return [
+                [(r.id, r.similarity) for r in asyncio.run(read)]
+                for read in (s.cold(scope, Query("refund"), 5, 0.5), s.hot(scope, Query("refund"), 5))
+            ]
 
         before = answers()
         assert s.flush_accesses() > 0
@@ -499,8 +590,16 @@ def test_cold_returns_both_lists_with_both_signals_and_the_scope_statistics(pg_s
     scope = Scope("acme", "support")
     rng = random.Random(7)
     vecs = [[rng.uniform(-1, 1) for _ in range(4)] for _ in range(30)]
-    mems = [NewMemory(f"m{k}", "acme", "support", f"note {k}" + (" kettle" if k % 3 == 0 else "")
-                      + (" descaling" if k == 9 else ""), embedding=vecs[k]) for k in range(30)]
+    mems = [
+        NewMemory(
+            f"m{k}",
+            "acme",
+            "support",
+            f"note {k}" + (" kettle" if k % 3 == 0 else "") + (" descaling" if k == 9 else ""),
+            embedding=vecs[k],
+        )
+        for k in range(30)
+    ]
     mems.append(NewMemory("x", "acme", "sales", "kettle descaling", embedding=[1.0, 0.0, 0.0, 0.0]))
     with PostgresMemoryStore(db.owner_url) as s:
         s.add_many(mems)
@@ -569,17 +668,27 @@ def _cli_stats(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return status, captured.err
 
 
-@pytest.mark.parametrize(("url", "expected"), [
-    ("postgresql://app:p%zz@db/x", r"^ctxcore: error: postgresql://app:\*\*\*@db/x is not a PostgreSQL connection "
-     r"string libpq can read"),
-    ("postgresql://app:pw@[::1/db", r"^ctxcore: error: postgresql://app:\*\*\*@\[::1/db is not a PostgreSQL"),
-    ("postgresql://app@host:notaport/db", r"the port 'notaport' is not a port number"),
-    ("postgresql://app:pw@localhost/db?sslmode=bogus", r"has a setting libpq does not accept .*invalid sslmode"),
-    ("postgresql://app:pw@127.0.0.1:1/db?connect_timeout=2", r"^ctxcore: error: cannot reach the PostgreSQL server "
-     r"\(postgresql://app:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$"),
-])
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://app:p%zz@db/x",
+            r"^ctxcore: error: postgresql://app:\*\*\*@db/x is not a PostgreSQL connection "
+            r"string libpq can read",
+        ),
+        ("postgresql://app:pw@[::1/db", r"^ctxcore: error: postgresql://app:\*\*\*@\[::1/db is not a PostgreSQL"),
+        ("postgresql://app@host:notaport/db", r"the port 'notaport' is not a port number"),
+        ("postgresql://app:pw@localhost/db?sslmode=bogus", r"has a setting libpq does not accept .*invalid sslmode"),
+        (
+            "postgresql://app:pw@127.0.0.1:1/db?connect_timeout=2",
+            r"^ctxcore: error: cannot reach the PostgreSQL server "
+            r"\(postgresql://app:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$",
+        ),
+    ],
+)
 def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
-        url: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     status, err = _cli_stats(url, capsys)
     assert status != 0
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -588,17 +697,27 @@ def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
 
 
 def test_the_cli_says_a_login_or_a_database_or_pgvector_is_missing_in_one_line(
-        pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    pg_server: PgServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = pg_server.new_database()
     plain = pg_server.new_database(vector=False)
     password = db.owner_url.split("@")[0].rsplit(":", 1)[1]
     cases = [
-        (db.owner_url.replace(db.owner, "nosuchrole"), r"the PostgreSQL server refused the login .*"
-         r'role "nosuchrole" does not exist$'),
-        (db.owner_url.replace(f"/{db.name}?", "/nosuchdb?"), r"the memory database does not exist on the "
-         r'PostgreSQL server .*database "nosuchdb" does not exist$'),
-        (plain.owner_url, r"pgvector is available but not created in the database .* a superuser must run "
-         r"CREATE EXTENSION vector there$"),
+        (
+            db.owner_url.replace(db.owner, "nosuchrole"),
+            r"the PostgreSQL server refused the login .*"
+            r'role "nosuchrole" does not exist$',
+        ),
+        (
+            db.owner_url.replace(f"/{db.name}?", "/nosuchdb?"),
+            r"the memory database does not exist on the "
+            r'PostgreSQL server .*database "nosuchdb" does not exist$',
+        ),
+        (
+            plain.owner_url,
+            r"pgvector is available but not created in the database .* a superuser must run "
+            r"CREATE EXTENSION vector there$",
+        ),
     ]
     for url, expected in cases:
         status, err = _cli_stats(url, capsys)

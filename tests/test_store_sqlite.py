@@ -9,11 +9,11 @@ import json
 import re
 import shutil
 import sqlite3
-from contextlib import closing
 import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +34,14 @@ from ctxcore.stores import (
 )
 from ctxcore.stores.sqlite import SCHEMA_VERSION
 
-
 # Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
 
 ORGS = ("acme", "globex")
 AGENTS = ("support", "billing")
@@ -99,7 +103,10 @@ def test_every_branch_returns_only_its_scope(store: SqliteMemoryStore, scope: Sc
     assert records
     assert {r.scope for r in records} == {scope}
     assert {r.id for r in records} == {f"{scope.organization_id}-{scope.agent_id}-{k}" for k in range(len(TEXTS))}
-    assert run(store.directive(scope)) == f"{scope.organization_id} policy\n\n{scope.organization_id}/{scope.agent_id} role"
+    assert (
+        run(store.directive(scope))
+        == f"{scope.organization_id} policy\n\n{scope.organization_id}/{scope.agent_id} role"
+    )
     assert run(store.directive(Scope("initech", "support"))) is None
     assert run(store.hot(Scope("initech", "support"), Query("x"), 10)) == []
 
@@ -115,8 +122,10 @@ def test_hot_is_newest_first_with_limit(store: SqliteMemoryStore) -> None:
 def test_hot_reads_of_kept_rows_are_scored_for_their_query_and_apart(tmp_path: Path) -> None:
     scope = Scope("o", "a")
     with SqliteMemoryStore(tmp_path / "m.db") as s:
-        s.add_many(NewMemory(f"m{k}", "o", "a", f"memory {k}", created_at=1.7e9 + k,
-                             embedding=[1.0, float(k), 0.0]) for k in range(4))
+        s.add_many(
+            NewMemory(f"m{k}", "o", "a", f"memory {k}", created_at=1.7e9 + k, embedding=[1.0, float(k), 0.0])
+            for k in range(4)
+        )
         first = run(s.hot(scope, Query("x", (1.0, 0.0, 0.0)), 3))
         first.ids[0] = "changed"  # a caller's change to its result is its own
         first.created_at[:] = 0.0
@@ -125,8 +134,9 @@ def test_hot_reads_of_kept_rows_are_scored_for_their_query_and_apart(tmp_path: P
         assert [r.created_at for r in second] == [1.7e9 + 3, 1.7e9 + 2, 1.7e9 + 1]
         norms = [np.hypot(1.0, k) for k in (3, 2, 1)]
         assert [r.similarity for r in second] == pytest.approx([k / n for k, n in zip((3, 2, 1), norms)])
-        assert [r.similarity for r in run(s.hot(scope, Query("x", (1.0, 0.0, 0.0)), 3))] == \
-            pytest.approx([1 / n for n in norms])
+        assert [r.similarity for r in run(s.hot(scope, Query("x", (1.0, 0.0, 0.0)), 3))] == pytest.approx(
+            [1 / n for n in norms]
+        )
 
 
 def unit(*xs: float) -> list[float]:
@@ -144,11 +154,17 @@ def test_ann_cutoff_applies_to_the_vector_path(tmp_path: Path) -> None:
         )
         s.add(NewMemory("other", "o", "b", "memory other", embedding=[1.0, 0.0, 0.0]))
         q = Query("", (1.0, 0.0, 0.0))  # no words: the vector path alone
-        for cutoff, expect in [(0.7, ["v0", "v1", "v2", "v3"]), (0.9, ["v0", "v1"]), (-1.0, [f"v{k}" for k in range(7)])]:
+        for cutoff, expect in [
+            (0.7, ["v0", "v1", "v2", "v3"]),
+            (0.9, ["v0", "v1"]),
+            (-1.0, [f"v{k}" for k in range(7)]),
+        ]:
             recs = run(s.cold(scope, q, 50, cutoff))
             assert [r.id for r in recs] == expect
             assert all(r.origin is MemoryOrigin.VECTOR for r in recs)
-            assert [r.similarity for r in recs] == pytest.approx([float(np.cos(angles[k])) for k in range(len(expect))], abs=1e-6)
+            assert [r.similarity for r in recs] == pytest.approx(
+                [float(np.cos(angles[k])) for k in range(len(expect))], abs=1e-6
+            )
             assert all(r.similarity >= cutoff for r in recs)  # type: ignore[operator]
         top2 = run(s.cold(scope, q, 2, 0.0))
         assert [r.id for r in top2] == ["v0", "v1"] and [r.rank for r in top2] == [0, 1]
@@ -204,8 +220,12 @@ def test_hot_reads_after_a_flush_carry_the_times_written(tmp_path: Path) -> None
             assert s.flush_accesses() > 0
             kept = {r.id: r.accessed_at for r in run(s.hot(scope, Query(""), 5))}
             with closing(sqlite3.connect(tmp_path / "m.db")) as db:
-                written = dict(db.execute("SELECT id, accessed_at FROM memory_reads WHERE id IN (%s)"
-                                          % ",".join("?" * len(kept)), list(kept)).fetchall())
+                written = dict(
+                    db.execute(
+                        f"SELECT id, accessed_at FROM memory_reads WHERE id IN ({','.join('?' * len(kept))})",
+                        list(kept),
+                    ).fetchall()
+                )
             assert kept == written and all(v is not None for v in kept.values())
 
 
@@ -213,8 +233,12 @@ def test_read_times_go_to_their_own_table_and_the_later_time_wins(tmp_path: Path
     scope = Scope("o", "a")
     path = tmp_path / "m.db"
     with SqliteMemoryStore(path, access_resolution_seconds=0) as s:
-        s.add_many([NewMemory("given", "o", "a", "read long ago", accessed_at=1.0e9),
-                    NewMemory("later", "o", "a", "read in the future", accessed_at=4.0e9)])
+        s.add_many(
+            [
+                NewMemory("given", "o", "a", "read long ago", accessed_at=1.0e9),
+                NewMemory("later", "o", "a", "read in the future", accessed_at=4.0e9),
+            ]
+        )
         run(s.hot(scope, Query(""), 5))
         assert s.flush_accesses() == 2
     with closing(sqlite3.connect(path)) as db:
@@ -239,8 +263,11 @@ def test_a_flush_writes_each_memory_the_time_of_its_last_read_in_every_scope(tmp
     scopes = [Scope("o1", "a"), Scope("o2", "a")]
     window: dict[str, tuple[float, float]] = {}
     with SqliteMemoryStore(path, access_resolution_seconds=0) as s:
-        s.add_many(NewMemory(f"{sc.organization_id}-{name}", sc.organization_id, "a", f"memory {name}",
-                             created_at=1.7e9 + k) for sc in scopes for k, name in enumerate(names))
+        s.add_many(
+            NewMemory(f"{sc.organization_id}-{name}", sc.organization_id, "a", f"memory {name}", created_at=1.7e9 + k)
+            for sc in scopes
+            for k, name in enumerate(names)
+        )
         # Reads of the newest 1, 2, ... memories: each read at its own time, the last wins.
         for k in range(1, len(names) + 1):
             for sc in scopes:
@@ -293,8 +320,10 @@ def test_warm_keeps_the_rows_cold_reads_return_until_the_scope_is_written(tmp_pa
         assert sorted(r.text for r in got) == ["changed behind its back"] * 5 + ["kettle note 9"]
     with SqliteMemoryStore(path, cache_bytes=0) as s:  # nothing kept: read as it is
         s.warm()
-        assert {r.text for r in run(s.cold(scope, Query("kettle", (1.0, 0.5)), 10, 0.0))} == \
-            {"changed behind its back", "kettle note 9"}
+        assert {r.text for r in run(s.cold(scope, Query("kettle", (1.0, 0.5)), 10, 0.0))} == {
+            "changed behind its back",
+            "kettle note 9",
+        }
 
 
 def test_kept_rows_take_the_latest_of_several_flushes_between_their_reads(tmp_path: Path) -> None:
@@ -387,12 +416,18 @@ def test_token_counts_are_tagged(tmp_path: Path) -> None:
         fill(exact_store)
         for r in run(exact_store.hot(SCOPES[0], Query(""), 10)):
             assert (r.token_count, r.token_family, r.token_kind) == (
-                ctxcore.count_tokens(r.text, "cl100k_base").value, "cl100k_base", "exact")
+                ctxcore.count_tokens(r.text, "cl100k_base").value,
+                "cl100k_base",
+                "exact",
+            )
     with SqliteMemoryStore(tmp_path / "b.db", token_family="llama3") as est_store:
         fill(est_store)
         for r in run(est_store.hot(SCOPES[0], Query(""), 10)):
             assert (r.token_count, r.token_family, r.token_kind) == (
-                ctxcore.estimate_tokens(r.text, "llama3").value, "llama3", "estimate")
+                ctxcore.estimate_tokens(r.text, "llama3").value,
+                "llama3",
+                "estimate",
+            )
     with pytest.raises(ValueError, match="unknown token_family"):
         SqliteMemoryStore(tmp_path / "c.db", token_family="no-such-family")
 
@@ -440,7 +475,9 @@ def test_directive_validation(store: SqliteMemoryStore) -> None:
     assert run(store.directive(SCOPES[0])) == "acme policy"
 
 
-def test_directives_are_cached_briefly_refreshed_in_the_background_and_fresh_after_a_local_write(store: SqliteMemoryStore) -> None:
+def test_directives_are_cached_briefly_refreshed_in_the_background_and_fresh_after_a_local_write(
+    store: SqliteMemoryStore,
+) -> None:
     scope = SCOPES[0]
     assert run(store.directive(scope)) == "acme policy\n\nacme/support role"
     store.set_directive("acme", None, "new acme policy")  # seen at once, cache or not
@@ -569,8 +606,13 @@ class BrokenEmbedder(KeywordEmbedder):
 
 def test_any_embedder_can_be_plugged_in(tmp_path: Path) -> None:
     with SqliteMemoryStore(tmp_path / "m.db", embedder=KeywordEmbedder()) as s:
-        s.add_many([NewMemory("r", "o", "a", "Refund sent"), NewMemory("e", "o", "a", "Send an email"),
-                    NewMemory("n", "o", "a", "nothing to see")])  # no keyword: stored without embedding
+        s.add_many(
+            [
+                NewMemory("r", "o", "a", "Refund sent"),
+                NewMemory("e", "o", "a", "Send an email"),
+                NewMemory("n", "o", "a", "nothing to see"),
+            ]
+        )  # no keyword: stored without embedding
         recs = run(s.cold(Scope("o", "a"), Query("where is my refund?"), 5, 0.9))
         assert [(r.id, r.origin, r.similarity) for r in recs] == [("r", MemoryOrigin.VECTOR, 1.0)]
     with pytest.raises(MemoryStoreError, match="built with the embedder 'keywords-v1'"):
@@ -671,8 +713,15 @@ def test_cli_memories_add(tmp_path: Path) -> None:
             json.dumps(x, ensure_ascii=False)
             for x in [
                 {"id": "m1", "organization_id": "o", "agent_id": "a", "text": "Kunde möchte Lieferung um 5 Uhr."},
-                {"type": "memory", "id": "m2", "organization_id": "o", "agent_id": "a", "text": "likes tea",
-                 "created_at": "2026-01-02T03:04:05Z", "confidence": 0.8},
+                {
+                    "type": "memory",
+                    "id": "m2",
+                    "organization_id": "o",
+                    "agent_id": "a",
+                    "text": "likes tea",
+                    "created_at": "2026-01-02T03:04:05Z",
+                    "confidence": 0.8,
+                },
                 {"type": "directive", "organization_id": "o", "text": "Be brief."},
             ]
         )
@@ -782,7 +831,10 @@ def test_a_version_2_database_is_reindexed_under_its_scopes(tmp_path: Path) -> N
             for word, k in (("remboursements", 2), ("Lieferung", 5), ("退款", 4)):
                 assert [r.id for r in run(s.cold(scope, Query(word), 5, 0.7))] == [f"{scope.agent_id}-{k}"]
         s.add(NewMemory("later", SCOPES[0].organization_id, SCOPES[0].agent_id, "Remboursements en magasin."))
-        assert {r.id for r in run(s.cold(SCOPES[0], Query("remboursements"), 5, 0.7))} == {"later", f"{SCOPES[0].agent_id}-2"}
+        assert {r.id for r in run(s.cold(SCOPES[0], Query("remboursements"), 5, 0.7))} == {
+            "later",
+            f"{SCOPES[0].agent_id}-2",
+        }
     with closing(sqlite3.connect(db)) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == 3
         assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
@@ -867,8 +919,10 @@ def test_hot_reads_follow_every_write_by_another_process_at_once(tmp_path: Path)
     # second store on the same file writes as another process would (its own connections).
     path = tmp_path / "m.db"
     scope = Scope("o", "a")
-    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader, \
-            SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer:
+    with (
+        SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader,
+        SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer,
+    ):
         writer.add_many(NewMemory(f"m{k}", "o", "a", f"note {k} about tea", created_at=k) for k in range(5))
 
         def hot(limit: int = 3) -> list[tuple[str, str]]:
@@ -899,8 +953,10 @@ def test_cold_reads_follow_every_write_by_another_process_at_once(tmp_path: Path
     # process would, and every read after a write returns the database's rows.
     path = tmp_path / "m.db"
     scope = Scope("o", "a")
-    with SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader, \
-            SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer:
+    with (
+        SqliteMemoryStore(path, embedder=HashingEmbedder()) as reader,
+        SqliteMemoryStore(path, embedder=HashingEmbedder()) as writer,
+    ):
         writer.add_many(NewMemory(f"m{k}", "o", "a", f"kettle note {k}", created_at=k) for k in range(5))
 
         def cold(text: str = "kettle") -> dict[str, str]:
@@ -928,8 +984,12 @@ def test_vector_reads_follow_every_write_by_another_process_at_once(tmp_path: Pa
     path = tmp_path / "m.db"
     scope = Scope("o", "a")
     with SqliteMemoryStore(path) as reader, SqliteMemoryStore(path) as writer:
-        writer.add_many([NewMemory("x", "o", "a", "east", embedding=[1.0, 0.0]),
-                         NewMemory("y", "o", "a", "north", embedding=[0.0, 1.0])])
+        writer.add_many(
+            [
+                NewMemory("x", "o", "a", "east", embedding=[1.0, 0.0]),
+                NewMemory("y", "o", "a", "north", embedding=[0.0, 1.0]),
+            ]
+        )
 
         def near(v: tuple[float, float]) -> list[str]:
             return [r.id for r in run(reader.cold(scope, Query("", v), 10, 0.9))]
@@ -961,8 +1021,10 @@ def test_kept_cold_rows_stay_within_their_byte_bound() -> None:
     from ctxcore.stores.sqlite.hot import RowCache
 
     def rows(scope: Scope, n: int, start: int = 0) -> list[tuple[object, ...]]:
-        return [(k, f"{scope.agent_id}-{k}", scope.organization_id, scope.agent_id, "x" * 600, 1.0, None, 0.0, None)
-                for k in range(start, start + n)]
+        return [
+            (k, f"{scope.agent_id}-{k}", scope.organization_id, scope.agent_id, "x" * 600, 1.0, None, 0.0, None)
+            for k in range(start, start + n)
+        ]
 
     cache = RowCache(100_000)  # ~100 rows of 1 kB
     a, b = Scope("o", "a"), Scope("o", "b")
@@ -1016,19 +1078,33 @@ def test_optimize_merges_the_full_text_index_and_reads_answer_alike(tmp_path: Pa
     db = tmp_path / "m.db"
     words = ["refund", "invoice", "kettle", "parcel", "delivery", "warranty", "voucher", "courier"]
     scopes_ = [Scope("acme", "support"), Scope("acme", "sales")]
-    queries = [Query("item3x4 lot5"), Query("lot7 courier item1x2"), Query("item2x5"), Query("lot11 item11x18 refund"),
-               Query("item9x7 lot9")]
+    queries = [
+        Query("item3x4 lot5"),
+        Query("lot7 courier item1x2"),
+        Query("item2x5"),
+        Query("lot11 item11x18 refund"),
+        Query("item9x7 lot9"),
+    ]
     with SqliteMemoryStore(db) as s:
         for batch in range(12):  # one write transaction, one full-text segment, each
-            s.add_many(NewMemory(f"m{batch}-{k}", sc.organization_id, sc.agent_id,
-                                 f"{words[(batch + k) % 8]} {words[(3 * batch + k) % 8]} item{batch}x{k} lot{batch}",
-                                 created_at=1.7e9 + 100 * batch + k)
-                       for k in range(20) for sc in scopes_[k % 2:k % 2 + 1])
+            s.add_many(
+                NewMemory(
+                    f"m{batch}-{k}",
+                    sc.organization_id,
+                    sc.agent_id,
+                    f"{words[(batch + k) % 8]} {words[(3 * batch + k) % 8]} item{batch}x{k} lot{batch}",
+                    created_at=1.7e9 + 100 * batch + k,
+                )
+                for k in range(20)
+                for sc in scopes_[k % 2 : k % 2 + 1]
+            )
         before = _segments(db)
         assert before > 1
 
         def reads() -> list[list[tuple[str, float | None]]]:
-            return [[(r.id, r.similarity) for r in asyncio.run(s.cold(sc, q, 16, 0.0))] for sc in scopes_ for q in queries]
+            return [
+                [(r.id, r.similarity) for r in asyncio.run(s.cold(sc, q, 16, 0.0))] for sc in scopes_ for q in queries
+            ]
 
         answers = reads()
         assert s.optimize() == before

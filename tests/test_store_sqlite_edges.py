@@ -21,8 +21,9 @@ def test_replace_never_touches_another_scopes_memory(tmp_path: Path) -> None:
     with SqliteMemoryStore(tmp_path / "m.db") as s:
         s.add(NewMemory("m1", "B", "b", "B's private note"))
         with pytest.raises(InvalidMemory, match="'m1' is stored in another scope") as info:
-            s.add_many([NewMemory("m0", "A", "a", "fine"), NewMemory("m1", "A", "a", "A's note")],
-                       on_conflict="replace")
+            s.add_many(
+                [NewMemory("m0", "A", "a", "fine"), NewMemory("m1", "A", "a", "A's note")], on_conflict="replace"
+            )
         assert info.value.index == 1
         # Nothing of the batch was written, and B's memory is whole.
         assert [m.text for m in asyncio.run(s.hot(Scope("B", "b"), Query(""), 5))] == ["B's private note"]
@@ -67,8 +68,13 @@ def test_an_embedding_of_strings_or_booleans_is_refused(embedding: list[object])
 def test_json_lines_strings_may_hold_unicode_line_breaks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     texts = ["a\u2028b", "c\u2029d", "e\u0085f"]
     src = tmp_path / "m.jsonl"
-    src.write_text("".join(json.dumps({"id": f"m{k}", "organization_id": "o", "agent_id": "a", "text": t},
-                                      ensure_ascii=False) + "\n" for k, t in enumerate(texts)), encoding="utf-8")
+    src.write_text(
+        "".join(
+            json.dumps({"id": f"m{k}", "organization_id": "o", "agent_id": "a", "text": t}, ensure_ascii=False) + "\n"
+            for k, t in enumerate(texts)
+        ),
+        encoding="utf-8",
+    )
     db = tmp_path / "m.db"
     assert main(["memories", "add", str(src), "--db", str(db)]) == 0
     with SqliteMemoryStore(db) as s:
@@ -80,12 +86,15 @@ def test_json_lines_strings_may_hold_unicode_line_breaks(tmp_path: Path, capsys:
     assert ":4:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("call, what", [
-    (lambda s: s.forget(""), "forget: organization_id"),
-    (lambda s: s.forget("o", ""), "forget: agent_id"),
-    (lambda s: s.stats(""), "stats: organization_id"),
-    (lambda s: s.expire(5, organization_id="o\ud800"), "expire: organization_id"),
-])
+@pytest.mark.parametrize(
+    "call, what",
+    [
+        (lambda s: s.forget(""), "forget: organization_id"),
+        (lambda s: s.forget("o", ""), "forget: agent_id"),
+        (lambda s: s.stats(""), "stats: organization_id"),
+        (lambda s: s.expire(5, organization_id="o\ud800"), "expire: organization_id"),
+    ],
+)
 def test_scope_arguments_of_store_operations_are_named_by_operation(tmp_path: Path, call: object, what: str) -> None:
     with SqliteMemoryStore(tmp_path / "m.db") as s:
         with pytest.raises(InvalidMemory, match=what):

@@ -32,7 +32,11 @@ def _loaded_after(statement: str) -> set[str]:
     # A fresh interpreter, so that nothing this test process imported counts.
     out = subprocess.run(
         [sys.executable, "-c", f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"],
-        capture_output=True, text=True, check=True, timeout=120, cwd=str(ROOT.parent),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=str(ROOT.parent),
     )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -49,8 +53,7 @@ def test_the_server_still_loads_the_wire_it_shares_with_the_client() -> None:
 
 
 def test_service_error_has_one_home() -> None:
-    from ctxcore.service import ServiceError
-    from ctxcore.service import auth, convert, errors
+    from ctxcore.service import ServiceError, auth, convert, errors
 
     assert ServiceError is errors.ServiceError is auth.ServiceError
     assert convert.ServiceError is errors.ServiceError
@@ -59,7 +62,10 @@ def test_service_error_has_one_home() -> None:
 def test_no_import_cycle_among_ctxcore_modules() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "import_cycles.py"), "ctxcore"],
-        capture_output=True, text=True, timeout=120, cwd=str(ROOT.parent),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(ROOT.parent),
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -74,7 +80,10 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
     out = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "import_cycles.py"), "cyclic"],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 1
@@ -95,10 +104,13 @@ def test_the_import_contracts_hold() -> None:
     # pyproject.toml's [tool.importlinter]: the stores import nothing of the service or the
     # CLI, neither store imports the other, and the layers point one way; run on the
     # installed package (the working directory holds no ctxcore/).
-    code = ("import sys\nfrom importlinter.cli import lint_imports\n"
-            f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=str(ROOT.parent))
+    code = (
+        "import sys\nfrom importlinter.cli import lint_imports\n"
+        f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(ROOT.parent)
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 broken" in out.stdout, out.stdout
 
@@ -132,8 +144,13 @@ def test_the_layers_contract_ignores_only_imports_of_the_compiled_core() -> None
     package = Path(ctxcore.__file__).parent
     found = _root_imports(package)
     assert any(n == "_core" for _, _, n in found)  # the finder sees the modules' own imports of the core
-    others = [(f, ln, n) for f, ln, n in found if n not in {"_core", "__version__"}
-              and not (package / f"{n}.py").exists() and not (package / n / "__init__.py").exists()]
+    others = [
+        (f, ln, n)
+        for f, ln, n in found
+        if n not in {"_core", "__version__"}
+        and not (package / f"{n}.py").exists()
+        and not (package / n / "__init__.py").exists()
+    ]
     assert not others, others
 
 

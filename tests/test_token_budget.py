@@ -19,16 +19,34 @@ from ctxcore.payloads import count_anthropic, count_openai
 from ctxcore.request import HistoryPolicy
 
 ORG, AGENT = "org-1", "agent-1"
-ROOMY = ctxcore.AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, directive_timeout_ms=5000,
-                               hot_timeout_ms=5000, cold_timeout_ms=5000)
-TOPICS = ["refunds take five business days", "the customer prefers email over phone calls",
-          "the order shipped from the Lyon warehouse", "a replacement kettle was promised on 3 March",
-          "the invoice address changed to 12 Rue de la Paix", "the warranty covers the heating element"]
+ROOMY = ctxcore.AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=5000,
+    directive_timeout_ms=5000,
+    hot_timeout_ms=5000,
+    cold_timeout_ms=5000,
+)
+TOPICS = [
+    "refunds take five business days",
+    "the customer prefers email over phone calls",
+    "the order shipped from the Lyon warehouse",
+    "a replacement kettle was promised on 3 March",
+    "the invoice address changed to 12 Rue de la Paix",
+    "the warranty covers the heating element",
+]
 
 
 def memories(n: int) -> list[MemoryRecord]:
-    return [MemoryRecord(f"mem-{i:04d}", ORG, AGENT, f"Note {i}: {TOPICS[i % len(TOPICS)]} (ticket {1000 + 7 * i}).",
-                         similarity=0.95 - 0.0005 * i) for i in range(n)]
+    return [
+        MemoryRecord(
+            f"mem-{i:04d}",
+            ORG,
+            AGENT,
+            f"Note {i}: {TOPICS[i % len(TOPICS)]} (ticket {1000 + 7 * i}).",
+            similarity=0.95 - 0.0005 * i,
+        )
+        for i in range(n)
+    ]
 
 
 def conversation(turns: int) -> list[dict[str, Any]]:
@@ -37,20 +55,39 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     for t in range(turns):
         out.append({"role": "user", "content": f"Question {t}: where is my refund for order {4000 + t}? " * 3})
         if t == turns // 2:
-            out.append({"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call-1", "name": "lookup_order", "arguments": json.dumps({"order": 4000 + t})}]})
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "call-1", "name": "lookup_order", "arguments": json.dumps({"order": 4000 + t})}
+                    ],
+                }
+            )
             out.append({"role": "tool", "tool_call_id": "call-1", "content": "status: refunded on Monday " * 4})
         out.append({"role": "assistant", "content": f"Answer {t}: the refund is on its way, allow five days. " * 3})
     out.append({"role": "user", "content": "And the replacement kettle?"})
     return out
 
 
-TOOLS = [{"name": "lookup_order", "description": "Look an order up by its number.",
-          "parameters": {"type": "object", "properties": {"order": {"type": "integer"}}, "required": ["order"]}}]
+TOOLS = [
+    {
+        "name": "lookup_order",
+        "description": "Look an order up by its number.",
+        "parameters": {"type": "object", "properties": {"order": {"type": "integer"}}, "required": ["order"]},
+    }
+]
 
 
-def assemble(model: str, token_budget: int | None, *, rendering: str = "text", mems: Sequence[MemoryRecord] = (),
-             messages: Sequence[Any] = (), policy: HistoryPolicy = HistoryPolicy.STRICT) -> ctxcore.AssembledContext:
+def assemble(
+    model: str,
+    token_budget: int | None,
+    *,
+    rendering: str = "text",
+    mems: Sequence[MemoryRecord] = (),
+    messages: Sequence[Any] = (),
+    policy: HistoryPolicy = HistoryPolicy.STRICT,
+) -> ctxcore.AssembledContext:
     async def hot(scope: Any, query: Any, limit: int) -> list[MemoryRecord]:
         return list(mems)[:limit]
 
@@ -58,9 +95,16 @@ def assemble(model: str, token_budget: int | None, *, rendering: str = "text", m
         return "You are the support agent of Acme. Answer briefly."
 
     tools = TOOLS if rendering != "text" else []
-    req = AssemblyRequest(ORG, AGENT, model, Query("refund kettle"), messages=messages, tools=tools,
-                          options=AssemblyOptions(rendering=rendering, history_policy=policy),
-                          token_budget=token_budget)
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        model,
+        Query("refund kettle"),
+        messages=messages,
+        tools=tools,
+        options=AssemblyOptions(rendering=rendering, history_policy=policy),
+        token_budget=token_budget,
+    )
     return asyncio.run(ctxcore.assemble(req, sources=Sources(directive=directive, hot=hot), config=ROOMY))
 
 
@@ -80,6 +124,7 @@ def exact_payload_tokens(ctx: ctxcore.AssembledContext, rendering: str) -> int:
 
 
 # ---- the budget ---------------------------------------------------------------------------------
+
 
 def test_a_token_budget_below_the_window_caps_the_payload_and_its_safety_buffer() -> None:
     window = compute_budget("gpt-4o", directive_tokens=100)
@@ -103,8 +148,9 @@ def test_a_token_budget_smaller_than_the_fixed_parts_is_a_shortfall() -> None:
     assert b.usable == 0 and b.shortfall == 300 + 400 + b.safety_buffer - 500
 
 
-@pytest.mark.parametrize("bad,error", [(0, ValueError), (-5, ValueError), (True, TypeError), (1.5, TypeError),
-                                       ("100", TypeError)])
+@pytest.mark.parametrize(
+    "bad,error", [(0, ValueError), (-5, ValueError), (True, TypeError), (1.5, TypeError), ("100", TypeError)]
+)
 def test_a_bad_token_budget_is_refused_naming_it(bad: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="token_budget"):
         compute_budget("gpt-4o", token_budget=bad)
@@ -113,6 +159,7 @@ def test_a_bad_token_budget_is_refused_naming_it(bad: Any, error: type[Exception
 
 
 # ---- the payload -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("model", ["gpt-4", "gpt-4o"])
 @pytest.mark.parametrize("rendering", ["text", "openai", "anthropic"])
@@ -143,6 +190,7 @@ def test_without_a_token_budget_the_window_decides() -> None:
 
 # ---- history makes room ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("rendering", ["text", "openai", "anthropic"])
 def test_history_is_trimmed_oldest_first_for_the_token_budget_even_when_strict(rendering: str) -> None:
     msgs = conversation(12)
@@ -162,8 +210,11 @@ def test_history_is_trimmed_oldest_first_for_the_token_budget_even_when_strict(r
 
 
 def test_the_window_still_refuses_a_strict_request_it_cannot_hold() -> None:
-    huge = [{"role": "user", "content": "word " * 9000}, {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": "and?"}]
+    huge = [
+        {"role": "user", "content": "word " * 9000},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and?"},
+    ]
     with pytest.raises(ctxcore.ContextOverflow):
         assemble("gpt-4", 1000, messages=huge)
 
@@ -175,6 +226,7 @@ def test_a_token_budget_the_latest_turn_cannot_fit_is_refused_with_the_numbers()
 
 
 # ---- the service and the CLI -------------------------------------------------------------------
+
 
 def test_the_token_budget_crosses_the_wire() -> None:
     from ctxcore.service.convert import request_from_proto
@@ -195,27 +247,45 @@ def test_the_token_budget_crosses_the_wire() -> None:
 
 
 def test_the_cli_takes_a_token_budget() -> None:
-    out = subprocess.run([sys.executable, "-m", "ctxcore", "demo", "--token-budget", "700", "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxcore", "demo", "--token-budget", "700", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc = json.loads(out.stdout)
     assert doc["budget"]["token_budget"] == 700
     assert ctxcore.count_tokens(doc["text"], "o200k_base").value <= doc["prompt_tokens"] <= 700
-    bad = subprocess.run([sys.executable, "-m", "ctxcore", "demo", "--token-budget", "0"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "ctxcore", "demo", "--token-budget", "0"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode != 0 and "token-budget" in bad.stderr
 
 
 # ---- per-section caps --------------------------------------------------------------------------
 
 
-def _with_sections(section_budgets: dict[str, int], *, token_budget: int | None = None,
-                   policy: HistoryPolicy = HistoryPolicy.STRICT, n: int = 200) -> ctxcore.AssembledContext:
+def _with_sections(
+    section_budgets: dict[str, int],
+    *,
+    token_budget: int | None = None,
+    policy: HistoryPolicy = HistoryPolicy.STRICT,
+    n: int = 200,
+) -> ctxcore.AssembledContext:
     async def hot(scope: Any, query: Any, limit: int) -> list[MemoryRecord]:
         return memories(n)[:limit]
 
-    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("refund"), messages=conversation(12),
-                          options=AssemblyOptions(history_policy=policy), token_budget=token_budget,
-                          section_budgets=section_budgets)
+    req = AssemblyRequest(
+        ORG,
+        AGENT,
+        "gpt-4o",
+        Query("refund"),
+        messages=conversation(12),
+        options=AssemblyOptions(history_policy=policy),
+        token_budget=token_budget,
+        section_budgets=section_budgets,
+    )
     return asyncio.run(ctxcore.assemble(req, sources=Sources(hot=hot), config=ROOMY))
 
 
@@ -252,8 +322,9 @@ def test_drops_for_the_budget_and_for_the_cap_are_told_apart() -> None:
     full = _with_sections({})
     # A token budget that needs a few turns gone, and a tighter history cap than that.
     budget = full.prompt_tokens.value - full.pack.tokens_used - full.budget.messages_tokens // 4  # type: ignore[union-attr]
-    ctx = _with_sections({"history": full.budget.messages_tokens // 5}, token_budget=budget,
-                         policy=HistoryPolicy.TRIM_OLDEST)
+    ctx = _with_sections(
+        {"history": full.budget.messages_tokens // 5}, token_budget=budget, policy=HistoryPolicy.TRIM_OLDEST
+    )
     reasons = [d.reason for d in ctx.history_dropped]
     assert reasons[0] == "budget" and reasons[-1] == "history_budget"
     assert reasons == sorted(reasons)  # the budget's drops are the oldest
@@ -261,12 +332,15 @@ def test_drops_for_the_budget_and_for_the_cap_are_told_apart() -> None:
     assert exact <= budget
 
 
-@pytest.mark.parametrize("bad,error,match", [
-    ({"tools": 5}, ValueError, "unknown section 'tools'"),
-    ({"history": -1}, ValueError, r"section_budgets\['history'\] must be an int >= 0"),
-    ({"memories": 2.5}, TypeError, r"section_budgets\['memories'\] must be an int"),
-    ([("history", 1)], TypeError, "section_budgets must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "bad,error,match",
+    [
+        ({"tools": 5}, ValueError, "unknown section 'tools'"),
+        ({"history": -1}, ValueError, r"section_budgets\['history'\] must be an int >= 0"),
+        ({"memories": 2.5}, TypeError, r"section_budgets\['memories'\] must be an int"),
+        ([("history", 1)], TypeError, "section_budgets must be a mapping"),
+    ],
+)
 def test_bad_section_budgets_are_typed_errors(bad: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), section_budgets=bad)

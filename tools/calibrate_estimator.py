@@ -371,10 +371,20 @@ class Tables:
 #: Word model per family (ctxcore::WordMode): how its pre-tokenizer pattern forms words.
 WORD_MODES = {"cl100k_base": 1, "o200k_base": 2}
 #: Unicode White_Space (what the patterns' \s matches), without \r and \n.
-WHITE_SPACE = {*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F,
-               0x205F, 0x3000} - {0x0A, 0x0D}
-CLASS_OF_CATEGORY = {"Ll": 1, "Lu": 2, "Lt": 2, "Lm": 3, "Lo": 3, "Mn": 4, "Mc": 4, "Me": 4, "Nd": 5, "Nl": 5,
-                     "No": 5}
+WHITE_SPACE = {
+    *range(0x09, 0x0E),
+    0x20,
+    0x85,
+    0xA0,
+    0x1680,
+    *range(0x2000, 0x200B),
+    0x2028,
+    0x2029,
+    0x202F,
+    0x205F,
+    0x3000,
+} - {0x0A, 0x0D}
+CLASS_OF_CATEGORY = {"Ll": 1, "Lu": 2, "Lt": 2, "Lm": 3, "Lo": 3, "Mn": 4, "Mc": 4, "Me": 4, "Nd": 5, "Nl": 5, "No": 5}
 MAX_WORD_CODE_POINTS = 128  # ctxcore::kMaxWordCodePoints
 
 
@@ -457,12 +467,22 @@ def word_model() -> WordModel:
     return WordModel(WORD_MODES[FAMILY], classes, "\x00".join(vocabulary_words(classes)).encode("utf-8"))
 
 
-def compiled(tables: Tables, words: WordModel, scale: float = 1.0, spread: float = 0.0) -> "_core.Estimator":
+def compiled(tables: Tables, words: WordModel, scale: float = 1.0, spread: float = 0.0) -> _core.Estimator:
     from ctxcore import _core
 
-    return _core.Estimator(PAIR_BITS, tables.latin, tables.entries, tables.block, scale, spread,
-                           word_mode=words.mode, char_classes=words.classes, words=words.words,
-                           word_cost=tables.word_cost, word_scale=WORD_SCALE)
+    return _core.Estimator(
+        PAIR_BITS,
+        tables.latin,
+        tables.entries,
+        tables.block,
+        scale,
+        spread,
+        word_mode=words.mode,
+        char_classes=words.classes,
+        words=words.words,
+        word_cost=tables.word_cost,
+        word_scale=WORD_SCALE,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,9 +504,17 @@ def features(texts: Sequence[str], words: WordModel) -> Features:
     from ctxcore import _core
 
     probe = _core.Estimator(
-        PAIR_BITS, np.zeros(_core.ESTIMATOR_LATIN_PAIRS, np.uint16), np.full(1 << PAIR_BITS, 0xFFFF, np.uint32),
-        np.zeros(_core.ESTIMATOR_BLOCKS, np.uint16), 1.0, 0.0, word_mode=words.mode, char_classes=words.classes,
-        words=words.words, word_cost=0)
+        PAIR_BITS,
+        np.zeros(_core.ESTIMATOR_LATIN_PAIRS, np.uint16),
+        np.full(1 << PAIR_BITS, 0xFFFF, np.uint32),
+        np.zeros(_core.ESTIMATOR_BLOCKS, np.uint16),
+        1.0,
+        0.0,
+        word_mode=words.mode,
+        char_classes=words.classes,
+        words=words.words,
+        word_cost=0,
+    )
     n_latin = _core.ESTIMATOR_LATIN_PAIRS
     pairs, blocks, starts_all, idx, masks = [], [], [], [], []
     n_words = np.zeros(len(texts))
@@ -507,8 +535,15 @@ def features(texts: Sequence[str], words: WordModel) -> Features:
         starts_all.append(starts)
         idx.append(np.full(len(starts), k, dtype=np.int64))
         masks.append(mask)
-    return Features(np.concatenate(pairs), np.concatenate(blocks), np.concatenate(starts_all), np.concatenate(idx),
-                    np.concatenate(masks), n_words, word_tokens)
+    return Features(
+        np.concatenate(pairs),
+        np.concatenate(blocks),
+        np.concatenate(starts_all),
+        np.concatenate(idx),
+        np.concatenate(masks),
+        n_words,
+        word_tokens,
+    )
 
 
 def fit_tables(f: Features, weights: npt.NDArray[np.float64] | None = None) -> Tables:
@@ -573,7 +608,6 @@ def fit_tables(f: Features, weights: npt.NDArray[np.float64] | None = None) -> T
     return Tables(latin=latin, entries=entries, block=block_cost, word_cost=max(word_cost, int(unit)))
 
 
-
 def raw_costs(texts: Sequence[str], tables: Tables, words: WordModel) -> npt.NDArray[np.float64]:
     """Each text's raw cost in tokens as the compiled estimator sums it, one row each:
     (whole cost, the part priced as whole vocabulary words, the rest)."""
@@ -583,8 +617,14 @@ def raw_costs(texts: Sequence[str], tables: Tables, words: WordModel) -> npt.NDA
     units = est.raw_batch(list(texts))
     sure = np.minimum(units[:, 1], units[:, 0])
     unit = _core.ESTIMATOR_COST_UNIT
-    return np.stack([units[:, 0].astype(np.float64) / unit, sure.astype(np.float64) / unit,
-                     (units[:, 0] - sure).astype(np.float64) / unit], axis=1)
+    return np.stack(
+        [
+            units[:, 0].astype(np.float64) / unit,
+            sure.astype(np.float64) / unit,
+            (units[:, 0] - sure).astype(np.float64) / unit,
+        ],
+        axis=1,
+    )
 
 
 def apply_margin(
@@ -655,8 +695,12 @@ def write_params(tables: Tables, words: WordModel, scale: float, spread: float, 
     current = tomllib.loads(PARAMS_PATH.read_text(encoding="utf-8")) if PARAMS_PATH.exists() else {}
     table_file = f"estimator_{FAMILY}.npz"
     np.savez_compressed(
-        PARAMS_PATH.parent / table_file, latin_costs=tables.latin, pair_entries=tables.entries,
-        block_costs=tables.block, char_classes=words.classes, words=np.frombuffer(words.words, dtype=np.uint8),
+        PARAMS_PATH.parent / table_file,
+        latin_costs=tables.latin,
+        pair_entries=tables.entries,
+        block_costs=tables.block,
+        char_classes=words.classes,
+        words=np.frombuffer(words.words, dtype=np.uint8),
     )
     lines = [
         "# Calibrated parameters of ctxcore's token estimator, one table per tokenizer family.",
@@ -718,8 +762,9 @@ def write_report_section(section: str) -> None:
     REPORT_PATH.write_text("\n".join(parts), encoding="utf-8")
 
 
-def sweep(texts: Sequence[str], y: npt.NDArray[np.float64], train: npt.NDArray[np.bool_],
-          test: npt.NDArray[np.bool_]) -> None:
+def sweep(
+    texts: Sequence[str], y: npt.NDArray[np.float64], train: npt.NDArray[np.bool_], test: npt.NDArray[np.bool_]
+) -> None:
     """The held-out figures of every (reweighting rounds, calibration target) setting."""
     global TARGET_UNDERCOUNT
     fit_texts = [t for t, k in zip(texts, train) if k]
@@ -729,7 +774,9 @@ def sweep(texts: Sequence[str], y: npt.NDArray[np.float64], train: npt.NDArray[n
     raw = raw_costs(texts, tables, words)
     weights = np.ones(len(fit_texts))
     nonempty = np.ones(len(raw), dtype=bool)
-    print(f"{FAMILY}\n| rounds | target | scale | spread | held-out undercount | held-out median over |\n|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"{FAMILY}\n| rounds | target | scale | spread | held-out undercount | held-out median over |\n|---:|---:|---:|---:|---:|---:|"
+    )
     for rounds in range(4):
         if rounds:
             ratio = np.clip(raw[train, 0] / y[train], 0.3, 3.0)
@@ -741,7 +788,10 @@ def sweep(texts: Sequence[str], y: npt.NDArray[np.float64], train: npt.NDArray[n
             TARGET_UNDERCOUNT = target
             scale, spread = fit_margin(raw[train], y[train])
             s = stats(apply_margin(raw, nonempty, scale, spread)[test], y[test])
-            print(f"| {rounds} | {target:.2%} | {scale} | {spread} | {s.undercount:.2%} | {s.median_over:+.1%} |", flush=True)
+            print(
+                f"| {rounds} | {target:.2%} | {scale} | {spread} | {s.undercount:.2%} | {s.median_over:+.1%} |",
+                flush=True,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -749,7 +799,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="measure the shipped parameters; write nothing")
     parser.add_argument("--family", choices=FITTED_FAMILIES, default="cl100k_base", help="the family to calibrate")
     parser.add_argument(
-        "--sweep", action="store_true", help="print held-out figures for 0-3 reweighting rounds x targets; write nothing"
+        "--sweep",
+        action="store_true",
+        help="print held-out figures for 0-3 reweighting rounds x targets; write nothing",
     )
     args = parser.parse_args(argv)
     global FAMILY, REWEIGHT_ROUNDS, TARGET_UNDERCOUNT

@@ -32,8 +32,8 @@ def generate(proto_root: Path, out: Path) -> dict[str, str]:
     """Run protoc on ``proto_root/PROTO`` into `out`; return {relative path: text}."""
     # grpcio-tools ships no type hints (no py.typed marker, no stubs package); mypy reports
     # that at the module's first import.
-    from grpc_tools import protoc  # type: ignore[import-untyped]
     import grpc_tools
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [
@@ -61,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         texts = generate(root, Path(tmp))
-    stale = [rel for rel, text in texts.items() if not (root / rel).exists()
-             or (root / rel).read_text(encoding="utf-8") != text]
+    stale = [
+        rel
+        for rel, text in texts.items()
+        if not (root / rel).exists() or (root / rel).read_text(encoding="utf-8") != text
+    ]
     if args.check:
         for rel in stale:
             print(f"{rel} is out of date: run python tools/gen_proto.py", file=sys.stderr)

@@ -40,8 +40,10 @@ from collections.abc import Sequence
 import numpy as np
 
 APPROACHES = ("both", "cache-only", "lazy-only", "estimator-first", "estimator-only", "count-all")
-WORDS = ("the customer prefers email refund policy within thirty days escalate incidents to the on-call rota "
-         "pricing tier enterprise seats renewal date invoice sent in EUR not USD contact after ten am").split()
+WORDS = (
+    "the customer prefers email refund policy within thirty days escalate incidents to the on-call rota "
+    "pricing tier enterprise seats renewal date invoice sent in EUR not USD contact after ten am"
+).split()
 
 
 def _switch(approach: str) -> None:
@@ -64,8 +66,8 @@ def _switch(approach: str) -> None:
             per_unit = estimate_tokens_batch(memory_units(ids, texts), "cl100k_base")
             return (per_unit[0::2] + per_unit[1::2]).astype(np.int64)
 
-        setattr(pricing, "utf8_lengths", estimate)  # switching a module's internals
-        setattr(pricing, "rank_prices", lambda n, ratio: n.copy())
+        pricing.utf8_lengths = estimate  # switching a module's internals
+        pricing.rank_prices = lambda n, ratio: n.copy()
 
 
 def _run(approach: str) -> str:
@@ -75,8 +77,15 @@ def _run(approach: str) -> str:
     from ctxcore.benchmarking.gates import measure
 
     rng = random.Random(1)
-    base = [(f"mem-{i:05d}", " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 80))), rng.uniform(0.3, 1.0),
-             rng.random()) for i in range(1000)]
+    base = [
+        (
+            f"mem-{i:05d}",
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 80))),
+            rng.uniform(0.3, 1.0),
+            rng.random(),
+        )
+        for i in range(1000)
+    ]
 
     def sources(suffix: str = "") -> Sources:
         mems = [MemoryRecord(i, "org", "agent", t + suffix, similarity=s, confidence=c) for i, t, s, c in base]
@@ -92,15 +101,24 @@ def _run(approach: str) -> str:
 
         return Sources(directive, hot, cold)
 
-    req = AssemblyRequest("org", "agent", "gpt-4", Query("can I get a refund?"),
-                          messages=(Message("user", "can I get a refund for last month's invoice?"),),
-                          options=AssemblyOptions(max_memories=1000))
+    req = AssemblyRequest(
+        "org",
+        "agent",
+        "gpt-4",
+        Query("can I get a refund?"),
+        messages=(Message("user", "can I get a refund for last month's invoice?"),),
+        options=AssemblyOptions(max_memories=1000),
+    )
     loop = asyncio.new_event_loop()
     run = loop.run_until_complete
     same = sources()
     run(ctxcore.assemble(req, sources=same))
-    repeated = np.concatenate([measure(lambda: run(ctxcore.assemble(req, sources=same)), rounds=200, warmup=5,
-                                       timer=time.thread_time)[0] for _ in range(3)])
+    repeated = np.concatenate(
+        [
+            measure(lambda: run(ctxcore.assemble(req, sources=same)), rounds=200, warmup=5, timer=time.thread_time)[0]
+            for _ in range(3)
+        ]
+    )
     it = iter([sources(f" (call {r})") for r in range(45)])
     new = measure(lambda: run(ctxcore.assemble(req, sources=next(it))), rounds=40, warmup=2, timer=time.thread_time)[0]
     ctx = run(ctxcore.assemble(req, sources=same))
@@ -110,8 +128,10 @@ def _run(approach: str) -> str:
     assert exact <= ctx.budget.context_window - ctx.budget.response_reserve
     r50, r99 = np.percentile(repeated, [50, 99]) * 1e3
     n50, n99 = np.percentile(new, [50, 99]) * 1e3
-    return (f"| {approach:<15} | {r50:6.2f} | {r99:6.2f} | {n50:6.2f} | {n99:6.2f} | "
-            f"{ctx.pack.tokens_used / ctx.budget.usable:.4f} |")
+    return (
+        f"| {approach:<15} | {r50:6.2f} | {r99:6.2f} | {n50:6.2f} | {n99:6.2f} | "
+        f"{ctx.pack.tokens_used / ctx.budget.usable:.4f} |"
+    )
 
 
 MULTILINGUAL = (
@@ -132,7 +152,7 @@ def _quality(trials: int) -> None:
     from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Query, Sources
     from ctxcore.stores.counting import count_memory_tokens
 
-    setattr(pipeline, "secrets", types.SimpleNamespace(token_hex=lambda n: "5f" * n))
+    pipeline.secrets = types.SimpleNamespace(token_hex=lambda n: "5f" * n)
 
     def assemble(model: str, mems: list[MemoryRecord]) -> ctxcore.AssembledContext:
         async def hot(scope: object, query: object, limit: int) -> list[MemoryRecord]:
@@ -146,30 +166,40 @@ def _quality(trials: int) -> None:
     for trial in range(trials):
         model = rng.choice(["gpt-4", "gpt-4o"])
         n = rng.choice([50, 300, 1000, 3000] if model == "gpt-4o" else [30, 200, 1000])
-        words = rng.choice([MULTILINGUAL, "alpha beta gamma delta refund invoice".split(),
-                            MULTILINGUAL + ["x" * 30, "0123456789" * 3]])
+        words = rng.choice(
+            [MULTILINGUAL, "alpha beta gamma delta refund invoice".split(), MULTILINGUAL + ["x" * 30, "0123456789" * 3]]
+        )
         lo, hi = rng.choice([(3, 20), (10, 80), (5, 300)])
         ids = [f"q{trial}-{i}" for i in range(n)]
         texts = [" ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
         sims = [rng.uniform(0.2, 1.0) for _ in range(n)]
         family = ctxcore.default_catalog().get_model(model).tokenizer_family
         counts = count_memory_tokens(ids, texts, [family])[family]
-        exact = assemble(model, [MemoryRecord(i, "o", "a", t, similarity=s, exact_tokens={family: int(c)})
-                                 for i, t, s, c in zip(ids, texts, sims, counts)])
+        exact = assemble(
+            model,
+            [
+                MemoryRecord(i, "o", "a", t, similarity=s, exact_tokens={family: int(c)})
+                for i, t, s, c in zip(ids, texts, sims, counts)
+            ],
+        )
         lazy = assemble(model, [MemoryRecord(i, "o", "a", t, similarity=s) for i, t, s in zip(ids, texts, sims)])
         assert exact.pack is not None and lazy.pack is not None
-        assert ctxcore.count_tokens(lazy.text, family).value <= lazy.budget.context_window - lazy.budget.response_reserve
+        assert (
+            ctxcore.count_tokens(lazy.text, family).value <= lazy.budget.context_window - lazy.budget.response_reserve
+        )
         ratios.append(lazy.pack.total_score / exact.pack.total_score if exact.pack.total_score else 1.0)
         if exact.pack.truncated:  # plentiful: not everything fits
             fills.append((lazy.pack.tokens_used / lazy.budget.usable, exact.pack.tokens_used / exact.budget.usable))
             priced = [e.pricing for e in lazy.trace if e.pricing]
             counted.append(priced.count("counted") / len(priced))
     r = np.array(ratios)
-    print(f"{trials} candidate sets: score of the selection / full exact pricing's: min {r.min():.8f}, "
-          f"median {np.median(r):.6f}, equal in {int((np.abs(r - 1) < 1e-12).sum())}; where not everything fits "
-          f"({len(fills)} sets): fill of usable min {min(f for f, _ in fills):.4f}, median "
-          f"{np.median([f for f, _ in fills]):.4f} (full exact pricing: min {min(e for _, e in fills):.4f}), "
-          f"share of candidates counted median {np.median(counted):.3f}, max {max(counted):.3f}")
+    print(
+        f"{trials} candidate sets: score of the selection / full exact pricing's: min {r.min():.8f}, "
+        f"median {np.median(r):.6f}, equal in {int((np.abs(r - 1) < 1e-12).sum())}; where not everything fits "
+        f"({len(fills)} sets): fill of usable min {min(f for f, _ in fills):.4f}, median "
+        f"{np.median([f for f, _ in fills]):.4f} (full exact pricing: min {min(e for _, e in fills):.4f}), "
+        f"share of candidates counted median {np.median(counted):.3f}, max {max(counted):.3f}"
+    )
 
 
 def main(argv: list[str]) -> int:

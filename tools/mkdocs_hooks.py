@@ -41,7 +41,7 @@ class _Doctests(Preprocessor):
 
 
 class DoctestExtension(Extension):
-    def extendMarkdown(self, md: Markdown) -> None:  # noqa: N802 - Markdown's name
+    def extendMarkdown(self, md: Markdown) -> None:
         # Before the fenced-code preprocessors (priority 25-30), so the fences it adds are read.
         md.preprocessors.register(_Doctests(md), "ctxcore_doctests", 40)
 

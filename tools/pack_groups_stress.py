@@ -61,7 +61,9 @@ def main() -> None:
             proven[key][0] += int(res.proven_optimal)
             proven[key][1] += 1
     for key in sorted(worst):
-        print(f"{key[0]:>17} {key[1]:>8}: worst {worst[key]:.6f} of the optimum, proven {proven[key][0]}/{proven[key][1]}")
+        print(
+            f"{key[0]:>17} {key[1]:>8}: worst {worst[key]:.6f} of the optimum, proven {proven[key][0]}/{proven[key][1]}"
+        )
     print(f"{len(times)} packs: median {np.median(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms")
 
 

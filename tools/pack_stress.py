@@ -34,9 +34,9 @@ from collections import defaultdict
 import numpy as np
 
 import ctxcore
+from ctxcore.benchmarking.instances import memory_instance, pack_instance
 from ctxcore.benchmarking.references import numpy_bucket_dp as bucket_dp
 from ctxcore.benchmarking.references import numpy_dp as exact
-from ctxcore.benchmarking.instances import memory_instance, pack_instance
 
 FAMILIES = ("uniform", "correlated", "memory", "small", "strong", "large", "skewed")
 
@@ -143,7 +143,13 @@ def main() -> None:
                 ratio = res.total_score / best if best > 0 else 1.0
                 if res.proven_optimal:
                     # A proof must be right: the exact DP agrees.
-                    assert abs(res.total_score - best) <= 1e-9 * max(1.0, best), (family, n, budget, res.total_score, best)
+                    assert abs(res.total_score - best) <= 1e-9 * max(1.0, best), (
+                        family,
+                        n,
+                        budget,
+                        res.total_score,
+                        best,
+                    )
                 key = (family, path, search)
                 worst[key] = min(worst[key], ratio)
                 proven[key] += res.proven_optimal

@@ -30,6 +30,11 @@ else:
     raise AssertionError("HttpMemorySource without the http extra")
 serve = subprocess.run([sys.executable, "-m", "ctxcore", "serve"], capture_output=True, text=True, timeout=120)
 assert serve.returncode == 1, serve
-assert serve.stderr.strip() == "ctxcore: error: ctxcore serve needs the 'service' extra: pip install 'ctxcore-llm[service]'", serve.stderr
-print(f"smoke test: ctxcore {ctxcore.__version__} from {ctxcore.__file__}: pack, count_tokens, "
-      "extras named when missing: ok")
+assert (
+    serve.stderr.strip()
+    == "ctxcore: error: ctxcore serve needs the 'service' extra: pip install 'ctxcore-llm[service]'"
+), serve.stderr
+print(
+    f"smoke test: ctxcore {ctxcore.__version__} from {ctxcore.__file__}: pack, count_tokens, "
+    "extras named when missing: ok"
+)

@@ -22,8 +22,10 @@ from collections.abc import Callable
 import ctxcore
 from ctxcore.formatting import COMPACT_SAFETY_SENTENCE
 
-WORDS = ("the support group was really moving and I went there on Friday with my friends after work "
-         "because she said it would help us talk about the adoption plans next summer").split()
+WORDS = (
+    "the support group was really moving and I went there on Friday with my friends after work "
+    "because she said it would help us talk about the adoption plans next summer"
+).split()
 
 
 def _memories(n: int, seed: int) -> list[dict[str, str]]:
@@ -31,8 +33,9 @@ def _memories(n: int, seed: int) -> list[dict[str, str]]:
     out = []
     for _ in range(n):
         words = [rng.choice(WORDS) for _ in range(rng.randint(10, 40))]
-        out.append({"id": str(uuid.UUID(int=rng.getrandbits(128))),
-                    "text": "Caroline: " + " ".join(words).capitalize() + "."})
+        out.append(
+            {"id": str(uuid.UUID(int=rng.getrandbits(128))), "text": "Caroline: " + " ".join(words).capitalize() + "."}
+        )
     return out
 
 
@@ -45,8 +48,10 @@ def _counter(family: str) -> Callable[[str], int]:
 def measure(family: str, n: int = 200, seed: int = 0) -> dict[str, float | str]:
     count = _counter(family)
     mems = _memories(n, seed)
-    out: dict[str, float | str] = {"family": family,
-                                   "counted": "exact" if family in ctxcore.exact_families() else "estimate"}
+    out: dict[str, float | str] = {
+        "family": family,
+        "counted": "exact" if family in ctxcore.exact_families() else "estimate",
+    }
     for fmt, sentence in (("compact", COMPACT_SAFETY_SENTENCE), ("verbose", ctxcore.SAFETY_SENTENCE)):
         scored = [{**m, "score": 0.8731, "source": "vector"} for m in mems]
         ctx = ctxcore.format_context(memories=scored, memory_format=fmt)
@@ -71,13 +76,19 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print("| family | counted | compact, per memory | verbose, per memory | compact frame (sentence) | verbose frame (sentence) |")
+    print(
+        "| family | counted | compact, per memory | verbose, per memory | compact frame (sentence) | verbose frame (sentence) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['family']} | {r['counted']} | {r['compact_per_memory']} | {r['verbose_per_memory']} | "
-              f"{r['compact_frame']} ({r['compact_sentence']}) | {r['verbose_frame']} ({r['verbose_sentence']}) |")
-    print(f"\nmemories: {args.memories} conversational turns, median body {rows[0]['body_median']} tokens "
-          f"({rows[0]['family']}); UUID store ids; verbose writes score and source, compact neither")
+        print(
+            f"| {r['family']} | {r['counted']} | {r['compact_per_memory']} | {r['verbose_per_memory']} | "
+            f"{r['compact_frame']} ({r['compact_sentence']}) | {r['verbose_frame']} ({r['verbose_sentence']}) |"
+        )
+    print(
+        f"\nmemories: {args.memories} conversational turns, median body {rows[0]['body_median']} tokens "
+        f"({rows[0]['family']}); UUID store ids; verbose writes score and source, compact neither"
+    )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,11 @@ def _as_mapping(m: BaseMessage) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": _content(content) if content else ""}
         if m.tool_calls:
             out["tool_calls"] = [
-                {"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)}}
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)},
+                }
                 for c in m.tool_calls
             ]
         return out
@@ -157,14 +160,23 @@ def assembler(
         catalog: the capability catalog; the shipped one by default.
         config: service settings (timeouts); `AssemblyConfig.from_env()` by default.
     """
-    opts = options if options is not None else AssemblyOptions(
-        history_policy=HistoryPolicy.TRIM_OLDEST, rendering=Rendering.OPENAI
+    opts = (
+        options
+        if options is not None
+        else AssemblyOptions(history_policy=HistoryPolicy.TRIM_OLDEST, rendering=Rendering.OPENAI)
     )
 
     async def run(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         history = from_langchain(messages)
-        req = AssemblyRequest(organization_id, agent_id, model, Query(_latest_user_text(history)),
-                              messages=history, tools=tuple(tools), options=opts)
+        req = AssemblyRequest(
+            organization_id,
+            agent_id,
+            model,
+            Query(_latest_user_text(history)),
+            messages=history,
+            tools=tuple(tools),
+            options=opts,
+        )
         ctx = await assemble(req, sources=sources, catalog=catalog, config=config)
         return to_langchain(ctx)
 

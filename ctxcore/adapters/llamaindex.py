@@ -49,8 +49,9 @@ def _as_mapping(m: ChatMessage) -> dict[str, Any]:
             texts.append(b.text)
         elif isinstance(b, ToolCallBlock):
             args = b.tool_kwargs if isinstance(b.tool_kwargs, str) else json.dumps(b.tool_kwargs, ensure_ascii=False)
-            calls.append({"id": b.tool_call_id, "type": "function",
-                          "function": {"name": b.tool_name, "arguments": args}})
+            calls.append(
+                {"id": b.tool_call_id, "type": "function", "function": {"name": b.tool_name, "arguments": args}}
+            )
         else:
             raise ValueError(
                 f"content[{j}] is a {getattr(b, 'block_type', type(b).__name__)!r} part: only text parts are "

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..budget import BudgetPolicy
 from ..errors import ConfigError
+from ..rerank import DEFAULT_RERANK_POOL, DEFAULT_RERANK_TIMEOUT_MS, check_rerank_settings
 from ..retrieval import (
     DEFAULT_CLIENT_TIMEOUT_MS,
     DEFAULT_COLD_TIMEOUT_MS,
@@ -20,7 +21,6 @@ from ..retrieval import (
     BranchTimeouts,
     is_milliseconds,
 )
-from ..rerank import DEFAULT_RERANK_POOL, DEFAULT_RERANK_TIMEOUT_MS, check_rerank_settings
 from ..scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoringConfig
 
 #: Time kept after retrieval, under a caller deadline, for scoring, packing and formatting
@@ -112,5 +112,3 @@ class AssemblyConfig:
                 raise ConfigError(f"{var} must be a number, got {raw!r}") from None
         values.update(overrides)
         return cls(**values)
-
-

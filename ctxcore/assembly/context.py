@@ -206,8 +206,13 @@ class AssembledContext:
             "degradation_reasons": list(self.degradation_reasons),
             "constrained": self.constrained,
             "history_dropped": [
-                {"first_index": d.first_index, "count": d.count, "tokens": d.tokens, "roles": list(d.roles),
-                 "reason": d.reason}
+                {
+                    "first_index": d.first_index,
+                    "count": d.count,
+                    "tokens": d.tokens,
+                    "roles": list(d.roles),
+                    "reason": d.reason,
+                }
                 for d in self.history_dropped
             ],
             "scoring": dict(self.scoring),
@@ -225,5 +230,3 @@ class AssembledContext:
             "framing_tokens": self.framing_tokens,
             "stable_prefix_tokens": self.stable_prefix_tokens,
         }
-
-

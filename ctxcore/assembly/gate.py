@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..memory import MemoryBatch, MemoryOrigin, MemoryRecord, Chain
+from ..memory import Chain, MemoryBatch, MemoryOrigin, MemoryRecord
 from ..result import TraceReason
 from ..scoring import (
     SIGNALS,
@@ -26,7 +26,7 @@ from ..scoring import (
     value_scores,
 )
 from .config import RECENCY_HALF_LIFE_DAYS
-from .trace import REASON_CODE, TraceTable, TraceRows
+from .trace import REASON_CODE, TraceRows, TraceTable
 
 
 @dataclass(slots=True)
@@ -72,39 +72,67 @@ class Columns:
             return cls._with_fulltext(cls(*_core.memory_columns((), MemoryRecord, family)), ())
         if all(type(p) is MemoryBatch for p in parts):
             return cls._of_batches(parts, family)  # type: ignore[arg-type]
-        cols = [cls._of_batches((p,), family) if type(p) is MemoryBatch else
-                cls._with_fulltext(cls(*_core.memory_columns(p, MemoryRecord, family)), p) for p in parts]
+        cols = [
+            cls._of_batches((p,), family)
+            if type(p) is MemoryBatch
+            else cls._with_fulltext(cls(*_core.memory_columns(p, MemoryRecord, family)), p)
+            for p in parts
+        ]
         if len(cols) == 1:
             return cols[0]
         origins = [o for c in cols for o in c.origins]
         return cls._joined(
-            [i for c in cols for i in c.ids], [t for c in cols for t in c.texts], origins,
-            [[getattr(c, f) for c in cols]
-             for f in ("similarity", "confidence", "importance", "created_at", "stored", "fulltext")],
+            [i for c in cols for i in c.ids],
+            [t for c in cols for t in c.texts],
+            origins,
+            [
+                [getattr(c, f) for c in cols]
+                for f in ("similarity", "confidence", "importance", "created_at", "stored", "fulltext")
+            ],
         )
 
     @staticmethod
     def _with_fulltext(cols: Columns, records: Sequence[MemoryRecord]) -> Columns:
-        cols.fulltext = np.array([np.nan if (v := getattr(r, "fulltext_score", None)) is None else v
-                                  for r in records], dtype=np.float64)
+        cols.fulltext = np.array(
+            [np.nan if (v := getattr(r, "fulltext_score", None)) is None else v for r in records], dtype=np.float64
+        )
         return cols
 
     @classmethod
     def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> Columns:
         if len(parts) == 1:
             b = parts[0]
-            return cls._joined(b.ids, b.texts, list(b.origins),
-                               [[b.similarity], [b.confidence], [b.importance], [b.created_at], [b.counts(family)],
-                                [b.fulltext_score]])
+            return cls._joined(
+                b.ids,
+                b.texts,
+                list(b.origins),
+                [
+                    [b.similarity],
+                    [b.confidence],
+                    [b.importance],
+                    [b.created_at],
+                    [b.counts(family)],
+                    [b.fulltext_score],
+                ],
+            )
         return cls._joined(
-            [i for p in parts for i in p.ids], [t for p in parts for t in p.texts], [o for p in parts for o in p.origins],
-            [[p.similarity for p in parts], [p.confidence for p in parts], [p.importance for p in parts],
-             [p.created_at for p in parts], [p.counts(family) for p in parts], [p.fulltext_score for p in parts]],
+            [i for p in parts for i in p.ids],
+            [t for p in parts for t in p.texts],
+            [o for p in parts for o in p.origins],
+            [
+                [p.similarity for p in parts],
+                [p.confidence for p in parts],
+                [p.importance for p in parts],
+                [p.created_at for p in parts],
+                [p.counts(family) for p in parts],
+                [p.fulltext_score for p in parts],
+            ],
         )
 
     @classmethod
-    def _joined(cls, ids: list[str], texts: list[str], origins: list[str],
-                numbers: list[list[npt.NDArray[Any]]]) -> Columns:
+    def _joined(
+        cls, ids: list[str], texts: list[str], origins: list[str], numbers: list[list[npt.NDArray[Any]]]
+    ) -> Columns:
         """Columns from the parts' arrays of similarity, confidence, importance, creation
         time, stored count and full-text score (one array each: used as it is)."""
         distinct = list(dict.fromkeys(origins))
@@ -140,8 +168,6 @@ def _recency(created_at: npt.NDArray[np.float64], now: float) -> npt.NDArray[np.
     return np.power(0.5, age_days / RECENCY_HALF_LIFE_DAYS)
 
 
-
-
 def _merge_signals(cols: Columns) -> None:
     """A memory returned by more than one path (the hot and the cold one, say) carries the
     signals of all of them: each row of an id gets the id's best similarity and full-text
@@ -163,8 +189,9 @@ def _merge_signals(cols: Columns) -> None:
     cols.similarity, cols.fulltext = sim, fts
 
 
-def _fused(cols: Columns, model: ValueModel, config: ScoringConfig,
-           now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], list[str], dict[str, Any]]:
+def _fused(
+    cols: Columns, model: ValueModel, config: ScoringConfig, now: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], list[str], dict[str, Any]]:
     """Scores, the floors' verdict, each row's dominant signal and the record, under the
     fused value model."""
     _merge_signals(cols)
@@ -173,13 +200,17 @@ def _fused(cols: Columns, model: ValueModel, config: ScoringConfig,
     if is_hot.any():
         # The hot path's order is newest first; creation times rank it where known.
         order = -np.arange(cols.n, dtype=np.float64)
-        created = np.where(np.isnan(cols.created_at), order, cols.created_at) if not np.isnan(
-            cols.created_at[is_hot]).any() else order
+        created = (
+            np.where(np.isnan(cols.created_at), order, cols.created_at)
+            if not np.isnan(cols.created_at[is_hot]).any()
+            else order
+        )
         recency = np.where(is_hot, created, np.nan)
     else:
         recency = None
-    relevance, dominant = fuse(cols.similarity, cols.fulltext, fulltext=is_fulltext, recency=recency, model=model,
-                               reference=cols.reference)
+    relevance, dominant = fuse(
+        cols.similarity, cols.fulltext, fulltext=is_fulltext, recency=recency, model=model, reference=cols.reference
+    )
     age = (now - cols.created_at) / 86400.0
     scores = value_scores(relevance, cols.confidence, importance=cols.importance, age_days=age, model=model)
     best = float(relevance.max()) if relevance.size else 0.0
@@ -189,8 +220,7 @@ def _fused(cols: Columns, model: ValueModel, config: ScoringConfig,
     signals = [signal_names[d + 1] for d in dominant.tolist()]
     record = {
         "formula": ScoreFormula.FUSED.value,
-        "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight,
-                    "recency": model.recency_weight},
+        "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight, "recency": model.recency_weight},
         "ignored_weights": [],
         "value_model": model.record(),
         "relevance_floor": model.absolute_floor,
@@ -201,8 +231,14 @@ def _fused(cols: Columns, model: ValueModel, config: ScoringConfig,
     return scores, kept, signals, record
 
 
-def gate(cols: Columns, weights: ScoreWeights | None, config: ScoringConfig, max_memories: int | None,
-         trace: TraceTable, model: ValueModel | None = None) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
+def gate(
+    cols: Columns,
+    weights: ScoreWeights | None,
+    config: ScoringConfig,
+    max_memories: int | None,
+    trace: TraceTable,
+    model: ValueModel | None = None,
+) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
     """Score the candidates, gate them on relevance, keep the best-scored row of each id
     and at most `max_memories` of them (best first, then by id; None: no count cap). With
     `model` and no `weights`, the fused value model scores; otherwise the interim or the
@@ -239,15 +275,32 @@ def gate(cols: Columns, weights: ScoreWeights | None, config: ScoringConfig, max
         keep &= first
         reason[~first] = REASON_CODE[TraceReason.DUPLICATE]
     out = np.flatnonzero(~keep)
-    trace.add_rows(TraceRows(cols.ids, cols.origins, out, reason[out], cols.scores[out], cols.relevance[out],
-                              signal=[signals[i] for i in out.tolist()]))
+    trace.add_rows(
+        TraceRows(
+            cols.ids,
+            cols.origins,
+            out,
+            reason[out],
+            cols.scores[out],
+            cols.relevance[out],
+            signal=[signals[i] for i in out.tolist()],
+        )
+    )
     cand = np.flatnonzero(keep)
     if max_memories is not None and cand.size > max_memories:
         ids, sc = cols.ids, cols.scores
         ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
         over = ranked[max_memories:]
-        trace.add_rows(TraceRows(cols.ids, cols.origins, over,
-                                  np.full(over.size, REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
-                                  cols.scores[over], cols.relevance[over], signal=[signals[i] for i in over.tolist()]))
+        trace.add_rows(
+            TraceRows(
+                cols.ids,
+                cols.origins,
+                over,
+                np.full(over.size, REASON_CODE[TraceReason.OVER_MAX_MEMORIES], np.uint8),
+                cols.scores[over],
+                cols.relevance[over],
+                signal=[signals[i] for i in over.tolist()],
+            )
+        )
         cand = ranked[:max_memories]
     return cand, record, signals

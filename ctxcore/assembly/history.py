@@ -88,5 +88,3 @@ def trim(
         keep[begin:end] = False
         drops.append(HistoryDrop(begin, end - begin, t, tuple(roles[begin:end])))
     return np.flatnonzero(keep).tolist(), drops
-
-

@@ -20,7 +20,7 @@ from .. import _core, tokens
 from ..catalog import Catalog, ModelCapability
 from ..counting import boundary_allowance, count_exact_batch
 from ..errors import TokenizerUnavailable
-from ..formatting import FORMAT_CODES, PIECE_DIRECTIVE, PIECE_FRAME, PIECE_MEMORY, PIECE_MESSAGE, PIECE_TOOLS
+from ..formatting import FORMAT_CODES, PIECE_DIRECTIVE, PIECE_FRAME, PIECE_MESSAGE
 from ..tokens import TokenKind, estimator_for, exact_families
 
 #: Exact counting speed assumed when deciding whether a count can be had before the
@@ -145,11 +145,13 @@ class Ledger:
         priced = estimator_for(self.family).price_pieces(text, ends, np.zeros(len(pieces), dtype=bool), ">", ">")
         return list(priced.tolist())
 
-    def price(self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None,
-              frame: bool) -> tuple[list[int], list[int]]:
+    def price(
+        self, directive: str | None, history: Sequence[Mapping[str, str]], tools_json: str | None, frame: bool
+    ) -> tuple[list[int], list[int]]:
         """(kinds, costs) of every piece of the context formatted without memories."""
-        text, _, _, pieces = _core.format_context(directive, history, (), tools_json, PRICING_NONCE, frame, True,
-                                                  self.format_code)
+        text, _, _, pieces = _core.format_context(
+            directive, history, (), tools_json, PRICING_NONCE, frame, True, self.format_code
+        )
         kinds, texts = split_pieces(text, pieces)
         return kinds, self.costs(text, pieces, texts)
 
@@ -157,8 +159,14 @@ class Ledger:
         """The formatter's fixed text (with the memories section) and the directive's cost.
         Placeholders stand in for the messages and tools: the frame around them is the same.
         Kept per directive (a scope's repeats on every call), least recently used first out."""
-        key = (self.exact, self.format_code, has_history, has_tools, _CountCache.key(self.family, directive or ""),
-               directive is None)
+        key = (
+            self.exact,
+            self.format_code,
+            has_history,
+            has_tools,
+            _CountCache.key(self.family, directive or ""),
+            directive is None,
+        )
         got = _FRAMES.get_many([key])[0]
         if got is None:
             got = self._frame_and_directive(directive, has_history, has_tools)
@@ -240,5 +248,3 @@ def can_count_exactly(cat: Catalog, cap: ModelCapability, deadline: float | None
 
 def time_left_ms(deadline: float | None) -> float:
     return math.inf if deadline is None else (deadline - time.monotonic()) * 1000.0
-
-

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MEMORY_COUNT_CACHE_CHARS", "MEMORY_COUNT_CACHE_ENTRIES", "MemoryCountCacheStats", "memory_count_cache_stats"]
+__all__ = [
+    "MEMORY_COUNT_CACHE_CHARS",
+    "MEMORY_COUNT_CACHE_ENTRIES",
+    "MemoryCountCacheStats",
+    "memory_count_cache_stats",
+]
 
 #: Memories whose exact counts are kept (all families together): a few hundred
 #: conversations' worth of retrieved memories at ~100 candidates counted per request.
@@ -128,8 +133,12 @@ class _MemoryCountCache:
     def stats(self) -> MemoryCountCacheStats:
         with self._lock:
             return MemoryCountCacheStats(
-                self._young_entries + self._old_entries, self._young_chars + self._old_chars,
-                self.max_entries, self.max_chars, self._hits, self._misses,
+                self._young_entries + self._old_entries,
+                self._young_chars + self._old_chars,
+                self.max_entries,
+                self.max_chars,
+                self._hits,
+                self._misses,
             )
 
     def clear(self) -> None:

@@ -1,5 +1,4 @@
-"""`assemble`: request -> budget -> retrieval -> gate -> price -> pack -> format -> result.
-"""
+"""`assemble`: request -> budget -> retrieval -> gate -> price -> pack -> format -> result."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..catalog import Catalog, default_catalog
-from ..formatting import SECTIONS, COMPACT_NONCE_DIGITS, NONCE_BYTES, Sections
+from ..formatting import COMPACT_NONCE_DIGITS, NONCE_BYTES, SECTIONS, Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
@@ -40,7 +39,7 @@ from .context import AssembledContext
 from .gate import Columns, gate
 from .plan import Plan, make_plan, settle
 from .pricing import attribute_mask, price_candidates
-from .trace import PACK_REASON_CODES, REASON_CODE, TraceTable, TraceRows
+from .trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 
 _PINNED = "pinned"
 _PINNED_CODE = int(REASON_CODE[TraceReason.PINNED])
@@ -48,6 +47,7 @@ _PINNED_CODE = int(REASON_CODE[TraceReason.PINNED])
 _T = TypeVar("_T")
 #: The normalized texts of retrieved memories, kept across requests (near-duplicates).
 _TEXT_KEYS = TextKeys()
+
 
 async def _in(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> _T:
     if executor is None:
@@ -163,16 +163,38 @@ async def assemble(
             reasons.append(f"{b.branch.value}_{b.status.value}")
     if reranker is None:
         return await _in(
-            executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
-            t_start, t_retrieved,
+            executor,
+            _finish,
+            request,
+            plan,
+            retrieved,
+            cfg,
+            scoring_config,
+            weights,
+            reasons,
+            deadline,
+            t_start,
+            t_retrieved,
         )
     scored = await _in(executor, _score, request, retrieved, plan, scoring_config, weights)
     record = await _rerank(reranker, request, scored, cfg, deadline)
     if record.status is not RerankStatus.OK:
         reasons.append(f"rerank_{record.status.value}")
     return await _in(
-        executor, _finish, request, plan, retrieved, cfg, scoring_config, weights, reasons, deadline,
-        t_start, t_retrieved, scored, record,
+        executor,
+        _finish,
+        request,
+        plan,
+        retrieved,
+        cfg,
+        scoring_config,
+        weights,
+        reasons,
+        deadline,
+        t_start,
+        t_retrieved,
+        scored,
+        record,
     )
 
 
@@ -189,8 +211,13 @@ class _Scored:
     t_scored: float
 
 
-def _score(request: AssemblyRequest, retrieved: Retrieved, plan: Plan, scoring_config: ScoringConfig,
-           weights: ScoreWeights | None) -> _Scored:
+def _score(
+    request: AssemblyRequest,
+    retrieved: Retrieved,
+    plan: Plan,
+    scoring_config: ScoringConfig,
+    weights: ScoreWeights | None,
+) -> _Scored:
     """Scoring, the gate, de-duplication and the per-request cap, over columns."""
     opts = request.options
     trace = TraceTable()
@@ -202,25 +229,35 @@ def _score(request: AssemblyRequest, retrieved: Retrieved, plan: Plan, scoring_c
     return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
 
 
-async def _rerank(reranker: Reranker, request: AssemblyRequest, scored: _Scored, cfg: AssemblyConfig,
-                  deadline: float | None) -> RerankRecord:
+async def _rerank(
+    reranker: Reranker, request: AssemblyRequest, scored: _Scored, cfg: AssemblyConfig, deadline: float | None
+) -> RerankRecord:
     """The rerank stage over the best candidates by value: it reorders them, and they take
     the pool's values again in its order (the value scale stays the value model's)."""
     cols, cand = scored.cols, scored.cand
     values = cols.scores[cand]
     top = np.argsort(-values, kind="stable")[: cfg.rerank_pool]
     rows = cand[top]
-    order, record = await rerank(reranker, request.query.text, [cols.texts[i] for i in rows.tolist()],
-                                 timeout_ms=cfg.rerank_timeout_ms, deadline=deadline,
-                                 headroom_ms=cfg.packing_headroom_ms)
+    order, record = await rerank(
+        reranker,
+        request.query.text,
+        [cols.texts[i] for i in rows.tolist()],
+        timeout_ms=cfg.rerank_timeout_ms,
+        deadline=deadline,
+        headroom_ms=cfg.packing_headroom_ms,
+    )
     if order is not None:
         cols.scores[rows[order]] = values[top]  # values[top] is sorted best first
     return record
 
 
-def _packer(cols: Columns, cand: npt.NDArray[np.intp], usable: int,
-            pins: frozenset[str] | Sequence[str] | None, rank_tolerance: float
-            ) -> tuple[Callable[[npt.NDArray[np.int64]], PackResult], npt.NDArray[np.bool_] | None]:
+def _packer(
+    cols: Columns,
+    cand: npt.NDArray[np.intp],
+    usable: int,
+    pins: frozenset[str] | Sequence[str] | None,
+    rank_tolerance: float,
+) -> tuple[Callable[[npt.NDArray[np.int64]], PackResult], npt.NDArray[np.bool_] | None]:
     """The knapsack over the candidates' scores (pinned ones first), as a function of
     their priced costs, keeping the rank-order packing within `rank_tolerance` of it
     (`ValueModel`); and which candidates are pinned."""
@@ -236,13 +273,13 @@ def _packer(cols: Columns, cand: npt.NDArray[np.intp], usable: int,
         # Near-duplicates (one normalized text) take room once: the selection is checked,
         # and only a selection holding two of them is packed again with the candidates'
         # groups (at most one member each), which then hold for the request's later rounds.
-        result = pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance,
-                             groups=groups[0])
+        result = pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance, groups=groups[0])
         if groups[0] is None and result.indices.size > 1:
             if has_duplicates(_TEXT_KEYS.keys([cols.texts[rows[k]] for k in result.indices.tolist()])):
                 groups[0] = groups_from_keys(_TEXT_KEYS.keys(list(map(cols.texts.__getitem__, rows))))
-                result = pack_arrays(ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance,
-                                     groups=groups[0])
+                result = pack_arrays(
+                    ids, costs, scores, usable, pinned=pinned, rank_tolerance=rank_tolerance, groups=groups[0]
+                )
         return result
 
     return pack, pinned
@@ -282,8 +319,11 @@ def _finish(
 
     # ---- price the candidates, pack
     compact = opts.memory_format == "compact"
-    nonce = (f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}" if compact
-             else secrets.token_hex(NONCE_BYTES))
+    nonce = (
+        f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}"
+        if compact
+        else secrets.token_hex(NONCE_BYTES)
+    )
     pack_result: PackResult | None = None
     memory_total = 0
     selected = np.empty(0, dtype=np.intp)
@@ -291,10 +331,19 @@ def _finish(
         room = budget.usable
         if "memories" in request.section_budgets:
             room = min(room, request.section_budgets["memories"])
-        pack, pinned = _packer(cols, cand, room, opts.pinned_memory_ids,
-                               model.rank_tolerance if model is not None else 0.0)
+        pack, pinned = _packer(
+            cols, cand, room, opts.pinned_memory_ids, model.rank_tolerance if model is not None else 0.0
+        )
         costs, pricing, recounted, pack_result = price_candidates(
-            cols, retrieved.memories, cand, plan.ledger, nonce, deadline, cfg.packing_headroom_ms / 2, pack, pinned,
+            cols,
+            retrieved.memories,
+            cand,
+            plan.ledger,
+            nonce,
+            deadline,
+            cfg.packing_headroom_ms / 2,
+            pack,
+            pinned,
             opts.memory_attributes,
         )
         memory_total = int(pack_result.tokens_used)
@@ -304,17 +353,39 @@ def _finish(
         if pinned is not None:
             for k in np.flatnonzero(pack_reasons == _PINNED_CODE).tolist():
                 signal[k] = _PINNED
-        trace.add_rows(TraceRows(cols.ids, cols.origins, cand, pack_reasons,
-                                  cols.scores[cand], cols.relevance[cand], costs, recounted, pricing,
-                                  signal=signal))
+        trace.add_rows(
+            TraceRows(
+                cols.ids,
+                cols.origins,
+                cand,
+                pack_reasons,
+                cols.scores[cand],
+                cols.relevance[cand],
+                costs,
+                recounted,
+                pricing,
+                signal=signal,
+            )
+        )
         selected = cand[pack_result.indices]
     t_packed = time.perf_counter()
 
     # ---- format
     text, spans, replaced, _ = _core.format_columns(
-        directive, history, cols.ids, cols.texts, cols.scores if cols.n else np.empty(0), cols.origins,
-        selected.astype(np.int64, copy=False), plan.tools_json, nonce, False, False,
-        plan.ledger.format_code, attribute_mask(opts.memory_attributes) if compact else 3, compact,
+        directive,
+        history,
+        cols.ids,
+        cols.texts,
+        cols.scores if cols.n else np.empty(0),
+        cols.origins,
+        selected.astype(np.int64, copy=False),
+        plan.tools_json,
+        nonce,
+        False,
+        False,
+        plan.ledger.format_code,
+        attribute_mask(opts.memory_attributes) if compact else 3,
+        compact,
     )
     handles = {f"m{k + 1}": cols.ids[i] for k, i in enumerate(selected.tolist())} if compact else {}
     sections = Sections(text, {str(SECTIONS[k]): (begin, end) for k, begin, end in spans})
@@ -328,8 +399,11 @@ def _finish(
         total_ms=(t_end - t_start) * 1000.0,
     )
     prompt = (
-        budget.directive_tokens + budget.messages_tokens + budget.tool_schema_tokens
-        + budget.formatter_overhead_tokens + memory_total
+        budget.directive_tokens
+        + budget.messages_tokens
+        + budget.tool_schema_tokens
+        + budget.formatter_overhead_tokens
+        + memory_total
     )
     kept_messages = request.messages if not dropped else tuple(request.messages[i] for i in kept_idx)
     if plan.payload is None:

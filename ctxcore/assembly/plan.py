@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, replace
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,10 +24,10 @@ from ..result import HistoryDrop
 from .config import AssemblyConfig
 from .history import message_item, overflow_message, trim, turn_groups
 from .ledger import (
-    PRICING_NONCE,
     EXACT_COUNT_BYTES_PER_MS,
-    can_count_exactly,
+    PRICING_NONCE,
     Ledger,
+    can_count_exactly,
     ledger_capability,
     split_pieces,
     time_left_ms,
@@ -54,8 +54,9 @@ class Plan:
     payload: RenderingCosts | None = None
 
 
-def make_plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig,
-          deadline: float | None) -> Plan:
+def make_plan(
+    request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig, deadline: float | None
+) -> Plan:
     """Budget before work: price messages and tools and decide what history must go (up to
     the directive's share) before any store is queried; a request that cannot fit is
     refused here."""
@@ -84,8 +85,16 @@ def make_plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg:
     else:
         # A payload: each message costs its content and its framing by the provider's rule
         # (additive over messages, so trimming takes a group's framing off with it).
-        payload = rendering_costs(rendering, model=cap.name, family=family, exact=exact, directive=None,
-                                  messages=request.messages, tools=request.tools, memory_format=memory_format)
+        payload = rendering_costs(
+            rendering,
+            model=cap.name,
+            family=family,
+            exact=exact,
+            directive=None,
+            messages=request.messages,
+            tools=request.tools,
+            memory_format=memory_format,
+        )
         message_costs = np.array(payload.message_tokens, dtype=np.int64)
         tools_tokens = payload.tools_tokens
     groups = turn_groups(request.messages)
@@ -95,9 +104,14 @@ def make_plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg:
         fixed = ledger.frame_and_directive(None, bool(history), tools_json is not None)[0]
     else:
         fixed = payload.fixed_tokens
-    of = functools.partial(compute_budget, lcap, messages_tokens=int(message_costs.sum()),
-                           tool_schema_tokens=tools_tokens, formatter_overhead_tokens=fixed,
-                           policy=cfg.budget_policy)
+    of = functools.partial(
+        compute_budget,
+        lcap,
+        messages_tokens=int(message_costs.sum()),
+        tool_schema_tokens=tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
     budget = of(token_budget=request.token_budget)
     strict = _strict(request, of)
     if strict and "history" not in request.section_budgets:
@@ -108,8 +122,19 @@ def make_plan(request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg:
         raise ContextOverflow(overflow_message(budget), budget)
     if budget.shortfall > most:
         raise ContextOverflow(overflow_message(budget) + " (nothing left to trim)", budget)
-    return Plan(lcap, ledger, history, message_costs, droppable, prefix, tools, tools_json, tools_tokens,
-                 time.perf_counter(), payload)
+    return Plan(
+        lcap,
+        ledger,
+        history,
+        message_costs,
+        droppable,
+        prefix,
+        tools,
+        tools_json,
+        tools_tokens,
+        time.perf_counter(),
+        payload,
+    )
 
 
 def _strict(request: AssemblyRequest, window_only: Callable[[], Budget]) -> bool:
@@ -127,23 +152,36 @@ def _directive_share(plan: Plan, directive: str | None, model: str) -> tuple[int
         fixed, dcost = plan.ledger.frame_and_directive(directive, bool(plan.history), plan.tools_json is not None)
         return fixed, dcost, 0
     # The directive alone: no messages or tools to price again.
-    d = rendering_costs(plan.payload.rendering, model=model, family=plan.ledger.family, exact=plan.ledger.exact,
-                        directive=directive, messages=(), tools=(), memory_format=plan.ledger.memory_format)
+    d = rendering_costs(
+        plan.payload.rendering,
+        model=model,
+        family=plan.ledger.family,
+        exact=plan.ledger.exact,
+        directive=directive,
+        messages=(),
+        tools=(),
+        memory_format=plan.ledger.memory_format,
+    )
     return plan.payload.fixed_tokens + d.directive_framing, d.directive_tokens, d.directive_framing
 
 
-
-
-def settle(plan: Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
-            ) -> tuple[Budget, list[int], list[HistoryDrop], int, int]:
+def settle(
+    plan: Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
+) -> tuple[Budget, list[int], list[HistoryDrop], int, int]:
     """The budget once the directive is known: its share, then the trimming already
     planned (one prefix-sum search). Returns the budget, the kept message indices, the
     drops, and the directive's tokens and framing. Raises `ContextOverflow` as `make_plan`."""
     fixed, directive_tokens, directive_framing = _directive_share(plan, directive, plan.cap.name)
     messages_tokens = int(plan.message_costs.sum())
-    of = functools.partial(compute_budget, plan.cap, directive_tokens=directive_tokens,
-                           messages_tokens=messages_tokens, tool_schema_tokens=plan.tools_tokens,
-                           formatter_overhead_tokens=fixed, policy=cfg.budget_policy)
+    of = functools.partial(
+        compute_budget,
+        plan.cap,
+        directive_tokens=directive_tokens,
+        messages_tokens=messages_tokens,
+        tool_schema_tokens=plan.tools_tokens,
+        formatter_overhead_tokens=fixed,
+        policy=cfg.budget_policy,
+    )
     budget = of(token_budget=request.token_budget)
     kept_idx: list[int] = list(range(len(plan.history)))
     dropped: list[HistoryDrop] = []
@@ -157,12 +195,16 @@ def settle(plan: Plan, directive: str | None, request: AssemblyRequest, cfg: Ass
     # The history cap trims what it can: the latest user turn stays whatever it costs.
     over = min(messages_tokens - cap, most) if cap is not None else 0
     if budget.shortfall > 0 or over > 0:
-        kept_idx, dropped = trim(plan.groups, plan.group_prefix, plan.message_costs, request.messages,
-                                  max(budget.shortfall, over))
+        kept_idx, dropped = trim(
+            plan.groups, plan.group_prefix, plan.message_costs, request.messages, max(budget.shortfall, over)
+        )
         if over > budget.shortfall:
             # The oldest groups freed the budget's shortfall; the ones after them, the cap's.
-            for_budget = int(np.searchsorted(plan.group_prefix, budget.shortfall, side="left")) + 1 \
-                if budget.shortfall > 0 else 0
+            for_budget = (
+                int(np.searchsorted(plan.group_prefix, budget.shortfall, side="left")) + 1
+                if budget.shortfall > 0
+                else 0
+            )
             dropped = dropped[:for_budget] + [replace(d, reason="history_budget") for d in dropped[for_budget:]]
         budget = compute_budget(
             plan.cap,

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from .. import _core
 from ..counting import boundary_allowance, compact_body_units, count_exact_batch, memory_units
 from ..formatting import FORMAT_CODES, MEMORY_ATTRIBUTES, PIECE_MEMORY, price_estimated
-from ..memory import MemoryBatch, MemoryRecord, Chain
+from ..memory import Chain, MemoryBatch, MemoryRecord
 from ..packing import PackResult
 from ..result import (
     Pricing,
@@ -23,11 +23,11 @@ from ..result import (
 from ..tokens import TokenKind, estimate_tokens_batch
 from .gate import Columns
 from .ledger import (
-    PRICING_NONCE,
     COUNT_CACHE_ENTRIES,
     EXACT_COUNT_BYTES_PER_MS,
-    exact_counts,
+    PRICING_NONCE,
     Ledger,
+    exact_counts,
     time_left_ms,
 )
 from .memcounts import MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
@@ -50,7 +50,6 @@ class _ShapeCache:
         self._other: dict[tuple[str, float, str, int], int] = {}
         self._lock = threading.Lock()
 
-
     def _table(self, family: str, source: str, mask: int) -> npt.NDArray[np.int32]:
         t = self._tables.get((family, source, mask))
         if t is None:
@@ -60,8 +59,14 @@ class _ShapeCache:
                 t = self._tables.setdefault((family, source, mask), np.full(self.SPAN, -1, dtype=np.int32))
         return t
 
-    def costs(self, family: str, keys: npt.NDArray[np.float64], sources: Sequence[str],
-              source_code: npt.NDArray[np.int64], mask: int = 3) -> npt.NDArray[np.int64]:
+    def costs(
+        self,
+        family: str,
+        keys: npt.NDArray[np.float64],
+        sources: Sequence[str],
+        source_code: npt.NDArray[np.int64],
+        mask: int = 3,
+    ) -> npt.NDArray[np.int64]:
         """``M`` of each (key, ``sources[source_code]``) pair, for the attributes in `mask`."""
         out = np.empty(keys.size, dtype=np.int64)
         if mask == 0:
@@ -143,8 +148,9 @@ class _HandleCosts:
         table = self._most.get(family)
         if table is None or table.size < n:
             size = max(n, 1024, 0 if table is None else 2 * table.size)
-            counted = np.asarray(exact_counts([f' id="m{k}' for k in range(1, size + 1)], family, cache=False),
-                                 dtype=np.int64)
+            counted = np.asarray(
+                exact_counts([f' id="m{k}' for k in range(1, size + 1)], family, cache=False), dtype=np.int64
+            )
             table = np.maximum.accumulate(counted)
             with self._lock:
                 self._most[family] = table
@@ -279,8 +285,10 @@ def _memory_costs_exact(
             ids = [cols.ids[k] for k in cand[have].tolist()]
             own[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
     if mask:
-        fixed += _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins,
-                               cols.origin_code[cand], mask) + allow
+        fixed += (
+            _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins, cols.origin_code[cand], mask)
+            + allow
+        )
     # Counts kept across requests are of the rendering's own units: a compact body unit
     # under its own key.
     kept_as = family if not compact else family + _COMPACT_KEY
@@ -370,8 +378,11 @@ def _memory_costs_exact(
             # if their count came out at BOUNDARY_SHARE of their length-based price.
             taken = sel if pinned is None else sel[~pinned[sel]]
             if taken.size:
-                edge = np.flatnonzero(pending & (scores > 0) & (scores >= _break_density(scores[taken], costs[taken])
-                                                                 * BOUNDARY_SHARE * costs))
+                edge = np.flatnonzero(
+                    pending
+                    & (scores > 0)
+                    & (scores >= _break_density(scores[taken], costs[taken]) * BOUNDARY_SHARE * costs)
+                )
                 new = np.union1d(new, edge)
         if not new.size:
             break
@@ -391,7 +402,7 @@ def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | 
     """(token_count, token_family, token_kind) of each memory, read from a batch's columns
     or the records, part by part (no per-index lookups through a chained result)."""
     out: list[tuple[int | None, str | None, str | None]] = []
-    for part in (mems.parts if isinstance(mems, Chain) else (mems,)):
+    for part in mems.parts if isinstance(mems, Chain) else (mems,):
         if type(part) is MemoryBatch:
             out.extend(zip(part.token_count, part.token_family, part.token_kind))
         else:
@@ -400,8 +411,13 @@ def _store_counts(mems: Sequence[MemoryRecord]) -> list[tuple[int | None, str | 
 
 
 def _memory_costs_estimated(
-    family: str, cols: Columns, mems: Sequence[MemoryRecord], cand: npt.NDArray[np.intp], nonce: str,
-    fmt: int = 0, mask: int = 3,
+    family: str,
+    cols: Columns,
+    mems: Sequence[MemoryRecord],
+    cand: npt.NDArray[np.intp],
+    nonce: str,
+    fmt: int = 0,
+    mask: int = 3,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
     """Each candidate's estimated cost: the estimator's price of its escaped, wrapped
     element (in the compact rendering with the widest handle of the candidates' count);
@@ -413,8 +429,19 @@ def _memory_costs_estimated(
     # The candidates formatted once, in the memories frame, each element a piece: the
     # estimator prices each behind what can precede it (ctxcore.formatting.price_estimated).
     text, _, _, pieces = _core.format_columns(
-        None, (), ids, cols.texts, cols.scores, cols.origins, cand.astype(np.int64), None, nonce, True, True,
-        fmt, mask,
+        None,
+        (),
+        ids,
+        cols.texts,
+        cols.scores,
+        cols.origins,
+        cand.astype(np.int64),
+        None,
+        nonce,
+        True,
+        True,
+        fmt,
+        mask,
     )
     kinds = [kind for kind, _ in pieces]
     priced = price_estimated(text, kinds, [end for _, end in pieces], family)
@@ -428,8 +455,11 @@ def _memory_costs_estimated(
         if n is not None:
             if fam == family and how == kind:
                 if wrapper is None:
-                    wrapper = (_estimated_wrapper(family, nonce, fmt, mask, ids[0]) if compact
-                               else _estimated_wrapper(family, nonce, fmt, 0, "m"))
+                    wrapper = (
+                        _estimated_wrapper(family, nonce, fmt, mask, ids[0])
+                        if compact
+                        else _estimated_wrapper(family, nonce, fmt, 0, "m")
+                    )
                 costs[k] = max(int(costs[k]), n + wrapper)
             else:
                 recounted[k] = True

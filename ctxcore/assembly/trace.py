@@ -65,8 +65,17 @@ class TraceTable:
         self._blocks: list[TraceRows | tuple[Any, ...]] = []
         self._columns: dict[str, list[Any]] | None = None
 
-    def add(self, memory_id: str, reason: TraceReason, origin: str, tokens: int = 0, score: float = 0.0,
-            relevance: float = 0.0, recounted: bool = False, pricing: str = "") -> None:
+    def add(
+        self,
+        memory_id: str,
+        reason: TraceReason,
+        origin: str,
+        tokens: int = 0,
+        score: float = 0.0,
+        relevance: float = 0.0,
+        recounted: bool = False,
+        pricing: str = "",
+    ) -> None:
         """Append one row."""
         self._blocks.append((memory_id, reason, origin, tokens, score, relevance, recounted, pricing))
         self._columns = None
@@ -102,11 +111,16 @@ class TraceTable:
             cols["memory_id"].extend(map(b.ids.__getitem__, at))
             cols["origin"].extend(map(b.origins.__getitem__, at))
             cols["reason"].extend(map(TRACE_REASONS.__getitem__, b.reason.tolist()))
-            for name, arr, zero in (("tokens", b.tokens, 0), ("score", b.score, 0.0),
-                                    ("relevance", b.relevance, 0.0), ("recounted", b.recounted, False)):
+            for name, arr, zero in (
+                ("tokens", b.tokens, 0),
+                ("score", b.score, 0.0),
+                ("relevance", b.relevance, 0.0),
+                ("recounted", b.recounted, False),
+            ):
                 cols[name].extend(arr.tolist() if arr is not None else [zero] * n)
-            cols["pricing"].extend(map(_PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None
-                                   else [""] * n)
+            cols["pricing"].extend(
+                map(_PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None else [""] * n
+            )
             cols["signal"].extend(b.signal if b.signal is not None else [""] * n)
         self._columns = cols
         return cols
@@ -164,13 +178,17 @@ class TraceTable:
 
 
 # The packer's reasons (ctxcore.Reason, by its uint8 code) as trace reason codes.
-PACK_REASON_CODES = np.array([REASON_CODE[r] for r in (
-    TraceReason.SELECTED,
-    TraceReason.PINNED,
-    TraceReason.BUDGET_EXHAUSTED,
-    TraceReason.BUDGET_EXHAUSTED,  # pinned, but no room left after the earlier pinned
-    TraceReason.NON_POSITIVE_SCORE,
-    TraceReason.REDUNDANT,  # another member of its near-duplicate group is in
-)], dtype=np.uint8)
-
-
+PACK_REASON_CODES = np.array(
+    [
+        REASON_CODE[r]
+        for r in (
+            TraceReason.SELECTED,
+            TraceReason.PINNED,
+            TraceReason.BUDGET_EXHAUSTED,
+            TraceReason.BUDGET_EXHAUSTED,  # pinned, but no room left after the earlier pinned
+            TraceReason.NON_POSITIVE_SCORE,
+            TraceReason.REDUNDANT,  # another member of its near-duplicate group is in
+        )
+    ],
+    dtype=np.uint8,
+)

@@ -56,32 +56,49 @@ class UsageError(ValueError):
 
 def add_subcommand(sub: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``ctxcore`` command's subparsers."""
-    b: argparse.ArgumentParser = sub.add_parser("bench", help="latency gates: time pack, format and assemble on shipped or your own data",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    b: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="latency gates: time pack, format and assemble on shipped or your own data",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     b.add_argument("--stage", choices=(*STAGES, "all"), default="all", help="which stage to time (default all)")
-    b.add_argument("--candidates", metavar="FILE.jsonl",
-                   help="your candidates, one JSON object per line: id and tokens/score for packing, "
-                   "text (and similarity, confidence) for formatting and assembly")
-    b.add_argument("--workload", metavar="NAME",
-                   help=f"a shipped workload instead of the stage's default ({', '.join(workload_names())})")
+    b.add_argument(
+        "--candidates",
+        metavar="FILE.jsonl",
+        help="your candidates, one JSON object per line: id and tokens/score for packing, "
+        "text (and similarity, confidence) for formatting and assembly",
+    )
+    b.add_argument(
+        "--workload",
+        metavar="NAME",
+        help=f"a shipped workload instead of the stage's default ({', '.join(workload_names())})",
+    )
     b.add_argument("--budget", type=int, help="token budget for packing (default: the workload's, else 8000)")
-    b.add_argument("--model", default="gpt-4o",
-                   help="model for assembly and for pricing texts (default gpt-4o)")
+    b.add_argument("--model", default="gpt-4o", help="model for assembly and for pricing texts (default gpt-4o)")
     b.add_argument("--db", metavar="STORE", help="assemble against this SQLite memory store (retrieval included)")
     b.add_argument("--org", help="organization id of the assembly against --db")
     b.add_argument("--agent", help="agent id of the assembly against --db")
     b.add_argument("--query", help="the query of the assembly")
     b.add_argument("--p99-ms", type=float, help="p99 bound in ms for every stage timed")
     b.add_argument("--median-ms", type=float, help="median bound in ms for every stage timed")
-    b.add_argument("--max-ratio", type=float,
-                   help="bound on each stage's median over its reference's median (numpy DP, markupsafe, packing)")
+    b.add_argument(
+        "--max-ratio",
+        type=float,
+        help="bound on each stage's median over its reference's median (numpy DP, markupsafe, packing)",
+    )
     b.add_argument("--no-reference", action="store_true", help="do not time the references (no ratio gates)")
     b.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help=f"timed rounds per stage ({DEFAULT_ROUNDS})")
     b.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help=f"untimed calls first ({DEFAULT_WARMUP})")
-    b.add_argument("--reference-rounds", type=int, default=DEFAULT_REFERENCE_ROUNDS,
-                   help=f"reference rounds among the timed ones ({DEFAULT_REFERENCE_ROUNDS})")
+    b.add_argument(
+        "--reference-rounds",
+        type=int,
+        default=DEFAULT_REFERENCE_ROUNDS,
+        help=f"reference rounds among the timed ones ({DEFAULT_REFERENCE_ROUNDS})",
+    )
     b.add_argument("--json", action="store_true", help="print one JSON document (see --schema)")
-    b.add_argument("--plot", metavar="FILE", help="write a histogram and a percentile plot per stage (.png, .svg, .pdf)")
+    b.add_argument(
+        "--plot", metavar="FILE", help="write a histogram and a percentile plot per stage (.png, .svg, .pdf)"
+    )
     b.add_argument("--schema", action="store_true", help="print the JSON Schema of --json's output and exit")
     return b
 
@@ -121,8 +138,7 @@ def _workload(stage: str, args: argparse.Namespace, user: CandidateSet | None) -
         names = workload_names(stage)
         if args.workload not in names:
             if args.stage != "all":
-                raise UsageError(f"--workload {args.workload} is not a {stage} workload (those are "
-                                 f"{', '.join(names)})")
+                raise UsageError(f"--workload {args.workload} is not a {stage} workload (those are {', '.join(names)})")
             return load_workload(default_workload(stage))
         return load_workload(args.workload)
     return load_workload(default_workload(stage))
@@ -156,9 +172,15 @@ def _measure(args: argparse.Namespace) -> list[StageResult]:
             kw = {"rounds": args.rounds, "warmup": args.warmup, "reference_rounds": args.reference_rounds}
             if stage == "assemble":
                 cs = None if store is not None else _workload(stage, args, user)
-                with assemble_stage(cs, model=cap.name, store=store, organization_id=args.org or "bench-org",
-                                    agent_id=args.agent or "bench-agent", query=args.query or BENCH_QUERY,
-                                    reference=reference) as subject:
+                with assemble_stage(
+                    cs,
+                    model=cap.name,
+                    store=store,
+                    organization_id=args.org or "bench-org",
+                    agent_id=args.agent or "bench-agent",
+                    query=args.query or BENCH_QUERY,
+                    reference=reference,
+                ) as subject:
                     results.append(run_stage(subject, gates, **kw))
                 continue
             cs = _workload(stage, args, user)
@@ -174,25 +196,35 @@ def _measure(args: argparse.Namespace) -> list[StageResult]:
 def _environment() -> dict[str, Any]:
     from .. import __version__
 
-    return {"ctxcore": __version__, "python": platform.python_version(), "platform": platform.platform(),
-            "machine": platform.machine(), "cpus": os.cpu_count() or 1}
+    return {
+        "ctxcore": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count() or 1,
+    }
 
 
 def _print_text(results: list[StageResult], env: dict[str, Any], out: TextIO) -> None:
-    out.write(f"ctxcore bench: ctxcore {env['ctxcore']}, Python {env['python']}, {env['machine']}, "
-              f"{env['cpus']} CPUs\n\n")
+    out.write(
+        f"ctxcore bench: ctxcore {env['ctxcore']}, Python {env['python']}, {env['machine']}, {env['cpus']} CPUs\n\n"
+    )
     head = f"{'stage':<9} {'workload':<28} {'rounds':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'max ms':>9}\n"
     out.write(head)
     out.write("-" * (len(head) - 1) + "\n")
     for r in results:
         st = r.stats
         name = str(r.workload.get("name", ""))
-        out.write(f"{r.stage:<9} {name[-28:]:<28} {st.rounds:>6} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} "
-                  f"{st.p99_ms:>9.3f} {st.max_ms:>9.3f}\n")
+        out.write(
+            f"{r.stage:<9} {name[-28:]:<28} {st.rounds:>6} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} "
+            f"{st.p99_ms:>9.3f} {st.max_ms:>9.3f}\n"
+        )
         if r.reference is not None:
-            out.write(f"{'':<9} {'reference: ' + str(r.reference_name):<28} {r.reference.rounds:>6} "
-                      f"{r.reference.p50_ms:>9.3f} {r.reference.p90_ms:>9.3f} {r.reference.p99_ms:>9.3f} "
-                      f"{r.reference.max_ms:>9.3f}\n")
+            out.write(
+                f"{'':<9} {'reference: ' + str(r.reference_name):<28} {r.reference.rounds:>6} "
+                f"{r.reference.p50_ms:>9.3f} {r.reference.p90_ms:>9.3f} {r.reference.p99_ms:>9.3f} "
+                f"{r.reference.max_ms:>9.3f}\n"
+            )
     out.write("\n")
     for r in results:
         for v in r.verdicts:
@@ -227,8 +259,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
         plot_latency(results, args.plot, title=f"ctxcore {env['ctxcore']} on {env['machine']}, {env['cpus']} CPUs")
     if args.json:
-        doc = {"version": REPORT_VERSION, "environment": env, "passed": passed,
-               "stages": {r.stage: r.record() for r in results}}
+        doc = {
+            "version": REPORT_VERSION,
+            "environment": env,
+            "passed": passed,
+            "stages": {r.stage: r.record() for r in results},
+        }
         if args.plot:
             doc["plot"] = str(args.plot)
         json.dump(doc, out, indent=2)

@@ -65,6 +65,7 @@ DEFAULT_WARMUP = 10
 #: over 11 rounds is stable to a few per cent).
 DEFAULT_REFERENCE_ROUNDS = 11
 
+
 #: The gates this repository's CI holds the shipped workloads to (bench/test_bench_gates.py),
 #: which `ctxcore bench` applies by default. Packing: p99 of a 1,000-candidate pack <= 10 ms
 #: (median ~0.13-0.25 ms on a shared 2-core machine; the bound leaves room for a scheduler
@@ -191,8 +192,13 @@ class Verdict:
 
     def record(self) -> dict[str, Any]:
         """JSON-ready values."""
-        return {"gate": self.gate, "value": round(self.value, 4), "bound": self.bound, "unit": self.unit,
-                "passed": self.passed}
+        return {
+            "gate": self.gate,
+            "value": round(self.value, 4),
+            "bound": self.bound,
+            "unit": self.unit,
+            "passed": self.passed,
+        }
 
 
 def _bound(name: str, value: object) -> float:
@@ -201,8 +207,9 @@ def _bound(name: str, value: object) -> float:
     return float(value)
 
 
-def make_gates(*, p99_ms: float | None = None, median_ms: float | None = None,
-               max_ratio: float | None = None) -> tuple[Gate, ...]:
+def make_gates(
+    *, p99_ms: float | None = None, median_ms: float | None = None, max_ratio: float | None = None
+) -> tuple[Gate, ...]:
     """Gates from bounds (None: no such gate), validated.
 
     >>> [g.kind.value for g in make_gates(p99_ms=10, max_ratio=0.5)]
@@ -229,8 +236,10 @@ def check_rounds(rounds: object, warmup: object, gates: Sequence[Gate], referenc
             raise GateUsageError(f"{name} must be an integer >= {least}, got {v!r}")
     assert isinstance(rounds, int)
     if any(g.kind is GateKind.P99 for g in gates) and rounds < MIN_ROUNDS:
-        raise GateUsageError(f"a p99 bound needs at least {MIN_ROUNDS} rounds (got {rounds}): with fewer, the "
-                             "99th percentile is just the slowest round")
+        raise GateUsageError(
+            f"a p99 bound needs at least {MIN_ROUNDS} rounds (got {rounds}): with fewer, the "
+            "99th percentile is just the slowest round"
+        )
 
 
 def evaluate(gates: Sequence[Gate], stats: LatencyStats, reference: LatencyStats | None) -> tuple[Verdict, ...]:
@@ -272,10 +281,16 @@ class Interleaver:
             self.subject()
 
 
-def measure(subject: Callable[[], object], *, rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP,
-            reference: Callable[[], object] | None = None, reference_rounds: int = DEFAULT_REFERENCE_ROUNDS,
-            disable_gc: bool = False, timer: Callable[[], float] = time.perf_counter,
-            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
+def measure(
+    subject: Callable[[], object],
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    warmup: int = DEFAULT_WARMUP,
+    reference: Callable[[], object] | None = None,
+    reference_rounds: int = DEFAULT_REFERENCE_ROUNDS,
+    disable_gc: bool = False,
+    timer: Callable[[], float] = time.perf_counter,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
     """Time `rounds` calls of `subject` (seconds each), with the reference interleaved.
 
     Returns:
@@ -345,9 +360,7 @@ class StageResult:
         """JSON-ready record (the shape `report.schema.json` documents for one stage)."""
         rec: dict[str, Any] = {"stage": self.stage, "workload": dict(self.workload), "warmup": self.warmup}
         rec.update(self.stats.record())
-        rec["reference"] = (
-            None if self.reference is None else {"name": self.reference_name, **self.reference.record()}
-        )
+        rec["reference"] = None if self.reference is None else {"name": self.reference_name, **self.reference.record()}
         rec["gates"] = [v.record() for v in self.verdicts]
         rec["passed"] = self.passed
         return rec

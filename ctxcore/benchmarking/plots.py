@@ -32,8 +32,7 @@ class PlotError(ValueError):
 def _figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
     suffix = Path(path).suffix.lower()
     if suffix not in PLOT_FORMATS:
-        raise PlotError(f"cannot write a plot as {Path(path).name!r}: the file must end in "
-                        f"{', '.join(PLOT_FORMATS)}")
+        raise PlotError(f"cannot write a plot as {Path(path).name!r}: the file must end in {', '.join(PLOT_FORMATS)}")
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -96,12 +95,20 @@ def plot_latency(results: Sequence[StageResult], path: str | Path, *, title: str
 
         q = (np.arange(ms.size) + 0.5) / ms.size * 100.0
         pct.plot(_nines(q), ms, marker=".", markersize=3, linewidth=1.0, color="#4C72B0", label=r.stage)
-        for name_, value, style in (("p99 bound", bounds.get("p99"), "--"), ("median bound", bounds.get("median"), ":")):
+        for name_, value, style in (
+            ("p99 bound", bounds.get("p99"), "--"),
+            ("median bound", bounds.get("median"), ":"),
+        ):
             if value is not None:
                 pct.axhline(value, color="#C44E52", linestyle=style, linewidth=1.0, label=f"{name_} {value:g} ms")
         if r.reference is not None:
-            pct.axhline(r.reference.p50_ms, color="#55A868", linestyle="-.", linewidth=1.0,
-                        label=f"{r.reference_name} median {r.reference.p50_ms:.3f} ms")
+            pct.axhline(
+                r.reference.p50_ms,
+                color="#55A868",
+                linestyle="-.",
+                linewidth=1.0,
+                label=f"{r.reference_name} median {r.reference.p50_ms:.3f} ms",
+            )
         ticks = [t for t in _NINES if t < q.max() + 1e-9] or [0.0]
         pct.set_xticks(_nines(ticks), [f"{t:g}%" for t in ticks])
         pct.set_yscale("log")
@@ -112,8 +119,9 @@ def plot_latency(results: Sequence[StageResult], path: str | Path, *, title: str
         pct.tick_params(axis="y", which="minor", labelsize=7)
         pct.set_xlabel("percentile")
         pct.set_ylabel("latency (ms, log)")
-        pct.set_title(f"p50 {st.p50_ms:.3f}  p90 {st.p90_ms:.3f}  p99 {st.p99_ms:.3f}  max {st.max_ms:.3f} ms",
-                      fontsize=10)
+        pct.set_title(
+            f"p50 {st.p50_ms:.3f}  p90 {st.p90_ms:.3f}  p99 {st.p99_ms:.3f}  max {st.max_ms:.3f} ms", fontsize=10
+        )
         pct.grid(True, which="major", alpha=0.3)
         pct.legend(fontsize=8, frameon=False, loc="upper left")
     if title:
@@ -158,8 +166,7 @@ def plot_budget(ctx: Any, path: str | Path) -> Path:
     ax = fig.subplots()
     left = 0
     for (label, tokens), color in zip(parts, colors):
-        ax.barh([0], [tokens], left=left, color=color, edgecolor="white", linewidth=0.6,
-                label=f"{label}: {tokens:,}")
+        ax.barh([0], [tokens], left=left, color=color, edgecolor="white", linewidth=0.6, label=f"{label}: {tokens:,}")
         if tokens >= 0.06 * budget.context_window:
             ax.text(left + tokens / 2, 0, f"{label}\n{tokens:,}", ha="center", va="center", fontsize=8)
         left += tokens
@@ -167,8 +174,10 @@ def plot_budget(ctx: Any, path: str | Path) -> Path:
     ax.set_yticks([])
     ax.set_xlabel("tokens")
     sel = len(ctx.selected_ids)
-    ax.set_title(f"{budget.model}: {budget.context_window:,}-token window ({budget.tokenizer_family}, "
-                 f"{budget.estimate_kind.value} counts); {sel} memories in {used:,} of {budget.usable:,} usable",
-                 fontsize=10)
+    ax.set_title(
+        f"{budget.model}: {budget.context_window:,}-token window ({budget.tokenizer_family}, "
+        f"{budget.estimate_kind.value} counts); {sel} memories in {used:,} of {budget.usable:,} usable",
+        fontsize=10,
+    )
     ax.legend(ncol=4, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     return _save(fig, path, fmt)

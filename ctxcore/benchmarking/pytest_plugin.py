@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from ctxcore_pytest import MARKER, RESULTS as _RESULTS
+
+from ctxcore_pytest import MARKER
+from ctxcore_pytest import RESULTS as _RESULTS
 
 from .gates import (
     DEFAULT_REFERENCE_ROUNDS,
@@ -88,8 +90,15 @@ class LatencyGate:
 
     # ---- the stages ------------------------------------------------------------------
 
-    def pack(self, candidates: Sequence[Any], budget: int, *, packer: Callable[..., Any] | None = None,
-             reference: ReferenceArg = True, **options: Any) -> Gated:
+    def pack(
+        self,
+        candidates: Sequence[Any],
+        budget: int,
+        *,
+        packer: Callable[..., Any] | None = None,
+        reference: ReferenceArg = True,
+        **options: Any,
+    ) -> Gated:
         """Gate ``ctxcore.pack(candidates, budget, **options)``; the reference is the
         exact numpy DP on the same costs and scores. `packer` replaces ``ctxcore.pack``
         (same signature), e.g. your wrapper around it."""
@@ -103,9 +112,17 @@ class LatencyGate:
             ref = lambda: numpy_dp(toks, scores, budget)  # noqa: E731
         return self._gate("pack", packer or pack, (candidates, budget), opts, ref, NUMPY_DP, bounds)
 
-    def pack_arrays(self, ids: Sequence[str], tokens: Any, scores: Any, budget: int, *,
-                    packer: Callable[..., Any] | None = None, reference: ReferenceArg = True,
-                    **options: Any) -> Gated:
+    def pack_arrays(
+        self,
+        ids: Sequence[str],
+        tokens: Any,
+        scores: Any,
+        budget: int,
+        *,
+        packer: Callable[..., Any] | None = None,
+        reference: ReferenceArg = True,
+        **options: Any,
+    ) -> Gated:
         """Gate ``ctxcore.pack_arrays(ids, tokens, scores, budget, **options)`` beside
         the exact numpy DP. `packer` replaces ``ctxcore.pack_arrays``."""
         __tracebackhide__ = True
@@ -115,11 +132,11 @@ class LatencyGate:
         ref = reference
         if ref is True:
             ref = lambda: numpy_dp(tokens, scores, budget)  # noqa: E731
-        return self._gate("pack", packer or pack_arrays, (ids, tokens, scores, budget), opts, ref, NUMPY_DP,
-                          bounds)
+        return self._gate("pack", packer or pack_arrays, (ids, tokens, scores, budget), opts, ref, NUMPY_DP, bounds)
 
-    def format_context(self, *, formatter: Callable[..., Any] | None = None, reference: ReferenceArg = True,
-                       **options: Any) -> Gated:
+    def format_context(
+        self, *, formatter: Callable[..., Any] | None = None, reference: ReferenceArg = True, **options: Any
+    ) -> Gated:
         """Gate ``ctxcore.format_context(**options)`` (``directive``, ``history``,
         ``memories``, ``tools``, ...) beside markupsafe escaping the memory bodies alone."""
         __tracebackhide__ = True
@@ -131,8 +148,15 @@ class LatencyGate:
             ref = markupsafe_escape(texts_of(opts.get("memories") or ()))
         return self._gate("format", formatter or format_context, (), opts, ref, MARKUPSAFE, bounds)
 
-    def assemble(self, request: Any, *, sources: Any, assembler: Callable[..., Any] | None = None,
-                 reference: ReferenceArg = True, **options: Any) -> Gated:
+    def assemble(
+        self,
+        request: Any,
+        *,
+        sources: Any,
+        assembler: Callable[..., Any] | None = None,
+        reference: ReferenceArg = True,
+        **options: Any,
+    ) -> Gated:
         """Gate ``await ctxcore.assemble(request, sources=sources, **options)`` on a
         private event loop (use in-process sources: a network store's latency is not
         ctxcore's). The reference is ``ctxcore.pack_arrays`` alone on the same candidate
@@ -145,6 +169,7 @@ class LatencyGate:
         fn = assembler or assemble
         loop = asyncio.new_event_loop()
         try:
+
             def run() -> Any:
                 return loop.run_until_complete(fn(request, sources=sources, **opts))
 
@@ -152,8 +177,10 @@ class LatencyGate:
             if ref is True:
                 first = run()
                 if getattr(first, "pack", None) is None:
-                    raise GateUsageError("the assembly packed nothing, so there is no packing to compare it with "
-                                         "(give it memories, or pass reference=None)")
+                    raise GateUsageError(
+                        "the assembly packed nothing, so there is no packing to compare it with "
+                        "(give it memories, or pass reference=None)"
+                    )
                 t = first.trace_table
                 keep = [k for k, tok in enumerate(t.tokens) if tok > 0]
                 ids = [t.memory_id[k] for k in keep]
@@ -167,9 +194,15 @@ class LatencyGate:
         finally:
             loop.close()
 
-    def __call__(self, fn: Callable[..., Any], *args: Any, stage: str = "custom",
-                 reference: Callable[[], object] | None = None, reference_name: str | None = None,
-                 **options: Any) -> Gated:
+    def __call__(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        stage: str = "custom",
+        reference: Callable[[], object] | None = None,
+        reference_name: str | None = None,
+        **options: Any,
+    ) -> Gated:
         """Gate any call: ``fn(*args, **options)`` (bounds taken out of `options`),
         beside `reference` if given."""
         __tracebackhide__ = True
@@ -186,25 +219,38 @@ class LatencyGate:
 
     def _settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
         marker = self._request.node.get_closest_marker(MARKER)
-        out: dict[str, Any] = {"rounds": DEFAULT_ROUNDS, "warmup": DEFAULT_WARMUP,
-                               "reference_rounds": DEFAULT_REFERENCE_ROUNDS}
+        out: dict[str, Any] = {
+            "rounds": DEFAULT_ROUNDS,
+            "warmup": DEFAULT_WARMUP,
+            "reference_rounds": DEFAULT_REFERENCE_ROUNDS,
+        }
         if marker is not None:
             if marker.args:
                 raise GateUsageError(f"the {MARKER} marker takes keyword arguments only ({', '.join(_SETTINGS)})")
             unknown = set(marker.kwargs) - set(_SETTINGS)
             if unknown:
-                raise GateUsageError(f"the {MARKER} marker has no {', '.join(sorted(unknown))} "
-                                     f"(it takes {', '.join(_SETTINGS)})")
+                raise GateUsageError(
+                    f"the {MARKER} marker has no {', '.join(sorted(unknown))} (it takes {', '.join(_SETTINGS)})"
+                )
             out.update(marker.kwargs)
         out.update({k: v for k, v in given.items() if v is not None})
         return out
 
-    def _gate(self, stage: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-              reference: ReferenceArg, reference_name: str, given: Mapping[str, Any]) -> Gated:
+    def _gate(
+        self,
+        stage: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        reference: ReferenceArg,
+        reference_name: str,
+        given: Mapping[str, Any],
+    ) -> Gated:
         __tracebackhide__ = True
         if self._used:
-            raise GateUsageError("one ctxcore_gate per test: pytest-benchmark times one subject per test "
-                                 "(parametrize the test for more)")
+            raise GateUsageError(
+                "one ctxcore_gate per test: pytest-benchmark times one subject per test (parametrize the test for more)"
+            )
         self._used = True
         s = self._settings(given)
         gates = make_gates(p99_ms=s.get("p99_ms"), median_ms=s.get("median_ms"), max_ratio=s.get("max_ratio"))
@@ -216,8 +262,7 @@ class LatencyGate:
         call_args, call_kwargs = tuple(args), dict(kwargs)
         if bench.disabled:
             fn(*call_args, **call_kwargs)  # the inputs are still checked, as pytest-benchmark does
-            pytest.skip(f"ctxcore latency gate ({stage}) not measured: benchmarks are disabled "
-                        "(--benchmark-disable)")
+            pytest.skip(f"ctxcore latency gate ({stage}) not measured: benchmarks are disabled (--benchmark-disable)")
         if bench.group is None:
             bench.group = f"ctxcore gate: {stage}"
         rounds, warmup = int(s["rounds"]), int(s["warmup"])
@@ -229,16 +274,24 @@ class LatencyGate:
         gc.collect()
         if ref is not None:
             ref()  # the reference's own warm-up
-        value = bench.pedantic(fn, args=call_args, kwargs=call_kwargs, setup=inter.before_round, rounds=rounds,
-                               warmup_rounds=warmup)
+        value = bench.pedantic(
+            fn, args=call_args, kwargs=call_kwargs, setup=inter.before_round, rounds=rounds, warmup_rounds=warmup
+        )
         stats = LatencyStats.from_seconds(bench.stats.stats.data)
         ref_stats = LatencyStats.from_seconds(inter.reference_times) if ref is not None else None
         import numpy as np
 
-        result = StageResult(stage, {"test": self._request.node.nodeid}, stats, evaluate(gates, stats, ref_stats),
-                             np.asarray(bench.stats.stats.data, dtype=np.float64),
-                             reference_name if ref is not None else None, ref_stats,
-                             None if ref is None else np.asarray(inter.reference_times), warmup)
+        result = StageResult(
+            stage,
+            {"test": self._request.node.nodeid},
+            stats,
+            evaluate(gates, stats, ref_stats),
+            np.asarray(bench.stats.stats.data, dtype=np.float64),
+            reference_name if ref is not None else None,
+            ref_stats,
+            None if ref is None else np.asarray(inter.reference_times),
+            warmup,
+        )
         bench.extra_info[MARKER] = result.record()
         self._request.config.stash.setdefault(_RESULTS, []).append((self._request.node.nodeid, result))
         if not result.passed:
@@ -256,14 +309,20 @@ def write_summary(terminalreporter: Any, results: Sequence[tuple[str, StageResul
     tr = terminalreporter
     tr.write_sep("-", "ctxcore latency gates")
     width = max(len(n) for n, _ in results)
-    tr.write_line(f"{'test':<{width}}  {'stage':<8} {'rounds':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
-                  f"{'max ms':>9}  reference")
+    tr.write_line(
+        f"{'test':<{width}}  {'stage':<8} {'rounds':>6} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
+        f"{'max ms':>9}  reference"
+    )
     for nodeid, r in results:
         st = r.stats
-        ref = (f"{r.reference_name} p50 {r.reference.p50_ms:.3f} ms ({r.reference.rounds} rounds)"
-               if r.reference is not None else "-")
-        tr.write_line(f"{nodeid:<{width}}  {r.stage:<8} {st.rounds:>6} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} "
-                      f"{st.p99_ms:>9.3f} {st.max_ms:>9.3f}  {ref}")
+        ref = (
+            f"{r.reference_name} p50 {r.reference.p50_ms:.3f} ms ({r.reference.rounds} rounds)"
+            if r.reference is not None
+            else "-"
+        )
+        tr.write_line(
+            f"{nodeid:<{width}}  {r.stage:<8} {st.rounds:>6} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} "
+            f"{st.p99_ms:>9.3f} {st.max_ms:>9.3f}  {ref}"
+        )
         for v in r.verdicts:
-            tr.write_line(f"{'':<{width}}  {v.describe(r.stage, r.reference_name)}",
-                          green=v.passed, red=not v.passed)
+            tr.write_line(f"{'':<{width}}  {v.describe(r.stage, r.reference_name)}", green=v.passed, red=not v.passed)

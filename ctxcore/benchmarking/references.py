@@ -19,7 +19,14 @@ import numpy.typing as npt
 from .gates import GateUsageError
 
 __all__ = [
-    "NUMPY_DP", "MARKUPSAFE", "PACK_ONLY", "numpy_bucket_dp", "numpy_dp", "numpy_mckp", "markupsafe_escape", "texts_of",
+    "NUMPY_DP",
+    "MARKUPSAFE",
+    "PACK_ONLY",
+    "numpy_bucket_dp",
+    "numpy_dp",
+    "numpy_mckp",
+    "markupsafe_escape",
+    "texts_of",
 ]
 
 #: Reference names, as reports and extra_info give them.

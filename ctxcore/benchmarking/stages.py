@@ -32,8 +32,16 @@ from .gates import (
 from .references import MARKUPSAFE, NUMPY_DP, PACK_ONLY, markupsafe_escape, numpy_dp
 from .workloads import CandidateSet
 
-__all__ = ["BENCH_AGENT", "BENCH_ORG", "BENCH_QUERY", "Subject", "assemble_stage", "format_stage", "pack_stage",
-           "run_stage"]
+__all__ = [
+    "BENCH_AGENT",
+    "BENCH_ORG",
+    "BENCH_QUERY",
+    "Subject",
+    "assemble_stage",
+    "format_stage",
+    "pack_stage",
+    "run_stage",
+]
 
 #: The scope and question of an in-process assembly workload.
 BENCH_ORG = "bench-org"
@@ -84,9 +92,16 @@ def format_stage(cs: CandidateSet, *, reference: bool = True) -> Subject:
 
 
 @contextmanager
-def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, organization_id: str = BENCH_ORG,
-                   agent_id: str = BENCH_AGENT, query: str = BENCH_QUERY,
-                   reference: bool = True) -> Iterator[Subject]:
+def assemble_stage(
+    cs: CandidateSet | None,
+    *,
+    model: str,
+    store: Any = None,
+    organization_id: str = BENCH_ORG,
+    agent_id: str = BENCH_AGENT,
+    query: str = BENCH_QUERY,
+    reference: bool = True,
+) -> Iterator[Subject]:
     """`ctxcore.assemble` of one request on a private event loop: over the set's memories
     from in-process sources (half hot, half cold), or against `store` (retrieval
     included). The reference is `ctxcore.pack_arrays` alone on the same candidate costs."""
@@ -98,8 +113,12 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
     if store is not None:
         sources = Sources.from_store(store)
         max_memories = 64
-        info: dict[str, Any] = {"name": "store", "organization_id": organization_id, "agent_id": agent_id,
-                                "model": model}
+        info: dict[str, Any] = {
+            "name": "store",
+            "organization_id": organization_id,
+            "agent_id": agent_id,
+            "model": model,
+        }
     else:
         assert cs is not None
         mems = cs.records(organization_id, agent_id)
@@ -118,8 +137,14 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
         sources = Sources(directive, hot, cold)
         max_memories = max(1, len(mems))
         info = {"name": cs.name, "candidates": len(cs), "model": model}
-    req = AssemblyRequest(organization_id, agent_id, model, Query(query), messages=(Message(Role.USER, query),),
-                          options=AssemblyOptions(max_memories=max_memories))
+    req = AssemblyRequest(
+        organization_id,
+        agent_id,
+        model,
+        Query(query),
+        messages=(Message(Role.USER, query),),
+        options=AssemblyOptions(max_memories=max_memories),
+    )
     loop = asyncio.new_event_loop()
     try:
         if store is not None:
@@ -148,16 +173,32 @@ def assemble_stage(cs: CandidateSet | None, *, model: str, store: Any = None, or
         loop.close()
 
 
-def run_stage(subject: Subject, gates: tuple[Gate, ...], *, rounds: int = DEFAULT_ROUNDS,
-              warmup: int = DEFAULT_WARMUP, reference_rounds: int = DEFAULT_REFERENCE_ROUNDS) -> StageResult:
+def run_stage(
+    subject: Subject,
+    gates: tuple[Gate, ...],
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    warmup: int = DEFAULT_WARMUP,
+    reference_rounds: int = DEFAULT_REFERENCE_ROUNDS,
+) -> StageResult:
     """Measure one stage and judge it."""
     check_rounds(rounds, warmup, gates, reference_rounds)
     reference = subject.reference
     if reference is None and any(g.kind is GateKind.RATIO for g in gates):
         raise GateUsageError(f"the {subject.stage} stage has a ratio bound but no reference to measure it against")
-    times, ref_times = measure(subject.call, rounds=rounds, warmup=warmup, reference=reference,
-                               reference_rounds=reference_rounds)
+    times, ref_times = measure(
+        subject.call, rounds=rounds, warmup=warmup, reference=reference, reference_rounds=reference_rounds
+    )
     stats = LatencyStats.from_seconds(times)
     ref_stats = LatencyStats.from_seconds(ref_times) if ref_times is not None else None
-    return StageResult(subject.stage, subject.workload, stats, evaluate(gates, stats, ref_stats), times,
-                       subject.reference_name, ref_stats, ref_times, warmup)
+    return StageResult(
+        subject.stage,
+        subject.workload,
+        stats,
+        evaluate(gates, stats, ref_stats),
+        times,
+        subject.reference_name,
+        ref_stats,
+        ref_times,
+        warmup,
+    )

@@ -147,8 +147,15 @@ class CandidateSet:
         conf = self.confidence if self.confidence is not None else np.ones(len(self))
         counts = {f: c.tolist() for f, c in count_memory_tokens(self.ids, texts).items()}
         return [
-            MemoryRecord(i, organization_id, agent_id, t, similarity=min(1.0, max(0.0, s)), confidence=c,
-                         exact_tokens={f: n[k] for f, n in counts.items()} or None)
+            MemoryRecord(
+                i,
+                organization_id,
+                agent_id,
+                t,
+                similarity=min(1.0, max(0.0, s)),
+                confidence=c,
+                exact_tokens={f: n[k] for f, n in counts.items()} or None,
+            )
             for k, (i, t, s, c) in enumerate(zip(self.ids, texts, sim.tolist(), conf.tolist()))
         ]
 
@@ -158,8 +165,9 @@ class CandidateSet:
 _FIELDS = {"id", "text", "tokens", "score", "similarity", "confidence", "pinned", "source"}
 
 
-def _column(rows: Sequence[Mapping[str, Any]], key: str, where: Callable[[int], str],
-            check: Callable[[Any], bool], what: str) -> list[Any] | None:
+def _column(
+    rows: Sequence[Mapping[str, Any]], key: str, where: Callable[[int], str], check: Callable[[Any], bool], what: str
+) -> list[Any] | None:
     have = [key in r for r in rows]
     if not any(have):
         return None
@@ -179,24 +187,32 @@ def _is_finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _from_rows(name: str, description: str, rows: Sequence[Mapping[str, Any]], where: Callable[[int], str],
-               budget: int | None = None) -> CandidateSet:
+def _from_rows(
+    name: str,
+    description: str,
+    rows: Sequence[Mapping[str, Any]],
+    where: Callable[[int], str],
+    budget: int | None = None,
+) -> CandidateSet:
     if not rows:
         raise WorkloadError(f"{name}: no candidates")
     seen: dict[str, int] = {}
     for k, r in enumerate(rows):
         unknown = set(r) - _FIELDS
         if unknown:
-            raise WorkloadError(f"{where(k)}: unknown field(s) {', '.join(sorted(unknown))} "
-                                f"(a candidate has {', '.join(sorted(_FIELDS))})")
+            raise WorkloadError(
+                f"{where(k)}: unknown field(s) {', '.join(sorted(unknown))} "
+                f"(a candidate has {', '.join(sorted(_FIELDS))})"
+            )
         i = r.get("id")
         if not isinstance(i, str) or not i:
             raise WorkloadError(f"{where(k)}: 'id' must be a non-empty string, got {i!r:.60}")
         if i in seen:
             raise WorkloadError(f"{where(k)}: duplicate id {i!r} (first at {where(seen[i])})")
         seen[i] = k
-    tokens = _column(rows, "tokens", where, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                     "an integer >= 0")
+    tokens = _column(
+        rows, "tokens", where, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"
+    )
     scores = _column(rows, "score", where, _is_finite, "a finite number")
     texts = _column(rows, "text", where, lambda v: isinstance(v, str), "a string")
     sim = _column(rows, "similarity", where, lambda v: _is_finite(v) and -1.0 <= v <= 1.0, "a number in [-1, 1]")
@@ -241,8 +257,9 @@ def read_candidates(path: str | Path) -> CandidateSet:
     for lineno, obj in jsonl_objects(text, str(p), WorkloadError):
         rows.append(obj)
         lines.append(lineno)
-    return _from_rows(str(p), f"{len(rows)} candidates from {p.name}", rows,
-                      lambda k: f"{p}:{lines[k] if lines else 1}")
+    return _from_rows(
+        str(p), f"{len(rows)} candidates from {p.name}", rows, lambda k: f"{p}:{lines[k] if lines else 1}"
+    )
 
 
 # ---- the shipped families --------------------------------------------------------------
@@ -266,8 +283,11 @@ def _pack_memory() -> list[dict[str, Any]]:
     # Memory-sized texts: log-normal costs around ~100 tokens, interim scores in [0, 1].
     rng = random.Random(42)
     return [
-        {"id": f"mem-{i:05d}", "tokens": int(_lognormal(rng, 4.6, 0.7)) + 1,
-         "score": round(0.85 * rng.random() + 0.15 * rng.random(), 6)}
+        {
+            "id": f"mem-{i:05d}",
+            "tokens": int(_lognormal(rng, 4.6, 0.7)) + 1,
+            "score": round(0.85 * rng.random() + 0.15 * rng.random(), 6),
+        }
         for i in range(1000)
     ]
 
@@ -279,7 +299,9 @@ def _pack_skewed() -> list[dict[str, Any]]:
     out = []
     for i in range(3000):
         if rng.random() < 0.1:
-            out.append({"id": f"s{i}", "tokens": _randint(rng, 1500, 2999), "score": round(0.9 + 0.1 * rng.random(), 6)})
+            out.append(
+                {"id": f"s{i}", "tokens": _randint(rng, 1500, 2999), "score": round(0.9 + 0.1 * rng.random(), 6)}
+            )
         else:
             out.append({"id": f"s{i}", "tokens": _randint(rng, 20, 79), "score": round(0.5 + 0.3 * rng.random(), 6)})
     return out
@@ -347,33 +369,69 @@ def _assemble_support() -> list[dict[str, Any]]:
     out = []
     for i in range(1000):
         words = " ".join(_choice(rng, _SUPPORT_WORDS) for _ in range(_randint(rng, 10, 80)))
-        out.append({"id": f"mem-{i:05d}", "text": words, "similarity": round(0.3 + 0.7 * rng.random(), 6),
-                    "confidence": round(rng.random(), 6)})
+        out.append(
+            {
+                "id": f"mem-{i:05d}",
+                "text": words,
+                "similarity": round(0.3 + 0.7 * rng.random(), 6),
+                "confidence": round(rng.random(), 6),
+            }
+        )
     return out
 
 
 _SHIPPED: dict[str, _Spec] = {
-    "pack-memory": _Spec("pack", "pack-memory.jsonl", "1,000 memory-sized candidates (log-normal ~100 tokens)", 8000,
-                         _pack_memory),
-    "pack-skewed": _Spec("pack", "pack-skewed.jsonl",
-                         "3,000 candidates, 10% large and high-scoring (score-greedy loses most of the value)",
-                         30000, _pack_skewed),
-    "pack-uniform": _Spec("pack", "pack-uniform.jsonl", "400 candidates, 1-400 tokens, random scores", 6000,
-                          _pack_stress("uniform", 11)),
-    "pack-small": _Spec("pack", "pack-small.jsonl", "400 candidates, 1-40 tokens, random scores", 2000,
-                        _pack_stress("small", 12)),
-    "pack-correlated": _Spec("pack", "pack-correlated.jsonl", "400 candidates, score weakly tied to size", 6000,
-                             _pack_stress("correlated", 13)),
-    "pack-strong": _Spec("pack", "pack-strong.jsonl", "400 candidates, score = size + 10 (strongly correlated)",
-                         6000, _pack_stress("strong", 14)),
-    "format-prose": _Spec("format", "format-prose.jsonl.gz",
-                          "2,000 prose memories (quotes, markup characters, some non-ASCII)", None,
-                          _format_corpus("prose", 2000, 20240611)),
-    "format-dense": _Spec("format", "format-dense.jsonl.gz",
-                          "500 markup-dense memories (about every other character escaped)", None,
-                          _format_corpus("dense", 500, 7)),
-    "assemble-support": _Spec("assemble", "assemble-support.jsonl.gz",
-                              "a support agent's 1,000 memories, similarities 0.3-1.0", None, _assemble_support),
+    "pack-memory": _Spec(
+        "pack", "pack-memory.jsonl", "1,000 memory-sized candidates (log-normal ~100 tokens)", 8000, _pack_memory
+    ),
+    "pack-skewed": _Spec(
+        "pack",
+        "pack-skewed.jsonl",
+        "3,000 candidates, 10% large and high-scoring (score-greedy loses most of the value)",
+        30000,
+        _pack_skewed,
+    ),
+    "pack-uniform": _Spec(
+        "pack", "pack-uniform.jsonl", "400 candidates, 1-400 tokens, random scores", 6000, _pack_stress("uniform", 11)
+    ),
+    "pack-small": _Spec(
+        "pack", "pack-small.jsonl", "400 candidates, 1-40 tokens, random scores", 2000, _pack_stress("small", 12)
+    ),
+    "pack-correlated": _Spec(
+        "pack",
+        "pack-correlated.jsonl",
+        "400 candidates, score weakly tied to size",
+        6000,
+        _pack_stress("correlated", 13),
+    ),
+    "pack-strong": _Spec(
+        "pack",
+        "pack-strong.jsonl",
+        "400 candidates, score = size + 10 (strongly correlated)",
+        6000,
+        _pack_stress("strong", 14),
+    ),
+    "format-prose": _Spec(
+        "format",
+        "format-prose.jsonl.gz",
+        "2,000 prose memories (quotes, markup characters, some non-ASCII)",
+        None,
+        _format_corpus("prose", 2000, 20240611),
+    ),
+    "format-dense": _Spec(
+        "format",
+        "format-dense.jsonl.gz",
+        "500 markup-dense memories (about every other character escaped)",
+        None,
+        _format_corpus("dense", 500, 7),
+    ),
+    "assemble-support": _Spec(
+        "assemble",
+        "assemble-support.jsonl.gz",
+        "a support agent's 1,000 memories, similarities 0.3-1.0",
+        None,
+        _assemble_support,
+    ),
 }
 
 #: The workload each stage runs when none is named.

@@ -19,19 +19,39 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     # "X as X": exported to type checkers (mypy --strict reads no implicit re-export).
     from .auth import (
-        AuthMethod as AuthMethod,
         Authenticator as Authenticator,
+    )
+    from .auth import (
+        AuthMethod as AuthMethod,
+    )
+    from .auth import (
         Principal as Principal,
+    )
+    from .auth import (
         hash_api_key as hash_api_key,
+    )
+    from .auth import (
         new_api_key as new_api_key,
     )
     from .config import (
         AuthConfig as AuthConfig,
+    )
+    from .config import (
         ClientAuth as ClientAuth,
+    )
+    from .config import (
         Grant as Grant,
+    )
+    from .config import (
         JwtConfig as JwtConfig,
+    )
+    from .config import (
         ServiceConfig as ServiceConfig,
+    )
+    from .config import (
         TlsConfig as TlsConfig,
+    )
+    from .config import (
         load_service_config as load_service_config,
     )
     from .cpus import (
@@ -42,8 +62,14 @@ if TYPE_CHECKING:
     )
     from .server import (
         ContextService as ContextService,
+    )
+    from .server import (
         scoped_sources as scoped_sources,
+    )
+    from .server import (
         serve as serve,
+    )
+    from .server import (
         tune_process as tune_process,
     )
     from .wire import (

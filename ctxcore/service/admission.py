@@ -224,9 +224,16 @@ class Admission:
     (True, 'refused-deadline')
     """
 
-    def __init__(self, *, max_queue: int = DEFAULT_MAX_QUEUE, min_retrieval_ms: float = 1.0,
-                 response_headroom_ms: float = 1.0, floor_tail_ms: float = 0.0,
-                 max_lag_ms: float = DEFAULT_MAX_LAG_MS, probe_idle_after_s: float = PROBE_IDLE_AFTER_S) -> None:
+    def __init__(
+        self,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        min_retrieval_ms: float = 1.0,
+        response_headroom_ms: float = 1.0,
+        floor_tail_ms: float = 0.0,
+        max_lag_ms: float = DEFAULT_MAX_LAG_MS,
+        probe_idle_after_s: float = PROBE_IDLE_AFTER_S,
+    ) -> None:
         if not (math.isfinite(probe_idle_after_s) and probe_idle_after_s >= 0):
             raise ValueError(f"probe_idle_after_s must be a finite number >= 0, got {probe_idle_after_s!r}")
         self.max_queue = max_queue
@@ -325,25 +332,42 @@ class Admission:
         tail = self.tail_estimate()
         if self.admitted >= self.max_queue:
             wait = max(1, math.ceil(self._sojourn_ms or tail))
-            return Decision(False, "refused-queue", tail,
-                            f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
-                            f"{self.max_queue}); retry in {wait} ms", wait)
-        if (self.admitted and remaining_ms is not None
-                and self.sustained_lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)):
+            return Decision(
+                False,
+                "refused-queue",
+                tail,
+                f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
+                f"{self.max_queue}); retry in {wait} ms",
+                wait,
+            )
+        if (
+            self.admitted
+            and remaining_ms is not None
+            and self.sustained_lag_ms > max(self.max_lag_ms, LAG_SHARE_OF_DEADLINE * remaining_ms)
+        ):
             # The loop runs every callback this late: the CPU is saturated, and each call
             # admitted now slows the arrival of the next. Let the admitted ones finish.
             wait = max(1, math.ceil(self.sustained_lag_ms))
-            return Decision(False, "refused-load", tail,
-                            f"the server is saturated (event loop {self.sustained_lag_ms:.1f} ms late with {self.admitted} "
-                            f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms", wait)
+            return Decision(
+                False,
+                "refused-load",
+                tail,
+                f"the server is saturated (event loop {self.sustained_lag_ms:.1f} ms late with {self.admitted} "
+                f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms",
+                wait,
+            )
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             if remaining_ms < need:
-                return Decision(False, "refused-deadline", tail,
-                                f"{remaining_ms:.2f} ms left at arrival; an assembly needs about {need:.2f} ms "
-                                f"now ({self.min_retrieval_ms:g} ms retrieval + {tail:.2f} ms estimated for "
-                                f"scoring, packing, formatting and {self.admitted} calls ahead + "
-                                f"{self.response_headroom_ms:g} ms response headroom)")
+                return Decision(
+                    False,
+                    "refused-deadline",
+                    tail,
+                    f"{remaining_ms:.2f} ms left at arrival; an assembly needs about {need:.2f} ms "
+                    f"now ({self.min_retrieval_ms:g} ms retrieval + {tail:.2f} ms estimated for "
+                    f"scoring, packing, formatting and {self.admitted} calls ahead + "
+                    f"{self.response_headroom_ms:g} ms response headroom)",
+                )
         self.admitted += 1
         return Decision(True, "ok", tail)
 
@@ -418,8 +442,16 @@ class Turns:
     (True, False, True, 1, 0)
     """
 
-    __slots__ = ("limit", "running", "newest_first", "_given_turn_ms", "_waiting", "_full_since", "_interval_ms",
-                 "_overloaded")
+    __slots__ = (
+        "limit",
+        "running",
+        "newest_first",
+        "_given_turn_ms",
+        "_waiting",
+        "_full_since",
+        "_interval_ms",
+        "_overloaded",
+    )
 
     def __init__(self, limit: int, turn_ms: Callable[[], float] | None = None) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -536,8 +568,9 @@ class Turns:
         if self._full_since is not None and self.running >= self.limit:
             # Every turn was held since then: the line moved one place in this long.
             ms = (now - self._full_since) * 1000.0
-            self._interval_ms = ms if not self._interval_ms else (
-                (1.0 - _TURN_WEIGHT) * self._interval_ms + _TURN_WEIGHT * ms)
+            self._interval_ms = (
+                ms if not self._interval_ms else ((1.0 - _TURN_WEIGHT) * self._interval_ms + _TURN_WEIGHT * ms)
+            )
         while self._waiting:
             newest = self.lifo
             w = self._waiting.pop() if newest else self._waiting.popleft()

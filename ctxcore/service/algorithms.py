@@ -35,4 +35,3 @@ def check_jwt_algorithms(algorithms: Iterable[str]) -> None:
     hs = {a.startswith("HS") for a in algs}
     if len(hs) > 1:
         raise ConfigError("auth.jwt.algorithms must be all HMAC (HS*) or all public-key, not both")
-

@@ -122,7 +122,7 @@ def load_api_key_file(path: Path) -> dict[str, str]:
         parts = line.split()
         if len(parts) != 2 or not parts[1].startswith(_HASH_PREFIX):
             raise ConfigError(f"{path}:{lineno}: expected 'PRINCIPAL sha256:HEX' (keys are stored hashed, never plain)")
-        digest = parts[1][len(_HASH_PREFIX):].lower()
+        digest = parts[1][len(_HASH_PREFIX) :].lower()
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ConfigError(f"{path}:{lineno}: not a SHA-256 hex digest")
         if digest in out:
@@ -248,7 +248,9 @@ class Authenticator:
             cn = list(auth_context.get("x509_common_name", ()))
             if cn:
                 return self._grant(cn[0].decode("utf-8", "replace"), AuthMethod.MTLS)
-        raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, "no credentials: send a bearer token, an API key or a client certificate")
+        raise ServiceError(
+            grpc.StatusCode.UNAUTHENTICATED, "no credentials: send a bearer token, an API key or a client certificate"
+        )
 
     def _grant(self, name: str, method: AuthMethod) -> Principal:
         grants = self._principals.get(name)

@@ -21,8 +21,8 @@ from .config import (
     JwtConfig,
     ServiceConfig,
     TlsConfig,
-    load_service_config,
     auto_workers,
+    load_service_config,
     parse_principals,
 )
 
@@ -78,30 +78,53 @@ def add_subcommands(sub: Any) -> None:
     a.add_argument("--tls-cert", metavar="FILE", help="server certificate chain (PEM)")
     a.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
     a.add_argument("--tls-client-ca", metavar="FILE", help="CA of client certificates: turns on mTLS")
-    a.add_argument("--grant", action="append", metavar="PRINCIPAL=ORG/AGENT",
-                   help="let PRINCIPAL act for ORG/AGENT (ORG/* for every agent); repeatable")
-    a.add_argument("--allow-unauthenticated", action="store_true",
-                   help="trust request fields without credentials (loopback binds only)")
-    a.add_argument("--allow-plaintext", action="store_true",
-                   help="accept credentials without TLS on a non-loopback bind (behind a TLS proxy)")
+    a.add_argument(
+        "--grant",
+        action="append",
+        metavar="PRINCIPAL=ORG/AGENT",
+        help="let PRINCIPAL act for ORG/AGENT (ORG/* for every agent); repeatable",
+    )
+    a.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="trust request fields without credentials (loopback binds only)",
+    )
+    a.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="accept credentials without TLS on a non-loopback bind (behind a TLS proxy)",
+    )
     t = s.add_argument_group("deadlines (milliseconds unless noted)")
     for name in _ASSEMBLY_FLAGS:
         t.add_argument("--" + name.replace("_", "-"), type=float, metavar="MS")
-    t.add_argument("--deadline-headroom-ms", type=float, metavar="MS",
-                   help="kept back from the caller's deadline for the response")
-    t.add_argument("--min-retrieval-ms", type=float, metavar="MS",
-                   help="less than this left for retrieval: DEADLINE_EXCEEDED at once")
+    t.add_argument(
+        "--deadline-headroom-ms", type=float, metavar="MS", help="kept back from the caller's deadline for the response"
+    )
+    t.add_argument(
+        "--min-retrieval-ms",
+        type=float,
+        metavar="MS",
+        help="less than this left for retrieval: DEADLINE_EXCEEDED at once",
+    )
     t.add_argument("--shutdown-grace-s", type=float, metavar="S", help="time in-flight calls get after SIGTERM")
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
     t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
-    s.add_argument("--workers", type=_workers, metavar="N|auto",
-                   help="server processes sharing the port (default 1; auto: one per usable CPU, "
-                        "within the affinity and the cgroup's CPU limit); a client spreads its calls "
-                        "over them with more than one connection")
-    t.add_argument("--max-running", type=_max_running, metavar="N|auto",
-                   help="ordinary assemblies run at a time, the others wait their turn (0: no limit; "
-                        "auto, the default: 1 with the SQLite store, no limit with PostgreSQL)")
+    s.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N|auto",
+        help="server processes sharing the port (default 1; auto: one per usable CPU, "
+        "within the affinity and the cgroup's CPU limit); a client spreads its calls "
+        "over them with more than one connection",
+    )
+    t.add_argument(
+        "--max-running",
+        type=_max_running,
+        metavar="N|auto",
+        help="ordinary assemblies run at a time, the others wait their turn (0: no limit; "
+        "auto, the default: 1 with the SQLite store, no limit with PostgreSQL)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=_cmd_serve)
 
@@ -118,8 +141,19 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     """
     cfg = load_service_config(args.config) if args.config else ServiceConfig()
     top: dict[str, Any] = {}
-    for name in ("bind", "metrics_port", "metrics_bind", "deadline_headroom_ms", "min_retrieval_ms",
-                 "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running", "workers"):
+    for name in (
+        "bind",
+        "metrics_port",
+        "metrics_bind",
+        "deadline_headroom_ms",
+        "min_retrieval_ms",
+        "shutdown_grace_s",
+        "drain_delay_s",
+        "max_queue",
+        "cpu_workers",
+        "max_running",
+        "workers",
+    ):
         v = getattr(args, name)
         if v is not None:
             top[name] = None if v == "auto" else v  # max_running: auto
@@ -153,8 +187,9 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("--tls-cert and --tls-key go together")
         ca = Path(args.tls_client_ca) if args.tls_client_ca else None
-        au["tls"] = TlsConfig(Path(args.tls_cert), Path(args.tls_key), ca,
-                              ClientAuth.REQUIRE if ca else ClientAuth.NONE)
+        au["tls"] = TlsConfig(
+            Path(args.tls_cert), Path(args.tls_key), ca, ClientAuth.REQUIRE if ca else ClientAuth.NONE
+        )
     if args.grant:
         grants: dict[str, list[str]] = {}
         for g in args.grant:
@@ -201,6 +236,5 @@ def _cmd_api_key(args: argparse.Namespace, out: TextIO) -> int:
     key = new_api_key()
     out.write(f"key:  {key}\n")
     out.write(f"line: {principal} {hash_api_key(key)}\n")
-    out.write("Give the key to the caller (it is not stored anywhere); append the line to the server's "
-              "API key file.\n")
+    out.write("Give the key to the caller (it is not stored anywhere); append the line to the server's API key file.\n")
     return 0

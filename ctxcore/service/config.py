@@ -281,25 +281,28 @@ class ServiceConfig:
         if self.workers > 1 and not sys.platform.startswith("linux"):
             # Elsewhere SO_REUSEPORT does not spread connections (BSD and macOS give them
             # all to one socket) or is not there (Windows).
-            raise ConfigError(f"server.workers > 1 needs Linux, where the kernel spreads a shared port's "
-                              f"connections over the workers (this is {sys.platform})")
+            raise ConfigError(
+                f"server.workers > 1 needs Linux, where the kernel spreads a shared port's "
+                f"connections over the workers (this is {sys.platform})"
+            )
         if self.workers > 1 and self.bind.startswith("unix:"):
-            raise ConfigError(f"server.workers > 1 needs a TCP bind (host:port): processes cannot share "
-                              f"{self.bind!r}")
+            raise ConfigError(f"server.workers > 1 needs a TCP bind (host:port): processes cannot share {self.bind!r}")
         if self.max_running is not None and (
             isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 0
         ):
             raise ConfigError(
-                f"server.max_running must be \"auto\" or an integer >= 0 (0: no limit), got {self.max_running!r}"
+                f'server.max_running must be "auto" or an integer >= 0 (0: no limit), got {self.max_running!r}'
             )
         if self.metrics_port is not None and (
-            isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
+            isinstance(self.metrics_port, bool)
+            or not isinstance(self.metrics_port, int)
             or not 0 <= self.metrics_port <= 65535
         ):
             raise ConfigError(f"metrics.port must be an integer in [0, 65535], got {self.metrics_port!r}")
         if self.metrics_port and self.metrics_port + self.workers - 1 > 65535:
-            raise ConfigError(f"metrics.port {self.metrics_port} + {self.workers - 1} (one port a worker) "
-                              f"is past 65535")
+            raise ConfigError(
+                f"metrics.port {self.metrics_port} + {self.workers - 1} (one port a worker) is past 65535"
+            )
         for name in ("deadline_headroom_ms", "min_retrieval_ms", "shutdown_grace_s", "drain_delay_s"):
             _non_negative(f"server.{name}", getattr(self, name))
         for name in ("shutdown_grace_s", "drain_delay_s"):
@@ -416,8 +419,18 @@ def auto_workers() -> int:
 
 _SECTIONS: dict[str, set[str]] = {
     "server": {
-        "bind", "max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-        "shutdown_grace_s", "drain_delay_s", "reflection", "catalog", "max_queue", "cpu_workers", "max_running",
+        "bind",
+        "max_message_bytes",
+        "max_concurrent_rpcs",
+        "deadline_headroom_ms",
+        "min_retrieval_ms",
+        "shutdown_grace_s",
+        "drain_delay_s",
+        "reflection",
+        "catalog",
+        "max_queue",
+        "cpu_workers",
+        "max_running",
         "workers",
     },
     "store": {"db"},
@@ -540,14 +553,18 @@ def check_tls_files(tls: TlsConfig) -> None:
     try:
         context().load_cert_chain(str(tls.cert_file), str(tls.key_file), password=_no_password)
     except _EncryptedKey:
-        raise ConfigError(f"auth.tls.key_file {tls.key_file}: the key is encrypted; gRPC needs an unencrypted "
-                          "PEM private key") from None
+        raise ConfigError(
+            f"auth.tls.key_file {tls.key_file}: the key is encrypted; gRPC needs an unencrypted PEM private key"
+        ) from None
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
-            raise ConfigError(f"auth.tls.key_file {tls.key_file}: is not the private key of the certificate in "
-                              f"auth.tls.cert_file {tls.cert_file}") from None
-        raise ConfigError(f"auth.tls.key_file {tls.key_file}: holds no PEM private key "
-                          "(-----BEGIN PRIVATE KEY-----)") from None
+            raise ConfigError(
+                f"auth.tls.key_file {tls.key_file}: is not the private key of the certificate in "
+                f"auth.tls.cert_file {tls.cert_file}"
+            ) from None
+        raise ConfigError(
+            f"auth.tls.key_file {tls.key_file}: holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"auth.tls.key_file {tls.key_file}: cannot read it: {exc.strerror or exc}") from None
     if tls.client_ca_file is not None:
@@ -595,25 +612,38 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
         for k in ("bind",):
             if k in srv:
                 kw[k] = _str(f"server.{k}", srv[k])
-        for k in ("max_message_bytes", "max_concurrent_rpcs", "deadline_headroom_ms", "min_retrieval_ms",
-                  "shutdown_grace_s", "drain_delay_s", "max_queue", "cpu_workers", "max_running", "workers"):
+        for k in (
+            "max_message_bytes",
+            "max_concurrent_rpcs",
+            "deadline_headroom_ms",
+            "min_retrieval_ms",
+            "shutdown_grace_s",
+            "drain_delay_s",
+            "max_queue",
+            "cpu_workers",
+            "max_running",
+            "workers",
+        ):
             if k in srv:
                 kw[k] = srv[k]
         if kw.get("max_running") == "auto":
             kw["max_running"] = None
         if isinstance(kw.get("workers"), str):
             if kw["workers"] != "auto":
-                raise ConfigError(f"server.workers must be a positive integer or \"auto\", got {kw['workers']!r}")
+                raise ConfigError(f'server.workers must be a positive integer or "auto", got {kw["workers"]!r}')
             kw["workers"] = auto_workers()
         if "reflection" in srv:
             r = srv["reflection"]
             if r not in ("auto", False):
-                raise ConfigError(f"server.reflection must be \"auto\" or false, got {r!r}")
+                raise ConfigError(f'server.reflection must be "auto" or false, got {r!r}')
             kw["reflection"] = None if r == "auto" else False
         if "catalog" in srv:
             kw["catalog"] = _path("server.catalog", srv["catalog"], base)
-        if "db" in store and isinstance(store["db"], str) and store["db"].lower().startswith(
-                ("postgresql://", "postgres://")):
+        if (
+            "db" in store
+            and isinstance(store["db"], str)
+            and store["db"].lower().startswith(("postgresql://", "postgres://"))
+        ):
             kw["db_url"] = store["db"]
         elif "db" in store:
             kw["db"] = _path("store.db", store["db"], base)

@@ -24,10 +24,19 @@ from .. import _core
 from ..assembly.trace import TRACE_REASONS, TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
-from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, is_valid_unicode
 from ..errors import UnknownModel
 from ..formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
-from ..request import SECTION_BUDGETS, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Rendering, Role, ToolCall
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL, MAX_RETRIEVAL_LIMIT, Query, Scope, is_valid_unicode
+from ..request import (
+    SECTION_BUDGETS,
+    AssemblyOptions,
+    AssemblyRequest,
+    HistoryPolicy,
+    Message,
+    Rendering,
+    Role,
+    ToolCall,
+)
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
@@ -163,11 +172,11 @@ def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     "'mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm'... (100000 characters)"
     """
     if isinstance(value, str) and len(value) > limit:
-        text = repr(value[:limit - 1])
-        cut = f"{text[:4 * limit]}..." if len(text) > 4 * limit else text  # escapes lengthen a repr
+        text = repr(value[: limit - 1])
+        cut = f"{text[: 4 * limit]}..." if len(text) > 4 * limit else text  # escapes lengthen a repr
         return f"{cut}... ({len(value)} characters)"
     text = repr(value)
-    return text if len(text) <= 4 * limit else f"{text[:4 * limit]}..."
+    return text if len(text) <= 4 * limit else f"{text[: 4 * limit]}..."
 
 
 def _bad(field: str, why: str) -> ServiceError:
@@ -315,11 +324,16 @@ def parse_json(field: str, text: str) -> Any:
     except _Refused as exc:  # NaN, Infinity, 1e999
         raise _bad(field, f"is not valid JSON: {str(exc)[:200]}") from None
     except ValueError:  # int() past Python's digit limit, the only other ValueError json raises
-        raise _bad(field, f"is not valid JSON: a number is too long (integers may have at most "
-                          f"{sys.get_int_max_str_digits()} digits)") from None
+        raise _bad(
+            field,
+            f"is not valid JSON: a number is too long (integers may have at most "
+            f"{sys.get_int_max_str_digits()} digits)",
+        ) from None
     if not _json_depth_ok(obj):
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"{field}: nests deeper than the per-request limit max_json_depth = {MAX_JSON_DEPTH}")
+        raise ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{field}: nests deeper than the per-request limit max_json_depth = {MAX_JSON_DEPTH}",
+        )
     # Text from the wire is valid UTF-8, so a lone surrogate can only come from an escape:
     # the decoded strings are walked only when the raw text holds a candidate. Without a
     # backslash that costs one memchr (0.04 us for a 2.6 KB schema, against 7 us for
@@ -347,8 +361,9 @@ def _message(i: int, m: pb.Message) -> Message:
             # The arguments stay text: a model may have written invalid JSON, and the
             # history says what it wrote.
             try:
-                calls.append(ToolCall(_short_key(f"{at}.id", c.id), _short_key(f"{at}.name", c.name),
-                                      c.arguments or "{}"))
+                calls.append(
+                    ToolCall(_short_key(f"{at}.id", c.id), _short_key(f"{at}.name", c.name), c.arguments or "{}")
+                )
             except (TypeError, ValueError) as exc:
                 raise _bad(at, str(exc)[:200]) from None
     if len(m.tool_call_id) > MAX_ID_CHARS:
@@ -371,8 +386,11 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
     if o.HasField("relevance_floor"):
         v = o.relevance_floor
         if not (math.isfinite(v) and 0.0 <= v < FULLTEXT_RELEVANCE_SENTINEL):
-            raise _bad("options.relevance_floor", f"must be in [0, {FULLTEXT_RELEVANCE_SENTINEL}) (full-text hits "
-                       f"carry the fixed relevance {FULLTEXT_RELEVANCE_SENTINEL}), got {v!r}")
+            raise _bad(
+                "options.relevance_floor",
+                f"must be in [0, {FULLTEXT_RELEVANCE_SENTINEL}) (full-text hits "
+                f"carry the fixed relevance {FULLTEXT_RELEVANCE_SENTINEL}), got {v!r}",
+            )
         kw["relevance_floor"] = v
     if o.HasField("min_similarity"):
         v = o.min_similarity
@@ -391,16 +409,22 @@ def _options(o: pb.AssemblyOptions) -> AssemblyOptions:
         raise _bad("options.value_model", f"must be 'fused' or 'interim', got {quote(o.value_model[:40])}")
     kw["value_model"] = o.value_model or "fused"
     if o.memory_format not in ("", *MEMORY_FORMATS):
-        raise _bad("options.memory_format", f"must be one of {', '.join(MEMORY_FORMATS)}, got "
-                   f"{quote(o.memory_format[:40])}")
+        raise _bad(
+            "options.memory_format", f"must be one of {', '.join(MEMORY_FORMATS)}, got {quote(o.memory_format[:40])}"
+        )
     kw["memory_format"] = o.memory_format or "compact"
     if len(o.memory_attributes) > len(MEMORY_ATTRIBUTES):
-        raise _bad("options.memory_attributes", f"names {len(o.memory_attributes)} attributes; there are "
-                   f"{len(MEMORY_ATTRIBUTES)} ({', '.join(MEMORY_ATTRIBUTES)})")
+        raise _bad(
+            "options.memory_attributes",
+            f"names {len(o.memory_attributes)} attributes; there are "
+            f"{len(MEMORY_ATTRIBUTES)} ({', '.join(MEMORY_ATTRIBUTES)})",
+        )
     for i, name in enumerate(o.memory_attributes):
         if name not in MEMORY_ATTRIBUTES:
-            raise _bad(f"options.memory_attributes[{i}]", f"must be one of {', '.join(MEMORY_ATTRIBUTES)}, got "
-                       f"{quote(name[:40])}")
+            raise _bad(
+                f"options.memory_attributes[{i}]",
+                f"must be one of {', '.join(MEMORY_ATTRIBUTES)}, got {quote(name[:40])}",
+            )
     kw["memory_attributes"] = tuple(o.memory_attributes)
     if len(o.pinned_memory_ids) > MAX_MEMORIES_LIMIT:
         raise _too_many("options.pinned_memory_ids", len(o.pinned_memory_ids), "max_pinned_memory_ids")
@@ -473,8 +497,9 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
         if tokens < 0:
             raise _bad(f"section_budgets[{quote(name)}]", f"must be >= 0, got {tokens}")
     try:
-        return AssemblyRequest(org, agent, model, query, messages, tuple(tools), options, token_budget,
-                               dict(msg.section_budgets))
+        return AssemblyRequest(
+            org, agent, model, query, messages, tuple(tools), options, token_budget, dict(msg.section_budgets)
+        )
     except (TypeError, ValueError) as exc:
         raise _bad("request", str(exc)[:200]) from None
 
@@ -545,16 +570,28 @@ def _trace_into(ctx: AssembledLike, out: pb.AssembledContext) -> None:
     Python, ~4x faster than setting each entry's fields for 100 rows."""
     t = getattr(ctx, "trace_table", None)
     if t is None:
-        rows: Any = ((e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted, e.signal)
-                     for e in ctx.trace)
+        rows: Any = (
+            (e.memory_id, e.reason, e.origin, e.tokens, e.score, e.relevance, e.recounted, e.signal) for e in ctx.trace
+        )
         _rows_into(rows, out)
         return
     for block in t.blocks():
         if isinstance(block, TraceRows):
-            out.MergeFromString(_core.encode_trace_rows(
-                block.ids, block.origins, block.at, _WIRE_REASONS[block.reason], block.tokens, block.score,
-                block.relevance, block.recounted, _HIDDEN_ID_REASON, _TRACE_FIELD, block.signal,
-            ))
+            out.MergeFromString(
+                _core.encode_trace_rows(
+                    block.ids,
+                    block.origins,
+                    block.at,
+                    _WIRE_REASONS[block.reason],
+                    block.tokens,
+                    block.score,
+                    block.relevance,
+                    block.recounted,
+                    _HIDDEN_ID_REASON,
+                    _TRACE_FIELD,
+                    block.signal,
+                )
+            )
         else:
             _rows_into(((*block[:7], block[8] if len(block) > 8 else ""),), out)
 
@@ -634,9 +671,7 @@ def _payload_parts_to_proto(ctx: AssembledLike, out: pb.AssembledContext) -> Non
     if directive is not None:
         out.directive = directive
     out.messages.extend(message_to_proto(m) for m in getattr(ctx, "messages", ()))
-    out.tools_json.extend(
-        json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in getattr(ctx, "tools", ())
-    )
+    out.tools_json.extend(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in getattr(ctx, "tools", ()))
     out.rendering = enum_to_proto(getattr(ctx, "rendering", Rendering.TEXT), pb.Rendering, "RENDERING")
     out.framing_tokens = getattr(ctx, "framing_tokens", 0)
     out.stable_prefix_tokens = getattr(ctx, "stable_prefix_tokens", 0)

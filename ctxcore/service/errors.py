@@ -14,8 +14,9 @@ class ServiceError(Exception):
     'no such model'
     """
 
-    def __init__(self, code: grpc.StatusCode, details: str,
-                 trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(details)
         self.code = code
         self.details = details

@@ -25,14 +25,54 @@ __all__ = ["LATENCY_BUCKETS_S", "TIME_LEFT_BUCKETS_S", "ServiceMetrics"]
 
 #: Latency buckets from 0.25 ms to 1 s, dense around the 40-45 ms wall of the defaults.
 LATENCY_BUCKETS_S = (
-    0.00025, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030,
-    0.035, 0.040, 0.045, 0.050, 0.075, 0.1, 0.25, 0.5, 1.0,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.045,
+    0.050,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
 )
 #: Buckets of the time a call has left when it reaches admission: fine around the 45 ms
 #: client timeout, coarse up to the deadlines of batch callers.
 TIME_LEFT_BUCKETS_S = (
-    0.001, 0.002, 0.005, 0.0075, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.045,
-    0.050, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.001,
+    0.002,
+    0.005,
+    0.0075,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.045,
+    0.050,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 #: Usable-budget buckets in tokens, from the constrained line (256) to 1M-token windows.
 USABLE_BUCKETS = (0, 256, 1024, 4096, 16384, 65536, 131072, 262144, 1048576)
@@ -47,17 +87,22 @@ class _MemoryCountCacheCollector(Collector):
 
     def collect(self) -> Any:
         s = memory_count_cache_stats()
-        entries = GaugeMetricFamily("ctxcore_memory_count_cache_entries",
-                                    "Memories whose exact count the assembly keeps (no stored count).")
+        entries = GaugeMetricFamily(
+            "ctxcore_memory_count_cache_entries", "Memories whose exact count the assembly keeps (no stored count)."
+        )
         entries.add_metric([], s.entries)
-        chars = GaugeMetricFamily("ctxcore_memory_count_cache_chars",
-                                  "Characters of ids and texts the memory count cache holds.")
+        chars = GaugeMetricFamily(
+            "ctxcore_memory_count_cache_chars", "Characters of ids and texts the memory count cache holds."
+        )
         chars.add_metric([], s.chars)
-        hits = CounterMetricFamily("ctxcore_memory_count_cache_hits",
-                                   "Lookups of memories without a stored count answered from the cache.")
+        hits = CounterMetricFamily(
+            "ctxcore_memory_count_cache_hits", "Lookups of memories without a stored count answered from the cache."
+        )
         hits.add_metric([], s.hits)
-        misses = CounterMetricFamily("ctxcore_memory_count_cache_misses",
-                                     "Lookups of memories without a stored count the cache could not answer.")
+        misses = CounterMetricFamily(
+            "ctxcore_memory_count_cache_misses",
+            "Lookups of memories without a stored count the cache could not answer.",
+        )
         misses.add_metric([], s.misses)
         out: list[Metric] = [entries, chars, hits, misses]
         return out
@@ -72,7 +117,10 @@ class ServiceMetrics:
             "ctxcore_requests", "Calls handled, by RPC and gRPC status code.", ["rpc", "code"], registry=r
         )
         self.request_seconds = Histogram(
-            "ctxcore_request_seconds", "Server-side call latency by RPC.", ["rpc"], buckets=LATENCY_BUCKETS_S,
+            "ctxcore_request_seconds",
+            "Server-side call latency by RPC.",
+            ["rpc"],
+            buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.in_flight = Gauge("ctxcore_requests_in_flight", "Calls being handled.", registry=r)
@@ -95,31 +143,47 @@ class ServiceMetrics:
             "ctxcore_memories_out_of_scope", "Memories dropped because their scope did not match.", registry=r
         )
         self.refused = Counter(
-            "ctxcore_admission_refused", "Calls refused by admission control before any work, by reason.", ["reason"],
+            "ctxcore_admission_refused",
+            "Calls refused by admission control before any work, by reason.",
+            ["reason"],
             registry=r,
         )
         self.admitted = Gauge("ctxcore_admission_admitted", "Assemblies admitted and not yet finished.", registry=r)
-        self.waiting = Gauge("ctxcore_admission_waiting",
-                             "Admitted assemblies waiting for their turn to run (server.max_running).", registry=r)
-        self.admitted_calls = Counter("ctxcore_admission_admitted_calls",
-                                      "Assemblies admitted (with a deadline), by whether they ended inside it.",
-                                      ["in_time"], registry=r)
-        self.turn = Gauge("ctxcore_admission_turn_seconds",
-                          "How long a turn (server.max_running) lasts these days: the line's pace.", registry=r)
-        self.newest_first = Counter("ctxcore_admission_newest_first_turns",
-                                    "Turns handed to the newest waiter of an overloaded line (adaptive LIFO).",
-                                    registry=r)
+        self.waiting = Gauge(
+            "ctxcore_admission_waiting",
+            "Admitted assemblies waiting for their turn to run (server.max_running).",
+            registry=r,
+        )
+        self.admitted_calls = Counter(
+            "ctxcore_admission_admitted_calls",
+            "Assemblies admitted (with a deadline), by whether they ended inside it.",
+            ["in_time"],
+            registry=r,
+        )
+        self.turn = Gauge(
+            "ctxcore_admission_turn_seconds",
+            "How long a turn (server.max_running) lasts these days: the line's pace.",
+            registry=r,
+        )
+        self.newest_first = Counter(
+            "ctxcore_admission_newest_first_turns",
+            "Turns handed to the newest waiter of an overloaded line (adaptive LIFO).",
+            registry=r,
+        )
         self.tail_estimate = Gauge(
             "ctxcore_admission_tail_estimate_seconds",
-            "The service-time estimate after retrieval that the last admission decision used.", registry=r,
+            "The service-time estimate after retrieval that the last admission decision used.",
+            registry=r,
         )
-        self.loop_lag = Gauge("ctxcore_event_loop_lag_seconds", "How late the event loop's periodic probe fired.",
-                              registry=r)
+        self.loop_lag = Gauge(
+            "ctxcore_event_loop_lag_seconds", "How late the event loop's periodic probe fired.", registry=r
+        )
         self.time_left = Histogram(
             "ctxcore_admission_time_left_seconds",
             "Time left to the caller's deadline when an AssembleContext call reached admission (calls with a "
             "deadline): its deadline less the client's, the network's and the server's accept time.",
-            buckets=TIME_LEFT_BUCKETS_S, registry=r,
+            buckets=TIME_LEFT_BUCKETS_S,
+            registry=r,
         )
         r.register(_MemoryCountCacheCollector())
         self._http: Any = None

@@ -50,8 +50,6 @@ from ..v1 import context_assembly_pb2 as pb
 from .admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, Turns
 from .auth import Authenticator, Principal
 from .config import ServiceConfig, check_tls_files
-from .errors import ServiceError
-from .fullgc import FULL_COLLECTIONS
 from .convert import (
     MAX_DETAILS_CHARS,
     MAX_MODELS,
@@ -62,6 +60,8 @@ from .convert import (
     request_from_proto,
     unknown_model,
 )
+from .errors import ServiceError
+from .fullgc import FULL_COLLECTIONS
 from .logs import error_frames, log_event
 from .metrics import ServiceMetrics
 from .tracing import CallTracer
@@ -91,6 +91,7 @@ TYPICAL_BYTES = 64 * 1024
 #: for the GIL at every callback, so a shorter one keeps the loop prompt.
 SWITCH_INTERVAL_S = 0.0005
 
+
 class _LoopPass:
     """Scheduled with ``loop.call_soon`` at some point of a call: `seen` once the event
     loop has run it, i.e. once the call has let the loop run (it waited for something)."""
@@ -106,8 +107,9 @@ class _LoopPass:
 
 #: Statuses that say something is wrong with the server rather than the call: logged as
 #: warnings. The rest (OK, deadline, auth, bad input) are the caller's business: info.
-_SERVER_FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
-                            grpc.StatusCode.DATA_LOSS})
+_SERVER_FAULTS = frozenset(
+    {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS}
+)
 
 AssembleFn = Callable[..., Awaitable[Any]]
 #: Opens the memory store when the server starts: returns a `ctxcore.memory.MemoryStore`
@@ -163,7 +165,6 @@ def _deserializer(cls: Any, defer: bool = False) -> Callable[[bytes], Any]:
 def scoped_sources(sources: Sources, scope: Scope) -> Sources:
     """`sources` bound to `scope`: whatever scope the pipeline passes, every branch
     queries the authorized one. The pipeline still checks each memory's scope."""
-
     return Sources(
         directive=_scoped(sources.directive, scope),
         hot=_scoped(sources.hot, scope),
@@ -283,8 +284,10 @@ class ContextService:
         config.check_start()
         self.config = config
         self.auth = Authenticator(config.auth)
-        self.catalog = catalog if catalog is not None else (
-            load_catalog(config.catalog) if config.catalog is not None else default_catalog()
+        self.catalog = (
+            catalog
+            if catalog is not None
+            else (load_catalog(config.catalog) if config.catalog is not None else default_catalog())
         )
         self.metrics = ServiceMetrics()
         self.tracing = CallTracer(tracer_provider)
@@ -293,7 +296,9 @@ class ContextService:
             if config.db is None:
                 raise ConfigError("store.db (or --db) is required: the SQLite memory store to serve")
             if not config.db.exists():
-                raise ConfigError(f"store.db {config.db} does not exist (create it with `ctxcore memories add FILE --db PATH`)")
+                raise ConfigError(
+                    f"store.db {config.db} does not exist (create it with `ctxcore memories add FILE --db PATH`)"
+                )
         self._sources = sources
         self._store_opener = store_opener
         self._store: Any = None
@@ -417,8 +422,14 @@ class ContextService:
             except OSError as exc:
                 await server.stop(0)
                 raise ConfigError(f"cannot serve metrics on {cfg.metrics_bind}:{cfg.metrics_port}: {exc}") from None
-        log_event("starting", bind=cfg.bind, port=self.port, tls=cfg.auth.tls is not None,
-                  reflection=cfg.reflection_enabled, metrics_port=self.metrics_port)
+        log_event(
+            "starting",
+            bind=cfg.bind,
+            port=self.port,
+            tls=cfg.auth.tls is not None,
+            reflection=cfg.reflection_enabled,
+            metrics_port=self.metrics_port,
+        )
 
     async def _load(self) -> tuple[tuple[str, ...], float]:
         """Open the store and warm the tokenizers and the pipeline; the tokenizer families
@@ -510,8 +521,12 @@ class ContextService:
     # ---- calls ----------------------------------------------------------------------
 
     def _handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-        def unary(rpc: str, fn: Callable[[Any, grpc.aio.ServicerContext[Any, Any], Principal], Awaitable[Any]],
-                  req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler[Any, Any]:
+        def unary(
+            rpc: str,
+            fn: Callable[[Any, grpc.aio.ServicerContext[Any, Any], Principal], Awaitable[Any]],
+            req_cls: Any,
+            resp_cls: Any,
+        ) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap(rpc, fn),
                 request_deserializer=_deserializer(req_cls, defer=rpc == "AssembleContext"),
@@ -519,11 +534,16 @@ class ContextService:
             )
 
         return {
-            "AssembleContext": unary("AssembleContext", self._assemble_context, pb.AssembleContextRequest,
-                                     pb.AssembledContext),
+            "AssembleContext": unary(
+                "AssembleContext", self._assemble_context, pb.AssembleContextRequest, pb.AssembledContext
+            ),
             "ComputeBudget": unary("ComputeBudget", self._compute_budget, pb.ComputeBudgetRequest, pb.Budget),
-            "GetModelCapabilities": unary("GetModelCapabilities", self._capabilities,
-                                          pb.GetModelCapabilitiesRequest, pb.GetModelCapabilitiesResponse),
+            "GetModelCapabilities": unary(
+                "GetModelCapabilities",
+                self._capabilities,
+                pb.GetModelCapabilitiesRequest,
+                pb.GetModelCapabilitiesResponse,
+            ),
         }
 
     def _wrap(
@@ -545,10 +565,13 @@ class ContextService:
                 principal = self.auth.authenticate(context.invocation_metadata(), context.auth_context())
                 fields["principal"] = principal.name
                 if isinstance(request, _Deferred):
-                    request = await asyncio.get_running_loop().run_in_executor(self._executor, request.parse,
-                                                                               request.data)
+                    request = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, request.parse, request.data
+                    )
                 if isinstance(request, _Undecodable):
-                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {request.type_name}")
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {request.type_name}"
+                    )
                 return await fn(request, context, principal)
             except ServiceError as exc:
                 code = exc.code
@@ -573,8 +596,14 @@ class ContextService:
                 metrics.in_flight.dec()
                 metrics.observe_call(rpc, code, elapsed)
                 self.tracing.end(span, code.name, code.value[0], fields)
-                log_event("call", logging.WARNING if code in _SERVER_FAULTS else logging.INFO,
-                          rpc=rpc, code=code.name, ms=round(elapsed * 1000, 3), **fields)
+                log_event(
+                    "call",
+                    logging.WARNING if code in _SERVER_FAULTS else logging.INFO,
+                    rpc=rpc,
+                    code=code.name,
+                    ms=round(elapsed * 1000, 3),
+                    **fields,
+                )
 
         return handler
 
@@ -601,13 +630,16 @@ class ContextService:
             marks: tuple[tuple[str, str], ...] = ((ADMISSION_KEY, d.reason),)
             if d.retry_after_ms:
                 marks += ((RETRY_PUSHBACK_KEY, str(d.retry_after_ms)),)
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if d.reason == "refused-queue" else grpc.StatusCode.DEADLINE_EXCEEDED
+            code = (
+                grpc.StatusCode.RESOURCE_EXHAUSTED if d.reason == "refused-queue" else grpc.StatusCode.DEADLINE_EXCEEDED
+            )
             raise ServiceError(code, d.details, marks)
         m.admitted.set(self.admission.admitted)
         return remaining_ms, d.tail_ms
 
-    async def _take_turn(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float,
-                         call: _CallState | None) -> Turns:
+    async def _take_turn(
+        self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float, call: _CallState | None
+    ) -> Turns:
         """Wait for a turn to run (`server.max_running`), for as long as the deadline
         leaves room for a retrieval and the estimated tail; else refuse the call,
         DEADLINE_EXCEEDED (``refused-wait``), before it has done any work."""
@@ -685,8 +717,9 @@ class ContextService:
         # An ordinary request is validated and authorized before admission (a few
         # microseconds), so that bad input and foreign scopes get their own status under
         # any load; a large one only once admitted, and off the loop.
-        typical = (len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS
-                   and request.ByteSize() <= TYPICAL_BYTES)
+        typical = (
+            len(request.messages) + len(request.tools_json) <= OFFLOAD_ITEMS and request.ByteSize() <= TYPICAL_BYTES
+        )
         call = _CALL.get(None)
         req: AssemblyRequest | None = None
         scope: Scope | None = None
@@ -721,8 +754,11 @@ class ContextService:
                 waited_in_vain = False
             deadline = self._wall_deadline(context, tail_ms)
             assert self._sources is not None
-            kwargs: dict[str, Any] = {"sources": scoped_sources(self._sources, scope), "catalog": self.catalog,
-                                      "deadline": deadline}
+            kwargs: dict[str, Any] = {
+                "sources": scoped_sources(self._sources, scope),
+                "catalog": self.catalog,
+                "deadline": deadline,
+            }
             if self._assembly_config is not None:
                 kwargs["config"] = self._assembly_config
             if self._pass_executor:
@@ -741,8 +777,9 @@ class ContextService:
                 # Per-request settings the pipeline rejects (e.g. a weight set it cannot use).
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"options: {str(exc)[:300]}") from None
             except ContextOverflow as exc:
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"{_overflowing_fields(exc)}: {str(exc)[:500]}") from None
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{_overflowing_fields(exc)}: {str(exc)[:500]}"
+                ) from None
             except InvalidFormatInput as exc:
                 section = getattr(exc, "section", "")
                 if section not in ("history", "tools"):
@@ -751,8 +788,9 @@ class ContextService:
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {str(exc)[:300]}") from None
             except TimeoutError:
                 # A stage that gave up on the caller's deadline.
-                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   "the deadline passed during the assembly") from None
+                raise ServiceError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed during the assembly"
+                ) from None
             if turn is not None:
                 # A turn covers the assembly only: the answer's bookkeeping and wire
                 # conversion run beside the next call's assembly.
@@ -766,8 +804,9 @@ class ContextService:
             if typical and len(ctx.history_dropped) <= OFFLOAD_ITEMS:
                 return assembled_to_proto(ctx, principal.name)
             # A trimmed long history answers with one record per dropped group.
-            return await asyncio.get_running_loop().run_in_executor(self._executor, assembled_to_proto, ctx,
-                                                                    principal.name)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, assembled_to_proto, ctx, principal.name
+            )
         finally:
             if not typical:
                 FULL_COLLECTIONS.release()
@@ -776,8 +815,12 @@ class ContextService:
             t_end = time.perf_counter()
             # A large call runs beside the turns: its time says nothing of the time an
             # ordinary call takes in its turn (the line's estimates).
-            self.admission.release(ahead, (t_end - t_asm) * 1000.0 if t_asm and typical else 0.0,
-                                   retrieval_ms if typical else None, loop_pass.seen)
+            self.admission.release(
+                ahead,
+                (t_end - t_asm) * 1000.0 if t_asm and typical else 0.0,
+                retrieval_ms if typical else None,
+                loop_pass.seen,
+            )
             self.metrics.admitted.set(self.admission.admitted)
             if remaining_ms is not None and not waited_in_vain:  # a call refused in line did no work
                 in_time = (t_end - t_admit) * 1000.0 <= remaining_ms
@@ -807,12 +850,16 @@ class ContextService:
         return budget_to_proto(b)
 
     async def _capabilities(
-        self, request: pb.GetModelCapabilitiesRequest, context: grpc.aio.ServicerContext[Any, Any],
+        self,
+        request: pb.GetModelCapabilitiesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
         principal: Principal,
     ) -> pb.GetModelCapabilitiesResponse:
         if len(request.models) > MAX_MODELS:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"models: {len(request.models)} is over the per-request limit max_models = {MAX_MODELS}")
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"models: {len(request.models)} is over the per-request limit max_models = {MAX_MODELS}",
+            )
         models: list[ModelCapability] = []
         for i, name in enumerate(request.models):
             where = f"models[{i}]"
@@ -840,8 +887,14 @@ def _overflowing_fields(exc: ContextOverflow) -> str:
     b = exc.budget
     if b is None:
         return "request"
-    parts = [name for name, tokens in (("messages", getattr(b, "messages_tokens", 0)),
-                                       ("tools_json", getattr(b, "tool_schema_tokens", 0))) if tokens]
+    parts = [
+        name
+        for name, tokens in (
+            ("messages", getattr(b, "messages_tokens", 0)),
+            ("tools_json", getattr(b, "tool_schema_tokens", 0)),
+        )
+        if tokens
+    ]
     return " and ".join(parts) or "request"
 
 
@@ -878,8 +931,13 @@ def tune_process() -> Callable[[], None]:
     return restore
 
 
-async def serve(config: ServiceConfig, *, on_serving: Callable[[ContextService], None] | None = None,
-                tune: bool = False, **kwargs: Any) -> None:
+async def serve(
+    config: ServiceConfig,
+    *,
+    on_serving: Callable[[ContextService], None] | None = None,
+    tune: bool = False,
+    **kwargs: Any,
+) -> None:
     """Run a `ContextService` until SIGTERM or SIGINT, then drain and stop.
 
     A second SIGTERM or SIGINT during the drain stops at once (`ContextService.stop_now`:
@@ -901,8 +959,13 @@ async def serve(config: ServiceConfig, *, on_serving: Callable[[ContextService],
             stop_task.append(loop.create_task(service.stop()))
         elif not forced:
             forced.append(sig)
-            log_event("signal", logging.WARNING, signal=sig.name, action="stop_now",
-                      details="second signal while draining: calls in flight are cancelled")
+            log_event(
+                "signal",
+                logging.WARNING,
+                signal=sig.name,
+                action="stop_now",
+                details="second signal while draining: calls in flight are cancelled",
+            )
             stop_task.append(loop.create_task(service.stop_now()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - the extra is not installed
 
 __all__ = ["CallTracer"]
 
+
 class CallTracer:
     """Spans for one server's calls (no-ops when OpenTelemetry is not installed)."""
 

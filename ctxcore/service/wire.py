@@ -93,7 +93,7 @@ def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E])
         for name, value in proto_enum.items():
             if name.startswith(prefix + "_") and name != prefix + "_UNSPECIFIED":
                 try:
-                    members[value] = py_enum(name[len(prefix) + 1:].lower())
+                    members[value] = py_enum(name[len(prefix) + 1 :].lower())
                 except ValueError:
                     pass  # a wire value this version has no member for: unknown here
         _ENUM_MEMBERS[(proto_enum, prefix, py_enum)] = members
@@ -101,7 +101,6 @@ def enum_from_proto(number: int, proto_enum: Any, prefix: str, py_enum: type[E])
         return cast(E, members[number])
     except KeyError:
         raise ValueError(f"unknown {prefix.lower()} {number}") from None
-
 
 
 def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None) -> Message:
@@ -154,8 +153,10 @@ def request_to_proto(req: AssemblyRequest) -> pb.AssembleContextRequest:
     if o.value_model == "interim":
         opts.value_model = "interim"
     elif o.value_model != ValueModel():
-        raise ValueError("a ValueModel with other parameters than the defaults cannot cross the wire: "
-                         "the service runs 'fused' (the defaults) or 'interim'")
+        raise ValueError(
+            "a ValueModel with other parameters than the defaults cannot cross the wire: "
+            "the service runs 'fused' (the defaults) or 'interim'"
+        )
     if o.memory_format != "compact":
         opts.memory_format = o.memory_format
     opts.memory_attributes.extend(o.memory_attributes)

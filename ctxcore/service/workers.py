@@ -119,8 +119,9 @@ def _watch_supervisor(conn: multiprocessing.connection.Connection) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _worker_main(config: ServiceConfig, index: int, log_level: str,
-                 conn: multiprocessing.connection.Connection) -> None:
+def _worker_main(
+    config: ServiceConfig, index: int, log_level: str, conn: multiprocessing.connection.Connection
+) -> None:
     """A worker process: one `ContextService` on the shared port until SIGTERM."""
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the supervisor, which forwards it once
     configure_logging(log_level, worker=index)
@@ -167,8 +168,9 @@ class _Supervisor:
     def start_worker(self, index: int) -> None:
         parent, child = self.ctx.Pipe()
         cfg = _worker_config(self.config, index, self.port)
-        p = self.ctx.Process(target=_worker_main, args=(cfg, index, self.log_level, child),
-                             name=f"ctxcore-worker-{index}")
+        p = self.ctx.Process(
+            target=_worker_main, args=(cfg, index, self.log_level, child), name=f"ctxcore-worker-{index}"
+        )
         p.start()
         child.close()
         self.workers[index] = _Worker(index, p, parent)
@@ -206,8 +208,9 @@ class _Supervisor:
             if self.signals:
                 return
             pending = [w for w in self.workers.values() if not w.serving]
-            ready = multiprocessing.connection.wait([w.conn for w in pending] + [w.process.sentinel for w in pending],
-                                                    timeout=0.5)
+            ready = multiprocessing.connection.wait(
+                [w.conn for w in pending] + [w.process.sentinel for w in pending], timeout=0.5
+            )
             for w in pending:
                 if w.conn in ready:
                     self._message(w)
@@ -249,8 +252,15 @@ class _Supervisor:
         delay = self.delay[w.index]
         self.delay[w.index] = min(MAX_RESTART_DELAY_S, delay * 2)
         w.conn.close()
-        log_event("worker_exited", logging.ERROR, worker=w.index, pid=w.process.pid, exitcode=w.process.exitcode,
-                  served_s=round(served_for, 3), restart_in_s=delay)
+        log_event(
+            "worker_exited",
+            logging.ERROR,
+            worker=w.index,
+            pid=w.process.pid,
+            exitcode=w.process.exitcode,
+            served_s=round(served_for, 3),
+            restart_in_s=delay,
+        )
         self.restart_at[w.index] = time.monotonic() + delay
 
     def stop(self) -> int:
@@ -299,8 +309,13 @@ def serve_workers(config: ServiceConfig, *, log_level: str = "info") -> int:
             raise
         if not sup.signals:
             ws = sorted(sup.workers.values(), key=lambda w: w.index)
-            log_event("serving", port=sup.port, workers=len(ws), pids=[w.process.pid for w in ws],
-                      metrics_ports=[w.metrics_port for w in ws])
+            log_event(
+                "serving",
+                port=sup.port,
+                workers=len(ws),
+                pids=[w.process.pid for w in ws],
+                metrics_ports=[w.metrics_port for w in ws],
+            )
             sup.run()
         return sup.stop()
     finally:

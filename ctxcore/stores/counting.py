@@ -59,6 +59,4 @@ def exact_json(ids: list[str], texts: list[str]) -> list[str | None]:
     if not fams:
         return [None] * len(ids)
     counts = {f: c.tolist() for f, c in count_memory_tokens(ids, texts, fams).items()}
-    return [
-        json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))
-    ]
+    return [json.dumps({f: counts[f][k] for f in fams}, separators=(",", ":"), sort_keys=True) for k in range(len(ids))]

@@ -13,7 +13,11 @@ from concurrent.futures import Future
 from ..memory import LATER, Later, Scope
 
 __all__ = [
-    "DIRECTIVE_CACHE_SECONDS", "DIRECTIVE_STALE_SECONDS", "ORG_WIDE", "SCOPE_CACHE_ENTRIES", "DirectiveCache",
+    "DIRECTIVE_CACHE_SECONDS",
+    "DIRECTIVE_STALE_SECONDS",
+    "ORG_WIDE",
+    "SCOPE_CACHE_ENTRIES",
+    "DirectiveCache",
 ]
 
 #: Seconds a directive read from the database is served from memory. The directive branch
@@ -81,8 +85,12 @@ class DirectiveCache:
                 self._entries.clear()
             self._entries[scope] = (now, value)
 
-    async def fetch(self, scope: Scope, read: Callable[[], Awaitable[str | None]],
-                    start_read: Callable[[], Future[str | None] | None]) -> str | None:
+    async def fetch(
+        self,
+        scope: Scope,
+        read: Callable[[], Awaitable[str | None]],
+        start_read: Callable[[], Future[str | None] | None],
+    ) -> str | None:
         """`scope`'s directive: from the cache while fresh; from the cache while stale, with
         one background read begun by `start_read` (None: none could start); else awaited
         from `read` and cached."""

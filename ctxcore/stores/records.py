@@ -17,7 +17,7 @@ import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -28,20 +28,38 @@ from .embedding import unit
 from .errors import InvalidMemory
 
 __all__ = [
-    "STORED_COLUMNS", "Directive", "NewMemory", "check_batch", "check_ids", "check_owner", "check_update",
-    "expiry_cutoff", "fulltext_stats", "rows_to_batch",
+    "STORED_COLUMNS",
+    "Directive",
+    "NewMemory",
+    "check_batch",
+    "check_ids",
+    "check_owner",
+    "check_update",
+    "expiry_cutoff",
+    "fulltext_stats",
+    "rows_to_batch",
 ]
 
 #: The columns both stores read a memory back as, in this order (a store's statement may
 #: add its own after them).
 STORED_COLUMNS = (
-    "seq", "id", "organization_id", "agent_id", "text", "confidence", "importance", "created_at", "accessed_at",
-    "token_count", "token_family", "token_kind", "exact_tokens",
+    "seq",
+    "id",
+    "organization_id",
+    "agent_id",
+    "text",
+    "confidence",
+    "importance",
+    "created_at",
+    "accessed_at",
+    "token_count",
+    "token_family",
+    "token_kind",
+    "exact_tokens",
 )
 
 _MEMORY_KEYS = frozenset(
-    {"id", "organization_id", "agent_id", "text", "embedding", "confidence", "importance", "created_at",
-     "accessed_at"}
+    {"id", "organization_id", "agent_id", "text", "embedding", "confidence", "importance", "created_at", "accessed_at"}
 )
 _DIRECTIVE_KEYS = frozenset({"organization_id", "agent_id", "text"})
 
@@ -58,9 +76,11 @@ def _time(value: object, field: str, label: str) -> float | None:
         try:
             dt = datetime.fromisoformat(value)
         except ValueError:
-            raise ValueError(f"{label}: {field} must be seconds since the epoch or an ISO 8601 time, got {value!r}") from None
+            raise ValueError(
+                f"{label}: {field} must be seconds since the epoch or an ISO 8601 time, got {value!r}"
+            ) from None
         if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=timezone.utc)
+            dt = dt.replace(tzinfo=UTC)
         value = dt.timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite_number(value) or value < 0:
         raise ValueError(f"{label}: {field} must be a finite time >= 0, got {value!r:.80}")
@@ -99,8 +119,10 @@ def expiry_cutoff(max_age_seconds: object, now: object) -> float:
     >>> expiry_cutoff(500, 1000)
     500.0
     """
-    if isinstance(max_age_seconds, bool) or not isinstance(max_age_seconds, (int, float)) or not (
-        is_finite_number(max_age_seconds) and max_age_seconds >= 0
+    if (
+        isinstance(max_age_seconds, bool)
+        or not isinstance(max_age_seconds, (int, float))
+        or not (is_finite_number(max_age_seconds) and max_age_seconds >= 0)
     ):
         raise ValueError(f"max_age_seconds must be a finite number >= 0, got {max_age_seconds!r:.40}")
     if now is None:
@@ -193,8 +215,10 @@ class NewMemory:
             )
         missing = [k for k in ("id", "organization_id", "agent_id", "text") if k not in m]
         if missing:
-            raise InvalidMemory(f"{label}: missing field(s) {', '.join(map(repr, missing))}",
-                                memory_id=m.get("id") if isinstance(m.get("id"), str) else None)
+            raise InvalidMemory(
+                f"{label}: missing field(s) {', '.join(map(repr, missing))}",
+                memory_id=m.get("id") if isinstance(m.get("id"), str) else None,
+            )
         return cls(**{k: m[k] for k in m})
 
 
@@ -207,7 +231,8 @@ def _embedding(value: object, label: str) -> npt.NDArray[np.float32]:
         raise ValueError(f"{label}: embedding must be a sequence of numbers") from None
     # Numbers only: numpy would read ["1", "2"] or [True, False] as a vector.
     if raw.dtype.kind not in "iuf" and not (
-        raw.dtype.kind == "O" and raw.ndim == 1
+        raw.dtype.kind == "O"
+        and raw.ndim == 1
         and all(isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in raw.tolist())
     ):
         raise ValueError(f"{label}: embedding must be a sequence of numbers (not strings or booleans)")
@@ -266,25 +291,43 @@ class Directive:
             raise InvalidMemory(f"a directive must be a JSON object, got {type(m).__name__}")
         unknown = sorted(set(m) - _DIRECTIVE_KEYS)
         if unknown:
-            raise InvalidMemory(f"directive: unknown field(s) {', '.join(map(repr, unknown))}; "
-                                f"a directive has {', '.join(sorted(_DIRECTIVE_KEYS))}")
+            raise InvalidMemory(
+                f"directive: unknown field(s) {', '.join(map(repr, unknown))}; "
+                f"a directive has {', '.join(sorted(_DIRECTIVE_KEYS))}"
+            )
         missing = [k for k in ("organization_id", "text") if k not in m]
         if missing:
             raise InvalidMemory(f"directive: missing field(s) {', '.join(map(repr, missing))}")
         return cls(m["organization_id"], m.get("agent_id"), m["text"])
 
 
-def rows_to_batch(scope: Scope, rows: Sequence[Sequence[Any]], origins: Sequence[MemoryOrigin],
-                  similarity: npt.NDArray[np.float64],
-                  fulltext_score: npt.NDArray[np.float64] | None = None) -> MemoryBatch:
+def rows_to_batch(
+    scope: Scope,
+    rows: Sequence[Sequence[Any]],
+    origins: Sequence[MemoryOrigin],
+    similarity: npt.NDArray[np.float64],
+    fulltext_score: npt.NDArray[np.float64] | None = None,
+) -> MemoryBatch:
     """Rows of `STORED_COLUMNS` as the columns the assembly reads (records are built only
     if a caller reads them), with each row's cosine and full-text score (NaN: none). Every
     row is of `scope`: the stores' queries filter on it."""
     cols = list(zip(*rows)) if rows else [()] * len(STORED_COLUMNS)
     return MemoryBatch(
-        scope.organization_id, scope.agent_id, ids=cols[1], texts=cols[4], origins=origins, similarity=similarity,
-        confidence=cols[5], importance=cols[6], created_at=cols[7], accessed_at=cols[8], rank=range(len(rows)),
-        token_count=cols[9], token_family=cols[10], token_kind=cols[11], exact_tokens=cols[12],
+        scope.organization_id,
+        scope.agent_id,
+        ids=cols[1],
+        texts=cols[4],
+        origins=origins,
+        similarity=similarity,
+        confidence=cols[5],
+        importance=cols[6],
+        created_at=cols[7],
+        accessed_at=cols[8],
+        rank=range(len(rows)),
+        token_count=cols[9],
+        token_family=cols[10],
+        token_kind=cols[11],
+        exact_tokens=cols[12],
         fulltext_score=fulltext_score,
     )
 
@@ -353,9 +396,14 @@ def check_ids(ids: Iterable[str]) -> list[str]:
     return out
 
 
-def check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
-                 importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
-                 ) -> dict[str, Any]:
+def check_update(
+    scope: Scope,
+    memory_id: str,
+    text: str | None,
+    confidence: float | None,
+    importance: float | None,
+    embedding: Sequence[float] | npt.NDArray[np.float32] | None,
+) -> dict[str, Any]:
     """The changes an update asks for (only the fields given), validated by `NewMemory`'s
     own rules: `InvalidMemory` names the memory and the field.
 
@@ -364,9 +412,15 @@ def check_update(scope: Scope, memory_id: str, text: str | None, confidence: flo
     """
     if not isinstance(memory_id, str) or not memory_id:
         raise ValueError(f"memory_id must be a non-empty str, got {memory_id!r:.80}")
-    probe = NewMemory(memory_id, scope.organization_id, scope.agent_id, "-" if text is None else text,
-                      embedding=embedding, confidence=1.0 if confidence is None else confidence,
-                      importance=importance)
+    probe = NewMemory(
+        memory_id,
+        scope.organization_id,
+        scope.agent_id,
+        "-" if text is None else text,
+        embedding=embedding,
+        confidence=1.0 if confidence is None else confidence,
+        importance=importance,
+    )
     out: dict[str, Any] = {}
     if text is not None:
         out["text"] = probe.text

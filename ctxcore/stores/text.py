@@ -14,8 +14,18 @@ import re
 import unicodedata
 
 __all__ = [
-    "CJK_CHAR", "CJK_RUN", "FTS_MAX_DOC_FRACTION", "FTS_PRUNE_MIN_DOCS", "FTS_QUERY_TERMS", "MAX_FTS_TERMS",
-    "cjk_spaced", "fts_terms", "normalize", "raw_words", "strip_diacritics", "words",
+    "CJK_CHAR",
+    "CJK_RUN",
+    "FTS_MAX_DOC_FRACTION",
+    "FTS_PRUNE_MIN_DOCS",
+    "FTS_QUERY_TERMS",
+    "MAX_FTS_TERMS",
+    "cjk_spaced",
+    "fts_terms",
+    "normalize",
+    "raw_words",
+    "strip_diacritics",
+    "words",
 ]
 
 # Han (URO, extension A, compatibility, the supplementary planes), kana, half-width kana,

@@ -140,8 +140,9 @@ TEST(Estimator, MonotoneUnderAppend) {
   for (auto& c : p.latin_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 4000);
   for (auto& e : p.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 4000));
   for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 4000);
-  const std::vector<std::string> pieces = {"a",  "Z", " ",  "  ", "\n", "7",  ",",           "...",
-                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xCC\x81", "\t", "\xFF"};
+  const std::vector<std::string> pieces = {
+      "a",        "Z",  " ",   "  ", "\n", "7", ",", "...", "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
+      "\xCC\x81", "\t", "\xFF"};
   for (int trial = 0; trial < 200; ++trial) {
     std::string s;
     std::int64_t last = 0;
@@ -180,8 +181,7 @@ TEST(Estimator, ValidateRejectsBadParams) {
   EXPECT_THROW(ctxcore::validate(params(4, 1, ctxcore::kUnseenPair)), std::invalid_argument);
   EXPECT_THROW(ctxcore::validate(params(4, 1, 1, -1.0)), std::invalid_argument);
   EXPECT_THROW(ctxcore::validate(params(4, 1, 1, std::numeric_limits<double>::quiet_NaN())), std::invalid_argument);
-  EXPECT_THROW(ctxcore::validate(params(4, 1, 1, 1.0, std::numeric_limits<double>::infinity())),
-               std::invalid_argument);
+  EXPECT_THROW(ctxcore::validate(params(4, 1, 1, 1.0, std::numeric_limits<double>::infinity())), std::invalid_argument);
 }
 
 TEST(Estimator, SaturatesInsteadOfOverflowing) {
@@ -219,12 +219,12 @@ std::int64_t est32(const std::u32string& s, const EstimatorParams& p) {
 
 TEST(EstimatorWords, VocabularyWordsCostTheWordPrice) {
   const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n world\n(a\nx");
-  EXPECT_EQ(est("hello world", p), 2);    // "hello", " world": one token each
-  EXPECT_EQ(est("hellx world", p), 5 + 1);  // not a word: its pair costs
+  EXPECT_EQ(est("hello world", p), 2);           // "hello", " world": one token each
+  EXPECT_EQ(est("hellx world", p), 5 + 1);       // not a word: its pair costs
   EXPECT_EQ(est("hello  world", p), 1 + 1 + 1);  // the second space attaches to " world"
-  EXPECT_EQ(est("b(a", p), 2 + 1);        // "(" after a word begins a chunk and attaches to "a"
-  EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);  // " (" is a punctuation chunk: "a" alone is no word
-  EXPECT_EQ(est("12x", p), 1 + 1);        // a number is never attached
+  EXPECT_EQ(est("b(a", p), 2 + 1);               // "(" after a word begins a chunk and attaches to "a"
+  EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);      // " (" is a punctuation chunk: "a" alone is no word
+  EXPECT_EQ(est("12x", p), 1 + 1);               // a number is never attached
   // A word never costs more than its pairs: "x" (one pair unit) stays at one.
   const auto cheap = with_words(params(4, kOne / 4, kOne / 4), ctxcore::kWordsCl100k, "x\nhello", 3 * kOne);
   EXPECT_EQ(est("hello", cheap), 2);  // min(5 / 4, 3) = 1.25 -> 2
@@ -245,25 +245,25 @@ TEST(EstimatorWords, TheMarginCoversWhatIsEstimatedOnly) {
   // scale 2, spread 0: a vocabulary word is priced at word_scale (1) x one token, every
   // other code point at 2 x its pair cost.
   auto p = with_words(params(4, kOne, kOne, 2.0, 0.0), ctxcore::kWordsCl100k, "hello\n world");
-  EXPECT_EQ(est("hello", p), 1);                // a vocabulary word, open at the end
-  EXPECT_EQ(est("hello world", p), 2);          // " world" takes its space along
-  EXPECT_EQ(est("hello.\n", p), 1 + 2 + 2);    // "." and "\n" are estimated: 2 x 1 each
+  EXPECT_EQ(est("hello", p), 1);             // a vocabulary word, open at the end
+  EXPECT_EQ(est("hello world", p), 2);       // " world" takes its space along
+  EXPECT_EQ(est("hello.\n", p), 1 + 2 + 2);  // "." and "\n" are estimated: 2 x 1 each
   // A character that a word could still take along ends the text: sure until something
   // other than a letter follows it.
   EXPECT_EQ(est("hello.", p), 1 + 1);
   EXPECT_EQ(est("hello ", p), 1 + 1);
-  EXPECT_EQ(est("hx", p), 4);                   // not a word: 2 x two tokens
+  EXPECT_EQ(est("hx", p), 4);  // not a word: 2 x two tokens
   p.word_scale = 1.5;
-  EXPECT_EQ(est("hello world", p), 3);          // ceil(1.5 x 2)
-  p.word_scale = 2.5;                           // above scale: a growing text could drop
+  EXPECT_EQ(est("hello world", p), 3);  // ceil(1.5 x 2)
+  p.word_scale = 2.5;                   // above scale: a growing text could drop
   EXPECT_THROW(ctxcore::validate(p), std::invalid_argument);
 }
 
 TEST(EstimatorWords, ACodePointThatIsNoTokenCostsAtLeastTwo) {
   const auto p = with_words(params(4, kOne, kOne), ctxcore::kWordsCl100k, "hello\n\xE4\xB8\xAD");
-  EXPECT_EQ(est("\xE4\xB8\xAD", p), 1);          // 中 is a token
-  EXPECT_EQ(est("\xE6\x96\x87", p), 2);          // 文 is not
-  EXPECT_EQ(est("\xF0\xB0\x80\x80", p), 2);      // nor U+30000, past the class table
+  EXPECT_EQ(est("\xE4\xB8\xAD", p), 1);      // 中 is a token
+  EXPECT_EQ(est("\xE6\x96\x87", p), 2);      // 文 is not
+  EXPECT_EQ(est("\xF0\xB0\x80\x80", p), 2);  // nor U+30000, past the class table
   EXPECT_EQ(est(".\xE6\x96\x87\xE4\xB8\xAD", p), 1 + 2 + 1);
 }
 
@@ -283,10 +283,10 @@ TEST(EstimatorWords, DigitsCostOneTokenPerGroupOfThree) {
 TEST(EstimatorWords, RunsOfOneCharacterCostAtLeastATokenPerLongestRun) {
   const auto p = with_words(params(4, kOne / 16, kOne / 16), ctxcore::kWordsCl100k, "&&\n--------\nx\nqq");
   EXPECT_EQ(est(std::string(377, 'q') + ".", p), 189);  // ceil(1 / 16 + 376 / 2 + 1 / 16)
-  EXPECT_EQ(est(std::string(395, '&'), p), 198);  // ceil(1 / 16 + 394 / 2)
-  EXPECT_EQ(est(std::string(81, '-'), p), 11);    // ceil(1 / 16 + 80 / 8)
-  EXPECT_EQ(est(std::string(100, '='), p), 7);    // no run of "=" is a token: the pair costs
-  EXPECT_EQ(est(std::string(50, '\x01'), p), 50);  // a control character is its own token
+  EXPECT_EQ(est(std::string(395, '&'), p), 198);        // ceil(1 / 16 + 394 / 2)
+  EXPECT_EQ(est(std::string(81, '-'), p), 11);          // ceil(1 / 16 + 80 / 8)
+  EXPECT_EQ(est(std::string(100, '='), p), 7);          // no run of "=" is a token: the pair costs
+  EXPECT_EQ(est(std::string(50, '\x01'), p), 50);       // a control character is its own token
   // Runs of newlines: the words may hold them (NUL separates words).
   auto nl = params(4, kOne / 16, kOne / 16);
   ctxcore::set_words(nl, ctxcore::kWordsCl100k, ascii_classes(), std::string("\n\n\n\n\0x", 6), kOne);
@@ -300,7 +300,7 @@ TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
   EXPECT_EQ(est("helloWorld.", cl), 1 + 1);   // one word in cl100k_base
   EXPECT_EQ(est("helloWorld.", o2), 2 + 1);   // "hello", "World" in o200k_base
   EXPECT_EQ(est("HELLOworld.", o2), 10 + 1);  // upper then lower: one chunk, no such word
-  EXPECT_EQ(est("e\xCC\x81t.", o2), 1 + 1);  // a mark is a letter in o200k_base
+  EXPECT_EQ(est("e\xCC\x81t.", o2), 1 + 1);   // a mark is a letter in o200k_base
   // cl100k_base: "e", then the mark (not a token by itself: two) attached to "t".
   EXPECT_EQ(est("e\xCC\x81t.", cl), 2 + (2 + 1) + 1);
 }
@@ -308,11 +308,28 @@ TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
 TEST(EstimatorWords, MonotoneUnderAppend) {
   std::mt19937 rng(11);
   auto base = params(8, 0, 0, 1.13, 1.7);
-  for (auto& c : base.latin_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& c : base.latin_costs)
+    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
   for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
   for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
-  const std::vector<std::string> pieces = {"a", "b", "he", "llo", "Z", " ", "  ", "\n", "7", ",", "(", "...",
-                                           "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xCC\x81", "\t", "\xFF"};
+  const std::vector<std::string> pieces = {"a",
+                                           "b",
+                                           "he",
+                                           "llo",
+                                           "Z",
+                                           " ",
+                                           "  ",
+                                           "\n",
+                                           "7",
+                                           ",",
+                                           "(",
+                                           "...",
+                                           "\xC3\xA9",
+                                           "\xE4\xB8\xAD",
+                                           "\xF0\x9F\x98\x80",
+                                           "\xCC\x81",
+                                           "\t",
+                                           "\xFF"};
   for (unsigned mode : {ctxcore::kWordsCl100k, ctxcore::kWordsO200k}) {
     for (std::uint32_t wc : {0u, 700u, 2000u}) {
       const auto p = with_words(base, mode, "hello\n hello\n(a\nab\nZa\na\n\xC3\xA9\xCC\x81\n,he", wc);

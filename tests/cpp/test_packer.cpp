@@ -278,8 +278,7 @@ TEST(Packer, ResultDoesNotDependOnInputOrder) {
   const auto b = ctxcore::pack(shuffled.input(), 5000, opts());
   ASSERT_EQ(a.indices.size(), b.indices.size());
   for (std::size_t k = 0; k < a.indices.size(); ++k) {
-    EXPECT_EQ(it.names[static_cast<std::size_t>(a.indices[k])],
-              shuffled.names[static_cast<std::size_t>(b.indices[k])]);
+    EXPECT_EQ(it.names[static_cast<std::size_t>(a.indices[k])], shuffled.names[static_cast<std::size_t>(b.indices[k])]);
   }
 }
 
@@ -338,8 +337,10 @@ TEST(Packer, ReductionsAgainstBruteForce) {
     std::int64_t room = budget;
     std::vector<std::size_t> pinned_rank;
     for (std::size_t i = 0; i < it.names.size(); ++i) {
-      if (it.pinned[i]) pinned_rank.push_back(i);
-      else if (it.scores[i] > 0) rest.add(it.names[i], it.tokens[i], it.scores[i]);
+      if (it.pinned[i])
+        pinned_rank.push_back(i);
+      else if (it.scores[i] > 0)
+        rest.add(it.names[i], it.tokens[i], it.scores[i]);
     }
     std::sort(pinned_rank.begin(), pinned_rank.end(), [&](std::size_t a, std::size_t b) {
       return it.scores[a] != it.scores[b] ? it.scores[a] > it.scores[b] : it.names[a] < it.names[b];
@@ -371,8 +372,8 @@ TEST(Packer, ReductionsAgainstBruteForce) {
       dominated_seen += r.dominated > 0;
       fixed_seen += r.path != PackPath::Trivial && r.free_items < static_cast<std::int64_t>(rest.names.size());
       for (std::size_t i = 0; i < it.names.size(); ++i) {
-        if (!it.pinned[i] && it.scores[i] > 0 && std::find(r.indices.begin(), r.indices.end(),
-                                                            static_cast<std::int64_t>(i)) == r.indices.end()) {
+        if (!it.pinned[i] && it.scores[i] > 0 &&
+            std::find(r.indices.begin(), r.indices.end(), static_cast<std::int64_t>(i)) == r.indices.end()) {
           EXPECT_EQ(r.reasons[i], Reason::BudgetExhausted);
         }
       }
@@ -694,11 +695,11 @@ TEST(PackerGroups, BadGroupsAreRejected) {
 TEST(PackerGroups, RandomSmallInstancesAgainstBruteForce) {
   std::mt19937_64 rng(2024);
   const std::vector<PackOptions> variants = {
-      opts(),                             // exact DP over groups
-      opts(16, 1 << 16, 20000, 0),        // buckets, then the search
-      opts(16, 1 << 16, 0, 0),            // buckets alone
-      opts(16, 1, 20000, 0),              // fallback, then the search
-      opts(16, 1, 0, 1 << 12),            // fallback with the fine DP, no search
+      opts(),                       // exact DP over groups
+      opts(16, 1 << 16, 20000, 0),  // buckets, then the search
+      opts(16, 1 << 16, 0, 0),      // buckets alone
+      opts(16, 1, 20000, 0),        // fallback, then the search
+      opts(16, 1, 0, 1 << 12),      // fallback with the fine DP, no search
   };
   std::vector<double> worst(variants.size(), 1.0);
   for (int round = 0; round < 2000; ++round) {
@@ -764,12 +765,12 @@ TEST(PackerGroups, MidSizeSetsKeepTheConstraintAndTheOrder) {
       for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = i;
       std::shuffle(perm.begin(), perm.end(), rng);
       Grouped shuffled;
-      for (std::size_t p : perm)
-        shuffled.add(it.names[p], it.tokens[p], it.scores[p], it.groups[p], it.pinned[p] != 0);
+      for (std::size_t p : perm) shuffled.add(it.names[p], it.tokens[p], it.scores[p], it.groups[p], it.pinned[p] != 0);
       const auto b = ctxcore::pack(shuffled.input(), budget, o);
       ASSERT_EQ(a.indices.size(), b.indices.size());
       for (std::size_t k = 0; k < a.indices.size(); ++k)
-        EXPECT_EQ(it.names[static_cast<std::size_t>(a.indices[k])], shuffled.names[static_cast<std::size_t>(b.indices[k])]);
+        EXPECT_EQ(it.names[static_cast<std::size_t>(a.indices[k])],
+                  shuffled.names[static_cast<std::size_t>(b.indices[k])]);
       for (std::size_t k = 0; k < perm.size(); ++k) EXPECT_EQ(a.reasons[perm[k]], b.reasons[k]);
       EXPECT_EQ(a.path, b.path);
     }

@@ -231,10 +231,10 @@ TEST(Format, PiecesTileTheTextAndStartWithNewlines) {
     begin = p.end.byte;
   }
   EXPECT_EQ(begin, r.text.size());
-  const std::vector<PieceKind> expected = {PieceKind::Frame,  PieceKind::Directive, PieceKind::Frame,
-                                           PieceKind::Message, PieceKind::Message, PieceKind::Frame,
-                                           PieceKind::Memory, PieceKind::Memory,   PieceKind::Frame,
-                                           PieceKind::Tools,  PieceKind::Frame};
+  const std::vector<PieceKind> expected = {PieceKind::Frame,   PieceKind::Directive, PieceKind::Frame,
+                                           PieceKind::Message, PieceKind::Message,   PieceKind::Frame,
+                                           PieceKind::Memory,  PieceKind::Memory,    PieceKind::Frame,
+                                           PieceKind::Tools,   PieceKind::Frame};
   EXPECT_EQ(kinds, expected);
   EXPECT_NE(r.text.find("id=\"m2\" score=\"1e-07\" source=\"s\">y</memory>"), std::string::npos);
 }

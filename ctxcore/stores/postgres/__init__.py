@@ -49,10 +49,10 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra in
         "PostgresMemoryStore needs psycopg 3 and psycopg_pool: pip install 'ctxcore-llm[postgres]'"
     ) from _exc
 
+from ..reads import ACCESS_FLUSH_SECONDS
 from ..urls import is_postgres_url
 from .dsn import redact_dsn
 from .schema import MIGRATIONS, PG_SCHEMA_VERSION, VECTOR_PARTITIONS
-from ..reads import ACCESS_FLUSH_SECONDS
 from .store import (
     DEFAULT_POOL_SIZE,
     HNSW_MIN_SCOPE,

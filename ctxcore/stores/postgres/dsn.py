@@ -39,13 +39,19 @@ def redact_dsn(dsn: str) -> str:
             if ":" in userinfo:
                 userinfo = userinfo.split(":", 1)[0] + ":***"
             netloc = f"{userinfo}@{hostinfo}"
-        query = "&".join(
-            ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv)
-            for kv in parts.query.split("&")
-        ) if parts.query else ""
+        query = (
+            "&".join(
+                ("password=***" if kv.split("=", 1)[0].lower() == "password" else kv) for kv in parts.query.split("&")
+            )
+            if parts.query
+            else ""
+        )
         # Not urlunsplit: it drops the "//" of an empty host (postgresql:///db).
-        return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-                + (f"#{parts.fragment}" if parts.fragment else ""))
+        return (
+            f"{parts.scheme}://{netloc}{parts.path}"
+            + (f"?{query}" if query else "")
+            + (f"#{parts.fragment}" if parts.fragment else "")
+        )
     return _KV_PASSWORD.sub(lambda m: m.group(1) + "***", dsn)
 
 
@@ -67,8 +73,10 @@ def password_of(dsn: str) -> str | None:
     return str(pw) if pw else None
 
 
-_SERVER_PREFIX = re.compile(r"^(connection failed: |connection is bad: )?(connection to server (at|on socket) .*? failed: )?"
-                            r"(FATAL: +)?")
+_SERVER_PREFIX = re.compile(
+    r"^(connection failed: |connection is bad: )?(connection to server (at|on socket) .*? failed: )?"
+    r"(FATAL: +)?"
+)
 
 
 def connect_error(shown: str, exc: BaseException) -> MemoryStoreError:
@@ -78,8 +86,13 @@ def connect_error(shown: str, exc: BaseException) -> MemoryStoreError:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     detail = _SERVER_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
     low = detail.lower()
-    if ("authentication failed" in low or "no password supplied" in low or "password" in low
-            or re.search(r'role ".*" does not exist', low) or "not permitted to log in" in low):
+    if (
+        "authentication failed" in low
+        or "no password supplied" in low
+        or "password" in low
+        or re.search(r'role ".*" does not exist', low)
+        or "not permitted to log in" in low
+    ):
         what = "the PostgreSQL server refused the login"
     elif low.startswith("invalid ") or "is not a valid" in low:
         what = "the PostgreSQL connection string has a setting libpq does not accept"

@@ -37,7 +37,8 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     while True:
         cur = await conn.execute(
             "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
-            (last, _BACKFILL_CHUNK))
+            (last, _BACKFILL_CHUNK),
+        )
         rows = await cur.fetchall()
         if not rows:
             break
@@ -51,10 +52,14 @@ async def _grant_as_on_memories(conn: psycopg.AsyncConnection[TupleRow], table: 
     """Give every role that may write ``memories`` the same rights on a new `table`."""
     cur = await conn.execute(
         "SELECT DISTINCT grantee FROM information_schema.role_table_grants WHERE table_schema = current_schema() "
-        "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user")
+        "AND table_name = 'memories' AND privilege_type = 'INSERT' AND grantee <> current_user"
+    )
     for (role,) in await cur.fetchall():
-        await conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-            sql.Identifier(table), sql.Identifier(role)))
+        await conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                sql.Identifier(table), sql.Identifier(role)
+            )
+        )
 
 
 async def _grant_reads(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -62,8 +67,9 @@ async def _grant_reads(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     await _grant_as_on_memories(conn, "memory_reads")
 
 
-async def insert_terms(conn: psycopg.AsyncConnection[TupleRow],
-                        docs: Sequence[tuple[int, str, str, Sequence[str]]]) -> None:
+async def insert_terms(
+    conn: psycopg.AsyncConnection[TupleRow], docs: Sequence[tuple[int, str, str, Sequence[str]]]
+) -> None:
     """Insert the terms of memories, given as (seq, organization_id, agent_id, terms), in
     one statement (COPY is not allowed into a table under row-level security)."""
     orgs: list[str] = []
@@ -79,7 +85,8 @@ async def insert_terms(conn: psycopg.AsyncConnection[TupleRow],
         await conn.execute(
             "INSERT INTO memory_terms (organization_id, agent_id, term, seq) "
             "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[])",
-            (orgs, agents, terms, seqs))
+            (orgs, agents, terms, seqs),
+        )
 
 
 #: Partitions of `memory_vectors` (hash of organization and agent), each with its own HNSW
@@ -89,8 +96,9 @@ async def insert_terms(conn: psycopg.AsyncConnection[TupleRow],
 #: Fixed when the table is created.
 VECTOR_PARTITIONS = 16
 # The HNSW index (cosine), created on every partition once the dimension is fixed.
-VECTOR_INDEX = ("CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors "
-                 "USING hnsw (embedding vector_cosine_ops)")
+VECTOR_INDEX = (
+    "CREATE INDEX IF NOT EXISTS memory_vectors_embedding ON memory_vectors USING hnsw (embedding vector_cosine_ops)"
+)
 
 
 async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -104,18 +112,23 @@ async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     row = await cur.fetchone()
     dim = None if row is None else int(row[0])
     vector = sql.SQL("vector") if dim is None else sql.SQL("vector({})").format(sql.Literal(dim))
-    await conn.execute(sql.SQL(
-        """CREATE TABLE IF NOT EXISTS memory_vectors (
+    await conn.execute(
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS memory_vectors (
             organization_id text NOT NULL,
             agent_id text NOT NULL,
             seq bigint NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
             embedding {} NOT NULL,
             PRIMARY KEY (organization_id, agent_id, seq)
-        ) PARTITION BY HASH (organization_id, agent_id)""").format(vector))
+        ) PARTITION BY HASH (organization_id, agent_id)"""
+        ).format(vector)
+    )
     for k in range(VECTOR_PARTITIONS):
-        await conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} PARTITION OF memory_vectors FOR VALUES WITH (MODULUS {}, REMAINDER {})"
-        ).format(sql.Identifier(f"memory_vectors_{k:02d}"), sql.Literal(VECTOR_PARTITIONS), sql.Literal(k)))
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF memory_vectors FOR VALUES WITH (MODULUS {}, REMAINDER {})"
+            ).format(sql.Identifier(f"memory_vectors_{k:02d}"), sql.Literal(VECTOR_PARTITIONS), sql.Literal(k))
+        )
     for statement in (
         # The cascade of a delete finds a memory's embedding by this index.
         "CREATE INDEX IF NOT EXISTS memory_vectors_seq ON memory_vectors (seq)",

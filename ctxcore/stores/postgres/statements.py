@@ -36,7 +36,8 @@ _COLUMN_COUNT = 13
 # standard deviation of the cosine over the scope (`_STATS_SAMPLE` newest embeddings of
 # a larger one).
 _STATS_SAMPLE = 2_000
-_COLD_TEXT = """
+_COLD_TEXT = (
+    """
 hits AS MATERIALIZED (
     SELECT t.k, m.seq FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k) CROSS JOIN LATERAL (
         SELECT seq FROM memory_terms WHERE organization_id = %(org)s AND agent_id = %(agent)s AND term = t.term
@@ -62,26 +63,40 @@ picked AS (
     UNION ALL
     SELECT t.seq, {textsim}, t.score, t.r, 1 FROM besttxt t WHERE t.seq NOT IN (SELECT seq FROM vec))
 SELECT * FROM (
-    SELECT """ + _COLUMNS + """, p.sim, p.score::float8 / 1e6, NULL::bigint AS stop, p.r, p.src
+    SELECT """
+    + _COLUMNS
+    + """, p.sim, p.score::float8 / 1e6, NULL::bigint AS stop, p.r, p.src
     FROM picked p JOIN memories m ON m.seq = p.seq WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s
     UNION ALL
-    SELECT """ + ", ".join(["NULL"] * (_COLUMN_COUNT + 2)) + """, k, n, NULL FROM counts
+    SELECT """
+    + ", ".join(["NULL"] * (_COLUMN_COUNT + 2))
+    + """, k, n, NULL FROM counts
     UNION ALL
-    SELECT """ + ", ".join(["NULL"] * _COLUMN_COUNT) + """, mean, std, NULL, NULL, 2 FROM vstats) o
+    SELECT """
+    + ", ".join(["NULL"] * _COLUMN_COUNT)
+    + """, mean, std, NULL, NULL, 2 FROM vstats) o
 ORDER BY src NULLS LAST, r"""
+)
 # A full-text hit's cosine, by key in the scope's own partition.
-_TEXT_SIM = ("1 - ((SELECT e.embedding FROM memory_vectors e WHERE e.organization_id = %(org)s "
-             "AND e.agent_id = %(agent)s AND e.seq = t.seq) <=> %(q)s::vector)")
-_COLD_VECTOR = """WITH nearest AS MATERIALIZED (
+_TEXT_SIM = (
+    "1 - ((SELECT e.embedding FROM memory_vectors e WHERE e.organization_id = %(org)s "
+    "AND e.agent_id = %(agent)s AND e.seq = t.seq) <=> %(q)s::vector)"
+)
+_COLD_VECTOR = (
+    """WITH nearest AS MATERIALIZED (
     SELECT seq, embedding <=> %(q)s::vector AS d FROM memory_vectors
     WHERE organization_id = %(org)s AND agent_id = %(agent)s ORDER BY {order} LIMIT %(limit)s),
 vec AS (SELECT seq, 1 - d AS sim, row_number() OVER (ORDER BY d, seq) AS r FROM nearest WHERE 1 - d >= %(min)s),
 vstats AS (
     SELECT avg(1 - d) AS mean, stddev_pop(1 - d) AS std FROM (
         SELECT embedding <=> %(q)s::vector AS d FROM memory_vectors
-        WHERE organization_id = %(org)s AND agent_id = %(agent)s ORDER BY seq DESC LIMIT """ + str(_STATS_SAMPLE) + """) s
+        WHERE organization_id = %(org)s AND agent_id = %(agent)s ORDER BY seq DESC LIMIT """
+    + str(_STATS_SAMPLE)
+    + """) s
     HAVING count(*) > 0),
-""" + _COLD_TEXT.replace("{textsim}", _TEXT_SIM)
+"""
+    + _COLD_TEXT.replace("{textsim}", _TEXT_SIM)
+)
 # A large scope walks the HNSW index (ordered by the distance operator itself); a small
 # one is scanned exactly off the scope index: ordered by an expression no index serves,
 # since otherwise the planner, which cannot see the scope's size through row-level
@@ -90,14 +105,18 @@ COLD_VECTOR_INDEXED = _COLD_VECTOR.replace("{order}", "embedding <=> %(q)s::vect
 COLD_VECTOR_EXACT = _COLD_VECTOR.replace("{order}", "(embedding <=> %(q)s::vector) + 0")
 # The hot query: the scope's newest rows, each with the similarity of its embedding (looked
 # up by key in the scope's own partition) to the query's.
-HOT = (f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
-        "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
-        "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
-        "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s")
+HOT = (
+    f"SELECT {_COLUMNS}, 1 - ((SELECT v.embedding FROM memory_vectors v WHERE "
+    "v.organization_id = %(org)s AND v.agent_id = %(agent)s AND v.seq = m.seq) <=> %(q)s::vector) "
+    "FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
+    "ORDER BY m.created_at DESC, m.seq DESC LIMIT %(limit)s"
+)
 # Every memory of a scope, oldest first (ties: first stored first): what an evaluation ranks
 # its baselines over.
-SCOPE_MEMORIES = (f"SELECT {_COLUMNS} FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
-                  "ORDER BY m.created_at, m.seq")
+SCOPE_MEMORIES = (
+    f"SELECT {_COLUMNS} FROM memories m WHERE m.organization_id = %(org)s AND m.agent_id = %(agent)s "
+    "ORDER BY m.created_at, m.seq"
+)
 #: The scope the pool's connections are warmed in (statements run with `limit` 0: nothing
 #: is read back, nothing noted).
 WARM_SCOPE = "ctxcore-warm"
@@ -121,8 +140,10 @@ HOT_SIM = -1
 # transaction on a pooled connection starts with no scope, so it sees nothing until it
 # sets its own): organization, agent (empty with all_agents on: the organization's every
 # agent), and the schema owner's admin policy on or off.
-SET_SCOPE = ("SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
-             "set_config('ctxcore.all_agents', %s, true), set_config('ctxcore.admin', %s, true)")
+SET_SCOPE = (
+    "SELECT set_config('ctxcore.organization_id', %s, true), set_config('ctxcore.agent_id', %s, true), "
+    "set_config('ctxcore.all_agents', %s, true), set_config('ctxcore.admin', %s, true)"
+)
 # The cold query's transaction: its scope and its plan settings in one statement
 # (parameters: organization, agent, hnsw.ef_search, enable_sort, enable_seqscan). With
 # pgvector 0.8 or later, a filtered HNSW scan goes on until it has `limit` rows of the
@@ -132,25 +153,29 @@ _COLD_SETTINGS = (
     "set_config('ctxcore.all_agents', 'off', true), set_config('ctxcore.admin', 'off', true), "
     "set_config('hnsw.ef_search', %s, true){scan}, "
     "set_config('enable_sort', %s, true), set_config('enable_seqscan', %s, true), "
-    "set_config('plan_cache_mode', 'force_generic_plan', true)")
+    "set_config('plan_cache_mode', 'force_generic_plan', true)"
+)
 COLD_SETTINGS = _COLD_SETTINGS.replace("{scan}", "")
-COLD_SETTINGS_ITERATIVE = _COLD_SETTINGS.replace(
-    "{scan}", ", set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+COLD_SETTINGS_ITERATIVE = _COLD_SETTINGS.replace("{scan}", ", set_config('hnsw.iterative_scan', 'relaxed_order', true)")
 # The scope's memory count (the stop-word threshold and the vector plan).
 SCOPE_SIZE = "SELECT count(*) AS n FROM memories WHERE organization_id = %s AND agent_id = %s"
 
 # ---- opening: pgvector, the schema's version, its metadata ------------------------------------
 
 # The installed pgvector version and the one the server could install (either NULL).
-PGVECTOR_VERSIONS = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS installed, "
-                     "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector') AS available")
+PGVECTOR_VERSIONS = (
+    "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS installed, "
+    "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector') AS available"
+)
 CREATE_PGVECTOR = "CREATE EXTENSION IF NOT EXISTS vector"
 HAS_MIGRATIONS = "SELECT to_regclass('ctxcore_migrations') IS NOT NULL AS present"
 APPLIED_VERSION = "SELECT coalesce(max(version), 0) AS version FROM ctxcore_migrations"
 # Held until the transaction ends (parameter: the schema's lock key, schema.MIGRATION_LOCK).
 TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
-CREATE_MIGRATIONS = ("CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
-                     "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+CREATE_MIGRATIONS = (
+    "CREATE TABLE IF NOT EXISTS ctxcore_migrations (version integer PRIMARY KEY, "
+    "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+)
 RECORD_MIGRATION = "INSERT INTO ctxcore_migrations (version, description) VALUES (%s, %s)"
 READ_META = "SELECT value FROM ctxcore_meta WHERE key = %s"
 RECORD_DIMENSIONS = "INSERT INTO ctxcore_meta VALUES ('embedding_dim', %s) ON CONFLICT (key) DO NOTHING"
@@ -158,32 +183,48 @@ RECORD_EMBEDDER = "INSERT INTO ctxcore_meta VALUES ('embedder', %s) ON CONFLICT 
 # Fixing the dimension makes the column indexable ({} is an int, formatted as a literal).
 SET_DIMENSIONS = "ALTER TABLE memory_vectors ALTER COLUMN embedding TYPE vector({})"
 # The app role's privileges ({} is the role, formatted as an identifier).
-GRANT_TABLES = ("GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, "
-                "memory_vectors TO {}")
+GRANT_TABLES = (
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON memories, directives, memory_terms, memory_reads, memory_vectors TO {}"
+)
 GRANT_META = "GRANT SELECT ON ctxcore_meta, ctxcore_migrations TO {}"
 # Whether this role owns the schema (only the owner's admin policy reads across scopes).
-IS_SCHEMA_OWNER = ("SELECT pg_has_role(current_user, relowner, 'USAGE') AS owner FROM pg_class "
-                   "WHERE oid = 'memories'::regclass")
+IS_SCHEMA_OWNER = (
+    "SELECT pg_has_role(current_user, relowner, 'USAGE') AS owner FROM pg_class WHERE oid = 'memories'::regclass"
+)
 
 # ---- writes -----------------------------------------------------------------------------------
 
 # One scope's new memories as arrays, inserted in batch order (so `seq` follows it); a
 # taken id is skipped (ON CONFLICT) and reported by the caller. Parameters: one array per
 # column of INSERT_COLUMNS, in that order.
-INSERT_COLUMNS = ("id", "organization_id", "agent_id", "text", "confidence", "importance", "created_at",
-                  "accessed_at", "token_count", "token_family", "token_kind", "exact_tokens")
+INSERT_COLUMNS = (
+    "id",
+    "organization_id",
+    "agent_id",
+    "text",
+    "confidence",
+    "importance",
+    "created_at",
+    "accessed_at",
+    "token_count",
+    "token_family",
+    "token_kind",
+    "exact_tokens",
+)
 INSERT_MEMORIES = (
     "INSERT INTO memories (" + ", ".join(INSERT_COLUMNS) + ") "
     "SELECT id, o, a, t, c, i, ca, aa, n, f, k, x::jsonb FROM unnest("
     "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[], "
     "%s::float8[], %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[]) "
     "WITH ORDINALITY AS r(id, o, a, t, c, i, ca, aa, n, f, k, x, ord) ORDER BY ord "
-    "ON CONFLICT (id) DO NOTHING RETURNING id, seq")
+    "ON CONFLICT (id) DO NOTHING RETURNING id, seq"
+)
 # One scope's embeddings (parameters: organization, agent, the seqs, the vectors' text).
-INSERT_VECTORS = ("INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                  "SELECT %s, %s, s, e::vector FROM unnest(%s::bigint[], %s::text[]) AS r(s, e)")
-INSERT_VECTOR = ("INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
-                 "VALUES (%s, %s, %s, %s::vector)")
+INSERT_VECTORS = (
+    "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) "
+    "SELECT %s, %s, s, e::vector FROM unnest(%s::bigint[], %s::text[]) AS r(s, e)"
+)
+INSERT_VECTOR = "INSERT INTO memory_vectors (organization_id, agent_id, seq, embedding) VALUES (%s, %s, %s, %s::vector)"
 DELETE_VECTOR = "DELETE FROM memory_vectors WHERE organization_id = %s AND agent_id = %s AND seq = %s"
 DELETE_TERMS = "DELETE FROM memory_terms WHERE organization_id = %s AND agent_id = %s AND seq = %s"
 # An update's changes ({sets}: SET_TEXT, SET_CONFIDENCE, SET_IMPORTANCE joined by commas;
@@ -203,11 +244,12 @@ DELETE_ORGANIZATION_DIRECTIVES = "DELETE FROM directives WHERE organization_id =
 EXPIRE_ORGANIZATION = "DELETE FROM memories WHERE organization_id = %s AND created_at < %s"
 EXPIRE_ALL = "DELETE FROM memories WHERE created_at < %s"
 # A directive (parameters: organization, agent or ORG_WIDE, text, updated_at).
-UPSERT_DIRECTIVE = ("INSERT INTO directives VALUES (%s, %s, %s, %s) ON CONFLICT (organization_id, agent_id) "
-                    "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at")
+UPSERT_DIRECTIVE = (
+    "INSERT INTO directives VALUES (%s, %s, %s, %s) ON CONFLICT (organization_id, agent_id) "
+    "DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at"
+)
 # The organization's directive and the agent's (ORG_WIDE, '', sorts first).
-READ_DIRECTIVES = ("SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) "
-                   "ORDER BY agent_id")
+READ_DIRECTIVES = "SELECT text FROM directives WHERE organization_id = %s AND agent_id IN (%s, %s) ORDER BY agent_id"
 # Read times of one scope (parameters: the seqs, their times, organization, agent), its
 # rows taken in `seq` order: flushes of several replicas (or a flush and `close`) that
 # meet on the same rows wait for each other instead of deadlocking. Each row read is
@@ -219,7 +261,8 @@ WRITE_READ_TIMES = (
     "FROM unnest(%s::bigint[], %s::float8[]) AS a(seq, at) CROSS JOIN LATERAL ("
     "SELECT seq, organization_id, agent_id FROM memories "
     "WHERE seq = a.seq AND organization_id = %s AND agent_id = %s LIMIT 1) m ORDER BY m.seq "
-    "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)")
+    "ON CONFLICT (seq) DO UPDATE SET accessed_at = greatest(r.accessed_at, excluded.accessed_at)"
+)
 
 # ---- statistics ---------------------------------------------------------------------------------
 
@@ -229,5 +272,6 @@ SCOPE_STATS = (
     "GROUP BY organization_id, agent_id) m LEFT JOIN ("
     "SELECT organization_id, agent_id, count(*) AS n FROM memory_vectors "
     "GROUP BY organization_id, agent_id) v USING (organization_id, agent_id) "
-    "ORDER BY m.organization_id, m.agent_id")
+    "ORDER BY m.organization_id, m.agent_id"
+)
 DIRECTIVE_COUNT = "SELECT count(*) AS n FROM directives"

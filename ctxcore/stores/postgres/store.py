@@ -54,10 +54,10 @@ from ..records import (
     rows_to_batch,
 )
 from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, fts_terms
-from .dsn import password_of, connect_error, redact_dsn
-from .loop import StoreLoop
-from .schema import MIGRATION_LOCK, VECTOR_INDEX, MIGRATIONS, PG_SCHEMA_VERSION, insert_terms
 from . import statements as stmt
+from .dsn import connect_error, password_of, redact_dsn
+from .loop import StoreLoop
+from .schema import MIGRATION_LOCK, MIGRATIONS, PG_SCHEMA_VERSION, VECTOR_INDEX, insert_terms
 from .statements import (
     COLD_COUNT,
     COLD_KEY,
@@ -133,16 +133,18 @@ def _vector_text(v: npt.NDArray[np.float32]) -> str:
     return "[" + ",".join(map(repr, v.tolist())) + "]"
 
 
-async def _one(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
-               params: Sequence[Any] | None = None) -> DictRow | None:
+async def _one(
+    conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed, params: Sequence[Any] | None = None
+) -> DictRow | None:
     """The first row of `statement`, by column name."""
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(statement, params)
         return await cur.fetchone()
 
 
-async def _all(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed,
-               params: Sequence[Any] | None = None) -> list[DictRow]:
+async def _all(
+    conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Composed, params: Sequence[Any] | None = None
+) -> list[DictRow]:
     """The rows of `statement`, by column name."""
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(statement, params)
@@ -152,8 +154,11 @@ async def _all(conn: psycopg.AsyncConnection[TupleRow], statement: str | sql.Com
 def _check_nul(mem: NewMemory, i: int) -> None:
     for name in ("id", "organization_id", "agent_id", "text"):
         if "\x00" in getattr(mem, name):
-            raise InvalidMemory(f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which "
-                                "PostgreSQL text cannot hold", i, mem.id)
+            raise InvalidMemory(
+                f"memory {mem.id!r} (index {i}): {name} contains NUL (U+0000), which PostgreSQL text cannot hold",
+                i,
+                mem.id,
+            )
 
 
 class PostgresMemoryStore:
@@ -206,14 +211,17 @@ class PostgresMemoryStore:
             raise ValueError("PostgresMemoryStore needs a postgresql:// URL or a libpq connection string")
         if not isinstance(token_family, str) or token_family not in estimator_families():
             raise ValueError(f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}")
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or not 1 <= dimensions <= 16000):
+        if dimensions is not None and (
+            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= 16000
+        ):
             raise ValueError(f"dimensions must be an int in [1, 16000], got {dimensions!r}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
-        for name, value in (("directive_cache_seconds", directive_cache_seconds),
-                            ("access_flush_seconds", access_flush_seconds),
-                            ("access_resolution_seconds", access_resolution_seconds)):
+        for name, value in (
+            ("directive_cache_seconds", directive_cache_seconds),
+            ("access_flush_seconds", access_flush_seconds),
+            ("access_resolution_seconds", access_resolution_seconds),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if embedder is not None and not isinstance(embedder, Embedder):
@@ -268,8 +276,13 @@ class PostgresMemoryStore:
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
         self._pool = AsyncConnectionPool(
-            self._dsn, min_size=1, max_size=pool_size, open=False, name="ctxcore",
-            kwargs={"autocommit": False}, timeout=10.0,
+            self._dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name="ctxcore",
+            kwargs={"autocommit": False},
+            timeout=10.0,
         )
         try:
             await self._pool.open(wait=True, timeout=10.0)
@@ -316,7 +329,10 @@ class PostgresMemoryStore:
         if self._pgvector < MIN_PGVECTOR:
             raise UnsupportedPgvector(
                 f"the database of {self._shown} has pgvector {found}; ctxcore needs pgvector {needed} or later "
-                "(ALTER EXTENSION vector UPDATE after installing a newer one)", found, needed)
+                "(ALTER EXTENSION vector UPDATE after installing a newer one)",
+                found,
+                needed,
+            )
 
     @staticmethod
     async def _behind(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
@@ -385,16 +401,17 @@ class PostgresMemoryStore:
             if version > PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {version} is newer than this ctxcore understands "
-                    f"({PG_SCHEMA_VERSION}); upgrade ctxcore")
+                    f"({PG_SCHEMA_VERSION}); upgrade ctxcore"
+                )
             if version < PG_SCHEMA_VERSION:
                 raise MemoryStoreError(
                     f"{self._shown}: database schema version {version}, this ctxcore needs {PG_SCHEMA_VERSION}: "
-                    "run `ctxcore memories init --db URL` as the schema owner")
+                    "run `ctxcore memories init --db URL` as the schema owner"
+                )
             dim = await self._meta(conn, "embedding_dim")
             if dim is not None:
                 if self._dim is not None and self._dim != int(dim):
-                    raise MemoryStoreError(
-                        f"{self._shown} stores embeddings of {dim} dimensions, not {self._dim}")
+                    raise MemoryStoreError(f"{self._shown} stores embeddings of {dim} dimensions, not {self._dim}")
                 self._dim = int(dim)
             recorded = await self._meta(conn, "embedder")
             if self._embedder is None and recorded is not None:
@@ -406,11 +423,13 @@ class PostgresMemoryStore:
                     except psycopg.errors.InsufficientPrivilege:
                         raise MemoryStoreError(
                             f"{self._shown} has no embedder recorded and this role may not record one: open it "
-                            "once as the schema owner (`ctxcore memories init`) with the embedder") from None
+                            "once as the schema owner (`ctxcore memories init`) with the embedder"
+                        ) from None
                 elif recorded != self._embedder.name:
                     raise MemoryStoreError(
                         f"{self._shown} was built with the embedder {recorded!r}, not {self._embedder.name!r}: "
-                        "their embeddings cannot be compared")
+                        "their embeddings cannot be compared"
+                    )
 
     # ---- properties, closing ---------------------------------------------------------------
 
@@ -519,16 +538,20 @@ class PostgresMemoryStore:
     # ---- transactions with a scope -----------------------------------------------------------
 
     @staticmethod
-    async def _set_scope(conn: psycopg.AsyncConnection[TupleRow], organization_id: str, agent_id: str | None,
-                         admin: bool = False) -> None:
+    async def _set_scope(
+        conn: psycopg.AsyncConnection[TupleRow], organization_id: str, agent_id: str | None, admin: bool = False
+    ) -> None:
         # Transaction-local (is_local = true): the next transaction on this pooled
         # connection starts with no scope, so it sees nothing until it sets its own.
         await conn.execute(
-            stmt.SET_SCOPE, (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"))
+            stmt.SET_SCOPE,
+            (organization_id, agent_id or "", "on" if agent_id is None else "off", "on" if admin else "off"),
+        )
 
     @contextlib.asynccontextmanager
-    async def _scoped(self, org: str, agent: str | None, *, admin: str | None = None,
-                      writes: bool = False) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+    async def _scoped(
+        self, org: str, agent: str | None, *, admin: str | None = None, writes: bool = False
+    ) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
         """A pooled connection inside one transaction of one scope (`agent` None: every
         agent of `org`), or, with `admin` (what it is for, named in the error a role that
         may not gets), of every scope as the schema owner. `writes`: the scope sizes and
@@ -583,18 +606,35 @@ class PostgresMemoryStore:
             want = self._dim if self._dim is not None else next(iter(dims)) if len(dims) == 1 else None
             if v is not None and want is not None and v.size != want:
                 mid = batch[i].id
-                raise InvalidMemory(f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's "
-                                    f"have {want}", i, mid)
+                raise InvalidMemory(
+                    f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {want}", i, mid
+                )
             if v is not None and want is None:  # mixed dimensions in a batch for a store without one
                 first = next(u for u in vectors if u is not None)
                 mid = batch[i].id
-                raise InvalidMemory(f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's "
-                                    f"have {first.size}", i, mid)
+                raise InvalidMemory(
+                    f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {first.size}",
+                    i,
+                    mid,
+                )
         now = time.time()
         kind = "exact" if self._exact else "estimate"
         rows = [
-            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else _vector_text(v), m.confidence,
-             m.importance, now if m.created_at is None else m.created_at, m.accessed_at, n, self._family, kind, ex)
+            (
+                m.id,
+                m.organization_id,
+                m.agent_id,
+                m.text,
+                None if v is None else _vector_text(v),
+                m.confidence,
+                m.importance,
+                now if m.created_at is None else m.created_at,
+                m.accessed_at,
+                n,
+                self._family,
+                kind,
+                ex,
+            )
             for m, n, v, ex in zip(batch, counts, vectors, exact)
         ]
         terms = [doc_terms(m.text) for m in batch]
@@ -603,8 +643,9 @@ class PostgresMemoryStore:
         self._forget_counts()
         return [m.id for m in batch]
 
-    async def _insert(self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]],
-                      dim: int | None) -> None:
+    async def _insert(
+        self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]], dim: int | None
+    ) -> None:
         assert self._pool is not None
         by_scope: dict[tuple[str, str], list[int]] = {}
         for i, m in enumerate(batch):
@@ -626,23 +667,31 @@ class PostgresMemoryStore:
                     self._dim = int(stored)
                     if dim != self._dim:
                         i = next(k for k, r in enumerate(rows) if r[4] is not None)
-                        raise InvalidMemory(f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
-                                            f"the store's have {self._dim}", i, batch[i].id)
+                        raise InvalidMemory(
+                            f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
+                            f"the store's have {self._dim}",
+                            i,
+                            batch[i].id,
+                        )
                 inserted: dict[str, int] = {}
                 for (org, agent), idx in by_scope.items():
                     await self._set_scope(conn, org, agent)
                     # One statement per scope: the rows as arrays, inserted in batch order (so
                     # `seq` follows it), a taken id skipped here and named below.
                     cols = list(zip(*(rows[i] for i in idx)))
-                    got = {str(r["id"]): int(r["seq"]) for r in await _all(
-                        conn, stmt.INSERT_MEMORIES, [list(c) for k, c in enumerate(cols) if k != 4])}
+                    got = {
+                        str(r["id"]): int(r["seq"])
+                        for r in await _all(conn, stmt.INSERT_MEMORIES, [list(c) for k, c in enumerate(cols) if k != 4])
+                    }
                     inserted.update(got)
                     embedded = [(got[batch[i].id], rows[i][4]) for i in idx if batch[i].id in got and rows[i][4]]
                     if embedded:
                         await conn.execute(
-                            stmt.INSERT_VECTORS, (org, agent, [e[0] for e in embedded], [e[1] for e in embedded]))
-                    await insert_terms(conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx
-                                               if batch[i].id in got])
+                            stmt.INSERT_VECTORS, (org, agent, [e[0] for e in embedded], [e[1] for e in embedded])
+                        )
+                    await insert_terms(
+                        conn, [(got[batch[i].id], org, agent, terms[i]) for i in idx if batch[i].id in got]
+                    )
                 if len(inserted) != len(batch):
                     # Ids are unique across the whole store; which scope holds a taken id is
                     # not told (row-level security would hide it anyway).
@@ -690,8 +739,10 @@ class PostgresMemoryStore:
         background read refreshes it."""
         check_scope(scope)
         return await self._directives.fetch(
-            scope, lambda: self._call(self._directive(scope)),
-            lambda: None if self._closed else asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop))
+            scope,
+            lambda: self._call(self._directive(scope)),
+            lambda: None if self._closed else asyncio.run_coroutine_threadsafe(self._directive(scope), self._loop.loop),
+        )
 
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None
@@ -717,18 +768,26 @@ class PostgresMemoryStore:
         self._note(scope, seqs)
         return batch
 
-    async def _hot(self, scope: Scope, qv: npt.NDArray[np.float32] | None,
-                   limit: int) -> tuple[list[int], MemoryBatch]:
+    async def _hot(self, scope: Scope, qv: npt.NDArray[np.float32] | None, limit: int) -> tuple[list[int], MemoryBatch]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            rows = await self._hot_rows(conn, scope.organization_id, scope.agent_id,
-                                        None if qv is None else _vector_text(qv), limit)
-        sims = np.clip(np.array([np.nan if r[HOT_SIM] is None else r[HOT_SIM] for r in rows], dtype=np.float64),
-                       -1.0, 1.0)
+            rows = await self._hot_rows(
+                conn, scope.organization_id, scope.agent_id, None if qv is None else _vector_text(qv), limit
+            )
+        sims = np.clip(
+            np.array([np.nan if r[HOT_SIM] is None else r[HOT_SIM] for r in rows], dtype=np.float64), -1.0, 1.0
+        )
         return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
-    async def _hot_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
-                        limit: int, prepare: bool | None = None) -> list[TupleRow]:
+    async def _hot_rows(
+        self,
+        conn: psycopg.AsyncConnection[TupleRow],
+        org: str,
+        agent: str,
+        q: str | None,
+        limit: int,
+        prepare: bool | None = None,
+    ) -> list[TupleRow]:
         async with conn.pipeline(), conn.transaction():  # one round trip
             await self._set_scope(conn, org, agent)
             cur = await conn.execute(stmt.HOT, {"q": q, "org": org, "agent": agent, "limit": limit}, prepare=prepare)
@@ -748,9 +807,7 @@ class PostgresMemoryStore:
             rows = await cur.fetchall()
         return rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
 
-    async def cold(
-        self, scope: Scope, query: Query, limit: int, min_similarity: float
-    ) -> Sequence[MemoryRecord]:
+    async def cold(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         """Each path's ranked list, one entry per memory with both signals: at most
         `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
         full-text hits (BM25 over the query terms a memory holds, its length its count
@@ -779,8 +836,9 @@ class PostgresMemoryStore:
         self._note(scope, seqs)
         return batch
 
-    async def _cold(self, scope: Scope, qv: npt.NDArray[np.float32] | None, terms: list[str], limit: int,
-                    min_similarity: float) -> tuple[list[int], MemoryBatch]:
+    async def _cold(
+        self, scope: Scope, qv: npt.NDArray[np.float32] | None, terms: list[str], limit: int, min_similarity: float
+    ) -> tuple[list[int], MemoryBatch]:
         assert self._pool is not None
         org, agent = scope.organization_id, scope.agent_id
         vector = qv is not None and self._dim is not None
@@ -800,8 +858,18 @@ class PostgresMemoryStore:
             # runs), its generic plan is reused: planning it was ~0.8 ms of a ~3.5 ms statement, and the scope's
             # partition is chosen at run time.
             large = vector and in_scope >= (HNSW_MIN_SCOPE if self._iterative() else HNSW_MIN_SCOPE_NO_ITERATIVE)
-            rows = await self._cold_rows(conn, org, agent, _vector_text(qv) if vector and qv is not None else None,
-                                         large, terms, limit, min_similarity, cap, in_scope)
+            rows = await self._cold_rows(
+                conn,
+                org,
+                agent,
+                _vector_text(qv) if vector and qv is not None else None,
+                large,
+                terms,
+                limit,
+                min_similarity,
+                cap,
+                in_scope,
+            )
         found = []
         counts: dict[str, int] = {}
         vector_stats: tuple[float, float] | None = None
@@ -816,29 +884,63 @@ class PostgresMemoryStore:
         self._note_counts(scope, {**dict.fromkeys(terms, 0), **counts})
         origins = [MemoryOrigin.VECTOR if r[COLD_SOURCE] == COLD_VECTOR_HIT else MemoryOrigin.FULLTEXT for r in found]
         scores = [r[COLD_SCORE] for r in found]
-        out = cold_batch(scope, found, origins, [r[COLD_SIM] for r in found],
-                         [None if x is None else max(0.0, float(x)) for x in scores], vector_stats=vector_stats,
-                         text_scores=[float(x) for x in scores if x is not None], in_scope=in_scope)
+        out = cold_batch(
+            scope,
+            found,
+            origins,
+            [r[COLD_SIM] for r in found],
+            [None if x is None else max(0.0, float(x)) for x in scores],
+            vector_stats=vector_stats,
+            text_scores=[float(x) for x in scores if x is not None],
+            in_scope=in_scope,
+        )
         return [r[0] for r in found], out
 
     def _iterative(self) -> bool:
         return self._pgvector >= ITERATIVE_SCAN_PGVECTOR
 
-    async def _cold_rows(self, conn: psycopg.AsyncConnection[TupleRow], org: str, agent: str, q: str | None,
-                         large: bool, terms: list[str], limit: int, min_similarity: float, cap: int, in_scope: int,
-                         prepare: bool | None = None) -> list[TupleRow]:
+    async def _cold_rows(
+        self,
+        conn: psycopg.AsyncConnection[TupleRow],
+        org: str,
+        agent: str,
+        q: str | None,
+        large: bool,
+        terms: list[str],
+        limit: int,
+        min_similarity: float,
+        cap: int,
+        in_scope: int,
+        prepare: bool | None = None,
+    ) -> list[TupleRow]:
         # hnsw.iterative_scan exists from pgvector 0.8 on (setting it before fails the
         # transaction); before, a large scope's walk takes the most candidates allowed.
         if self._iterative():
             ef, settings = str(max(_EF_SEARCH, limit)), stmt.COLD_SETTINGS_ITERATIVE
         else:
-            ef, settings = str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))), stmt.COLD_SETTINGS
+            ef, settings = (
+                str(_EF_SEARCH_MAX if large else max(_EF_SEARCH, min(limit, _EF_SEARCH_MAX))),
+                stmt.COLD_SETTINGS,
+            )
         async with conn.pipeline(), conn.transaction():
             await conn.execute(settings, (org, agent, ef, "off" if large else "on", "off" if large else "on"))
             cur = await conn.execute(
-                (stmt.COLD_VECTOR_INDEXED if large else stmt.COLD_VECTOR_EXACT) if q is not None else stmt.COLD_NO_VECTOR,
-                {"q": q, "org": org, "agent": agent, "limit": limit, "min": min_similarity, "terms": terms,
-                 "cap": cap, "n": float(in_scope), "nterms": FTS_QUERY_TERMS}, prepare=prepare)
+                (stmt.COLD_VECTOR_INDEXED if large else stmt.COLD_VECTOR_EXACT)
+                if q is not None
+                else stmt.COLD_NO_VECTOR,
+                {
+                    "q": q,
+                    "org": org,
+                    "agent": agent,
+                    "limit": limit,
+                    "min": min_similarity,
+                    "terms": terms,
+                    "cap": cap,
+                    "n": float(in_scope),
+                    "nterms": FTS_QUERY_TERMS,
+                },
+                prepare=prepare,
+            )
             return await cur.fetchall()
 
     def _search_keys(self, scope: Scope, keys: list[str]) -> list[str]:
@@ -913,7 +1015,7 @@ class PostgresMemoryStore:
             await self._flush()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a failed flush must not kill the loop
+        except Exception as exc:
             _log.warning("could not record read times: %s", self._error("memory database error", exc))
         finally:
             if self._flusher is asyncio.current_task():
@@ -973,12 +1075,18 @@ class PostgresMemoryStore:
         wanted = check_ids(ids)
         if not wanted:
             return 0
-        return self._run(self._scoped_rowcount(
-            scope.organization_id, scope.agent_id,
-            stmt.DELETE_MEMORIES, (scope.organization_id, scope.agent_id, wanted)))
+        return self._run(
+            self._scoped_rowcount(
+                scope.organization_id,
+                scope.agent_id,
+                stmt.DELETE_MEMORIES,
+                (scope.organization_id, scope.agent_id, wanted),
+            )
+        )
 
-    async def _scoped_rowcount(self, org: str, agent: str | None, statement: str, params: tuple[Any, ...],
-                               *, admin: str | None = None) -> int:
+    async def _scoped_rowcount(
+        self, org: str, agent: str | None, statement: str, params: tuple[Any, ...], *, admin: str | None = None
+    ) -> int:
         async with self._scoped(org, agent, admin=admin, writes=True) as conn:
             cur = await conn.execute(statement, params)
             return cur.rowcount
@@ -1032,12 +1140,20 @@ class PostgresMemoryStore:
         elif "text" in fields and self._embedder is not None:
             new_vec = embed(self._embedder, fields["text"])
         if new_vec is not None and self._dim is not None and new_vec.size != self._dim:
-            raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have "
-                                f"{self._dim}", -1, memory_id)
+            raise InvalidMemory(
+                f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have {self._dim}",
+                -1,
+                memory_id,
+            )
         if "text" in fields:
             sets.append(stmt.SET_TEXT)
-            params += [fields["text"], self._count([fields["text"]])[0], self._family,
-                       "exact" if self._exact else "estimate", exact_json([memory_id], [fields["text"]])[0]]
+            params += [
+                fields["text"],
+                self._count([fields["text"]])[0],
+                self._family,
+                "exact" if self._exact else "estimate",
+                exact_json([memory_id], [fields["text"]])[0],
+            ]
         # A new text or embedding replaces the stored embedding (none: the stale one goes).
         vector: str | None | bool = False
         if "text" in fields or "embedding" in fields:
@@ -1047,20 +1163,37 @@ class PostgresMemoryStore:
                 sets.append(assignment)
                 params.append(fields[name])
         if not sets and vector is False:
-            return self._run(self._scoped_rowcount(
-                scope.organization_id, scope.agent_id,
-                stmt.MEMORY_EXISTS, (scope.organization_id, scope.agent_id, memory_id))) > 0
+            return (
+                self._run(
+                    self._scoped_rowcount(
+                        scope.organization_id,
+                        scope.agent_id,
+                        stmt.MEMORY_EXISTS,
+                        (scope.organization_id, scope.agent_id, memory_id),
+                    )
+                )
+                > 0
+            )
         if new_vec is not None and self._dim is None:
-            raise MemoryStoreError(f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
-                                   "first or run `ctxcore memories init --dimensions N`")
+            raise MemoryStoreError(
+                f"{self._shown}: the embedding dimension is not set yet; add an embedded memory "
+                "first or run `ctxcore memories init --dimensions N`"
+            )
         # Only the embedding changes: the row is locked (not rewritten) and its seq read back.
         statement = stmt.UPDATE_MEMORY.format(sets=", ".join(sets)) if sets else stmt.LOCK_MEMORY
-        return self._run(self._update(
-            scope, statement, (*params, scope.organization_id, scope.agent_id, memory_id),
-            doc_terms(fields["text"]) if "text" in fields else None, vector))
+        return self._run(
+            self._update(
+                scope,
+                statement,
+                (*params, scope.organization_id, scope.agent_id, memory_id),
+                doc_terms(fields["text"]) if "text" in fields else None,
+                vector,
+            )
+        )
 
-    async def _update(self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None,
-                      vector: str | None | bool) -> bool:
+    async def _update(
+        self, scope: Scope, statement: str, params: tuple[Any, ...], terms: list[str] | None, vector: str | None | bool
+    ) -> bool:
         # `vector`: the new embedding (vector text), None to drop the stored one, False to keep it.
         org, agent = scope.organization_id, scope.agent_id
         async with self._scoped(org, agent) as conn:
@@ -1085,8 +1218,9 @@ class PostgresMemoryStore:
         cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
             check_owner(organization_id, None, "expire")
-            return self._run(self._scoped_rowcount(
-                organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff)))
+            return self._run(
+                self._scoped_rowcount(organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff))
+            )
         return self._run(self._scoped_rowcount("", None, stmt.EXPIRE_ALL, (cutoff,), admin="retention"))
 
     async def _as_admin(self, conn: psycopg.AsyncConnection[TupleRow], what: str) -> None:
@@ -1096,7 +1230,8 @@ class PostgresMemoryStore:
         if not row or not row["owner"]:
             raise MemoryStoreError(
                 f"{what} across all organizations needs the schema owner's role (row-level security shows this role "
-                f"one organization at a time): name an organization, or connect as the owner ({self._shown})")
+                f"one organization at a time): name an organization, or connect as the owner ({self._shown})"
+            )
         await self._set_scope(conn, "", "", admin=True)
 
     def stats(self, organization_id: str | None = None) -> StoreStats:
@@ -1117,17 +1252,27 @@ class PostgresMemoryStore:
         async with self._scoped(org or "", None, admin="statistics" if org is None else None) as conn:
             mrows = await _all(conn, stmt.SCOPE_STATS)
             drow = await _one(conn, stmt.DIRECTIVE_COUNT)
-        scopes = tuple(ScopeStats(r["organization_id"], r["agent_id"], int(r["memories"]), int(r["embedded"]),
-                                  int(r["tokens"] or 0)) for r in mrows)
+        scopes = tuple(
+            ScopeStats(
+                r["organization_id"], r["agent_id"], int(r["memories"]), int(r["embedded"]), int(r["tokens"] or 0)
+            )
+            for r in mrows
+        )
         return StoreStats(scopes, int(drow["n"]) if drow else 0)
 
 
-def _check_update(scope: Scope, memory_id: str, text: str | None, confidence: float | None,
-                  importance: float | None, embedding: Sequence[float] | npt.NDArray[np.float32] | None
-                  ) -> dict[str, Any]:
+def _check_update(
+    scope: Scope,
+    memory_id: str,
+    text: str | None,
+    confidence: float | None,
+    importance: float | None,
+    embedding: Sequence[float] | npt.NDArray[np.float32] | None,
+) -> dict[str, Any]:
     """`check_update`'s changes, and a text PostgreSQL can hold."""
     fields = check_update(scope, memory_id, text, confidence, importance, embedding)
     if "\x00" in fields.get("text", ""):
-        raise InvalidMemory(f"memory {memory_id!r}: text contains NUL (U+0000), which PostgreSQL text cannot hold",
-                            -1, memory_id)
+        raise InvalidMemory(
+            f"memory {memory_id!r}: text contains NUL (U+0000), which PostgreSQL text cannot hold", -1, memory_id
+        )
     return fields

@@ -25,7 +25,6 @@ from ..text import (
     FTS_MAX_DOC_FRACTION,
     FTS_PRUNE_MIN_DOCS,
     FTS_QUERY_TERMS,
-    MAX_FTS_TERMS,
     fts_terms,
     normalize,
     strip_diacritics,
@@ -227,6 +226,7 @@ class DocFrequencies:
         """Each token's count of memories, the tokens' scope holding `size` memories;
         `state` (the scope's tag, memory count and write counter; None: unknown) keys the
         absent tokens."""
+
         def read(missing: list[str]) -> dict[str, int]:
             return dict(
                 conn.execute(
@@ -243,16 +243,18 @@ class DocFrequencies:
         """Each phrase's count of memories (a phrase as its MATCH expression, one quoted
         string of tagged tokens: a CJK bigram), counted in the index (one scope's
         doclists, small), cached like `lookup`'s tokens."""
+
         def read(missing: list[str]) -> dict[str, int]:
-            sql = " UNION ALL ".join(
-                "SELECT ?, count(*) FROM memory_words WHERE memory_words MATCH ?" for _ in missing
-            )
+            sql = " UNION ALL ".join("SELECT ?, count(*) FROM memory_words WHERE memory_words MATCH ?" for _ in missing)
             return dict(conn.execute(sql, [v for e in missing for v in (e, e)]).fetchall())
 
         return self._counts(expressions, size, state, read)
 
     def _counts(
-        self, keys: set[str], size: int, state: tuple[str, int, int] | None,
+        self,
+        keys: set[str],
+        size: int,
+        state: tuple[str, int, int] | None,
         read: Callable[[list[str]], dict[str, int]],
     ) -> dict[str, int]:
         """The counts of `keys` from the cache, the rest from `read` (then cached)."""
@@ -291,7 +293,12 @@ class DocFrequencies:
 
 
 def search(
-    conn: sqlite3.Connection, job: Job, scope: Scope, text: str, limit: int, df: DocFrequencies,
+    conn: sqlite3.Connection,
+    job: Job,
+    scope: Scope,
+    text: str,
+    limit: int,
+    df: DocFrequencies,
     counts: tuple[int, int],
 ) -> tuple[list[int], list[float]]:
     """The rowids of `scope`'s memories that match terms of `text`, best first by BM25
@@ -307,8 +314,9 @@ def search(
     freq = df.lookup(conn, set(keys.values()), in_scope, state)
     # A phrase (a CJK bigram) is counted as a phrase: each of its characters may be common
     # in the scope while the pair is rare. One with a token no memory holds is not counted.
-    phrases = {k: _tagged_phrase(tag, t) for k, t in enumerate(terms)
-               if len(t) > 1 and all(freq[keys[tok]] for tok in t)}
+    phrases = {
+        k: _tagged_phrase(tag, t) for k, t in enumerate(terms) if len(t) > 1 and all(freq[keys[tok]] for tok in t)
+    }
     pfreq = df.phrases(conn, set(phrases.values()), in_scope, state) if phrases else {}
 
     def count(k: int, term: tuple[str, ...]) -> int:
@@ -329,8 +337,10 @@ def search(
     # the score returned is its negation. Ties: newest first.
     job.check()
     expression = " OR ".join(phrases.get(k) or _tagged_phrase(tag, terms[k]) for _, k in chosen)
-    sql = ("SELECT group_concat(r), group_concat(s) FROM (SELECT rowid AS r, -bm25(memory_words) AS s "
-           "FROM memory_words WHERE memory_words MATCH ? ORDER BY s DESC, r DESC LIMIT ?)")
+    sql = (
+        "SELECT group_concat(r), group_concat(s) FROM (SELECT rowid AS r, -bm25(memory_words) AS s "
+        "FROM memory_words WHERE memory_words MATCH ? ORDER BY s DESC, r DESC LIMIT ?)"
+    )
     got = conn.execute(sql, (expression, limit)).fetchone()
     if got is None or got[0] is None:
         return [], []

@@ -42,7 +42,7 @@ def _row_bytes(row: Sequence[Any]) -> int:
 
 
 def _touched(row: Sequence[Any], at: float) -> tuple[Any, ...]:
-    return (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1:])
+    return (*row[:_ACCESSED_AT], max(row[_ACCESSED_AT] or 0.0, at), *row[_ACCESSED_AT + 1 :])
 
 
 def _merge_later(into: dict[str, float], new: Mapping[str, float]) -> None:

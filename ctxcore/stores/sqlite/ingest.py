@@ -79,13 +79,18 @@ def insert_batch(
     elif taken:
         # Ids are unique across the store, but a replace only ever replaces a memory of
         # the same scope: another scope's memory is never touched.
-        foreign = [seen[r[0]] for r in taken if (r[1], r[2]) != (batch[seen[r[0]]].organization_id,
-                                                                   batch[seen[r[0]]].agent_id)]
+        foreign = [
+            seen[r[0]] for r in taken if (r[1], r[2]) != (batch[seen[r[0]]].organization_id, batch[seen[r[0]]].agent_id)
+        ]
         if foreign:
             first = min(foreign)
             mid = batch[first].id
-            raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is stored in another scope; "
-                                "a replace only replaces a memory of the same scope", first, mid)
+            raise InvalidMemory(
+                f"memory {mid!r} (index {first}): id {mid!r} is stored in another scope; "
+                "a replace only replaces a memory of the same scope",
+                first,
+                mid,
+            )
         delete_memories(conn, [r[0] for r in taken])
     dim = stored_dim(conn)
     for i, v in enumerate(vectors):
@@ -97,15 +102,27 @@ def insert_batch(
         elif v.size != dim:
             mid = batch[i].id
             raise InvalidMemory(
-                f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, "
-                f"the store's have {dim}", i, mid)
+                f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {dim}", i, mid
+            )
     bumps: dict[tuple[str, str], list[int]] = {}
     for m, n_tokens, v, ex in zip(batch, counts, vectors, exact):
         insert_memory(
             conn,
-            (m.id, m.organization_id, m.agent_id, m.text, None if v is None else v.tobytes(),
-             m.confidence, m.importance, now if m.created_at is None else m.created_at,
-             m.accessed_at, n_tokens, family, kind, ex),
+            (
+                m.id,
+                m.organization_id,
+                m.agent_id,
+                m.text,
+                None if v is None else v.tobytes(),
+                m.confidence,
+                m.importance,
+                now if m.created_at is None else m.created_at,
+                m.accessed_at,
+                n_tokens,
+                family,
+                kind,
+                ex,
+            ),
         )
         b = bumps.setdefault((m.organization_id, m.agent_id), [0, 0])
         b[0] += 1
@@ -128,8 +145,11 @@ def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, in
     # stored count).
     ids = json.dumps([r[0] for r in rows])
     conn.execute("DELETE FROM memory_words WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
-    conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT id FROM memories WHERE rowid IN "
-                 "(SELECT value FROM json_each(?)))", (ids,))
+    conn.execute(
+        "DELETE FROM memory_reads WHERE id IN (SELECT id FROM memories WHERE rowid IN "
+        "(SELECT value FROM json_each(?)))",
+        (ids,),
+    )
     conn.execute("DELETE FROM memories WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
     drops: dict[tuple[str, str], list[int]] = {}
     for _, org, agent, emb in rows:

@@ -14,8 +14,15 @@ from ..errors import MemoryStoreError
 from .fulltext import FTS_TOKENIZER, fts_body
 
 __all__ = [
-    "ACCESSED_AT_SQL", "BUSY_TIMEOUT_MS", "MEMORY_COLUMNS", "MEMORY_FROM", "SCHEMA_VERSION", "connect", "init_schema",
-    "scope_version", "stored_dim",
+    "ACCESSED_AT_SQL",
+    "BUSY_TIMEOUT_MS",
+    "MEMORY_COLUMNS",
+    "MEMORY_FROM",
+    "SCHEMA_VERSION",
+    "connect",
+    "init_schema",
+    "scope_version",
+    "stored_dim",
 ]
 
 #: Version of the database layout this code writes (``PRAGMA user_version``). Version 2
@@ -101,6 +108,7 @@ MEMORY_COLUMNS = (
     "memories.rowid, memories.id, organization_id, agent_id, text, confidence, importance, created_at, "
     f"{ACCESSED_AT_SQL}, token_count, token_family, token_kind, exact_tokens"
 )
+
 
 def _index_words(conn: sqlite3.Connection) -> None:
     """Version 2 to 3: every memory's words indexed under its scope (`memory_words`), and

@@ -17,8 +17,20 @@ import numpy as np
 import numpy.typing as npt
 
 from ...memory import (
-    LATER, ForgetReport, Later, MemoryBatch, MemoryOrigin, MemoryRecord, Query, Scope, ScopeStats, StoreStats,
-    check_limit, check_min_similarity, check_query, check_scope,
+    LATER,
+    ForgetReport,
+    Later,
+    MemoryBatch,
+    MemoryOrigin,
+    MemoryRecord,
+    Query,
+    Scope,
+    ScopeStats,
+    StoreStats,
+    check_limit,
+    check_min_similarity,
+    check_query,
+    check_scope,
 )
 from ...tokens import estimator_families, exact_families
 from ..counting import DEFAULT_TOKEN_FAMILY, count_memory_tokens, exact_json, stored_token_counts
@@ -42,6 +54,7 @@ from ..records import (
 from . import fulltext
 from .directives import read_directive, write_directive
 from .fulltext import DocFrequencies
+from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
 from .ingest import (
     PROGRESS_CHUNK,
     OnConflict,
@@ -50,9 +63,17 @@ from .ingest import (
     remove_rows,
     remove_where,
 )
-from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, HotRows, RowCache
 from .readers import DEFAULT_READERS, Busy, Job, ReaderPool
-from .schema import ACCESSED_AT_SQL, BUSY_TIMEOUT_MS, MEMORY_COLUMNS, MEMORY_FROM, connect, init_schema, scope_version, stored_dim
+from .schema import (
+    ACCESSED_AT_SQL,
+    BUSY_TIMEOUT_MS,
+    MEMORY_COLUMNS,
+    MEMORY_FROM,
+    connect,
+    init_schema,
+    scope_version,
+    stored_dim,
+)
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache, nearest
 
 __all__ = ["FLUSH_ROWS", "PACED_BACKLOG_ROWS", "SqliteMemoryStore"]
@@ -137,15 +158,15 @@ class SqliteMemoryStore:
         if self._path in ("", ":memory:") or self._path.startswith("file:"):
             raise ValueError(f"SqliteMemoryStore needs a database file path, got {self._path!r}")
         if not isinstance(token_family, str) or token_family not in estimator_families():
-            raise ValueError(
-                f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}"
-            )
+            raise ValueError(f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}")
         if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
             raise ValueError(f"readers must be an int >= 1, got {readers!r}")
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
-        for name, value in (("directive_cache_seconds", directive_cache_seconds),
-                            ("access_resolution_seconds", access_resolution_seconds)):
+        for name, value in (
+            ("directive_cache_seconds", directive_cache_seconds),
+            ("access_resolution_seconds", access_resolution_seconds),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         self._directives = DirectiveCache(float(directive_cache_seconds))
@@ -239,9 +260,11 @@ class SqliteMemoryStore:
             return True
         # No more rows than could fit (a scope of millions is not read whole to keep a few).
         room = self._cold_rows.rows_room()
-        rows = conn.execute(f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
-                            "ORDER BY memories.rowid DESC LIMIT ?",
-                            (scope.organization_id, scope.agent_id, room + 1)).fetchall()
+        rows = conn.execute(
+            f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
+            "ORDER BY memories.rowid DESC LIMIT ?",
+            (scope.organization_id, scope.agent_id, room + 1),
+        ).fetchall()
         return len(rows) <= room and self._cold_rows.fill(scope, version, rows)
 
     def journal_mode(self) -> str:
@@ -353,8 +376,18 @@ class SqliteMemoryStore:
         kind = "exact" if self._exact else "estimate"
 
         def write(conn: sqlite3.Connection) -> list[NewMemory]:
-            written = insert_batch(conn, batch, seen, counts, vectors, exact, family=self._family, kind=kind,
-                                   on_conflict=on_conflict, now=now)
+            written = insert_batch(
+                conn,
+                batch,
+                seen,
+                counts,
+                vectors,
+                exact,
+                family=self._family,
+                kind=kind,
+                on_conflict=on_conflict,
+                now=now,
+            )
             for d in directives:
                 write_directive(conn, d.organization_id, d.agent_id, d.text)
             return written
@@ -395,8 +428,9 @@ class SqliteMemoryStore:
             # generation is older), and every read from now on sees the new text.
             self._directives.invalidate()
 
-    def reembed(self, embedder: Embedder, *, batch: int = DEFAULT_BATCH,
-                progress: Callable[[int, int], None] | None = None) -> int:
+    def reembed(
+        self, embedder: Embedder, *, batch: int = DEFAULT_BATCH, progress: Callable[[int, int], None] | None = None
+    ) -> int:
         """Embed every memory again with `embedder` and make it the store's embedder.
 
         The new vectors go to a side table in one short write transaction per batch, so
@@ -421,12 +455,15 @@ class SqliteMemoryStore:
         with self._write_lock:
             w.execute("BEGIN IMMEDIATE")
             try:
-                w.execute("CREATE TABLE IF NOT EXISTS reembed_vectors (memory_rowid INTEGER PRIMARY KEY, "
-                          "embedding BLOB)")
+                w.execute(
+                    "CREATE TABLE IF NOT EXISTS reembed_vectors (memory_rowid INTEGER PRIMARY KEY, embedding BLOB)"
+                )
                 row = w.execute("SELECT value FROM meta WHERE key = 'reembed_to'").fetchone()
                 if row is not None and row[0] != embedder.name:
-                    raise MemoryStoreError(f"{self._path} is being re-embedded with {row[0]!r}: finish that run "
-                                           f"(`ctxcore memories reembed` with it) before {embedder.name!r}")
+                    raise MemoryStoreError(
+                        f"{self._path} is being re-embedded with {row[0]!r}: finish that run "
+                        f"(`ctxcore memories reembed` with it) before {embedder.name!r}"
+                    )
                 if row is None:
                     w.execute("DELETE FROM reembed_vectors")
                     w.execute("INSERT INTO meta VALUES ('reembed_to', ?)", (embedder.name,))
@@ -442,8 +479,9 @@ class SqliteMemoryStore:
                 last = w.execute("SELECT coalesce(max(memory_rowid), 0) FROM reembed_vectors").fetchone()[0]
                 total = int(w.execute("SELECT count(*) FROM memories").fetchone()[0])
                 done = int(w.execute("SELECT count(*) FROM reembed_vectors").fetchone()[0])
-                rows = w.execute("SELECT rowid, text FROM memories WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                                 (last, batch)).fetchall()
+                rows = w.execute(
+                    "SELECT rowid, text FROM memories WHERE rowid > ? ORDER BY rowid LIMIT ?", (last, batch)
+                ).fetchall()
             if rows:
                 vecs = embed_many(embedder, [r[1] for r in rows])
                 for v in vecs:
@@ -451,14 +489,17 @@ class SqliteMemoryStore:
                         if dim is None:
                             dim = v.size
                         elif v.size != dim:
-                            raise MemoryStoreError(f"embedder {embedder.name!r} returned {v.size} dimensions after "
-                                                   f"{dim}")
+                            raise MemoryStoreError(
+                                f"embedder {embedder.name!r} returned {v.size} dimensions after {dim}"
+                            )
             with self._write_lock:
                 w.execute("BEGIN IMMEDIATE")
                 try:
                     if rows:
-                        w.executemany("INSERT OR REPLACE INTO reembed_vectors VALUES (?, ?)",
-                                      [(r[0], None if v is None else v.tobytes()) for r, v in zip(rows, vecs)])
+                        w.executemany(
+                            "INSERT OR REPLACE INTO reembed_vectors VALUES (?, ?)",
+                            [(r[0], None if v is None else v.tobytes()) for r, v in zip(rows, vecs)],
+                        )
                     elif w.execute("SELECT 1 FROM memories WHERE rowid > ? LIMIT 1", (last,)).fetchone() is None:
                         self._swap_in(w, embedder, dim)
                         w.execute("COMMIT")
@@ -480,16 +521,20 @@ class SqliteMemoryStore:
         if dim is None:
             row = w.execute("SELECT embedding FROM reembed_vectors WHERE embedding IS NOT NULL LIMIT 1").fetchone()
             dim = None if row is None else len(row[0]) // 4
-        w.execute("UPDATE memories SET embedding = (SELECT r.embedding FROM reembed_vectors r "
-                  "WHERE r.memory_rowid = memories.rowid)")
+        w.execute(
+            "UPDATE memories SET embedding = (SELECT r.embedding FROM reembed_vectors r "
+            "WHERE r.memory_rowid = memories.rowid)"
+        )
         w.execute("INSERT OR REPLACE INTO meta VALUES ('embedder', ?)", (embedder.name,))
         if dim is None:
             w.execute("DELETE FROM meta WHERE key = 'embedding_dim'")
         else:
             w.execute("INSERT OR REPLACE INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
-        w.execute("UPDATE scopes SET version = version + 1, embedded = (SELECT count(*) FROM memories m "
-                  "WHERE m.organization_id = scopes.organization_id AND m.agent_id = scopes.agent_id "
-                  "AND m.embedding IS NOT NULL)")
+        w.execute(
+            "UPDATE scopes SET version = version + 1, embedded = (SELECT count(*) FROM memories m "
+            "WHERE m.organization_id = scopes.organization_id AND m.agent_id = scopes.agent_id "
+            "AND m.embedding IS NOT NULL)"
+        )
         w.execute("DELETE FROM meta WHERE key = 'reembed_to'")
         w.execute("DROP TABLE reembed_vectors")
 
@@ -583,7 +628,8 @@ class SqliteMemoryStore:
 
     def _vectors(self, batch: Sequence[NewMemory]) -> list[npt.NDArray[np.float32] | None]:
         out: list[npt.NDArray[np.float32] | None] = [
-            None if m.embedding is None else np.asarray(m.embedding, dtype=np.float32) for m in batch]
+            None if m.embedding is None else np.asarray(m.embedding, dtype=np.float32) for m in batch
+        ]
         todo = [i for i, m in enumerate(batch) if m.embedding is None]
         if self._embedder is not None and todo:
             # One batch call for the memories without an embedding (None: a featureless text).
@@ -612,8 +658,11 @@ class SqliteMemoryStore:
         ('Be brief.', None)
         """
         check_scope(scope)
-        return await self._directives.fetch(scope, lambda: self._run(self._directive_job, scope),
-                                            lambda: self._readers.submit(self._directive_job, scope))
+        return await self._directives.fetch(
+            scope,
+            lambda: self._run(self._directive_job, scope),
+            lambda: self._readers.submit(self._directive_job, scope),
+        )
 
     def directive_now(self, scope: Scope) -> str | None | Later:
         """`directive` from the store's directive cache, or `LATER` when it must be read
@@ -666,9 +715,7 @@ class SqliteMemoryStore:
         hot = self._hot_rows.get(scope, limit, version) if version is not None else None
         return None if hot is None else self._hot_batch(scope, query, hot)
 
-    async def cold(
-        self, scope: Scope, query: Query, limit: int, min_similarity: float
-    ) -> Sequence[MemoryRecord]:
+    async def cold(self, scope: Scope, query: Query, limit: int, min_similarity: float) -> Sequence[MemoryRecord]:
         """Each path's ranked list, one entry per memory with both signals: at most
         `limit` vector hits (cosine >= `min_similarity`, best first), then at most `limit`
         full-text hits (BM25, best first, then newest first) the vector path did not
@@ -722,7 +769,8 @@ class SqliteMemoryStore:
         read or rebuilt first, or the database is busy: a reader thread reads it."""
         try:
             return self._readers.quick(
-                lambda conn: self._cold_job(conn, Job(), scope, query, limit, min_similarity, here=True))
+                lambda conn: self._cold_job(conn, Job(), scope, query, limit, min_similarity, here=True)
+            )
         except (_HandOff, Busy, sqlite3.OperationalError, sqlite3.ProgrammingError):
             return None
 
@@ -784,8 +832,9 @@ class SqliteMemoryStore:
         if row is None:  # nothing was ever written to the scope
             return rows_to_batch(scope, [], [], np.empty(0))
         version = int(row[0])
-        text_hits, text_scores = fulltext.search(conn, job, scope, query.text, limit, self._df,
-                                                 (int(row[1]), int(row[0])))
+        text_hits, text_scores = fulltext.search(
+            conn, job, scope, query.text, limit, self._df, (int(row[1]), int(row[0]))
+        )
         job.check()
         vector_hits: list[tuple[int, float]] = []
         text_sims: list[float | None] = [None] * len(text_hits)
@@ -818,9 +867,16 @@ class SqliteMemoryStore:
             self._cold_rows.put(scope, version, fetched)
             rows.update((row[0], row) for row in fetched)
         found = [(rows[m[0]], m) for m in merged if m[0] in rows]  # a row gone since is not returned
-        return cold_batch(scope, [row for row, _ in found], [m[3] for _, m in found], [m[1] for _, m in found],
-                          [m[2] for _, m in found], vector_stats=vector_stats, text_scores=text_scores,
-                          in_scope=int(row[1]))
+        return cold_batch(
+            scope,
+            [row for row, _ in found],
+            [m[3] for _, m in found],
+            [m[1] for _, m in found],
+            [m[2] for _, m in found],
+            vector_stats=vector_stats,
+            text_scores=text_scores,
+            in_scope=int(row[1]),
+        )
 
     # ---- lifecycle (ctxcore.memory.MemoryLifecycle) ----------------------------------------
 
@@ -956,8 +1012,10 @@ class SqliteMemoryStore:
     def _write_error(self, exc: sqlite3.Error) -> MemoryStoreError:
         """What a failed write says: the database and SQLite's reason."""
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            return MemoryStoreError(f"{self._path}: the database stayed locked by another writer for "
-                                    f"{BUSY_TIMEOUT_MS / 1000:g} s; nothing was written")
+            return MemoryStoreError(
+                f"{self._path}: the database stayed locked by another writer for "
+                f"{BUSY_TIMEOUT_MS / 1000:g} s; nothing was written"
+            )
         return MemoryStoreError(f"{self._path}: the write failed and nothing was written ({type(exc).__name__}: {exc})")
 
     def delete(self, scope: Scope, ids: Iterable[str]) -> int:
@@ -977,8 +1035,11 @@ class SqliteMemoryStore:
             return 0
 
         def run(conn: sqlite3.Connection) -> int:
-            return remove_where(conn, "id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
-                                (json.dumps(wanted), scope.organization_id, scope.agent_id))
+            return remove_where(
+                conn,
+                "id IN (SELECT value FROM json_each(?)) AND organization_id = ? AND agent_id = ?",
+                (json.dumps(wanted), scope.organization_id, scope.agent_id),
+            )
 
         return self._write(run)
 
@@ -1060,8 +1121,11 @@ class SqliteMemoryStore:
             if new_vec is not None:
                 dim = stored_dim(conn)
                 if dim is not None and new_vec.size != dim:
-                    raise InvalidMemory(f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's "
-                                        f"have {dim}", -1, memory_id)
+                    raise InvalidMemory(
+                        f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have {dim}",
+                        -1,
+                        memory_id,
+                    )
                 if dim is None:
                     conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(new_vec.size),))
             if text is not None or embedding is not None:
@@ -1076,8 +1140,24 @@ class SqliteMemoryStore:
             # A new rowid: the row leaves every cached embedding matrix of the scope (they
             # are rebuilt), and its new vector is read like any new memory's.
             remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
-            insert_memory(conn, (memory_id, scope.organization_id, scope.agent_id, old_text, blob, conf, imp,
-                                 created, accessed, tokens, family, kind, stored_exact))
+            insert_memory(
+                conn,
+                (
+                    memory_id,
+                    scope.organization_id,
+                    scope.agent_id,
+                    old_text,
+                    blob,
+                    conf,
+                    imp,
+                    created,
+                    accessed,
+                    tokens,
+                    family,
+                    kind,
+                    stored_exact,
+                ),
+            )
             conn.execute(
                 "UPDATE scopes SET memories = memories + 1, embedded = embedded + ? "
                 "WHERE organization_id = ? AND agent_id = ?",
@@ -1126,11 +1206,15 @@ class SqliteMemoryStore:
         """
         self._check_open()
         check_scope(scope)
-        rows = self._readers.connection().execute(
-            f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
-            "ORDER BY created_at, memories.rowid",
-            (scope.organization_id, scope.agent_id),
-        ).fetchall()
+        rows = (
+            self._readers.connection()
+            .execute(
+                f"SELECT {MEMORY_COLUMNS} FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
+                "ORDER BY created_at, memories.rowid",
+                (scope.organization_id, scope.agent_id),
+            )
+            .fetchall()
+        )
         return rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), np.full(len(rows), np.nan))
 
     def stats(self, organization_id: str | None = None) -> StoreStats:
@@ -1150,11 +1234,13 @@ class SqliteMemoryStore:
         conn = self._readers.connection()
         rows = conn.execute(
             "SELECT organization_id, agent_id, count(*), count(embedding), sum(token_count) FROM memories "
-            f"{where} GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id", args
+            f"{where} GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id",
+            args,
         ).fetchall()
         (directives,) = conn.execute(f"SELECT count(*) FROM directives {where}", args).fetchone()
-        return StoreStats(tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in rows),
-                          int(directives))
+        return StoreStats(
+            tuple(ScopeStats(o, a, int(n), int(e), int(t or 0)) for o, a, n, e, t in rows), int(directives)
+        )
 
 
 def _roll_back(conn: sqlite3.Connection) -> None:
@@ -1163,4 +1249,3 @@ def _roll_back(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-

@@ -41,8 +41,9 @@ class Matrix:
         return int(self.rowids.nbytes + self.vectors.nbytes)
 
 
-def nearest(mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, limit: int,
-            also: Sequence[int] = ()) -> tuple[list[tuple[int, float]], list[float | None], tuple[float, float]]:
+def nearest(
+    mat: Matrix, qv: npt.NDArray[np.float32], min_similarity: float, limit: int, also: Sequence[int] = ()
+) -> tuple[list[tuple[int, float]], list[float | None], tuple[float, float]]:
     """(rowid, cosine) of the rows of `mat` with cosine >= `min_similarity` to `qv`, best
     first (ties: lower rowid first), at most `limit`; the cosine of each rowid of `also`
     (None for one without a row in `mat`); and the mean and standard deviation of the

@@ -31,8 +31,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -73,9 +73,9 @@ inline constexpr unsigned kMaxPairBits = 24;
 // a token, repeated, at least one, and so does an ASCII control character other than tab,
 // CR and LF (each is its own token). An ASCII character (digits aside) that repeats the one
 // before it costs at least a token over the longest run of it the vocabulary holds as one
-// token (its "words" list carries those runs): 395 "&" are 198 tokens, 377 "q" 189. ASCII digits cost one word price for the first digit of
-// every group of three (the patterns cut numbers so, and every group is one token). With mode kNoWords, or without a
-// vocabulary, the estimator is the plain pair model.
+// token (its "words" list carries those runs): 395 "&" are 198 tokens, 377 "q" 189. ASCII digits cost one word price
+// for the first digit of every group of three (the patterns cut numbers so, and every group is one token). With mode
+// kNoWords, or without a vocabulary, the estimator is the plain pair model.
 
 // Code-point classes, as the pre-tokenizer patterns distinguish them.
 enum CharClass : std::uint8_t {
@@ -102,26 +102,26 @@ enum WordMode : unsigned { kNoWords = 0, kWordsCl100k = 1, kWordsO200k = 2 };
 
 struct WordModel {
   unsigned mode = kNoWords;
-  std::vector<std::uint8_t> classes;  // kClassLimit entries
-  std::vector<std::uint32_t> table;   // open-addressed fingerprints of the words, 0 = empty
-  std::string sorted;                 // the words, UTF-8, sorted bytewise, back to back
-  std::vector<std::uint32_t> offsets; // word k is sorted[offsets[k], offsets[k + 1])
-  std::vector<std::uint64_t> single;  // bit per code point below kClassLimit: a token by itself
-  std::vector<std::uint8_t> run_max;  // 128 entries: longest vocabulary run of one ASCII character
-  std::size_t max_word = 0;           // longest word, in code points
-  std::uint32_t cost = 0;             // cost units of a word found in the vocabulary
+  std::vector<std::uint8_t> classes;   // kClassLimit entries
+  std::vector<std::uint32_t> table;    // open-addressed fingerprints of the words, 0 = empty
+  std::string sorted;                  // the words, UTF-8, sorted bytewise, back to back
+  std::vector<std::uint32_t> offsets;  // word k is sorted[offsets[k], offsets[k + 1])
+  std::vector<std::uint64_t> single;   // bit per code point below kClassLimit: a token by itself
+  std::vector<std::uint8_t> run_max;   // 128 entries: longest vocabulary run of one ASCII character
+  std::size_t max_word = 0;            // longest word, in code points
+  std::uint32_t cost = 0;              // cost units of a word found in the vocabulary
 };
 
 // The calibrated parameters of one tokenizer family.
 struct EstimatorParams {
-  unsigned pair_bits = 0;                  // pair_entries has 2^pair_bits entries
-  std::vector<std::uint16_t> latin_costs;  // kLatinPairs entries: cost units, or kUnseenPair
-  std::vector<std::uint32_t> pair_entries; // (tag << 16) | cost units
-  std::vector<std::uint16_t> block_costs;  // kBlocks entries, cost units
-  double scale = 1.0;                      // >= 0
-  double spread = 0.0;                     // >= 0
-  double word_scale = 1.0;                 // >= 0: the factor on whole vocabulary words
-  WordModel words;                         // optional (mode kNoWords: none)
+  unsigned pair_bits = 0;                   // pair_entries has 2^pair_bits entries
+  std::vector<std::uint16_t> latin_costs;   // kLatinPairs entries: cost units, or kUnseenPair
+  std::vector<std::uint32_t> pair_entries;  // (tag << 16) | cost units
+  std::vector<std::uint16_t> block_costs;   // kBlocks entries, cost units
+  double scale = 1.0;                       // >= 0
+  double spread = 0.0;                      // >= 0
+  double word_scale = 1.0;                  // >= 0: the factor on whole vocabulary words
+  WordModel words;                          // optional (mode kNoWords: none)
 };
 
 // A text's raw cost in cost units, and the part of it priced as whole vocabulary words
@@ -133,9 +133,9 @@ struct RawCost {
 };
 
 // Sets `params.words`: mode, the class of every code point below kClassLimit, the vocabulary
-// words as UTF-8 separated by NUL bytes (a word never holds U+0000), and the cost of a word found there (cost units, at most
-// 64 tokens). Throws std::invalid_argument naming what is wrong (mode, class table size or
-// values, a word that is empty or not valid UTF-8, the cost).
+// words as UTF-8 separated by NUL bytes (a word never holds U+0000), and the cost of a word found there (cost units, at
+// most 64 tokens). Throws std::invalid_argument naming what is wrong (mode, class table size or values, a word that is
+// empty or not valid UTF-8, the cost).
 void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t> classes, std::string_view words_utf8,
                std::uint32_t cost);
 
@@ -194,8 +194,7 @@ std::int64_t finish_estimate(RawCost raw, bool nonempty, const EstimatorParams& 
 std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& params);
 
 // The estimates for many UTF-8 texts, written to out[0 .. texts.size).
-void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params,
-                           std::int64_t* out);
+void estimate_tokens_batch(View<std::string_view> texts, const EstimatorParams& params, std::int64_t* out);
 
 // The estimate for code points in fixed-width units; same result as the UTF-8 form.
 std::int64_t estimate_tokens(const CodePoints& text, const EstimatorParams& params) noexcept;

@@ -53,8 +53,7 @@ enum class PieceKind : std::uint8_t {
 // item's position in its section (or -1); `item_id` a memory's id when it has one.
 class InvalidFormatInput : public std::invalid_argument {
  public:
-  InvalidFormatInput(const std::string& message, FormatSection section, std::int64_t index,
-                     std::string item_id = {})
+  InvalidFormatInput(const std::string& message, FormatSection section, std::int64_t index, std::string item_id = {})
       : std::invalid_argument(message), section_(section), index_(index), item_id_(std::move(item_id)) {}
   FormatSection section() const noexcept { return section_; }
   std::int64_t index() const noexcept { return index_; }
@@ -84,11 +83,12 @@ struct Memory {
 };
 
 struct FormatInput {
-  std::string_view directive;  // operator text, written as given (illegal characters replaced); empty: no section
-  View<Message> history;       // empty: no section
-  View<Memory> memories;       // empty: no section (unless FormatOptions::memories_frame)
-  std::string_view tools_json; // JSON text of the tool schemas; empty: no section
-  std::string_view nonce;      // verbose: >= kMinNonceHexDigits lowercase hex digits; compact: >= kMinCompactNonceDigits decimal digits
+  std::string_view directive;   // operator text, written as given (illegal characters replaced); empty: no section
+  View<Message> history;        // empty: no section
+  View<Memory> memories;        // empty: no section (unless FormatOptions::memories_frame)
+  std::string_view tools_json;  // JSON text of the tool schemas; empty: no section
+  std::string_view
+      nonce;  // verbose: >= kMinNonceHexDigits lowercase hex digits; compact: >= kMinCompactNonceDigits decimal digits
 };
 
 // How memory elements are written. Values are stable: the Python layer mirrors them.
