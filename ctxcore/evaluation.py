@@ -483,9 +483,9 @@ def evaluate_sync(store: Any, labels: Sequence[Label], **kw: Any) -> EvalReport:
 def plot_recall(report: EvalReport, path: str | Path) -> Path:
     """Draw evidence recall against spend, one line per system, to `path` (.png, .svg
     or .pdf; matplotlib)."""
-    from .benchmarking.plots import _figure, _save
+    from .benchmarking.plots import new_figure, save_figure
 
-    fig, fmt = _figure(path, 6.4, 4.2)
+    fig, fmt = new_figure(path, 6.4, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     for system in SYSTEMS:
         pts = [(s.budget, s.recall) for s in report.scores if s.system == system]
@@ -501,4 +501,4 @@ def plot_recall(report: EvalReport, path: str | Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title(f"evidence recall at equal spend ({report.labels} labels)")
-    return _save(fig, path, fmt)
+    return save_figure(fig, path, fmt)

@@ -245,9 +245,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         if args.plot:
-            from .plots import _figure
+            from .plots import new_figure
 
-            _figure(args.plot, 1, 1)  # a bad suffix or a missing matplotlib fails before measuring
+            new_figure(args.plot, 1, 1)  # a bad suffix or a missing matplotlib fails before measuring
         results = _measure(args)
     except (UsageError, WorkloadError, GateUsageError, PlotError, UnknownModel) as exc:
         sys.stderr.write(f"ctxcore bench: error: {exc}\n")

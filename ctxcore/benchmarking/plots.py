@@ -29,7 +29,7 @@ class PlotError(ValueError):
     """A plot that cannot be drawn: matplotlib missing, or an unsupported file suffix."""
 
 
-def _figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
+def new_figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
     suffix = Path(path).suffix.lower()
     if suffix not in PLOT_FORMATS:
         raise PlotError(f"cannot write a plot as {Path(path).name!r}: the file must end in {', '.join(PLOT_FORMATS)}")
@@ -43,7 +43,7 @@ def _figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:
     return fig, suffix[1:]
 
 
-def _save(fig: Any, path: str | Path, fmt: str) -> Path:
+def save_figure(fig: Any, path: str | Path, fmt: str) -> Path:
     import matplotlib
 
     out = Path(path)
@@ -75,7 +75,7 @@ def plot_latency(results: Sequence[StageResult], path: str | Path, *, title: str
     """
     if not results:
         raise PlotError("nothing to plot: no stage was measured")
-    fig, fmt = _figure(path, 10.0, 3.0 * len(results) + 0.4)
+    fig, fmt = new_figure(path, 10.0, 3.0 * len(results) + 0.4)
     axes = fig.subplots(len(results), 2, squeeze=False)
     for (hist, pct), r in zip(axes, results):
         ms = np.sort(np.asarray(r.times, dtype=np.float64) * 1e3)
@@ -126,7 +126,7 @@ def plot_latency(results: Sequence[StageResult], path: str | Path, *, title: str
         pct.legend(fontsize=8, frameon=False, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=11)
-    return _save(fig, path, fmt)
+    return save_figure(fig, path, fmt)
 
 
 #: The budget's parts in the order the bar draws them.
@@ -162,7 +162,7 @@ def plot_budget(ctx: Any, path: str | Path) -> Path:
     used = ctx.pack.tokens_used if ctx.pack is not None else 0
     parts = budget_segments(budget, used)
     colors = [c for _, _, c in _SEGMENTS] + ["#55A868", "#EAEAF2"]
-    fig, fmt = _figure(path, 10.0, 2.6)
+    fig, fmt = new_figure(path, 10.0, 2.6)
     ax = fig.subplots()
     left = 0
     for (label, tokens), color in zip(parts, colors):
@@ -180,4 +180,4 @@ def plot_budget(ctx: Any, path: str | Path) -> Path:
         fontsize=10,
     )
     ax.legend(ncol=4, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.35))
-    return _save(fig, path, fmt)
+    return save_figure(fig, path, fmt)
