@@ -199,7 +199,7 @@ def test_grouped_pack_vs_numpy_mckp(timed: Timed, budget: int) -> None:
     ref = timed(lambda: numpy_mckp(tokens, scores, groups, budget), rounds=5, warmup=1)
     optimum = numpy_mckp(tokens, scores, groups, budget)
     # The shortcut: each group's best-scored member only, then the ungrouped packer.
-    best_of_group = {}
+    best_of_group: dict[int, int] = {}
     for i in np.argsort(-scores, kind="stable").tolist():
         best_of_group.setdefault(int(groups[i]) if groups[i] >= 0 else -1 - i, i)
     keep = np.array(sorted(best_of_group.values()))

@@ -32,8 +32,8 @@ def generate(proto_root: Path, out: Path) -> dict[str, str]:
     """Run protoc on ``proto_root/PROTO`` into `out`; return {relative path: text}."""
     # grpcio-tools ships no type hints (no py.typed marker, no stubs package); mypy reports
     # that at the module's first import.
-    import grpc_tools
-    from grpc_tools import protoc  # type: ignore[import-untyped]
+    import grpc_tools  # type: ignore[import-untyped]
+    from grpc_tools import protoc
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [
