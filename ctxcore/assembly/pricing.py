@@ -165,38 +165,56 @@ _HANDLES = _HandleCosts()
 
 
 class _IdCosts:
-    """Exact counts of the verbose id unit ``I = ' id="ID"'`` by family and id, bounded:
-    a store's count is ``I + B`` of the verbose rendering, so the compact rendering's body
-    unit is that count less ``I`` (ids repeat across a scope's requests)."""
+    """Exact counts of the verbose id unit ``I = ' id="ID"'`` by family and id: a store's
+    count is ``I + B`` of the verbose rendering, so the compact rendering's body unit is
+    that count less ``I``. Ids repeat across a scope's requests, so they are kept in two
+    generations of at most `capacity` ids each (a full young generation becomes the old
+    one, the previous old one is dropped; a hit in the old one moves back), never cleared
+    all at once. Thread-safe: lookups read dicts; writes and rotations take the lock."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._data: dict[str, dict[str, int]] = {}
+        self._young: dict[str, dict[str, int]] = {}
+        self._old: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
 
     def costs(self, family: str, ids: Sequence[str]) -> npt.NDArray[np.int64]:
-        known = self._data.get(family, {})
-        got = [known.get(i, -1) for i in ids]
+        young = self._young.get(family, {})
+        old = self._old.get(family, {})
+        got = [young.get(i, -1) for i in ids]
         missing = [k for k, v in enumerate(got) if v < 0]
-        if missing:
-            new_ids = list(dict.fromkeys(ids[k] for k in missing))
+        if not missing:
+            return np.array(got, dtype=np.int64)
+        promoted = {ids[k]: old[ids[k]] for k in missing if ids[k] in old}
+        for k in missing:
+            if ids[k] in promoted:
+                got[k] = promoted[ids[k]]
+        new_ids = list(dict.fromkeys(ids[k] for k in missing if got[k] < 0))
+        counted: dict[str, int] = {}
+        if new_ids:
             units = memory_units(new_ids, [""] * len(new_ids))[0::2]
             counted = dict(zip(new_ids, count_exact_batch(units, family).tolist()))
             for k in missing:
-                got[k] = counted[ids[k]]
-            with self._lock:
-                table = self._data.setdefault(family, {})
-                if len(table) + len(counted) > self._capacity:
-                    table.clear()
-                table.update(counted)
+                if got[k] < 0:
+                    got[k] = counted[ids[k]]
+        with self._lock:
+            table = self._young.setdefault(family, {})
+            if len(table) + len(promoted) + len(counted) > self._capacity:
+                self._old[family] = table
+                table = self._young[family] = {}
+            table.update(promoted)
+            table.update(counted)
         return np.array(got, dtype=np.int64)
 
     def clear(self) -> None:
         with self._lock:
-            self._data.clear()
+            self._young.clear()
+            self._old.clear()
 
 
-_IDS = _IdCosts(COUNT_CACHE_ENTRIES)
+#: Store ids whose verbose id unit count is kept, per generation (two generations).
+ID_COST_ENTRIES = 1 << 17
+_IDS = _IdCosts(ID_COST_ENTRIES)
 _COMPACT = FORMAT_CODES["compact"]
 #: The count cache's family key suffix for compact body units.
 _COMPACT_KEY = "\x00compact"
