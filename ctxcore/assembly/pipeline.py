@@ -161,25 +161,13 @@ async def assemble(
     for b in retrieved.branches:
         if b.status in (BranchStatus.TIMEOUT, BranchStatus.ERROR):
             reasons.append(f"{b.branch.value}_{b.status.value}")
-    if reranker is None:
-        return await _in(
-            executor,
-            _finish,
-            request,
-            plan,
-            retrieved,
-            cfg,
-            scoring_config,
-            weights,
-            reasons,
-            deadline,
-            t_start,
-            t_retrieved,
-        )
-    scored = await _in(executor, _score, request, retrieved, plan, scoring_config, weights)
-    record = await _rerank(reranker, request, scored, cfg, deadline)
-    if record.status is not RerankStatus.OK:
-        reasons.append(f"rerank_{record.status.value}")
+    scored: _Scored | None = None
+    record: RerankRecord | None = None
+    if reranker is not None:
+        scored = await _in(executor, _score, request, retrieved, plan, scoring_config, weights)
+        record = await _rerank(reranker, request, scored, cfg, deadline)
+        if record.status is not RerankStatus.OK:
+            reasons.append(f"rerank_{record.status.value}")
     return await _in(
         executor,
         _finish,
