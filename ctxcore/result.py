@@ -102,7 +102,9 @@ class TraceEntry:
             left out uncounted, `Pricing.APPROXIMATE`).
         pricing: how `tokens` was obtained (`Pricing`); empty when it never reached pricing.
         signal: under the fused value model, the signal that contributed most to its
-            relevance (``fulltext`` or ``vector``), or ``pinned`` for a pinned memory;
+            relevance (``fulltext``, ``vector``, ``recency``, or ``context`` when the
+            memories created next to it matched more than it did), or ``pinned`` for a
+            pinned memory;
             empty under the other formulas or when it never reached scoring.
     """
 

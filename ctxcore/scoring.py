@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -34,7 +34,10 @@ from .memory import FULLTEXT_RELEVANCE_SENTINEL
 
 __all__ = [
     "COMPONENTS",
+    "CONTEXT_SPAN",
     "DEFAULT_ABSOLUTE_FLOOR",
+    "DEFAULT_CONTEXT_WEIGHT",
+    "DEFAULT_CONTEXT_WINDOW_S",
     "DEFAULT_IMPORTANCE_WEIGHT",
     "DEFAULT_RECENCY_WEIGHT",
     "DEFAULT_RELATIVE_FLOOR",
@@ -43,6 +46,7 @@ __all__ = [
     "SIGNALS",
     "FusionMethod",
     "ValueModel",
+    "context_boost",
     "fuse",
     "value_scores",
     "DEFAULT_MIN_SIMILARITY",
@@ -386,8 +390,18 @@ DEFAULT_ABSOLUTE_FLOOR = 0.01
 DEFAULT_RECENCY_WEIGHT = 0.1
 #: Importance's factor is ``1 - w + w * importance`` (1 when a memory has none).
 DEFAULT_IMPORTANCE_WEIGHT = 0.5
-#: Signals a fused relevance combines, in a fixed order, and why a selected memory is in.
-SIGNALS = ("fulltext", "vector", "recency")
+#: The conversational-context signal: a memory created next to a strong match (within
+#: `DEFAULT_CONTEXT_WINDOW_S` of it, at most `CONTEXT_SPAN` candidates away on each side
+#: in creation order) gains this share of that match's relevance, divided by its distance.
+#: A conversation stored one turn per memory answers a question across neighbouring turns
+#: (the question, the reply that holds the answer, the follow-up that dates it); small
+#: enough that a neighbour never outranks a match of its own (docs/quality.md).
+DEFAULT_CONTEXT_WEIGHT = 0.3
+DEFAULT_CONTEXT_WINDOW_S = 1800.0
+CONTEXT_SPAN = 2
+#: Signals a fused relevance combines, in a fixed order, and why a selected memory is in
+#: ("context": its neighbours in the conversation matched more than it did).
+SIGNALS = ("fulltext", "vector", "recency", "context")
 
 
 class FusionMethod(enum.StrEnum):
@@ -422,8 +436,12 @@ class ValueModel:
     ``0.5 ** (age_days / recency_half_life_days)`` when a half-life is set, else 1. The
     packer keeps the rank-order packing of these values (best first, each memory that
     still fits) unless the knapsack's optimum is worth more than `rank_tolerance` above
-    it (0: the knapsack's optimum always). A candidate is dropped when its relevance is below `absolute_floor` or below
-    `relative_floor` times the best relevance of the request. (`ScoringConfig`'s
+    it (0: the knapsack's optimum always). Before the value, each candidate's relevance
+    gains `context_weight` times the relevance of the candidates created next to it (at
+    most `CONTEXT_SPAN` on each side in creation order, within `context_window_s` seconds),
+    divided by the distance (`context_boost`); 0 turns it off. A candidate is dropped when
+    its relevance is below `absolute_floor` or below `relative_floor` times the best
+    relevance of the request. (`ScoringConfig`'s
     relevance floor is the interim and weighted formulas' floor on similarity.)
 
     >>> ValueModel().record()["fusion"]
@@ -448,6 +466,8 @@ class ValueModel:
     temperature: float = DEFAULT_TEMPERATURE
     z_cap: float = DEFAULT_Z_CAP
     rank_tolerance: float = DEFAULT_RANK_TOLERANCE
+    context_weight: float = DEFAULT_CONTEXT_WEIGHT
+    context_window_s: float = DEFAULT_CONTEXT_WINDOW_S
 
     def __post_init__(self) -> None:
         try:
@@ -459,7 +479,15 @@ class ValueModel:
         object.__setattr__(self, "rrf_k", _weight("rrf_k", self.rrf_k, positive=True))
         object.__setattr__(self, "temperature", _weight("temperature", self.temperature, positive=True))
         object.__setattr__(self, "z_cap", _weight("z_cap", self.z_cap, positive=True))
-        for name in ("fulltext_weight", "vector_weight", "recency_weight", "sharpness", "confidence_exponent"):
+        object.__setattr__(self, "context_window_s", _weight("context_window_s", self.context_window_s, positive=True))
+        for name in (
+            "fulltext_weight",
+            "vector_weight",
+            "recency_weight",
+            "sharpness",
+            "confidence_exponent",
+            "context_weight",
+        ):
             object.__setattr__(self, name, _weight(name, getattr(self, name)))
         if self.fulltext_weight + self.vector_weight + self.recency_weight == 0:
             raise ConfigError("fulltext_weight, vector_weight and recency_weight may not all be 0")
@@ -496,6 +524,8 @@ class ValueModel:
             "temperature": self.temperature,
             "z_cap": self.z_cap,
             "rank_tolerance": self.rank_tolerance,
+            "context_weight": self.context_weight,
+            "context_window_s": self.context_window_s,
         }
 
 
@@ -628,6 +658,78 @@ def fuse(
     relevance = np.clip(total / top, 0.0, 1.0)
     dominant = np.where(total > 0, np.argmax(parts, axis=0), -1).astype(np.int64)
     return relevance, dominant
+
+
+def context_boost(
+    relevance: Any,
+    created_at: Any,
+    ids: Sequence[str] | None = None,
+    *,
+    weight: float = DEFAULT_CONTEXT_WEIGHT,
+    window_s: float = DEFAULT_CONTEXT_WINDOW_S,
+) -> tuple[FloatArray, FloatArray]:
+    """Relevance with the conversational-context signal added, and the part it added.
+
+    The candidates with a creation time are put in creation order (one place per memory
+    id, holding its best relevance). A candidate gains ``weight * relevance / d`` from
+    each candidate ``d`` places away (``d <= CONTEXT_SPAN``) created within `window_s`
+    seconds of it. The result is rescaled so the best relevance stays what it was:
+    the signal reorders, it never inflates. Candidates without a creation time neither
+    give nor gain.
+
+    Args:
+        relevance: fused relevance per candidate, in [0, 1].
+        created_at: creation time per candidate (seconds), NaN where unknown.
+        ids: the memory id of each candidate, where one memory may be several rows
+            (found by several retrieval paths); None: every row is its own memory.
+        weight: the share of a neighbour's relevance a candidate gains (0: none).
+        window_s: neighbours created further apart than this give nothing.
+
+    >>> rel, add = context_boost([1.0, 0.0, 0.2], [0.0, 10.0, 5000.0])
+    >>> [round(x, 3) for x in rel.tolist()], [round(x, 3) for x in add.tolist()]
+    ([1.0, 0.3, 0.2], [0.0, 0.3, 0.0])
+    """
+    rel = np.asarray(relevance, dtype=np.float64)
+    t = np.asarray(created_at, dtype=np.float64)
+    if rel.ndim != 1 or t.shape != rel.shape:
+        raise ValueError("relevance and created_at must be 1-D arrays of one length")
+    n = rel.shape[0]
+    added = np.zeros(n)
+    if weight <= 0 or n < 2:
+        return rel.copy(), added
+    known = np.flatnonzero(~np.isnan(t))
+    if known.size < 2:
+        return rel.copy(), added
+    if ids is None or len(set(ids)) == n:
+        slot = np.arange(known.size)
+        best, when = rel[known], t[known]
+    else:
+        first: dict[str, int] = {}
+        slot = np.fromiter((first.setdefault(ids[i], len(first)) for i in known.tolist()), np.int64, known.size)
+        best = np.zeros(int(slot.max()) + 1)
+        when = np.zeros(best.shape[0])
+        np.maximum.at(best, slot, rel[known])
+        when[slot] = t[known]
+    m = best.shape[0]
+    order = np.argsort(when, kind="stable")
+    r, w = best[order], when[order]
+    gain = np.zeros(m)
+    for d in range(1, CONTEXT_SPAN + 1):
+        if d >= m:
+            break
+        close = (w[d:] - w[:-d]) <= window_s
+        gain[d:] += np.where(close, r[:-d], 0.0) / d
+        gain[:-d] += np.where(close, r[d:], 0.0) / d
+    boost = np.zeros(m)
+    boost[order] = weight * gain
+    added[known] = boost[slot]
+    out = rel + added
+    top = float(out.max())
+    if top > 0:
+        scale = float(rel.max()) / top
+        out *= scale
+        added *= scale
+    return out, added
 
 
 def value_scores(

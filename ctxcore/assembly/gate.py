@@ -21,6 +21,7 @@ from ..scoring import (
     ScoreWeights,
     ScoringConfig,
     ValueModel,
+    context_boost,
     fuse,
     score_candidates,
     value_scores,
@@ -211,6 +212,12 @@ def _fused(
     relevance, dominant = fuse(
         cols.similarity, cols.fulltext, fulltext=is_fulltext, recency=recency, model=model, reference=cols.reference
     )
+    if model.context_weight > 0:
+        own = relevance
+        relevance, added = context_boost(
+            own, cols.created_at, cols.ids, weight=model.context_weight, window_s=model.context_window_s
+        )
+        dominant = np.where(added > own, SIGNALS.index("context"), dominant)
     age = (now - cols.created_at) / 86400.0
     scores = value_scores(relevance, cols.confidence, importance=cols.importance, age_days=age, model=model)
     best = float(relevance.max()) if relevance.size else 0.0
