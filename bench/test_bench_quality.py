@@ -1,14 +1,15 @@
 """Evidence recall at equal spend: ctxcore's defaults against the baselines a user would
 otherwise write, on a generated conversational corpus (bench/quality_corpus.py: dated
 sessions, paraphrased questions, multi-hop questions, updated facts and distractors),
-two seeds, a WordLlama store (the `wordllama` extra).
+two seeds of twelve conversations each, a WordLlama store (the `wordllama` extra).
 
 Reference, in the same run and at the same spend: BM25, the embedder alone, their
 reciprocal-rank fusion and recency (`ctxcore.evaluation`), each charged its memories'
 text plus one token per memory, while ctxcore is charged its whole rendered memories
-section. Gate, per seed and spend: ctxcore's recall is at least `QUALITY_FLOOR` times the
-best baseline's, a regression floor below the goal of 1.0x (docs/quality.md gives the
-measured ratios and where the gap is).
+section. Gate, per seed and spend: ctxcore's recall is at least the best baseline's
+(`QUALITY_FLOOR`, 1.0x; docs/quality.md gives the measured ratios). The branches get
+generous timeouts and no assembly may degrade: the gate measures what the context holds,
+the latency gates measure how fast it is built.
 """
 
 from __future__ import annotations
@@ -23,25 +24,36 @@ from quality_corpus import generate
 pytest.importorskip("wordllama")
 pytest.importorskip("bm25s")
 
+from ctxcore import AssemblyConfig
 from ctxcore.evaluation import Label, evaluate
 from ctxcore.stores import NewMemory, SqliteMemoryStore, WordLlamaEmbedder
 
 SEEDS = (1, 2)
 SPENDS = (256, 512, 1024)
 #: ctxcore's recall / the best baseline's, at least (per seed and spend).
-QUALITY_FLOOR = 0.6
+QUALITY_FLOOR = 1.0
+CONVERSATIONS = 12
+#: Timeouts that a loaded CI machine cannot hit on a local SQLite file.
+GENEROUS = AssemblyConfig(
+    client_timeout_ms=5000,
+    server_deadline_ms=4000,
+    directive_timeout_ms=1000,
+    hot_timeout_ms=1000,
+    cold_timeout_ms=1000,
+)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_evidence_recall_against_the_baselines(seed: int, tmp_path: Path) -> None:
     logging.getLogger("bm25s").setLevel(logging.WARNING)
-    corpus = generate(seed)
+    corpus = generate(seed, conversations=CONVERSATIONS)
     labels = [Label.parse(doc, line=i + 1) for i, doc in enumerate(corpus.labels)]
     with SqliteMemoryStore(str(tmp_path / "quality.db"), embedder=WordLlamaEmbedder()) as store:
         store.add_many([NewMemory(**m) for m in corpus.memories])  # type: ignore[arg-type]
-        report = asyncio.run(evaluate(store, labels, budgets=SPENDS))
+        report = asyncio.run(evaluate(store, labels, budgets=SPENDS, config=GENEROUS))
     print(f"\nseed {seed}: {len(corpus.memories)} memories, {len(labels)} labels\n{report.table()}")
     assert report.missing_evidence == 0
+    assert report.degraded == 0
     for spend in SPENDS:
         mine, best = report.score("ctxcore", spend), report.best_baseline(spend)
         assert mine.spent <= spend

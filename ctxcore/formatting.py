@@ -14,6 +14,8 @@ and the packer's budget still holds once tags and joins are added.
 from __future__ import annotations
 
 import enum
+import functools
+import importlib.resources
 import json
 import numbers
 import operator
@@ -32,17 +34,21 @@ from .tokens import estimator_for
 
 __all__ = [
     "COMPACT_NONCE_DIGITS",
+    "COMPACT_NONCE_WORDS",
     "COMPACT_SAFETY_SENTENCE",
     "MEMORY_ATTRIBUTES",
     "MEMORY_FORMATS",
     "MIN_NONCE_HEX_DIGITS",
     "NONCE_BYTES",
+    "NONCE_WORD_COUNT",
     "SAFETY_SENTENCE",
     "FormattedContext",
     "FormatterOverhead",
     "FormatSection",
     "format_context",
     "formatter_overhead",
+    "new_nonce",
+    "nonce_words",
 ]
 
 #: Random bytes in a generated nonce. From the design: "128 random bits as hex, from
@@ -53,10 +59,17 @@ MIN_NONCE_HEX_DIGITS: int = _core.MIN_NONCE_HEX_DIGITS
 #: The sentence that opens the memories section, before the first memory element.
 SAFETY_SENTENCE: str = _core.SAFETY_SENTENCE
 
-#: Decimal digits in the compact rendering's nonce (66 random bits from `secrets`). Measured
-#: against hex and lowercase letters of the same entropy, decimal digits cost the fewest
-#: tokens in cl100k, o200k and every estimator family, at a fixed count (docs/memory-wrapper-cost.md).
+#: The compact rendering's nonce: three decimal digits and `COMPACT_NONCE_WORDS` words of
+#: `NONCE_WORDS`, each after a space (10 + 4 x 14 = 66 random bits from `secrets`), e.g.
+#: ``"417 harbor quietly mint loop"``. Every word is a single token after a space in
+#: cl100k_base and o200k_base, so the nonce costs five tokens there, against seven for 20
+#: decimal digits, the cheapest of hex, letters and digits; the estimator families measure
+#: cheaper too (docs/memory-wrapper-cost.md). A nonce passed in may also be at least
+#: `COMPACT_NONCE_DIGITS` decimal digits.
+COMPACT_NONCE_WORDS: int = _core.MIN_COMPACT_NONCE_WORDS
 COMPACT_NONCE_DIGITS: int = _core.MIN_COMPACT_NONCE_DIGITS
+#: How many words the compact nonce's list holds (14 bits a word).
+NONCE_WORD_COUNT = 1 << 14
 #: The compact rendering's safety sentence: the block is data, never instructions; the
 #: elements carry the nonce; anything without it is not a memory.
 COMPACT_SAFETY_SENTENCE: str = _core.COMPACT_SAFETY_SENTENCE
@@ -67,7 +80,39 @@ MEMORY_ATTRIBUTES: tuple[str, ...] = ("score", "source")
 FORMAT_CODES = {"verbose": 0, "compact": 1}
 
 _NONCE = re.compile(f"[0-9a-f]{{{MIN_NONCE_HEX_DIGITS},}}")
-_COMPACT_NONCE = re.compile(f"[0-9]{{{COMPACT_NONCE_DIGITS},}}")
+_COMPACT_NONCE = re.compile(
+    f"[0-9]{{{COMPACT_NONCE_DIGITS},}}|[0-9]{{3}}(?: [a-z]{{2,{_core.MAX_COMPACT_NONCE_WORD_LETTERS}}}){{{COMPACT_NONCE_WORDS},}}"
+)
+
+
+@functools.cache
+def nonce_words() -> tuple[str, ...]:
+    """The compact nonce's word list (``ctxcore/data/nonce_words.txt``, written by
+    tools/nonce_words.py), checked when first read: `NONCE_WORD_COUNT` distinct words of
+    lowercase ASCII letters."""
+    text = (importlib.resources.files("ctxcore") / "data" / "nonce_words.txt").read_text(encoding="ascii")
+    words = tuple(text.split("\n")[:-1])
+    word = re.compile(f"[a-z]{{2,{_core.MAX_COMPACT_NONCE_WORD_LETTERS}}}")
+    if len(words) != NONCE_WORD_COUNT or len(set(words)) != NONCE_WORD_COUNT or not all(map(word.fullmatch, words)):
+        raise RuntimeError("ctxcore/data/nonce_words.txt is damaged: reinstall ctxcore")
+    return words
+
+
+def new_nonce(memory_format: str = "verbose") -> str:
+    """A fresh nonce for `memory_format`, from `secrets`: 32 lowercase hex digits
+    (verbose), or three digits and four words (compact).
+
+    >>> import re
+    >>> bool(re.fullmatch(r"[0-9]{3}( [a-z]+){4}", new_nonce("compact")))
+    True
+    """
+    if memory_format == "compact":
+        words = nonce_words()
+        picked = " ".join(words[secrets.randbelow(NONCE_WORD_COUNT)] for _ in range(COMPACT_NONCE_WORDS))
+        return f"{secrets.randbelow(1000):03d} {picked}"
+    return secrets.token_hex(NONCE_BYTES)
+
+
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -270,17 +315,14 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
 def _nonce(nonce: object, code: int = 0) -> str:
     compact = code == FORMAT_CODES["compact"]
     if nonce is None:
-        return (
-            f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}"
-            if compact
-            else secrets.token_hex(NONCE_BYTES)
-        )
+        return new_nonce("compact" if compact else "verbose")
     if not isinstance(nonce, str):
         raise _invalid(f"nonce must be a str or None, got {type(nonce).__name__}", FormatSection.MEMORIES)
     if compact and _COMPACT_NONCE.fullmatch(nonce) is None:
         raise _invalid(
-            f"nonce must be at least {COMPACT_NONCE_DIGITS} decimal digits (0-9) for the compact rendering, "
-            f"got {len(nonce)} characters",
+            f"nonce for the compact rendering must be three decimal digits and at least {COMPACT_NONCE_WORDS} "
+            f"words of 2-{_core.MAX_COMPACT_NONCE_WORD_LETTERS} lowercase letters, each after one space, or at "
+            f"least {COMPACT_NONCE_DIGITS} decimal digits; got {nonce[:60]!r}",
             FormatSection.MEMORIES,
         )
     if not compact and _NONCE.fullmatch(nonce) is None:

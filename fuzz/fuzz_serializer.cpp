@@ -180,9 +180,11 @@ void fuzz_format(FuzzedDataProvider& fdp) {
   in.memories = {memories.data(), memories.size()};
   in.tools_json = fdp.ConsumeBool() ? str() : std::string_view();
   const bool compact = fdp.ConsumeBool();
-  const std::string nonce = fdp.ConsumeBool()
+  const int nonce_kind = fdp.ConsumeIntegralInRange(0, 2);
+  const std::string nonce = nonce_kind == 0
                                 ? std::string(compact ? "01234567890123456789" : "0123456789abcdef0123456789abcdef")
-                                : fdp.ConsumeRandomLengthString(64);
+                            : nonce_kind == 1 ? std::string("417 harbor quietly mint loop")
+                                              : fdp.ConsumeRandomLengthString(64);
   in.nonce = nonce;
   const ctxcore::FormatOptions opt{fdp.ConsumeBool(), true,
                                    compact ? ctxcore::MemoryFormat::Compact : ctxcore::MemoryFormat::Verbose};

@@ -428,6 +428,8 @@ void register_format(py::module_& m) {
   m.attr("MIN_NONCE_HEX_DIGITS") = ctxcore::kMinNonceHexDigits;
   m.attr("SAFETY_SENTENCE") = py::str(ctxcore::kSafetySentence.data(), ctxcore::kSafetySentence.size());
   m.attr("MIN_COMPACT_NONCE_DIGITS") = ctxcore::kMinCompactNonceDigits;
+  m.attr("MIN_COMPACT_NONCE_WORDS") = ctxcore::kMinCompactNonceWords;
+  m.attr("MAX_COMPACT_NONCE_WORD_LETTERS") = ctxcore::kMaxCompactNonceWordLetters;
   m.attr("COMPACT_SAFETY_SENTENCE") =
       py::str(ctxcore::kCompactSafetySentence.data(), ctxcore::kCompactSafetySentence.size());
   m.attr("FORMAT_SECTIONS") = py::make_tuple(kSectionNames[0], kSectionNames[1], kSectionNames[2], kSectionNames[3]);

@@ -313,11 +313,12 @@ std::string shown(std::string_view s) {
 void validate(const FormatInput& in, MemoryFormat format) {
   if (format == MemoryFormat::Compact) {
     if (!is_valid_compact_nonce(in.nonce))
-      throw InvalidFormatInput("nonce must be at least " + std::to_string(kMinCompactNonceDigits) +
-                                   " decimal digits for the compact rendering, got " + std::to_string(in.nonce.size()) +
-                                   " characters" +
-                                   (in.nonce.size() >= kMinCompactNonceDigits ? " that are not all of 0-9" : ""),
-                               FormatSection::Memories, -1);
+      throw InvalidFormatInput(
+          "nonce for the compact rendering must be three decimal digits and at least " +
+              std::to_string(kMinCompactNonceWords) + " words of 2-" + std::to_string(kMaxCompactNonceWordLetters) +
+              " lowercase letters, each after one space, or at least " + std::to_string(kMinCompactNonceDigits) +
+              " decimal digits; got " + std::to_string(in.nonce.size()) + " characters",
+          FormatSection::Memories, -1);
   } else if (!is_valid_nonce(in.nonce)) {
     throw InvalidFormatInput("nonce must be at least " + std::to_string(kMinNonceHexDigits) +
                                  " lowercase hex digits, got " + std::to_string(in.nonce.size()) + " characters" +
@@ -419,10 +420,23 @@ void append_escaped(std::string& s, std::string_view utf8, std::int64_t& replace
 }  // namespace
 
 bool is_valid_compact_nonce(std::string_view nonce) noexcept {
-  if (nonce.size() < kMinCompactNonceDigits) return false;
-  for (char c : nonce)
-    if (c < '0' || c > '9') return false;
-  return true;
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const auto lower = [](char c) { return c >= 'a' && c <= 'z'; };
+  if (nonce.size() >= kMinCompactNonceDigits && std::all_of(nonce.begin(), nonce.end(), digit)) return true;
+  // Words: "DDD w w w w..." (see kMinCompactNonceWords).
+  if (nonce.size() < 3 || !digit(nonce[0]) || !digit(nonce[1]) || !digit(nonce[2])) return false;
+  std::size_t words = 0;
+  std::size_t i = 3;
+  while (i < nonce.size()) {
+    if (nonce[i] != ' ') return false;
+    std::size_t j = i + 1;
+    while (j < nonce.size() && lower(nonce[j])) ++j;
+    const std::size_t letters = j - i - 1;
+    if (letters < 2 || letters > kMaxCompactNonceWordLetters) return false;
+    ++words;
+    i = j;
+  }
+  return words >= kMinCompactNonceWords;
 }
 
 bool is_valid_nonce(std::string_view nonce) noexcept {

@@ -26,7 +26,7 @@ from lxml import etree
 from testkit import adversarial_corpus
 
 import ctxcore
-from ctxcore.formatting import COMPACT_SAFETY_SENTENCE
+from ctxcore.formatting import COMPACT_SAFETY_SENTENCE, NONCE_WORD_COUNT, nonce_words
 
 DATA = Path(__file__).parent / "data"
 NONCE = "0123456789abcdef" * 2
@@ -761,12 +761,54 @@ def test_overhead_prices_the_rendering_used_exactly(memory_format: str, family: 
     assert ctxcore.formatter_overhead(memories, count=exact, memory_format=other).memory_tokens != ov.memory_tokens
 
 
-def test_compact_nonce_is_decimal_and_fresh() -> None:
+def test_compact_nonce_is_three_digits_and_four_listed_words_fresh_per_call() -> None:
+    words = set(nonce_words())
+    assert len(words) == NONCE_WORD_COUNT == 1 << 14  # 10 + 4 x 14 = 66 random bits
     seen = {
         ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce for _ in range(2000)
     }
     assert len(seen) == 2000
-    assert all(re.fullmatch("[0-9]{20}", n) for n in seen)
+    for n in seen:
+        assert re.fullmatch("[0-9]{3}( [a-z]{2,12}){4}", n), n
+        assert set(n.split()[1:]) <= words
+
+
+@pytest.mark.parametrize("family", ["cl100k_base", "o200k_base"])
+def test_compact_nonce_costs_five_tokens_where_digits_cost_seven(family: str) -> None:
+    count = ctxcore.count_tokens
+    digits = "01234567890123456789"
+    for _ in range(300):
+        n = ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce
+        head = count(f'\n<m n="{n}" id="m1">', family).value
+        assert head == count(f'\n<m n="{digits}" id="m1">', family).value - 2, n
+
+
+@pytest.mark.parametrize(
+    "nonce",
+    ["123 alpha bravo charlie delta", "000 ab cd ef gh ij", "01234567890123456789", "9" * 40],
+)
+def test_compact_nonces_of_either_form_are_accepted(nonce: str) -> None:
+    out = ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact", nonce=nonce)
+    assert f'<m n="{nonce}" id="m1">x</m>' in out.text
+
+
+@pytest.mark.parametrize(
+    "nonce",
+    [
+        "123 alpha bravo charlie",  # three words
+        "12 alpha bravo charlie delta",  # two digits
+        "123 alpha  bravo charlie delta",  # two spaces
+        "123 Alpha bravo charlie delta",  # a capital
+        "123 alpha bravo charlie delta ",  # a trailing space
+        "123 a bravo charlie delta",  # a one-letter word
+        "123 abcdefghijklm bravo charlie delta",  # thirteen letters
+        '123 alpha bravo charlie delta"',
+        "123alpha bravo charlie delta",
+    ],
+)
+def test_malformed_compact_nonces_are_refused(nonce: str) -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match="four words|4 words|at least 4"):
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact", nonce=nonce)
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_compact_is_the_default_and_its_handles_map_back_to_the_store_ids() -> N
     assert set(ctx.selected_ids) == set(IDS)
     root = _parse(ctx.sections["memories"])
     assert root.text == "\n" + COMPACT_SAFETY_SENTENCE + "\n"
-    assert re.fullmatch(r"[0-9]{20}", ctx.nonce)
+    assert re.fullmatch(r"[0-9]{3}( [a-z]{2,12}){4}", ctx.nonce)
     handles = [el.get("id") for el in root]
     assert handles == [f"m{k + 1}" for k in range(len(IDS))]
     assert dict(ctx.handles) == {h: mid for h, mid in zip(handles, ctx.selected_ids)}

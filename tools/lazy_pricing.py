@@ -149,12 +149,12 @@ def _quality(trials: int) -> None:
     import types
 
     import ctxcore
-    import ctxcore.assembly.pipeline as pipeline
+    import ctxcore.formatting as formatting
     from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Query, Sources
     from ctxcore.stores.counting import count_memory_tokens
 
     # One nonce for every assembly, in either rendering: the runs compare selections.
-    setattr(pipeline, "secrets", types.SimpleNamespace(token_hex=lambda n: "5f" * n, randbelow=lambda n: 5))  # noqa: B010
+    setattr(formatting, "secrets", types.SimpleNamespace(token_hex=lambda n: "5f" * n, randbelow=lambda n: 5))  # noqa: B010
 
     def assemble(model: str, mems: list[MemoryRecord]) -> ctxcore.AssembledContext:
         async def hot(scope: object, query: object, limit: int) -> list[MemoryRecord]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -16,7 +15,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..catalog import Catalog, default_catalog
-from ..formatting import COMPACT_NONCE_DIGITS, NONCE_BYTES, SECTIONS, Sections
+from ..formatting import SECTIONS, Sections, new_nonce
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
@@ -307,11 +306,7 @@ def _finish(
 
     # ---- price the candidates, pack
     compact = opts.memory_format == "compact"
-    nonce = (
-        f"{secrets.randbelow(10**COMPACT_NONCE_DIGITS):0{COMPACT_NONCE_DIGITS}d}"
-        if compact
-        else secrets.token_hex(NONCE_BYTES)
-    )
+    nonce = new_nonce(opts.memory_format)
     pack_result: PackResult | None = None
     memory_total = 0
     selected = np.empty(0, dtype=np.intp)

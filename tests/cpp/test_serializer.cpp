@@ -410,6 +410,22 @@ TEST(Compact, NonceMustBeDecimalDigits) {
   EXPECT_FALSE(ctxcore::is_valid_compact_nonce(""));
 }
 
+TEST(Compact, WordNonceForm) {
+  for (const char* good : {"417 harbor quietly mint loop", "000 ab cd ef gh", "123 abcdefghijkl bb cc dd ee"})
+    EXPECT_TRUE(ctxcore::is_valid_compact_nonce(good)) << good;
+  for (const char* bad : {"417 harbor quietly mint", "41 harbor quietly mint loop", "417 harbor  quietly mint loop",
+                          "417 Harbor quietly mint loop", "417 harbor quietly mint loop ", "417 h quietly mint loop",
+                          "417 abcdefghijklm quietly mint loop", "417harbor quietly mint loop",
+                          "417 harbor quietly mint loop\"", "417 harbor quietly mint l\xc3\xa9op"})
+    EXPECT_FALSE(ctxcore::is_valid_compact_nonce(bad)) << bad;
+  const std::vector<Memory> memories = {{"m1", "x", "", 0, false, false}};
+  FormatInput in;
+  in.memories = {memories.data(), memories.size()};
+  in.nonce = "417 harbor quietly mint loop";
+  const auto r = ctxcore::format_context(in, compact_options());
+  EXPECT_NE(r.text.find("<m n=\"417 harbor quietly mint loop\" id=\"m1\">x</m>"), std::string::npos);
+}
+
 TEST(Compact, PiecesTileTheText) {
   const std::vector<Memory> memories = {{"m1", "one", "", 0, false, false}, {"m2", "two\r\n", "", 0, false, false}};
   FormatInput in;

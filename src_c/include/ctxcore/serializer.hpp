@@ -29,9 +29,16 @@ namespace ctxcore {
 
 // 128 random bits written as hex: the shortest nonce the serializer accepts.
 inline constexpr std::size_t kMinNonceHexDigits = 32;
-// The compact rendering's nonce: at least 20 decimal digits (66 random bits), which
-// tokenize in fixed groups of three, so cheaper and steadier than hex in every family measured.
+// The compact rendering's nonce, in one of two forms, both markup-free:
+// - words: three decimal digits, then at least kMinCompactNonceWords words of 2 to
+//   kMaxCompactNonceWordLetters lowercase ASCII letters, each after one space (the form the
+//   Python layer generates: 10 + 4 x 14 random bits from a list of 2**14 words that are
+//   single tokens after a space in cl100k_base and o200k_base: five tokens, the fewest of
+//   the alphabets measured, docs/memory-wrapper-cost.md);
+// - digits: at least kMinCompactNonceDigits decimal digits (66 bits).
 inline constexpr std::size_t kMinCompactNonceDigits = 20;
+inline constexpr std::size_t kMinCompactNonceWords = 4;
+inline constexpr std::size_t kMaxCompactNonceWordLetters = 12;
 // The longest replacement of one input byte: "&quot;" or a JSON "\u0026".
 inline constexpr std::size_t kMaxGrowth = 6;
 
@@ -87,8 +94,7 @@ struct FormatInput {
   View<Message> history;        // empty: no section
   View<Memory> memories;        // empty: no section (unless FormatOptions::memories_frame)
   std::string_view tools_json;  // JSON text of the tool schemas; empty: no section
-  std::string_view
-      nonce;  // verbose: >= kMinNonceHexDigits lowercase hex digits; compact: >= kMinCompactNonceDigits decimal digits
+  std::string_view nonce;       // verbose: >= kMinNonceHexDigits lowercase hex digits; compact: is_valid_compact_nonce
 };
 
 // How memory elements are written. Values are stable: the Python layer mirrors them.
@@ -157,7 +163,7 @@ void append_sanitized(std::string& out, std::string_view utf8, std::int64_t& rep
 
 // True when `nonce` is at least kMinNonceHexDigits lowercase hex digits and nothing else.
 bool is_valid_nonce(std::string_view nonce) noexcept;
-// True when `nonce` is at least kMinCompactNonceDigits decimal digits and nothing else.
+// True when `nonce` has one of the compact rendering's forms (see kMinCompactNonceWords).
 bool is_valid_compact_nonce(std::string_view nonce) noexcept;
 
 }  // namespace ctxcore
