@@ -164,7 +164,7 @@ class Estimator {
     params_.word_scale = word_scale;
     ctxcore::set_words(params_, word_mode, to_vector(char_classes, "char_classes"),
                        static_cast<std::string_view>(words), word_cost);
-    ctxcore::validate(params_);
+    ctxcore::prepare(params_);
   }
 
   std::int64_t estimate(const py::handle& text) const { return estimate_one(code_points(text, 0), params_); }
