@@ -131,7 +131,7 @@ struct ScanTables {
   std::vector<std::uint64_t> inverse_powers;
 };
 // The scan reads texts in segments of this many code points.
-inline constexpr std::size_t kScanSegment = 1024;
+inline constexpr std::size_t kScanSegment = 512;
 inline constexpr std::uint8_t kScanClassMask = 0x0F;
 inline constexpr std::uint8_t kScanLetter = 0x10;
 inline constexpr std::uint8_t kScanSingle = 0x20;
