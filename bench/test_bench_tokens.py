@@ -9,9 +9,11 @@ common heuristics (chars/4, bytes/3) as references, and timed against tiktoken's
 time with tiktoken.
 Gates: undercount rate <= 1% of texts and median overestimate <= 30% per family (the
 corpus is built from the machine's own files, so another machine's held-out part differs:
-the gates leave room above the measured 0.3-0.5% and +20-25%), and >= 8x faster than
-tiktoken (ratio of medians; 20x before the word model). Targets, printed and recorded in extra_info: <= 0.5%
-undercounts, median overestimate <= 20%, >= 100x.
+the gates leave room above the measured 0.2-0.5% and +19-20%), and >= 6x faster than
+tiktoken in batch and one text at a time (ratios of medians, each measured interleaved with
+its own tiktoken rounds in the same process). Targets, printed and recorded in extra_info:
+<= 0.5% undercounts, median overestimate <= 20%, >= 200x in batch and >= 100x one text at
+a time.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ GATE_UNDERCOUNT = 0.01
 GATE_MEDIAN_OVER = 0.30
 TARGET_UNDERCOUNT = 0.005
 TARGET_MEDIAN_OVER = 0.20
-#: The word model's vocabulary lookup (one hash probe per word into a 1-2 MB table) costs
-#: cache misses: measured 19x cl100k_base and 11x o200k_base under load on the shared 2-core
-#: machine, and o200k_base 7.0x and 7.2x in two clean-clone runs while the host ran other
-#: tenants' work (the numpy and tiktoken references of the same runs were slow too); the
-#: gate keeps headroom below that.
-GATE_SPEEDUP = 5.0
-TARGET_SPEEDUP = 100.0
+#: Speed against tiktoken ``encode`` over the held-out corpus, ratio of medians, each form
+#: of the estimator against its own interleaved reference rounds. Targets: 200x in batch,
+#: 100x one text at a time (`estimate_tokens` in a loop, each call returning its
+#: TokenCount). Not met: the word model looks each word up in its vocabulary (one probe into
+#: a 1-2 MB table), which is what keeps the estimate tight. Measured on the shared 2-core
+#: machine under other tenants' load: 11x-17x in batch and per text (see
+#: docs/performance-estimator.md); the gates are floors below that, with room for the load.
+GATE_SPEEDUP_BATCH = 6.0
+GATE_SPEEDUP_PER_TEXT = 6.0
+TARGET_SPEEDUP_BATCH = 200.0
+TARGET_SPEEDUP_PER_TEXT = 100.0
 
 
 def _calibration_module() -> ModuleType:
@@ -134,32 +140,45 @@ def test_estimator_speed_vs_tiktoken(benchmark: BenchmarkFixture, timed: Timed, 
     from ctxcore.tokens import _encoding
 
     enc = _encoding(family)
+
+    def encode() -> list[int]:
+        return [len(enc.encode(t, disallowed_special=())) for t in texts]
+
+    def per_text() -> list[ctxcore.TokenCount]:
+        return [ctxcore.estimate_tokens(t, family) for t in texts]
+
     benchmark(ctxcore.estimate_tokens_batch, texts, family)
-    # tiktoken's rounds are spread among the estimator's, so that both see the same load.
+    # tiktoken's rounds are spread among the estimator's, so that both see the same load;
+    # each form of the estimator against its own interleaved reference rounds.
     ours, encoded = measure(
-        lambda: ctxcore.estimate_tokens_batch(texts, family),
-        rounds=30,
-        reference=lambda: [len(enc.encode(t, disallowed_special=())) for t in texts],
-        reference_rounds=5,
+        lambda: ctxcore.estimate_tokens_batch(texts, family), rounds=30, reference=encode, reference_rounds=5
     )
-    assert encoded is not None
+    ours_single, encoded_single = measure(per_text, rounds=20, reference=encode, reference_rounds=5)
+    assert encoded is not None and encoded_single is not None
     batch, ref = float(np.median(ours)), float(np.median(encoded))
-    single = float(np.median(timed(lambda: [ctxcore.estimate_tokens(t, family) for t in texts], rounds=10)))
+    single, ref_single = float(np.median(ours_single)), float(np.median(encoded_single))
     chars4 = float(np.median(timed(lambda: _chars4(texts), rounds=10)))
     bytes3 = float(np.median(timed(lambda: _bytes3(texts), rounds=10)))
     mb = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6
-    speedup, speedup_single = ref / batch, ref / single
+    speedup, speedup_single = ref / batch, ref_single / single
     benchmark.extra_info.update(
         speedup_batch_vs_tiktoken=round(speedup, 1), speedup_per_call_vs_tiktoken=round(speedup_single, 1)
     )
+
+    def verdict(ratio: float, target: float) -> str:
+        return f"target {target:.0f}x {'met' if ratio >= target else 'MISSED'}"
+
     print(
         f"\n{family}: {len(texts)} texts, {mb:.2f} MB: tiktoken encode {ref * 1e3:.1f} ms; "
-        f"estimate_tokens_batch {batch * 1e3:.2f} ms ({speedup:.0f}x); "
-        f"estimate_tokens per text {single * 1e3:.1f} ms ({speedup_single:.0f}x); "
-        f"chars/4 {chars4 * 1e3:.2f} ms; bytes/3 {bytes3 * 1e3:.2f} ms; "
-        f"target {TARGET_SPEEDUP:.0f}x ({'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})"
+        f"estimate_tokens_batch {batch * 1e3:.2f} ms ({speedup:.0f}x, {verdict(speedup, TARGET_SPEEDUP_BATCH)}); "
+        f"tiktoken encode {ref_single * 1e3:.1f} ms; estimate_tokens per text {single * 1e3:.2f} ms "
+        f"({speedup_single:.0f}x, {verdict(speedup_single, TARGET_SPEEDUP_PER_TEXT)}); "
+        f"chars/4 {chars4 * 1e3:.2f} ms; bytes/3 {bytes3 * 1e3:.2f} ms"
     )
-    assert speedup >= GATE_SPEEDUP
+    assert speedup >= GATE_SPEEDUP_BATCH, f"batch {speedup:.0f}x tiktoken, gate {GATE_SPEEDUP_BATCH:.0f}x"
+    assert speedup_single >= GATE_SPEEDUP_PER_TEXT, (
+        f"per text {speedup_single:.0f}x tiktoken, gate {GATE_SPEEDUP_PER_TEXT:.0f}x"
+    )
 
 
 def test_count_tokens_batch_vs_tiktoken_one_at_a_time(

@@ -1,10 +1,12 @@
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
+_T = TypeVar("_T")
+
 MAX_TOKENS: int
 MAX_CANDIDATES: int
 
@@ -118,6 +120,7 @@ class Estimator:
     @property
     def word_mode(self) -> int: ...
     def estimate_batch(self, texts: Sequence[str]) -> npt.NDArray[np.int64]: ...
+    def counter(self, make: Callable[[int], _T]) -> Callable[[str], _T]: ...
     def price_pieces(
         self,
         text: str,

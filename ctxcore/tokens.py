@@ -219,10 +219,32 @@ def estimate_tokens(text: str, family: str) -> TokenCount:
     >>> estimate_tokens("Hello, world!", "cl100k_base").value >= 4
     True
     """
+    # The per-text path: one dict look-up and one C call, which checks `text`, scans it and
+    # returns the TokenCount (see `_counter`).
+    counter = _counters.get(family) if type(family) is str else None
+    if counter is None:
+        counter = _counter(family)
+    return counter(text)
+
+
+#: Per family: a function of one text that returns its estimate as a TokenCount (tagged
+#: with that family). Cleared when a tokenizer is registered or unregistered.
+_counters: dict[str, Callable[[str], TokenCount]] = {}
+
+
+def _counter(family: object) -> Callable[[str], TokenCount]:
     fam = _family(family)
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return TokenCount(estimator_for(fam).estimate(text), fam, TokenKind.ESTIMATE)
+    with _registry_lock:
+        est = estimator_for(fam)
+
+        def make(value: int) -> TokenCount:
+            return TokenCount(value, fam, TokenKind.ESTIMATE)
+
+        # The compiled counter keeps the TokenCounts of small values, built once each
+        # (they are frozen, so sharing them is safe).
+        counter: Callable[[str], TokenCount] = est.counter(make)
+        _counters[fam] = counter
+    return counter
 
 
 def estimate_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int64]:
@@ -518,6 +540,7 @@ def register_tokenizer(
     _checked_count(count(_PROBE), fam)
     with _registry_lock:
         _registry[fam] = _Registered(count, batch, fallback)
+        _counters.clear()
 
 
 def unregister_tokenizer(family: str) -> None:
@@ -535,6 +558,7 @@ def unregister_tokenizer(family: str) -> None:
     with _registry_lock:
         if _registry.pop(fam, None) is None:
             raise TokenizerUnavailable(f"no tokenizer is registered for {fam!r}")
+        _counters.clear()
 
 
 def fallback_family_of(family: str) -> str | None:

@@ -1,10 +1,13 @@
 // Binding for the token estimator: an Estimator object holds one family's calibrated
 // tables (converted and validated once) and estimates one text or a batch. Texts are read
 // in place from the str objects' own code-point storage: no copy, no UTF-8 encoding.
+// The per-text path is a plain C function (Estimator.counter) that returns the count
+// object itself, since for short texts the call costs more than the scan.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +62,93 @@ std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::fo
 // Below this many code points, releasing and re-taking the GIL costs more than the
 // estimate itself, so short texts keep it; the batch form always releases it.
 constexpr std::size_t kReleaseGilCodePoints = 16 * 1024;
+// A counter keeps the result objects of estimates below this many tokens, built once each.
+constexpr std::size_t kCachedCounts = 4096;
+
+std::int64_t estimate_one(const ctxcore::CodePoints& t, const ctxcore::EstimatorParams& params) {
+  if (t.size < kReleaseGilCodePoints) return ctxcore::estimate_tokens(t, params);
+  // Safe: the caller holds a reference to the str for the whole call; str objects are
+  // immutable, and the scan touches no Python object.
+  py::gil_scoped_release nogil;
+  return ctxcore::estimate_tokens(t, params);
+}
+
+// The texts of a list or tuple (or other sequence), each checked to be a str, with a
+// reference held on each: its storage must outlive the GIL-free section even if another
+// thread mutates the caller's list meanwhile.
+class Texts {
+ public:
+  explicit Texts(const py::handle& texts) {
+    if (PyUnicode_Check(texts.ptr())) throw py::type_error("texts must be a sequence of str, not a str");
+    seq_ = py::reinterpret_steal<py::object>(PySequence_Fast(texts.ptr(), "texts must be a sequence of str"));
+    if (!seq_) throw py::error_already_set();
+    const auto n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(seq_.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(seq_.ptr());
+    items_.reserve(n);
+    views_.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      views_.push_back(code_points(items[i], i));
+      Py_INCREF(items[i]);
+      items_.push_back(items[i]);
+    }
+  }
+  ~Texts() {
+    for (PyObject* o : items_) Py_DECREF(o);
+  }
+  Texts(const Texts&) = delete;
+  Texts& operator=(const Texts&) = delete;
+  const std::vector<ctxcore::CodePoints>& views() const { return views_; }
+
+ private:
+  py::object seq_;
+  std::vector<PyObject*> items_;
+  std::vector<ctxcore::CodePoints> views_;
+};
+
+// The state behind a counter (Estimator.counter): one text in, one count object out, with
+// no argument parsing on the way. Lives in a capsule that is the function's `self`.
+struct CounterState {
+  py::object owner;  // the Estimator whose params are read
+  const ctxcore::EstimatorParams* params = nullptr;
+  py::object make;  // value -> count object
+  std::vector<py::object> cache;
+};
+
+constexpr const char* kCounterCapsule = "ctxcore._core.estimate_counter";
+
+void counter_free(PyObject* capsule) {
+  delete static_cast<CounterState*>(PyCapsule_GetPointer(capsule, kCounterCapsule));
+}
+
+PyObject* counter_call(PyObject* self, PyObject* text) {
+  auto* state = static_cast<CounterState*>(PyCapsule_GetPointer(self, kCounterCapsule));
+  if (state == nullptr) return nullptr;
+  if (!PyUnicode_Check(text)) {
+    PyObject* name = PyType_GetName(Py_TYPE(text));
+    if (name == nullptr) return nullptr;
+    PyErr_Format(PyExc_TypeError, "text must be a str, got %U", name);
+    Py_DECREF(name);
+    return nullptr;
+  }
+  try {
+    const std::int64_t v = estimate_one(code_points(text, 0), *state->params);
+    const auto index = static_cast<std::size_t>(v);
+    if (index < kCachedCounts && state->cache[index]) return state->cache[index].inc_ref().ptr();
+    py::object made = state->make(v);
+    // Safe to share: a count object is immutable (the caller's factory makes frozen ones).
+    if (index < kCachedCounts) state->cache[index] = made;
+    return made.release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef counter_def = {"estimate_count", counter_call, METH_O,
+                           "The estimate of one str, as the object the counter's factory makes of it."};
 
 class Estimator {
  public:
@@ -74,41 +164,39 @@ class Estimator {
     params_.word_scale = word_scale;
     ctxcore::set_words(params_, word_mode, to_vector(char_classes, "char_classes"),
                        static_cast<std::string_view>(words), word_cost);
-    ctxcore::validate(params_);
+    ctxcore::prepare(params_);
   }
 
-  std::int64_t estimate(const py::handle& text) const {
-    const ctxcore::CodePoints t = code_points(text, 0);
-    if (t.size < kReleaseGilCodePoints) return ctxcore::estimate_tokens(t, params_);
-    // Safe: `text` is borrowed from the caller's frame, which keeps it alive until we
-    // return; str objects are immutable, and the scan touches no Python object.
-    py::gil_scoped_release nogil;
-    return ctxcore::estimate_tokens(t, params_);
-  }
+  std::int64_t estimate(const py::handle& text) const { return estimate_one(code_points(text, 0), params_); }
 
-  py::array_t<std::int64_t> estimate_batch(const py::sequence& texts) const {
-    if (py::isinstance<py::str>(texts)) throw py::type_error("texts must be a sequence of str, not a str");
-    const std::size_t n = py::len(texts);
-    // Hold a reference to each text: its storage must outlive the GIL-free section even
-    // if another thread mutates the caller's list meanwhile.
-    std::vector<py::object> keep;
-    std::vector<ctxcore::CodePoints> views;
-    keep.reserve(n);
-    views.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      py::object item = texts[i];
-      views.push_back(code_points(item, i));
-      keep.push_back(std::move(item));
-    }
-    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(n));
+  py::array_t<std::int64_t> estimate_batch(const py::handle& texts) const {
+    const Texts held(texts);
+    const auto& views = held.views();
+    py::array_t<std::int64_t> out(static_cast<py::ssize_t>(views.size()));
     std::int64_t* dst = out.mutable_data();
     {
-      // Safe: every text is kept alive by `keep` and is immutable; `out` is ours alone;
+      // Safe: every text is kept alive by `held` and is immutable; `out` is ours alone;
       // the scan creates and frees no Python object.
       py::gil_scoped_release nogil;
       ctxcore::estimate_tokens_batch(ctxcore::View<ctxcore::CodePoints>{views.data(), views.size()}, params_, dst);
     }
     return out;
+  }
+
+  // A function of one str that returns make(estimate), for the per-text path: a plain
+  // C function (no pybind11 argument parsing), whose results below kCachedCounts are
+  // built once and shared.
+  static py::object counter(const py::object& self, const py::function& make) {
+    auto state = std::make_unique<CounterState>();
+    state->owner = self;
+    state->params = &self.cast<const Estimator&>().params_;
+    state->make = make;
+    state->cache.resize(kCachedCounts);
+    py::capsule capsule(state.get(), kCounterCapsule, &counter_free);
+    state.release();  // the capsule owns it now
+    PyObject* fn = PyCFunction_New(&counter_def, capsule.ptr());
+    if (fn == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(fn);
   }
 
   // Prices the formatter's pieces of `text` (see ctxcore::price_pieces).
@@ -232,6 +320,7 @@ void register_tokens(py::module_& m) {
       .def_property_readonly("word_mode", &Estimator::word_mode)
       .def("estimate", &Estimator::estimate, py::arg("text"))
       .def("estimate_batch", &Estimator::estimate_batch, py::arg("texts"))
+      .def("counter", &Estimator::counter, py::arg("make"))
       .def("price_pieces", &Estimator::price_pieces, py::arg("text"), py::arg("ends"), py::arg("any_prefix"),
            py::arg("prefix_a"), py::arg("prefix_b"))
       .def_property_readonly("pair_bits", &Estimator::pair_bits)

@@ -81,9 +81,18 @@ inline std::uint64_t cost(char32_t prev, char32_t cp, const EstimatorParams& p) 
 // ---- the word model ----------------------------------------------------------------------
 
 constexpr std::uint8_t kClassStart = kClassCount;  // "no code point": the start of the text
-constexpr std::uint64_t kHashSeed = 0xCBF29CE484222325ull;
+// A word's hash: the sum of (code point + 1) * kHashBase^position, mod 2^64, so that the
+// scan can take any run's hash from prefix sums; probes finalize it first.
+constexpr std::uint64_t kHashBase = 0x9E3779B97F4A7C15ull;  // odd: invertible mod 2^64
 
-inline std::uint64_t mix(std::uint64_t h, char32_t cp) noexcept { return (h ^ cp) * 0x100000001B3ull; }
+struct WordHash {
+  std::uint64_t h = 0;
+  std::uint64_t power = 1;  // kHashBase^(code points so far)
+  void add(char32_t cp) noexcept {
+    h += (std::uint64_t{cp} + 1) * power;
+    power *= kHashBase;
+  }
+};
 
 inline std::uint64_t finalize(std::uint64_t z) noexcept {  // splitmix64's finalizer
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -112,8 +121,8 @@ inline bool ends_chunk(std::uint8_t k, bool o200k) noexcept {
   return k == kClassStart || is_letter(k, o200k) || k == kClassNumber || k == kClassNewline;
 }
 
-bool contains(const WordModel& w, std::uint64_t h) noexcept {
-  const std::uint64_t z = finalize(h);
+// Whether the word whose finalized hash is `z` is in the vocabulary (see contains).
+bool contains_finalized(const WordModel& w, std::uint64_t z) noexcept {
   const std::size_t mask = w.table.size() - 1;
   const std::uint32_t fp = static_cast<std::uint32_t>(z) | 1u;
   for (std::size_t i = static_cast<std::size_t>(z >> 32) & mask;; i = (i + 1) & mask) {
@@ -122,6 +131,8 @@ bool contains(const WordModel& w, std::uint64_t h) noexcept {
     if (e == 0) return false;
   }
 }
+
+bool contains(const WordModel& w, std::uint64_t h) noexcept { return contains_finalized(w, finalize(h)); }
 
 // Writes the UTF-8 form of `c` (a lone surrogate as its 3-byte form) at `out`; its length.
 std::size_t put_utf8(char* out, char32_t c) noexcept {
@@ -148,8 +159,10 @@ std::size_t put_utf8(char* out, char32_t c) noexcept {
 }
 
 // Whether some vocabulary word starts with the code points [cps, cps + n).
+// `buckets`: ScanTables::buckets, or empty (then a binary search over all words).
 template <class Unit>
-bool is_word_prefix(const Unit* cps, std::size_t n, const WordModel& w) noexcept {
+bool is_word_prefix(const Unit* cps, std::size_t n, const WordModel& w,
+                    const std::vector<std::uint32_t>& buckets) noexcept {
   if (n > w.max_word) return false;  // max_word <= kMaxWordCodePoints: the key fits `buf`
   char buf[4 * kMaxWordCodePoints];
   std::size_t size = 0;
@@ -160,6 +173,16 @@ bool is_word_prefix(const Unit* cps, std::size_t n, const WordModel& w) noexcept
     return std::string_view(w.sorted).substr(w.offsets[k], w.offsets[k + 1] - w.offsets[k]);
   };
   std::size_t lo = 0, hi = count;  // first word >= key
+  if (!buckets.empty() && size > 0) {
+    const std::size_t b0 = static_cast<unsigned char>(buf[0]);
+    // Words are sorted bytewise, so those sharing the key's first byte, and within them
+    // those sharing its first two, are contiguous: a word that starts with the key is in
+    // that range, and the first word >= the key is in it if any is.
+    if (size == 1) return buckets[b0 << 8] < buckets[(b0 + 1) << 8];
+    const std::size_t b = (b0 << 8) | static_cast<unsigned char>(buf[1]);
+    lo = buckets[b];
+    hi = buckets[b + 1];
+  }
   while (lo < hi) {
     const std::size_t mid = lo + (hi - lo) / 2;
     if (word(mid) < key)
@@ -185,7 +208,8 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
   const WordModel& w = p.words;
   const bool o200k = w.mode == kWordsO200k;
   const std::uint64_t floor = 2 * std::uint64_t{w.cost};  // two tokens
-  std::uint64_t total = 0, run = 0, last = 0, lead = 0, h = 0;
+  std::uint64_t total = 0, run = 0, last = 0, lead = 0;
+  WordHash h;
   // The part of `total` priced as whole vocabulary words (with the leading character each
   // takes along): one token each whatever surrounds them, known rather than estimated.
   std::uint64_t sure = 0;
@@ -198,16 +222,18 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
   const auto priced = [&](bool found) {
     return found ? std::min(run, std::max<std::uint64_t>(w.cost, lead)) : std::max(run, floor);
   };
+  // No vocabulary word is longer than max_word code points: a longer one is not looked up.
+  const auto in_vocabulary = [&](std::size_t end) { return end - start <= w.max_word && contains(w, h.h); };
   const auto close = [&](std::size_t end, bool open) -> std::uint64_t {
     if (!credit) return std::max(run, floor);
     bool found;
     if (!open) {
-      found = contains(w, h);
+      found = in_vocabulary(end);
       on_word(start, end, found);
     } else {
-      on_word(start, end, contains(w, h));
+      on_word(start, end, in_vocabulary(end));
       if (!last_open) return std::max(run, floor);
-      found = is_word_prefix(cps + start, end - start, w);
+      found = is_word_prefix(cps + start, end - start, w, p.scan.buckets);
     }
     const std::uint64_t price = priced(found);
     // A vocabulary word is one token whatever surrounds it: known, not estimated. A
@@ -244,7 +270,7 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
     if (in_run) {
       if (letter && !(o200k && lower && k == kClassUpper)) {
         run += c;
-        h = mix(h, cp);
+        h.add(cp);
         lower = lower || k == kClassLower;
         k2 = k1;
         k1 = k;
@@ -263,12 +289,15 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
         total -= last;  // the leading character moves into the word
         lead = last;
         run = last + c;
-        h = mix(mix(kHashSeed, prev), cp);
+        h = WordHash{};
+        h.add(prev);
+        h.add(cp);
         start = i - 1;
       } else {
         lead = 0;
         run = c;
-        h = mix(kHashSeed, cp);
+        h = WordHash{};
+        h.add(cp);
         start = i;
       }
     } else {
@@ -290,6 +319,230 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
     sure += last;
   }
   return RawCost{total, sure};
+}
+
+// ---- the two-pass scan -------------------------------------------------------------------
+// The walk above, for a whole text, in passes over segments of kScanSegment code points:
+// the first finds every code point's cost and class with no branch on either (costs of
+// pairs below 256 come ready from ScanTables::latin) and keeps prefix sums of the costs and
+// of the word hash's terms; the second visits only the words, found as runs of set bits in
+// a letter mask, and takes each word's cost and hash from those sums (o200k_base's splits
+// before an upper-case letter from masks of upper- and lower-case letters); the third
+// looks the words up, each table slot fetched ahead. The sum of all costs, less each
+// word's costs (its leading character included), plus each word's price, is the walk's
+// total: the same numbers, so the same estimates.
+
+inline std::uint8_t scan_info(char32_t cp, const ScanTables& t) noexcept {
+  if (cp < kClassLimit) return t.info[cp];
+  return cp < 0x323B0 ? static_cast<std::uint8_t>(kClassLetterOther | kScanLetter) : std::uint8_t{kClassOther};
+}
+
+// The first index in [from, to) whose bit is set in `masks`, or `to`.
+inline std::size_t next_set(const std::uint64_t* masks, std::size_t from, std::size_t to) noexcept {
+  if (from >= to) return to;
+  std::size_t q = from >> 6;
+  std::uint64_t bits = masks[q] & (~std::uint64_t{0} << (from & 63));
+  const std::size_t last = (to - 1) >> 6;
+  while (bits == 0) {
+    if (++q > last) return to;
+    bits = masks[q];
+  }
+  return std::min(to, (q << 6) + static_cast<std::size_t>(__builtin_ctzll(bits)));
+}
+
+// The first index in [from, to) whose bit is clear in `masks`, or `to`.
+inline std::size_t next_clear(const std::uint64_t* masks, std::size_t from, std::size_t to) noexcept {
+  if (from >= to) return to;
+  std::size_t q = from >> 6;
+  std::uint64_t bits = ~masks[q] & (~std::uint64_t{0} << (from & 63));
+  const std::size_t last = (to - 1) >> 6;
+  while (bits == 0) {
+    if (++q > last) return to;
+    bits = ~masks[q];
+  }
+  return std::min(to, (q << 6) + static_cast<std::size_t>(__builtin_ctzll(bits)));
+}
+
+// A word closed in a segment, priced once its vocabulary probe is done.
+struct Closed {
+  std::uint64_t h, run, lead;
+  bool probe;  // short enough to be a vocabulary word
+};
+
+template <class Unit, bool O200k>
+RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept {
+  constexpr std::size_t kSeg = kScanSegment;
+  constexpr std::size_t kMasks = kSeg / 64;
+  constexpr bool o200k = O200k;
+  const WordModel& w = p.words;
+  const ScanTables& t = p.scan;
+  const std::uint64_t one = w.cost;
+  const std::uint64_t floor = 2 * one;
+  const std::uint16_t* latin = t.latin.data();
+  const std::uint64_t* powers = t.powers.data();
+  const std::uint64_t* inverse = t.inverse_powers.data();
+  std::uint64_t costs[kSeg + 1];   // costs[j]: the costs of code points [0, j) of the segment
+  std::uint64_t hashes[kSeg + 1];  // hashes[j]: sum of (cp + 1) * kHashBase^i over [0, j)
+  std::uint8_t infos[kSeg];
+  std::uint64_t letters[kMasks], uppers[kMasks], lowers[kMasks];
+  Closed closed[kSeg + 1];
+  std::uint64_t finals[kSeg + 1];
+
+  std::uint64_t all = 0;  // every code point's cost
+  std::uint64_t adj = 0;  // per word: its price less its costs (mod 2^64, as the walk's total is)
+  std::uint64_t sure = 0;
+  // The two code points before the segment: classes and the cost of the nearer one.
+  std::uint8_t k1 = kClassStart, k2 = kClassStart;
+  std::uint64_t c1 = 0;
+  char32_t prev = 0;
+  unsigned digit = 0;  // position of the next ASCII digit in its group of three
+  // The word being read, which may run on into the next segment.
+  bool open = false, lower = false;
+  WordHash h;
+  std::uint64_t run = 0, lead = 0;
+  std::size_t start = 0;
+  std::size_t nclosed = 0;
+
+  const auto price = [&](bool found, std::uint64_t r, std::uint64_t l) {
+    const std::uint64_t v = found ? std::min(r, std::max<std::uint64_t>(one, l)) : std::max(r, floor);
+    adj += v - r;
+    if (found) sure += v;
+  };
+
+  for (std::size_t a = 0; a < n; a += kSeg) {
+    const std::size_t m = std::min(kSeg, n - a);
+    const std::size_t words = (m + 63) / 64;
+    // Pass 1: costs, classes, hash terms and the masks, 64 code points to a mask word.
+    costs[0] = 0;
+    hashes[0] = 0;
+    for (std::size_t q = 0; q < words; ++q) {
+      const std::size_t end = std::min(m, q * 64 + 64);
+      std::uint64_t lm = 0, um = 0, om = 0;
+      for (std::size_t j = q * 64; j < end; ++j) {
+        const auto cp = static_cast<char32_t>(cps[a + j]);
+        const std::uint8_t info = scan_info(cp, t);
+        std::uint64_t c;
+        if (sizeof(Unit) == 1 || (prev | cp) < 256) {
+          c = latin[(static_cast<std::size_t>(prev) << 8) | cp];
+        } else {
+          c = cost(prev, cp, p);
+          if (cp >= 0x80) {
+            if (!(info & kScanSingle)) {
+              c = std::max(c, floor);
+            } else if (cp == prev) {
+              c = std::max(c, one);
+            }
+          } else if ((cp < 0x20 || cp == 0x7F) && cp != '\t' && cp != '\n' && cp != '\r') {
+            c = std::max(c, one);  // (a repeat needs prev == cp < 256: the table's case)
+          }
+        }
+        if (static_cast<std::uint32_t>(cp) - '0' < 10u) {
+          c = digit == 0 ? one : 0;
+          digit = digit == 2 ? 0 : digit + 1;
+        } else {
+          digit = 0;
+        }
+        costs[j + 1] = costs[j] + c;
+        hashes[j + 1] = hashes[j] + (std::uint64_t{cp} + 1) * powers[j];
+        infos[j] = info;
+        lm |= static_cast<std::uint64_t>((info >> 4) & 1u) << (j & 63);
+        if constexpr (O200k) {
+          const std::uint8_t k = info & kScanClassMask;
+          um |= static_cast<std::uint64_t>(k == kClassUpper) << (j & 63);
+          om |= static_cast<std::uint64_t>(k == kClassLower) << (j & 63);
+        }
+        prev = cp;
+      }
+      letters[q] = lm;
+      uppers[q] = um;
+      lowers[q] = om;
+    }
+    all += costs[m];
+    const auto klass = [&](std::ptrdiff_t j) -> std::uint8_t {
+      if (j >= 0) return infos[j] & kScanClassMask;
+      return j == -1 ? k1 : k2;
+    };
+    const auto close = [&](std::size_t end) {  // the open word ends before segment index `end`
+      closed[nclosed++] = Closed{h.h, run, lead, a + end - start <= w.max_word};
+      open = false;
+    };
+    // Pass 2: the words, as runs of set bits in the letter mask.
+    if (open && !(letters[0] & 1u)) close(0);
+    std::size_t j = 0;
+    while (j < m) {
+      const std::size_t s = next_set(letters, j, m);
+      if (s == m) break;
+      const std::size_t e = next_clear(letters, s, m);
+      // A word still open here runs on from the segment before (then s is 0).
+      std::size_t i = s;
+      while (i < e) {
+        if (!open) {
+          // A word begins at i: with the character before it when the pattern attaches it.
+          const std::size_t g = a + i;
+          const std::uint8_t p1 = klass(static_cast<std::ptrdiff_t>(i) - 1);
+          const std::uint8_t p2 = klass(static_cast<std::ptrdiff_t>(i) - 2);
+          open = true;
+          lower = false;
+          h = WordHash{};
+          if (g > 0 && attachable(p1, o200k) && (p1 == kClassSpace || ends_chunk(p2, o200k))) {
+            lead = i > 0 ? costs[i] - costs[i - 1] : c1;
+            h.add(static_cast<char32_t>(cps[g - 1]));
+            start = g - 1;
+          } else {
+            lead = 0;
+            start = g;
+          }
+          run = lead;
+        }
+        // Where this word ends: at e, or (o200k_base) before an upper-case letter that
+        // follows a lower-case one in it.
+        std::size_t u = e;
+        if constexpr (O200k) {
+          const std::size_t first_lower = lower ? i : next_set(lowers, i, e);
+          if (first_lower < e) {
+            u = next_set(uppers, lower ? i : first_lower + 1, e);
+            lower = true;
+          }
+        }
+        // The letters [i, u) join the word.
+        h.h += h.power * ((hashes[u] - hashes[i]) * inverse[i]);
+        h.power *= powers[u - i];
+        run += costs[u] - costs[i];
+        i = u;
+        if (u < e) {
+          close(u);
+          continue;
+        }
+        // The run ends at e: the word ends there unless the segment does and the text goes on.
+        if (e < m) {
+          close(e);
+        } else if (a + m == n) {
+          // The text's last word: priced as a word while a vocabulary word starts with it.
+          price(is_word_prefix(cps + start, n - start, w, t.buckets), run, lead);
+          open = false;
+        }
+      }
+      j = e;
+    }
+    // Pass 3: the vocabulary probes of the words closed here, each table slot fetched
+    // ahead of its probe so that the fetches overlap.
+    const std::size_t mask = w.table.size() - 1;
+    for (std::size_t k = 0; k < nclosed; ++k) {
+      finals[k] = finalize(closed[k].h);
+      __builtin_prefetch(&w.table[static_cast<std::size_t>(finals[k] >> 32) & mask]);
+    }
+    for (std::size_t k = 0; k < nclosed; ++k)
+      price(closed[k].probe && contains_finalized(w, finals[k]), closed[k].run, closed[k].lead);
+    nclosed = 0;
+    // The two code points before the next segment.
+    k2 = m >= 2 ? static_cast<std::uint8_t>(infos[m - 2] & kScanClassMask) : k1;
+    k1 = infos[m - 1] & kScanClassMask;
+    c1 = costs[m] - costs[m - 1];
+  }
+  // As the walk ends: a character that a following letter would take into its word ends
+  // the text (a letter is never attachable, so this is never after a word).
+  if (n > 0 && attachable(k1, o200k) && (k1 == kClassSpace || ends_chunk(k2, o200k))) sure += c1;
+  return RawCost{all + adj, sure};
 }
 
 }  // namespace
@@ -327,14 +580,14 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
     if (end == std::string_view::npos) end = words_utf8.size();
     const std::string_view word = words_utf8.substr(pos, end - pos);
     if (word.empty()) throw std::invalid_argument("estimator word " + std::to_string(words.size()) + " is empty");
-    std::uint64_t h = kHashSeed;
+    WordHash h;
     std::size_t cps = 0;
     for (std::size_t i = 0; i < word.size();) {
       char32_t cp = 0;
       const std::size_t len = decode(word, i, cp);
       if (len == 0)
         throw std::invalid_argument("estimator word " + std::to_string(words.size()) + " is not valid UTF-8");
-      h = mix(h, cp);
+      h.add(cp);
       i += len;
       ++cps;
     }
@@ -352,7 +605,7 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
       w.run_max[first] =
           static_cast<std::uint8_t>(std::min<std::size_t>(std::max<std::size_t>(w.run_max[first], cps), 255));
     words.push_back(word);
-    hashes.push_back(h);
+    hashes.push_back(h.h);
     pos = end + 1;
   }
   std::size_t size = 16;
@@ -422,9 +675,80 @@ void validate(const EstimatorParams& p) {
   }
 }
 
+void prepare(EstimatorParams& params) {
+  validate(params);
+  ScanTables t;
+  const WordModel& w = params.words;
+  if (w.mode != kNoWords) {
+    const bool o200k = w.mode == kWordsO200k;
+    t.info.resize(kClassLimit);
+    for (std::size_t cp = 0; cp < kClassLimit; ++cp) {
+      const std::uint8_t k = w.classes[cp];
+      std::uint8_t info = k;
+      if (is_letter(k, o200k)) info |= kScanLetter;
+      if ((w.single[cp >> 6] >> (cp & 63)) & 1u) info |= kScanSingle;
+      t.info[cp] = info;
+    }
+    // Every adjustment of the walk that depends on the code point and the one before it.
+    const std::uint64_t one = w.cost;
+    t.latin.resize(kLatinPairs);
+    bool fits = true;
+    for (char32_t prev = 0; prev < 256; ++prev) {
+      for (char32_t cp = 0; cp < 256; ++cp) {
+        std::uint64_t c = cost(prev, cp, params);
+        if (cp >= 0x80) {
+          if (!((w.single[cp >> 6] >> (cp & 63)) & 1u)) {
+            c = std::max(c, 2 * one);
+          } else if (cp == prev) {
+            c = std::max(c, one);
+          }
+        } else if ((cp < 0x20 || cp == 0x7F) && cp != '\t' && cp != '\n' && cp != '\r') {
+          c = std::max(c, one);
+        } else if (cp == prev && w.run_max[cp] != 0) {
+          c = std::max<std::uint64_t>(c, one / w.run_max[cp]);
+        }
+        fits = fits && c <= 0xFFFF;
+        t.latin[(static_cast<std::size_t>(prev) << 8) | cp] = static_cast<std::uint16_t>(c);
+      }
+    }
+    // A word price past 32 tokens: the costs do not fit the table, so texts are walked.
+    if (!fits) {
+      params.scan = ScanTables{};
+      return;
+    }
+    t.powers.resize(kScanSegment + 1);
+    t.inverse_powers.resize(kScanSegment + 1);
+    std::uint64_t inv = kHashBase;  // Newton's iteration: each step doubles the correct low bits
+    for (int k = 0; k < 6; ++k) inv *= 2 - kHashBase * inv;
+    t.powers[0] = t.inverse_powers[0] = 1;
+    for (std::size_t k = 1; k <= kScanSegment; ++k) {
+      t.powers[k] = t.powers[k - 1] * kHashBase;
+      t.inverse_powers[k] = t.inverse_powers[k - 1] * inv;
+    }
+    const std::size_t count = w.offsets.size() - 1;
+    t.buckets.assign(65537, static_cast<std::uint32_t>(count));
+    // Bucket of word k: its first byte and its second (0 for a one-byte word); words are
+    // sorted bytewise, so bucket numbers never decrease along them.
+    std::size_t next = 0;  // first bucket not yet given its start
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t off = w.offsets[k];
+      const std::size_t len = w.offsets[k + 1] - off;
+      const std::size_t b = (static_cast<std::size_t>(static_cast<unsigned char>(w.sorted[off])) << 8) |
+                            (len > 1 ? static_cast<unsigned char>(w.sorted[off + 1]) : 0u);
+      for (; next <= b; ++next) t.buckets[next] = static_cast<std::uint32_t>(k);
+    }
+  }
+  params.scan = std::move(t);
+}
+
 template <class Unit>
 RawCost raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
-  if (params.words.mode != kNoWords) return walk(cps, n, params, 0, true, true, NoWords{});
+  if (params.words.mode != kNoWords) {
+    if (!params.scan.latin.empty()) {
+      return params.words.mode == kWordsO200k ? scan<Unit, true>(cps, n, params) : scan<Unit, false>(cps, n, params);
+    }
+    return walk(cps, n, params, 0, true, true, NoWords{});
+  }
   if constexpr (sizeof(Unit) == 1) {
     // Latin-1 text: every pair is a direct entry, no hashing.
     std::uint64_t total = 0;
@@ -483,6 +807,18 @@ std::int64_t finish_estimate(RawCost raw_cost, bool nonempty, const EstimatorPar
 
 std::int64_t estimate_tokens(std::string_view utf8, const EstimatorParams& params) {
   return finish_estimate(raw_cost_utf8(utf8, params), !utf8.empty(), params);
+}
+
+RawCost raw_cost_walked(const CodePoints& t, const EstimatorParams& params) noexcept {
+  if (params.words.mode == kNoWords) return raw_cost(t, params);
+  switch (t.width) {
+    case 1:
+      return walk(static_cast<const std::uint8_t*>(t.data), t.size, params, 0, true, true, NoWords{});
+    case 2:
+      return walk(static_cast<const std::uint16_t*>(t.data), t.size, params, 0, true, true, NoWords{});
+    default:
+      return walk(static_cast<const std::uint32_t*>(t.data), t.size, params, 0, true, true, NoWords{});
+  }
 }
 
 RawCost raw_cost(const CodePoints& t, const EstimatorParams& params) noexcept {

@@ -302,6 +302,38 @@ def test_repeated_characters_undercount_is_bounded(family: str, ch: str, n: int)
     assert est >= REPEAT_BOUND * exact, (repr(ch), n, est, exact)
 
 
+def test_one_text_at_a_time_matches_the_batch_past_the_shared_counts() -> None:
+    # Small values come from TokenCounts built once and shared; large ones are built per call.
+    texts = ["", "a", "Hello, world!", "x" * 50_000, "\u65e5\u672c\u8a9e " * 3000, "word " * 20_000]
+    for family in EXACT_FAMILIES:
+        batch = ctxcore.estimate_tokens_batch(texts, family).tolist()
+        single = [ctxcore.estimate_tokens(t, family) for t in texts]
+        assert [c.value for c in single] == batch
+        assert all(c.family == family and c.kind is TokenKind.ESTIMATE for c in single)
+        assert max(batch) > 4096
+
+
+def test_the_per_text_path_names_a_wrong_text_or_family() -> None:
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        ctxcore.estimate_tokens(b"abc", FAMILY)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="family must be a str, got int"):
+        ctxcore.estimate_tokens("abc", 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown tokenizer family 'no-such-family'"):
+        ctxcore.estimate_tokens("abc", "no-such-family")
+
+
+def test_a_registered_family_stops_being_estimated_once_unregistered() -> None:
+    ctxcore.register_tokenizer("tmp-words", lambda t: len(t.split()), fallback_family="o200k_base")
+    try:
+        got = ctxcore.estimate_tokens("three little words", "tmp-words")
+        assert got.family == "tmp-words"
+        assert got.value == ctxcore.estimate_tokens("three little words", "o200k_base").value
+    finally:
+        ctxcore.unregister_tokenizer("tmp-words")
+    with pytest.raises(ValueError, match="unknown tokenizer family 'tmp-words'"):
+        ctxcore.estimate_tokens("three little words", "tmp-words")
+
+
 def test_threads_give_the_serial_answer() -> None:
     texts = [s * k for k in range(1, 30) for s in SAMPLES]
     serial = ctxcore.estimate_tokens_batch(texts, FAMILY).tolist()

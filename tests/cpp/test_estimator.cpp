@@ -1,6 +1,7 @@
 // Unit tests of the C++ token estimator, run through ctest (also under ASan + UBSan in CI).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -342,6 +343,90 @@ TEST(EstimatorWords, MonotoneUnderAppend) {
           ASSERT_GE(e, last) << s;
           last = e;
         }
+      }
+    }
+  }
+}
+
+// A text of code points in the narrowest of the widths 1, 2 and 4 that holds them all.
+struct Narrowest {
+  std::vector<std::uint8_t> u8;
+  std::vector<std::uint16_t> u16;
+  std::u32string u32;
+  unsigned width = 1;
+  ctxcore::CodePoints view() const {
+    if (width == 1) return {u8.data(), u8.size(), 1};
+    if (width == 2) return {u16.data(), u16.size(), 2};
+    return {u32.data(), u32.size(), 4};
+  }
+};
+
+Narrowest narrowest(const std::u32string& s) {
+  Narrowest t;
+  char32_t top = 0;
+  for (const char32_t c : s) top = std::max(top, c);
+  if (top < 256) {
+    t.u8.assign(s.begin(), s.end());
+  } else if (top < 0x10000) {
+    t.u16.assign(s.begin(), s.end());
+    t.width = 2;
+  } else {
+    t.u32 = s;
+    t.width = 4;
+  }
+  return t;
+}
+
+TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
+  std::mt19937 rng(23);
+  auto base = params(10, 0, 0, 1.13, 1.7);
+  for (auto& c : base.latin_costs)
+    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
+  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  auto classes = ascii_classes();
+  classes[0x100] = ctxcore::kClassUpper;  // Ā ā
+  classes[0x101] = ctxcore::kClassLower;
+  classes[0x4E2D] = ctxcore::kClassLetterOther;
+  classes[0xC0] = ctxcore::kClassUpper;  // À
+  const std::vector<std::u32string> pieces = {
+      U"a",          U"b",          U"he",         U"llo",      U"Z",      U"HTTP",   U"Server",
+      U" ",          U"  ",         U"\n",         U"\r\n",     U"7",      U"12345",  U",",
+      U"(",          U"...",        U"\u00e9",     U"\u00c0",   U"\u0100", U"\u0101", U"\u4e2d",
+      U"\u0301",     U"\t",         U"\u00ff",     U"\x01",     U"\x7f",   U"&&&&",   U"\U0001F600",
+      U"\U00030001", U"\U00031000", U"\U000E0001", U"qqqqqqqq", U"\u3000", U"\u00a0"};
+  // Vocabulary words: some pieces, and words made of them (with a leading space or mark).
+  const std::string words =
+      "hello\n hello\n(a\nab\nZa\na\nHTTP\n Server\nServer\n\xC3\xA9\xCC\x81\n,he\n\xC4\x81\xC4\x81\n"
+      " \xE4\xB8\xAD\nqqq\n&&\nllo\n b\nb";
+  for (unsigned mode : {ctxcore::kWordsCl100k, ctxcore::kWordsO200k}) {
+    for (std::uint32_t wc : {0u, 700u, 2000u, 40000u}) {
+      auto p = base;
+      std::string sep = words;
+      for (char& c : sep)
+        if (c == '\n') c = '\0';
+      ctxcore::set_words(p, mode, classes, sep, wc);
+      auto walked = p;
+      ctxcore::validate(walked);
+      ctxcore::prepare(p);
+      // A word price past 32 tokens leaves the scan's tables empty: every text is walked.
+      EXPECT_EQ(p.scan.latin.empty(), wc > 32767);
+      for (int trial = 0; trial < 300; ++trial) {
+        std::u32string s;
+        // Up to 3,000 code points, so that words and digit groups cross the scan's segments;
+        // some texts are one long run of letters.
+        const std::size_t target = rng() % 4 == 0 ? rng() % 3000 : rng() % 60;
+        const bool one_run = rng() % 10 == 0;
+        while (s.size() < target) s += one_run ? pieces[rng() % 7] : pieces[rng() % pieces.size()];
+        const Narrowest t = narrowest(s);
+        const ctxcore::RawCost fast = ctxcore::raw_cost(t.view(), p);
+        const ctxcore::RawCost slow = ctxcore::raw_cost_walked(t.view(), walked);
+        ASSERT_EQ(fast.units, slow.units) << mode << " " << wc << " " << s.size();
+        ASSERT_EQ(fast.sure, slow.sure) << mode << " " << wc << " " << s.size();
+        ASSERT_EQ(ctxcore::estimate_tokens(t.view(), p), ctxcore::estimate_tokens(t.view(), walked));
+        // The same text as UCS-4 is priced the same as in its narrowest form.
+        ASSERT_EQ(ctxcore::estimate_tokens(ctxcore::CodePoints{s.data(), s.size(), 4}, p),
+                  ctxcore::estimate_tokens(t.view(), p));
       }
     }
   }

@@ -112,6 +112,30 @@ struct WordModel {
   std::uint32_t cost = 0;              // cost units of a word found in the vocabulary
 };
 
+// Tables derived from a family's parameters by prepare(), for the scan that prices a whole
+// text in two passes (costs and classes of every code point first, then the words).
+struct ScanTables {
+  // kLatinPairs entries: the cost of a code point below 256 after one below 256, in cost
+  // units, with every adjustment that depends on the two only (a code point past ASCII
+  // that is no token by itself, a repeated token, a control character, a repeated ASCII
+  // character) already applied; ASCII digits are priced by the scan.
+  std::vector<std::uint16_t> latin;
+  // kClassLimit entries: the code point's class, kScanLetter when the family's pattern
+  // takes it into words, kScanSingle when it is a token by itself.
+  std::vector<std::uint8_t> info;
+  // 65537 entries: the index of the first sorted vocabulary word whose first two UTF-8
+  // bytes (the first byte and 0 for a one-byte word) are at least the entry's number.
+  std::vector<std::uint32_t> buckets;
+  // kScanSegment + 1 entries: powers of the word hash's base and of its inverse mod 2^64.
+  std::vector<std::uint64_t> powers;
+  std::vector<std::uint64_t> inverse_powers;
+};
+// The scan reads texts in segments of this many code points.
+inline constexpr std::size_t kScanSegment = 512;
+inline constexpr std::uint8_t kScanClassMask = 0x0F;
+inline constexpr std::uint8_t kScanLetter = 0x10;
+inline constexpr std::uint8_t kScanSingle = 0x20;
+
 // The calibrated parameters of one tokenizer family.
 struct EstimatorParams {
   unsigned pair_bits = 0;                   // pair_entries has 2^pair_bits entries
@@ -122,6 +146,7 @@ struct EstimatorParams {
   double spread = 0.0;                      // >= 0
   double word_scale = 1.0;                  // >= 0: the factor on whole vocabulary words
   WordModel words;                          // optional (mode kNoWords: none)
+  ScanTables scan;                          // derived by prepare(); empty: every text is walked
 };
 
 // A text's raw cost in cost units, and the part of it priced as whole vocabulary words
@@ -141,6 +166,12 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
 
 // Throws std::invalid_argument naming what is wrong (sizes, bits, scale, spread, word_scale).
 void validate(const EstimatorParams& params);
+
+// Validates `params` and derives `params.scan` from its tables and word model, so that
+// whole texts are priced by the two-pass scan (the same estimates as the walk, faster).
+// Recompute after changing the tables or the word model; without it (scan empty) every
+// text is walked one code point at a time.
+void prepare(EstimatorParams& params);
 
 // Where the pair (prev, cp) lives: a direct index into latin_costs when both are below
 // 256 (then `tag` is 0), else an index into pair_entries and the tag its entry must carry.
@@ -179,6 +210,10 @@ RawCost raw_cost_utf8(std::string_view utf8, const EstimatorParams& params);
 
 // The raw cost of code points in fixed-width units (width 1, 2 or 4), as estimate_tokens sums it.
 RawCost raw_cost(const CodePoints& text, const EstimatorParams& params) noexcept;
+
+// The same, always by the walk over one code point at a time (never the two-pass scan):
+// for tests that hold the scan to it.
+RawCost raw_cost_walked(const CodePoints& text, const EstimatorParams& params) noexcept;
 
 // Calls on_word(begin, end, found) for each word of `text` (code-point offsets; the leading
 // character the pattern attaches included) that the word model prices: `found` when it is a
