@@ -16,27 +16,29 @@ One stage, one module:
 * `plan` -- budget before work (messages, tools, trimming decisions), then the
   directive's share;
 * `history` -- turn groups and trimming;
-* `ledger` -- exact (or estimated) prices of the formatter's pieces, cached;
 * `gate` -- the retrieved memories as columns; scoring, the relevance gate,
   de-duplication, the per-request cap;
-* `pricing` -- each candidate's cost, from stored exact counts, or counted where the
-  packing can select it;
-* `memcounts` -- the exact counts of memories without a stored count, kept across
-  requests, and the length-based price that ranks a memory before it is counted;
 * `trace` -- the trace, as blocks of rows over the pipeline's columns;
 * `context` -- `AssembledContext`, the result;
 * `pipeline` -- `assemble`, which reads as the stages above in order.
+
+Pricing (the ledger's prices and each candidate's cost) is a stage of its own,
+``ctxcore.pricing``; its cache settings and `memory_count_cache_stats` are also named here,
+where 0.2.0 published them.
 """
 
-from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
-from .context import AssembledContext
-from .ledger import COUNT_CACHE_ENTRIES, DIRECTIVE_BOUNDARY_ALLOWANCE, EXACT_COUNT_BYTES_PER_MS, warm_tokenizers
-from .memcounts import (
+from ..pricing import (
+    COUNT_CACHE_ENTRIES,
+    DIRECTIVE_BOUNDARY_ALLOWANCE,
+    EXACT_COUNT_BYTES_PER_MS,
     MEMORY_COUNT_CACHE_CHARS,
     MEMORY_COUNT_CACHE_ENTRIES,
     MemoryCountCacheStats,
     memory_count_cache_stats,
+    warm_tokenizers,
 )
+from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
+from .context import AssembledContext
 from .pipeline import assemble
 from .trace import TraceTable
 

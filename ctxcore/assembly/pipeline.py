@@ -19,6 +19,7 @@ from ..catalog import Catalog, default_catalog
 from ..formatting import COMPACT_NONCE_DIGITS, NONCE_BYTES, SECTIONS, Sections
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
+from ..pricing.candidates import attribute_mask, price_candidates
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
 from ..request import AssemblyRequest
 from ..rerank import Reranker, RerankRecord, RerankStatus, rerank
@@ -38,7 +39,6 @@ from .config import AssemblyConfig
 from .context import AssembledContext
 from .gate import Columns, gate
 from .plan import Plan, make_plan, settle
-from .pricing import attribute_mask, price_candidates
 from .trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 
 _PINNED = "pinned"
@@ -70,7 +70,7 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.counting``; a memory
+    (from the store's stored count, no tokenizing, see ``ctxcore.pricing.units``; a memory
     without one is counted only if the packing can select it, and the count is kept for
     later requests). Other families are priced with the estimator. Messages and tools
     are priced, and the

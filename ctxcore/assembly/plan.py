@@ -19,11 +19,7 @@ from ..catalog import Catalog, ModelCapability
 from ..errors import ContextOverflow
 from ..formatting import PIECE_MESSAGE, PIECE_TOOLS, tools_json_text
 from ..payloads import RenderingCosts, rendering_costs
-from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
-from ..result import HistoryDrop
-from .config import AssemblyConfig
-from .history import message_item, overflow_message, trim, turn_groups
-from .ledger import (
+from ..pricing.ledger import (
     EXACT_COUNT_BYTES_PER_MS,
     PRICING_NONCE,
     Ledger,
@@ -33,6 +29,10 @@ from .ledger import (
     time_left_ms,
     uncached_bytes,
 )
+from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
+from ..result import HistoryDrop
+from .config import AssemblyConfig
+from .history import message_item, overflow_message, trim, turn_groups
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from ..counting import (
+from ..pricing.units import (
     BUILTIN_SPLIT_FAMILIES,
     boundary_allowance,
     count_exact_batch,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, tokens
+from .. import _core, tokens
 
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",
