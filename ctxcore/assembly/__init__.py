@@ -10,21 +10,20 @@ candidate, one record per branch, the wall, and whether and why it degraded. A f
 or slow source degrades the context (directive-only or history-only) and never widens
 what the request may see.
 
-One stage, one module:
+Its modules:
 
 * `config` -- `AssemblyConfig`, the service-wide settings;
-* `plan` -- budget before work (messages, tools, trimming decisions), then the
-  directive's share;
-* `history` -- turn groups and trimming;
 * `gate` -- the retrieved memories as columns; scoring, the relevance gate,
   de-duplication, the per-request cap;
 * `trace` -- the trace, as blocks of rows over the pipeline's columns;
 * `context` -- `AssembledContext`, the result;
-* `pipeline` -- `assemble`, which reads as the stages above in order.
+* `pipeline` -- `assemble`, which calls the stages in order.
 
-Pricing (the ledger's prices and each candidate's cost) is a stage of its own,
-``ctxcore.pricing``; its cache settings and `memory_count_cache_stats` are also named here,
-where 0.2.0 published them.
+The budget (``ctxcore.budget``: what is settled before retrieval, history trimming) and
+pricing (``ctxcore.pricing``: the ledger's prices and each candidate's cost) are stages
+of their own, beside retrieval, scoring, packing and formatting; this package calls them.
+Pricing's cache settings and `memory_count_cache_stats` are also named here, where 0.2.0
+published them.
 """
 
 from ..pricing import (

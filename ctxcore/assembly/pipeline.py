@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
+from ..budget.plan import Plan, make_plan, settle
 from ..catalog import Catalog, default_catalog
 from ..formatting import COMPACT_NONCE_DIGITS, NONCE_BYTES, SECTIONS, Sections
 from ..memory import Sources
@@ -38,7 +39,6 @@ from ..tokens import TokenCount
 from .config import AssemblyConfig
 from .context import AssembledContext
 from .gate import Columns, gate
-from .plan import Plan, make_plan, settle
 from .trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 
 _PINNED = "pinned"
@@ -128,7 +128,7 @@ async def assemble(
     weights = ScoreWeights(**dict(opts.weights)) if opts.weights else None
 
     # ---- budget before work: messages and tools priced, the request refused if it cannot fit
-    plan = await _in(executor, make_plan, request, cat, cap, cfg, deadline)
+    plan = await _in(executor, make_plan, request, cat, cap, cfg.budget_policy, deadline)
 
     reasons: list[str] = []
     run_directive = opts.context_enabled
@@ -301,7 +301,7 @@ def _finish(
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    budget, kept_idx, dropped, directive_tokens, directive_framing = settle(plan, directive, request, cfg)
+    budget, kept_idx, dropped, directive_tokens, directive_framing = settle(plan, directive, request, cfg.budget_policy)
     history = plan.history if not dropped else [plan.history[i] for i in kept_idx]
     t_budgeted = time.perf_counter()
 
