@@ -32,8 +32,8 @@ from .ledger import (
 from .memcounts import MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
 from .units import boundary_allowance, compact_body_units, count_exact_batch, memory_units
 
-#: The trace's codes of `Pricing` values (0: not priced), as the compiled trace encoder
-#: reads them.
+#: How each candidate was priced, as a code per row (0: not priced): pricing writes the
+#: codes, the trace (``ctxcore.assembly.trace``) reads them back as `Pricing` values.
 PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
 PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(PRICINGS)}
 
