@@ -29,7 +29,7 @@ from .units import boundary_allowance, count_exact_batch
 EXACT_COUNT_BYTES_PER_MS = 2000.0
 #: Tokens added to the directive's exact count: the directive is the one piece whose last
 #: character is caller text, and BPE may merge it with the newline of the frame after it
-#: (the property tests in tests/test_pricing.py measure the largest such effect).
+#: (the property tests in tests/assembly/test_pricing.py measure the largest such effect).
 DIRECTIVE_BOUNDARY_ALLOWANCE = 1
 
 
