@@ -7,9 +7,16 @@ seed; ``explore`` draws fresh random examples and is what long runs use
 ``CTXCORE_HYPOTHESIS_PROFILE``.
 
 Support modules are imported by name: ``testkit`` (paths, the adversarial corpus, loading
-a script), ``service_support`` (a real server on loopback) and ``pg_support`` (a real
-PostgreSQL) from tests/, ``bench_support`` and ``load_driver`` from bench/; pyproject.toml
+a script), ``service_support`` (a real server on loopback), ``pg_support`` (a real
+PostgreSQL) and ``payload_support`` (the providers' request types) from tests/, ``bench_support`` and ``load_driver`` from bench/; pyproject.toml
 puts both directories on the pytest path.
+
+The tests are grouped by the area of the package they cover, one folder each: ``core``
+(tokens, catalog, packing, formatting, numbers at the edges), ``assembly`` (the pipeline
+and its stages: budget, pricing, scoring, rerank, the memory elements, requests and
+payloads), ``stores``, ``service``, ``cli``, ``benchmarking``, ``adapters``,
+``evaluation`` and ``package`` (installation, module structure, the examples). Their
+data files are in tests/data/, the C++ unit tests in tests/cpp/.
 """
 
 from __future__ import annotations

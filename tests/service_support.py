@@ -1,7 +1,7 @@
 """Shared pieces of the service tests: a real server on a loopback port, fake retrieval
 sources with canaries and injectable faults, test PKI and JWTs.
 
-Imported by tests/test_service_*.py by name (pyproject.toml puts tests/ on the pytest path).
+Imported by tests/service/test_service_*.py by name (pyproject.toml puts tests/ on the pytest path).
 """
 
 from __future__ import annotations

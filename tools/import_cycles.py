@@ -8,7 +8,7 @@ is not counted as an edge from the module that asks for ``a.b.c``.
 
     python tools/import_cycles.py ctxcore        # exit 1 and the cycles, if any
 
-Used by tests/test_structure.py against the installed package.
+Used by tests/package/test_structure.py against the installed package.
 """
 
 from __future__ import annotations

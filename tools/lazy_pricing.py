@@ -47,19 +47,16 @@ WORDS = (
 
 
 def _switch(approach: str) -> None:
-    import ctxcore.assembly.pricing as pricing
+    import ctxcore.pricing.candidates as pricing
+    from ctxcore.pricing import memcounts
 
-    try:
-        from ctxcore.assembly import memcounts
-    except ImportError:  # an install from before the count cache: its own pricing counts all
-        return
     if approach in ("lazy-only", "estimator-only", "count-all"):
         memcounts.MEMORY_COUNTS.get_many = lambda family, ids, texts: np.full(len(ids), -1, dtype=np.int64)  # type: ignore[method-assign]
         memcounts.MEMORY_COUNTS.put_many = lambda family, items: None  # type: ignore[method-assign]
     if approach in ("cache-only", "count-all"):
         pricing.BOUNDARY_SHARE = 1e-12  # the first round's boundary: every candidate with a score
     if approach.startswith("estimator"):
-        from ctxcore.counting import memory_units
+        from ctxcore.pricing.units import memory_units
         from ctxcore.tokens import estimate_tokens_batch
 
         def estimate(ids: Sequence[str], texts: Sequence[str]) -> np.ndarray:

@@ -10,33 +10,34 @@ candidate, one record per branch, the wall, and whether and why it degraded. A f
 or slow source degrades the context (directive-only or history-only) and never widens
 what the request may see.
 
-One stage, one module:
+Its modules:
 
 * `config` -- `AssemblyConfig`, the service-wide settings;
-* `plan` -- budget before work (messages, tools, trimming decisions), then the
-  directive's share;
-* `history` -- turn groups and trimming;
-* `ledger` -- exact (or estimated) prices of the formatter's pieces, cached;
 * `gate` -- the retrieved memories as columns; scoring, the relevance gate,
   de-duplication, the per-request cap;
-* `pricing` -- each candidate's cost, from stored exact counts, or counted where the
-  packing can select it;
-* `memcounts` -- the exact counts of memories without a stored count, kept across
-  requests, and the length-based price that ranks a memory before it is counted;
 * `trace` -- the trace, as blocks of rows over the pipeline's columns;
 * `context` -- `AssembledContext`, the result;
-* `pipeline` -- `assemble`, which reads as the stages above in order.
+* `pipeline` -- `assemble`, which calls the stages in order.
+
+The budget (``ctxcore.budget``: what is settled before retrieval, history trimming) and
+pricing (``ctxcore.pricing``: the ledger's prices and each candidate's cost) are stages
+of their own, beside retrieval, scoring, packing and formatting; this package calls them.
+Pricing's cache settings and `memory_count_cache_stats` are also named here, where 0.2.0
+published them.
 """
 
-from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
-from .context import AssembledContext
-from .ledger import COUNT_CACHE_ENTRIES, DIRECTIVE_BOUNDARY_ALLOWANCE, EXACT_COUNT_BYTES_PER_MS, warm_tokenizers
-from .memcounts import (
+from ..pricing import (
+    COUNT_CACHE_ENTRIES,
+    DIRECTIVE_BOUNDARY_ALLOWANCE,
+    EXACT_COUNT_BYTES_PER_MS,
     MEMORY_COUNT_CACHE_CHARS,
     MEMORY_COUNT_CACHE_ENTRIES,
     MemoryCountCacheStats,
     memory_count_cache_stats,
+    warm_tokenizers,
 )
+from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
+from .context import AssembledContext
 from .pipeline import assemble
 from .trace import TraceTable
 

@@ -14,10 +14,12 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
+from ..budget.plan import Plan, make_plan, settle
 from ..catalog import Catalog, default_catalog
 from ..formatting import SECTIONS, Sections, new_nonce
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
+from ..pricing.candidates import attribute_mask, price_candidates
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
 from ..request import AssemblyRequest
 from ..rerank import Reranker, RerankRecord, RerankStatus, rerank
@@ -36,8 +38,6 @@ from ..tokens import TokenCount
 from .config import AssemblyConfig
 from .context import AssembledContext
 from .gate import Columns, gate
-from .plan import Plan, make_plan, settle
-from .pricing import attribute_mask, price_candidates
 from .trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 
 _PINNED = "pinned"
@@ -69,7 +69,7 @@ async def assemble(
     For a model whose tokenizer family has an exact tokenizer installed
     (`ctxcore.exact_families()`), every term of the ledger is in that family's exact
     tokens: directive, messages, tools, the formatter's fixed text and each memory element
-    (from the store's stored count, no tokenizing, see ``ctxcore.counting``; a memory
+    (from the store's stored count, no tokenizing, see ``ctxcore.pricing.units``; a memory
     without one is counted only if the packing can select it, and the count is kept for
     later requests). Other families are priced with the estimator. Messages and tools
     are priced, and the
@@ -127,7 +127,7 @@ async def assemble(
     weights = ScoreWeights(**dict(opts.weights)) if opts.weights else None
 
     # ---- budget before work: messages and tools priced, the request refused if it cannot fit
-    plan = await _in(executor, make_plan, request, cat, cap, cfg, deadline)
+    plan = await _in(executor, make_plan, request, cat, cap, cfg.budget_policy, deadline)
 
     reasons: list[str] = []
     run_directive = opts.context_enabled
@@ -300,7 +300,7 @@ def _finish(
 
     # ---- the directive's share, then the trimming already planned (one prefix-sum search)
     directive = retrieved.directive
-    budget, kept_idx, dropped, directive_tokens, directive_framing = settle(plan, directive, request, cfg)
+    budget, kept_idx, dropped, directive_tokens, directive_framing = settle(plan, directive, request, cfg.budget_policy)
     history = plan.history if not dropped else [plan.history[i] for i in kept_idx]
     t_budgeted = time.perf_counter()
 

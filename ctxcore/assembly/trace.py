@@ -13,16 +13,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..pricing.candidates import PRICINGS
 from ..result import (
-    Pricing,
     TraceEntry,
     TraceReason,
 )
 
 TRACE_REASONS: tuple[TraceReason, ...] = tuple(TraceReason)
 REASON_CODE = {r: np.uint8(k) for k, r in enumerate(TRACE_REASONS)}
-_PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
-PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(_PRICINGS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +116,7 @@ class TraceTable:
                 ("recounted", b.recounted, False),
             ):
                 cols[name].extend(arr.tolist() if arr is not None else [zero] * n)
-            cols["pricing"].extend(
-                map(_PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None else [""] * n
-            )
+            cols["pricing"].extend(map(PRICINGS.__getitem__, b.pricing.tolist()) if b.pricing is not None else [""] * n)
             cols["signal"].extend(b.signal if b.signal is not None else [""] * n)
         self._columns = cols
         return cols

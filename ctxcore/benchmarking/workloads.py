@@ -139,8 +139,8 @@ class CandidateSet:
         its exact token counts in every installed exact family, as a store returns them
         (counted once here, as a store counts at ingest), so an assembly gated on them
         measures the request path, not tokenizing."""
-        from ..counting import count_memory_tokens
         from ..memory import MemoryRecord
+        from ..pricing.units import count_memory_tokens
 
         texts = self.need_texts("assemble")
         sim = self.similarity if self.similarity is not None else self.scores_or_interim()

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..assembly import memory_count_cache_stats
+from ..pricing import memory_count_cache_stats
 from ..result import STAGES
 
 __all__ = ["LATENCY_BUCKETS_S", "TIME_LEFT_BUCKETS_S", "ServiceMetrics"]
@@ -81,7 +81,7 @@ _STAGES = (*STAGES, "total")
 
 
 class _MemoryCountCacheCollector(Collector):
-    """The memory count cache's figures (`ctxcore.assembly.memory_count_cache_stats`),
+    """The memory count cache's figures (`ctxcore.pricing.memory_count_cache_stats`),
     read at scrape time. The cache is the process's: servers in one process report the
     same figures."""
 

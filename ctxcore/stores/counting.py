@@ -1,6 +1,6 @@
 """Exact token counts of memories as the formatter will emit them, for every store.
 
-The stores' entry point to `ctxcore.counting` (the implementation lives there so that
+The stores' entry point to `ctxcore.pricing.units` (the implementation lives there so that
 assembling does not import the store clients): a store calls `count_memory_tokens` at
 ingest, for every installed exact family, and returns the counts with each record as
 ``MemoryRecord.exact_tokens``. The SQLite store and the PostgreSQL store call the same
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from ..counting import (
+from ..pricing.units import (
     BUILTIN_SPLIT_FAMILIES,
     boundary_allowance,
     count_exact_batch,

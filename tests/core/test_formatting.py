@@ -28,7 +28,7 @@ from testkit import adversarial_corpus
 import ctxcore
 from ctxcore.formatting import COMPACT_SAFETY_SENTENCE, NONCE_WORD_COUNT, nonce_words
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 NONCE = "0123456789abcdef" * 2
 COMPACT_NONCE = "01234567890123456789"
 FORMATS = ["verbose", "compact"]

@@ -32,7 +32,7 @@ from ctxcore.service.convert import (
 from ctxcore.service.wire import METHOD_PREFIX
 from ctxcore.v1 import context_assembly_pb2 as pb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The serving guide, which documents the limits and the configuration file.
 SERVING_GUIDE = ROOT / "docs" / "howto" / "serving.md"
 SERVICE = METHOD_PREFIX

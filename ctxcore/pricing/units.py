@@ -12,7 +12,7 @@ The cuts lie where the pre-tokenizers of the byte-level BPE families (cl100k_bas
 o200k_base) always end a chunk: between a quote and a space followed by a letter, and
 between a letter or digit and a quote; tokens never cross a chunk, so the element costs
 exactly ``P + I + M + B`` tokens, and the joins with its neighbours (``>\\n``, ``.\\n``) can
-only merge. Property tests (tests/test_pricing.py) check ``exact(element) <= priced cost``
+only merge. Property tests (tests/assembly/test_pricing.py) check ``exact(element) <= priced cost``
 over adversarial and multilingual ids and bodies; families whose splitting ctxcore cannot
 know (registered tokenizers) get `boundary_allowance` tokens per cut on top.
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, tokens
+from .. import _core, tokens
 
 __all__ = [
     "BUILTIN_SPLIT_FAMILIES",

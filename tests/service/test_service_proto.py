@@ -37,7 +37,7 @@ from ctxcore.service.convert import (
 from ctxcore.tokens import TokenKind
 from ctxcore.v1 import context_assembly_pb2 as pb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PKG = Path(ctxcore.__file__).resolve().parent
 
 

@@ -14,16 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..budget import Budget, compute_budget
 from ..catalog import Catalog, ModelCapability
 from ..errors import ContextOverflow
 from ..formatting import PIECE_MESSAGE, PIECE_TOOLS, tools_json_text
 from ..payloads import RenderingCosts, rendering_costs
-from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
-from ..result import HistoryDrop
-from .config import AssemblyConfig
-from .history import message_item, overflow_message, trim, turn_groups
-from .ledger import (
+from ..pricing.ledger import (
     EXACT_COUNT_BYTES_PER_MS,
     PRICING_NONCE,
     Ledger,
@@ -33,6 +28,10 @@ from .ledger import (
     time_left_ms,
     uncached_bytes,
 )
+from ..request import AssemblyRequest, HistoryPolicy, Rendering, Role
+from ..result import HistoryDrop
+from .compute import Budget, BudgetPolicy, compute_budget
+from .history import message_item, overflow_message, trim, turn_groups
 
 
 @dataclass(slots=True)
@@ -55,7 +54,11 @@ class Plan:
 
 
 def make_plan(
-    request: AssemblyRequest, cat: Catalog, cap: ModelCapability, cfg: AssemblyConfig, deadline: float | None
+    request: AssemblyRequest,
+    cat: Catalog,
+    cap: ModelCapability,
+    policy: BudgetPolicy,
+    deadline: float | None,
 ) -> Plan:
     """Budget before work: price messages and tools and decide what history must go (up to
     the directive's share) before any store is queried; a request that cannot fit is
@@ -110,7 +113,7 @@ def make_plan(
         messages_tokens=int(message_costs.sum()),
         tool_schema_tokens=tools_tokens,
         formatter_overhead_tokens=fixed,
-        policy=cfg.budget_policy,
+        policy=policy,
     )
     budget = of(token_budget=request.token_budget)
     strict = _strict(request, of)
@@ -166,7 +169,7 @@ def _directive_share(plan: Plan, directive: str | None, model: str) -> tuple[int
 
 
 def settle(
-    plan: Plan, directive: str | None, request: AssemblyRequest, cfg: AssemblyConfig
+    plan: Plan, directive: str | None, request: AssemblyRequest, policy: BudgetPolicy
 ) -> tuple[Budget, list[int], list[HistoryDrop], int, int]:
     """The budget once the directive is known: its share, then the trimming already
     planned (one prefix-sum search). Returns the budget, the kept message indices, the
@@ -180,7 +183,7 @@ def settle(
         messages_tokens=messages_tokens,
         tool_schema_tokens=plan.tools_tokens,
         formatter_overhead_tokens=fixed,
-        policy=cfg.budget_policy,
+        policy=policy,
     )
     budget = of(token_budget=request.token_budget)
     kept_idx: list[int] = list(range(len(plan.history)))
@@ -212,7 +215,7 @@ def settle(
             messages_tokens=messages_tokens - sum(d.tokens for d in dropped),
             tool_schema_tokens=plan.tools_tokens,
             formatter_overhead_tokens=fixed,
-            policy=cfg.budget_policy,
+            policy=policy,
             token_budget=request.token_budget,
         )
     return budget, kept_idx, dropped, directive_tokens, directive_framing

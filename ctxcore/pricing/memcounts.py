@@ -1,7 +1,7 @@
 """Exact counts of memories that arrive without a stored count, kept across requests, and
 the length-based price that ranks a memory before it is counted.
 
-Pricing (``ctxcore.assembly.pricing``) counts exactly only the memories that can end up
+Pricing (``ctxcore.pricing.candidates``) counts exactly only the memories that can end up
 in the context; what it counts it keeps here, keyed by tokenizer family and the memory's
 id and text, so a memory retrieved again (the same hot memories on every turn of a
 conversation) costs a dictionary lookup instead of a tokenizer call. The key is the text
@@ -57,7 +57,7 @@ class MemoryCountCacheStats:
 
 
 class _MemoryCountCache:
-    """Exact ``I + B`` counts (``ctxcore.counting``) by family and (id, text), in two
+    """Exact ``I + B`` counts (``ctxcore.pricing.units``) by family and (id, text), in two
     generations of at most half the bounds each: new entries go to the young one; when it
     is full it becomes the old one (the previous old one is dropped), and a hit in the old
     one moves the entry back. Approximately least recently used out, with O(1) work per entry.

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..counting import boundary_allowance, compact_body_units, count_exact_batch, memory_units
 from ..formatting import FORMAT_CODES, MEMORY_ATTRIBUTES, PIECE_MEMORY, price_estimated
 from ..memory import Chain, MemoryBatch, MemoryRecord
 from ..packing import PackResult
@@ -21,7 +21,6 @@ from ..result import (
     Pricing,
 )
 from ..tokens import TokenKind, estimate_tokens_batch
-from .gate import Columns
 from .ledger import (
     COUNT_CACHE_ENTRIES,
     EXACT_COUNT_BYTES_PER_MS,
@@ -31,7 +30,35 @@ from .ledger import (
     time_left_ms,
 )
 from .memcounts import MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
-from .trace import PRICING_CODE
+from .units import boundary_allowance, compact_body_units, count_exact_batch, memory_units
+
+#: How each candidate was priced, as a code per row (0: not priced): pricing writes the
+#: codes, the trace (``ctxcore.assembly.trace``) reads them back as `Pricing` values.
+PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
+PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(PRICINGS)}
+
+
+class Columns(Protocol):
+    """What pricing reads of the retrieved memories' columns (the gate's columns): str
+    fields as lists, numbers as arrays aligned with them (-1 in `stored` for no stored
+    count of the ledger's family)."""
+
+    @property
+    def ids(self) -> list[str]: ...
+    @property
+    def texts(self) -> list[str]: ...
+    @property
+    def origins(self) -> list[str]: ...
+    @property
+    def scores(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def stored(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def distinct_origins(self) -> list[str]: ...
+    @property
+    def origin_code(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def n(self) -> int: ...
 
 
 class _ShapeCache:
@@ -269,7 +296,7 @@ def _memory_costs_exact(
     fmt: int = 0,
     mask: int = 3,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8], npt.NDArray[np.bool_], PackResult]:
-    """Each candidate's cost ``P + (I + B) + M`` (see ``ctxcore.counting``), how it was
+    """Each candidate's cost ``P + (I + B) + M`` (see ``ctxcore.pricing.units``), how it was
     priced (`Pricing` codes), whether it was recounted, and the packing. In the compact
     rendering (`fmt` 1) ``I`` is the dearest handle of the candidates' count, ``M`` has
     the attributes in `mask`, and a memory's own unit is its compact body: the store's

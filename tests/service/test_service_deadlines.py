@@ -227,7 +227,7 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve().parent / "service_support.py"), "4", "0.2"],
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "service_support.py"), "4", "0.2"],
         stdout=subprocess.PIPE,
         text=True,
     )

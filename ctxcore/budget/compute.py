@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .catalog import Catalog, ModelCapability, default_catalog
-from .errors import ConfigError, TokenizerMismatch
-from .tokens import TokenCount, TokenKind
+from ..catalog import Catalog, ModelCapability, default_catalog
+from ..errors import ConfigError, TokenizerMismatch
+from ..tokens import TokenCount, TokenKind
 
 __all__ = [
     "CONSTRAINED_BELOW",

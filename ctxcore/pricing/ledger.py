@@ -18,10 +18,10 @@ import numpy as np
 
 from .. import _core, tokens
 from ..catalog import Catalog, ModelCapability
-from ..counting import boundary_allowance, count_exact_batch
 from ..errors import TokenizerUnavailable
 from ..formatting import FORMAT_CODES, PIECE_DIRECTIVE, PIECE_FRAME, PIECE_MESSAGE
 from ..tokens import TokenKind, estimator_for, exact_families
+from .units import boundary_allowance, count_exact_batch
 
 #: Exact counting speed assumed when deciding whether a count can be had before the
 #: deadline (UTF-8 bytes per millisecond; tiktoken counts ~3-10 MB/s on this machine, the
@@ -29,7 +29,7 @@ from ..tokens import TokenKind, estimator_for, exact_families
 EXACT_COUNT_BYTES_PER_MS = 2000.0
 #: Tokens added to the directive's exact count: the directive is the one piece whose last
 #: character is caller text, and BPE may merge it with the newline of the frame after it
-#: (the property tests in tests/test_pricing.py measure the largest such effect).
+#: (the property tests in tests/assembly/test_pricing.py measure the largest such effect).
 DIRECTIVE_BOUNDARY_ALLOWANCE = 1
 
 

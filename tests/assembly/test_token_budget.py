@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from test_payloads import check_anthropic, check_openai
+from payload_support import check_anthropic, check_openai
 
 import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Query, Sources, compute_budget

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..budget import Budget
 from ..request import Message, Role
 from ..result import (
     HistoryDrop,
 )
+from .compute import Budget
 
 
 def message_item(m: Message) -> dict[str, str]:

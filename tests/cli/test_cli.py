@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "candidates.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "candidates.jsonl"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

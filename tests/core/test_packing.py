@@ -22,7 +22,7 @@ import ctxcore
 from ctxcore import Candidate, InvalidCandidate, PackPath, Reason
 from ctxcore.benchmarking.instances import pack_instance
 
-SOURCE_TREE = Path(__file__).resolve().parents[1]
+SOURCE_TREE = Path(__file__).resolve().parents[2]
 
 
 # ---- oracles ------------------------------------------------------------------------
