@@ -13,15 +13,15 @@ what the request may see.
 Its modules:
 
 * `config` -- `AssemblyConfig`, the service-wide settings;
-* `gate` -- the retrieved memories as columns; scoring, the relevance gate,
-  de-duplication, the per-request cap;
-* `trace` -- the trace, as blocks of rows over the pipeline's columns;
 * `context` -- `AssembledContext`, the result;
 * `pipeline` -- `assemble`, which calls the stages in order.
 
-The budget (``ctxcore.budget``: what is settled before retrieval, history trimming) and
-pricing (``ctxcore.pricing``: the ledger's prices and each candidate's cost) are stages
-of their own, beside retrieval, scoring, packing and formatting; this package calls them.
+The stages are packages and modules of their own, and this package only calls them:
+the budget (``ctxcore.budget``: what is settled before retrieval, history trimming),
+retrieval (``ctxcore.retrieval``), scoring (``ctxcore.scoring``: the value model and the
+gate), pricing (``ctxcore.pricing``: the ledger's prices and each candidate's cost),
+packing (``ctxcore.packing``), formatting (``ctxcore.formatting``), and the record of
+every decision (``ctxcore.trace``).
 Pricing's cache settings and `memory_count_cache_stats` are also named here, where 0.2.0
 published them.
 """
@@ -36,10 +36,11 @@ from ..pricing import (
     memory_count_cache_stats,
     warm_tokenizers,
 )
-from .config import DEFAULT_PACKING_HEADROOM_MS, RECENCY_HALF_LIFE_DAYS, AssemblyConfig
+from ..scoring import RECENCY_HALF_LIFE_DAYS
+from ..trace import TraceTable
+from .config import DEFAULT_PACKING_HEADROOM_MS, AssemblyConfig
 from .context import AssembledContext
 from .pipeline import assemble
-from .trace import TraceTable
 
 __all__ = [
     "COUNT_CACHE_ENTRIES",

@@ -26,9 +26,6 @@ from ..scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoringCo
 #: Time kept after retrieval, under a caller deadline, for scoring, packing and formatting
 #: (p99 ~2 ms for 1,000 candidates on a 2-core machine; bench/test_bench_assembly.py).
 DEFAULT_PACKING_HEADROOM_MS = 5.0
-#: Half-life of the recency component used by weighted scores: a memory a week old
-#: counts half as recent as a new one.
-RECENCY_HALF_LIFE_DAYS = 7.0
 
 _ENV = {
     "client_timeout_ms": "CTXCORE_CONTEXT_TIMEOUT_MS",

@@ -22,7 +22,7 @@ from ..result import (
     Wall,
 )
 from ..tokens import TokenCount
-from .trace import TraceTable
+from ..trace import TraceTable
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,11 @@ from ..retrieval import (
     retrieve,
 )
 from ..scoring import ScoreWeights, ScoringConfig, ValueModel
+from ..scoring.gate import Columns, gate
 from ..tokens import TokenCount
+from ..trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 from .config import AssemblyConfig
 from .context import AssembledContext
-from .gate import Columns, gate
-from .trace import PACK_REASON_CODES, REASON_CODE, TraceRows, TraceTable
 
 _PINNED = "pinned"
 _PINNED_CODE = int(REASON_CODE[TraceReason.PINNED])

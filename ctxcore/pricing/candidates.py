@@ -33,7 +33,7 @@ from .memcounts import MEMORY_COUNTS, TOKENS_PER_BYTE, rank_prices, utf8_lengths
 from .units import boundary_allowance, compact_body_units, count_exact_batch, memory_units
 
 #: How each candidate was priced, as a code per row (0: not priced): pricing writes the
-#: codes, the trace (``ctxcore.assembly.trace``) reads them back as `Pricing` values.
+#: codes, the trace (``ctxcore.trace``) reads them back as `Pricing` values.
 PRICINGS: tuple[str, ...] = ("", *(p.value for p in Pricing))
 PRICING_CODE = {p: np.uint8(k) for k, p in enumerate(PRICINGS)}
 

@@ -21,7 +21,6 @@ import grpc
 import numpy as np
 
 from .. import _core
-from ..assembly.trace import TRACE_REASONS, TraceRows
 from ..budget import Budget
 from ..catalog import Catalog, ModelCapability, TokenizerPolicy
 from ..errors import UnknownModel
@@ -40,6 +39,7 @@ from ..request import (
 from ..result import BranchRecord, HistoryDrop, StageTimings, TraceEntry, TraceReason, Wall
 from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
+from ..trace import TRACE_REASONS, TraceRows
 from ..v1 import context_assembly_pb2 as pb
 from .errors import ServiceError
 from .wire import (
@@ -555,7 +555,7 @@ def _pack_to_proto(pack: Any) -> pb.PackRecord:
 
 
 _TRACE_CODES = {r: enum_to_proto(r, pb.TraceReason, "TRACE_REASON") for r in TraceReason}
-# The wire value of each of the trace's reason codes (`ctxcore.assembly.trace`), and the
+# The wire value of each of the trace's reason codes (`ctxcore.trace`), and the
 # trace's field number in the answer.
 _WIRE_REASONS = np.array([_TRACE_CODES[r] for r in TRACE_REASONS], dtype=np.int32)
 _TRACE_FIELD = pb.AssembledContext.DESCRIPTOR.fields_by_name["trace"].number

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ConfigError
-from .memory import FULLTEXT_RELEVANCE_SENTINEL
+from ..errors import ConfigError
+from ..memory import FULLTEXT_RELEVANCE_SENTINEL
 
 __all__ = [
     "COMPONENTS",
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_RECENCY_WEIGHT",
     "DEFAULT_RELATIVE_FLOOR",
     "DEFAULT_RRF_K",
+    "RECENCY_HALF_LIFE_DAYS",
     "DEFAULT_SHARPNESS",
     "SIGNALS",
     "FusionMethod",
@@ -76,6 +77,9 @@ FULL_TEXT_RELEVANCE = FULLTEXT_RELEVANCE_SENTINEL
 #: them. An absolute cutoff such as 0.70 suits only embedders whose cosines are
 #: calibrated to it; a static or lexical embedder's relevant matches score well below.
 DEFAULT_MIN_SIMILARITY = 0.0
+#: Half-life of the recency component used by weighted scores: a memory a week old
+#: counts half as recent as a new one.
+RECENCY_HALF_LIFE_DAYS = 7.0
 #: The components a weighted score may combine, in a fixed order.
 COMPONENTS = ("similarity", "confidence", "recency", "importance")
 

@@ -15,7 +15,9 @@ import numpy.typing as npt
 from .. import _core
 from ..memory import Chain, MemoryBatch, MemoryOrigin, MemoryRecord
 from ..result import TraceReason
-from ..scoring import (
+from ..trace import REASON_CODE, TraceRows, TraceTable
+from .value import (
+    RECENCY_HALF_LIFE_DAYS,
     SIGNALS,
     ScoreFormula,
     ScoreWeights,
@@ -26,8 +28,6 @@ from ..scoring import (
     score_candidates,
     value_scores,
 )
-from .config import RECENCY_HALF_LIFE_DAYS
-from .trace import REASON_CODE, TraceRows, TraceTable
 
 
 @dataclass(slots=True)

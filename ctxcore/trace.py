@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..pricing.candidates import PRICINGS
-from ..result import (
+from .pricing.candidates import PRICINGS
+from .result import (
     TraceEntry,
     TraceReason,
 )
