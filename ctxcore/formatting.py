@@ -60,7 +60,7 @@ MIN_NONCE_HEX_DIGITS: int = _core.MIN_NONCE_HEX_DIGITS
 SAFETY_SENTENCE: str = _core.SAFETY_SENTENCE
 
 #: The compact rendering's nonce: three decimal digits and `COMPACT_NONCE_WORDS` words of
-#: `NONCE_WORDS`, each after a space (10 + 4 x 14 = 66 random bits from `secrets`), e.g.
+#: `nonce_words()`, each after a space (10 + 4 x 14 = 66 random bits from `secrets`), e.g.
 #: ``"417 harbor quietly mint loop"``. Every word is a single token after a space in
 #: cl100k_base and o200k_base, so the nonce costs five tokens there, against seven for 20
 #: decimal digits, the cheapest of hex, letters and digits; the estimator families measure
