@@ -172,6 +172,8 @@ async def run_load(
     all_scopes = scopes()
     lat: list[float] = []
     errors: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    ok_lat: list[float] = []
     degraded = 0
     walls: dict[str, int] = {}
     branches: dict[str, int] = {}
@@ -210,9 +212,13 @@ async def run_load(
                     r = await c.assemble(req)
                 except grpc.aio.AioRpcError as exc:
                     errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                    reason = _admission_reason(exc)
+                    if reason:
+                        refused[reason] = refused.get(reason, 0) + 1
                     lat.append((time.perf_counter() - t0) * 1000)
                     continue
                 lat.append((time.perf_counter() - t0) * 1000)
+                ok_lat.append(lat[-1])
                 degraded += r.degraded
                 for b in r.branches:
                     if b.status not in (pb.BRANCH_STATUS_OK, pb.BRANCH_STATUS_SKIPPED):
@@ -227,9 +233,10 @@ async def run_load(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t_start
     lat.sort()
+    ok_lat.sort()
 
-    def pct(p: float) -> float:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else float("nan")
+    def pct(p: float, xs: list[float] = lat) -> float:
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else float("nan")
 
     return {
         "targets": hosts,
@@ -244,6 +251,13 @@ async def run_load(
         "p99_ms": pct(0.99),
         "max_ms": round(lat[-1], 3) if lat else float("nan"),
         "errors": errors,
+        # Of the failed calls, those the server refused at arrival (by admission reason):
+        # answered at once, with no work done, where the rest ran out of time.
+        "refused_at_arrival": dict(sorted(refused.items())),
+        "ok_share": round(len(ok_lat) / len(lat), 4) if lat else 0.0,
+        "deadline_exceeded_share": round(errors.get("DEADLINE_EXCEEDED", 0) / len(lat), 4) if lat else 0.0,
+        "ok_p50_ms": pct(0.50, ok_lat),
+        "ok_p99_ms": pct(0.99, ok_lat),
         "degraded": degraded,
         "degraded_branches": dict(sorted(branches.items())),
         "walls": walls,
@@ -252,6 +266,18 @@ async def run_load(
 
 #: The trailing-metadata key of a refusal at arrival (ctxcore.service.admission.ADMISSION_KEY).
 ADMISSION_KEY = "ctxcore-admission"
+
+
+def _admission_reason(exc: grpc.aio.AioRpcError) -> str | None:
+    """The admission reason a refused call carries (None: the call was not refused at
+    arrival)."""
+    # grpc.aio's AioRpcError.trailing_metadata() returns a grpc.aio.Metadata (or None);
+    # grpc-stubs types it as the sync RpcError's tuple of _Metadatum.
+    trailing = cast("grpc.aio.Metadata | None", exc.trailing_metadata())
+    mark = trailing.get(ADMISSION_KEY) if trailing is not None else None
+    return mark if isinstance(mark, str) else None
+
+
 #: Calls of the open loop outstanding at once, at most: beyond it arrivals are counted as
 #: not sent rather than piling up in the driver.
 MAX_OUTSTANDING = 4096
@@ -325,11 +351,8 @@ async def run_open_loop(
                 code = "OK"
             except grpc.aio.AioRpcError as exc:
                 code = exc.code().name
-                # grpc.aio's AioRpcError.trailing_metadata() returns a grpc.aio.Metadata (or
-                # None); grpc-stubs types it as the sync RpcError's tuple of _Metadatum.
-                trailing = cast("grpc.aio.Metadata | None", exc.trailing_metadata())
-                mark = trailing.get(ADMISSION_KEY) if trailing is not None else None
-                if isinstance(mark, str):
+                mark = _admission_reason(exc)
+                if mark is not None:
                     refused[mark] = refused.get(mark, 0) + 1
                     codes[code] = codes.get(code, 0) + 1
                     return

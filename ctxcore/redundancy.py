@@ -202,27 +202,52 @@ def near_duplicate_groups(
 
 
 class TextKeys:
-    """`normalized_text_key` of texts, kept across calls (bounded; the same memories come
-    back request after request): what the assembly checks its selection with."""
+    """`normalized_text_key` of texts, kept across calls (the same memories come back
+    request after request): what the assembly checks its selection with.
 
-    def __init__(self, capacity: int = 1 << 15) -> None:
+    Bounded without forgetting everything at once: the keys live in two generations of at
+    most `capacity` texts each; a full young generation becomes the old one (the previous
+    old one is dropped), and a text found in the old one moves back. A working set of up
+    to `capacity` texts is therefore never recomputed, and one of twice as many mostly not.
+
+    >>> keys = TextKeys(capacity=2)
+    >>> keys.keys(["A b!", "c", "d"])
+    ['a b', 'c', 'd']
+    >>> keys.keys(["A b!"])
+    ['a b']
+    """
+
+    def __init__(self, capacity: int = 1 << 17) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self._capacity = capacity
-        self._keys: dict[str, str] = {}
+        self._young: dict[str, str] = {}
+        self._old: dict[str, str] = {}
 
     def keys(self, texts: Sequence[str]) -> list[str]:
         """The key of each text."""
-        kept = self._keys
-        out = [kept.get(t) for t in texts]
+        young = self._young
+        out = [young.get(t) for t in texts]
         missing = [k for k, v in enumerate(out) if v is None]
-        if missing:
-            if len(kept) + len(missing) > self._capacity:
-                kept.clear()  # a dict swap would race no reader: a miss is only recomputed
-            for k in missing:
-                out[k] = kept.setdefault(texts[k], normalized_text_key(texts[k]))
+        if not missing:
+            return out  # type: ignore[return-value]
+        old = self._old
+        for k in missing:
+            text = texts[k]
+            key = old.get(text)
+            if key is None:
+                key = normalized_text_key(text)
+            if len(young) >= self._capacity:
+                # Readers on other threads hold their own references: a swap races nobody.
+                self._old, young = young, {}
+                self._young = young
+                old = self._old
+            out[k] = young.setdefault(text, key)
         return out  # type: ignore[return-value]
 
     def clear(self) -> None:
-        self._keys.clear()
+        self._young = {}
+        self._old = {}
 
 
 def groups_from_keys(keys: Sequence[str]) -> npt.NDArray[np.int64]:

@@ -18,14 +18,16 @@ else is done for it:
   mean absolute error, plus the event loop's lag in the share of recent calls that let
   the loop run once admitted (a call whose branches all answer at once does not). A call
   whose deadline leaves less than ``min_retrieval_ms`` + that estimate + the response
-  headroom is refused with DEADLINE_EXCEEDED at once; an admitted
+  headroom is refused at once: RESOURCE_EXHAUSTED with a retry hint when load is why
+  (see `Admission.decide`), DEADLINE_EXCEEDED when its deadline is too short for an
+  assembly on a quiet server; an admitted
   call's retrieval wall leaves the estimated tail free, so the answer is back inside the
   deadline;
 - **turns** (``max_running``; by default one with the SQLite store read in the server's
   own process, see ``ctxcore.service.config.DEFAULT_MAX_RUNNING``): at most that many
   ordinary assemblies run at once; the others wait their turn in arrival order, each only
   as long as its deadline leaves room for a retrieval and the estimated tail, and is then
-  refused with DEADLINE_EXCEEDED (``refused-wait``) without having done any work; a call
+  refused with RESOURCE_EXHAUSTED (``refused-wait``) without having done any work; a call
   whose deadline the waiters ahead of it are expected to outlast (at recent turns' length
   each, measured by `Turns`) is refused so at once. While the line is overloaded (more
   than ``LIFO_AFTER_WAITERS`` per turn wait, in arrival order the newest would not get its
@@ -42,7 +44,7 @@ else is done for it:
 - **saturation**: while the event loop runs its callbacks more than ``max_lag_ms`` (or a
   tenth of the call's remaining time) late, tick after tick of a probe timer, the CPU is saturated
   and every call admitted now delays the arrival of the next ones; new calls get
-  DEADLINE_EXCEEDED (with a retry hint) until the admitted ones have drained the backlog.
+  RESOURCE_EXHAUSTED (with a retry hint) until the admitted ones have drained the backlog.
 
 Every refusal carries ``ctxcore-admission`` in the trailing metadata (``refused-deadline``,
 ``refused-queue``, ``refused-wait`` or ``refused-load``), so a client can tell a refusal at arrival from a call that ran out
@@ -67,6 +69,7 @@ __all__ = [
     "Decision",
     "LIFO_AFTER_WAITERS",
     "LIFO_LINE_FACTOR",
+    "LOADED_LAG_MS",
     "TailModel",
     "Turns",
 ]
@@ -84,6 +87,14 @@ DEFAULT_MAX_QUEUE = 64
 #: this late delays every step of every call by as much, and the arrivals queued behind
 #: it wait longer than a 45 ms deadline can spare.
 DEFAULT_MAX_LAG_MS = 4.0
+#: Event-loop lag (`Admission.lag_ms`: it rises at once and falls over a few ticks) beyond
+#: which the loop counts as busy when a call is refused for its deadline: a call that
+#: reaches admission while the loop runs this late waited for the loop before it got there
+#: (where its deadline went), so it is refused for load, RESOURCE_EXHAUSTED. An idle
+#: loop's probe wakes a few tenths of a millisecond late. (On a machine whose other work
+#: keeps this process waiting for a core, the loop runs late too, and a refusal then is
+#: for that load.)
+LOADED_LAG_MS = 1.0
 #: ... or beyond this share of the call's remaining time, whichever is larger: a call with
 #: seconds to spare is not refused for a few milliseconds of lag.
 LAG_SHARE_OF_DEADLINE = 0.1
@@ -122,7 +133,11 @@ class Decision:
         reason: ``"ok"``, ``"refused-deadline"``, ``"refused-queue"`` or ``"refused-load"``.
         tail_ms: the estimated time the call needs after retrieval.
         details: the status details for a refusal (empty when admitted).
-        retry_after_ms: for a queue or load refusal, the suggested wait before retrying.
+        retry_after_ms: for a refusal made for load, the suggested wait before retrying.
+        overload: for a refusal, whether load is why the call cannot finish (see
+            `Admission.decide`): the server answers such a refusal RESOURCE_EXHAUSTED,
+            and one whose deadline is too short for an assembly on a quiet server
+            DEADLINE_EXCEEDED.
     """
 
     admitted: bool
@@ -130,6 +145,7 @@ class Decision:
     tail_ms: float
     details: str = ""
     retry_after_ms: int = 0
+    overload: bool = False
 
 
 class TailModel:
@@ -320,8 +336,24 @@ class Admission:
             est = min(est, PEAK_FACTOR * m.peak_ms)
         return max(self.floor_tail_ms, est) + self.lag_ms * self.waited_share
 
+    def idle_need_ms(self) -> float:
+        """The time an assembly needs here with nobody ahead and a prompt event loop, in
+        ms: the least retrieval, the model's tail for a call with no calls ahead (without
+        the loop's lag) and the response headroom."""
+        m = self.model
+        tail = max(self.floor_tail_ms, m.predict(0) + m.margin())
+        return self.min_retrieval_ms + tail + self.response_headroom_ms
+
     def decide(self, remaining_ms: float | None) -> Decision:
         """Whether a call with `remaining_ms` to its deadline (None: no deadline) may run.
+
+        A queue or saturation refusal is made for load (`Decision.overload`); so is a
+        deadline refusal when the deadline would be enough with nobody ahead and a prompt
+        loop (`idle_need_ms`: what makes the call late is the calls ahead or the loop's
+        lag), or while the event loop runs more than `LOADED_LAG_MS` late (the call then
+        waited for the loop before it reached admission, which is why its deadline is
+        short). Only a call whose deadline
+        is too short for an assembly on a quiet server is refused for its deadline alone.
 
         An admitted call must be `release`d when it ends.
         """
@@ -339,6 +371,7 @@ class Admission:
                 f"the server's queue is full ({self.admitted} assemblies admitted, max_queue = "
                 f"{self.max_queue}); retry in {wait} ms",
                 wait,
+                overload=True,
             )
         if (
             self.admitted
@@ -355,10 +388,12 @@ class Admission:
                 f"the server is saturated (event loop {self.sustained_lag_ms:.1f} ms late with {self.admitted} "
                 f"assemblies admitted, {remaining_ms:.2f} ms left at arrival); retry in {wait} ms",
                 wait,
+                overload=True,
             )
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             if remaining_ms < need:
+                overload = self.lag_ms > LOADED_LAG_MS or remaining_ms >= self.idle_need_ms()
                 return Decision(
                     False,
                     "refused-deadline",
@@ -366,7 +401,15 @@ class Admission:
                     f"{remaining_ms:.2f} ms left at arrival; an assembly needs about {need:.2f} ms "
                     f"now ({self.min_retrieval_ms:g} ms retrieval + {tail:.2f} ms estimated for "
                     f"scoring, packing, formatting and {self.admitted} calls ahead + "
-                    f"{self.response_headroom_ms:g} ms response headroom)",
+                    f"{self.response_headroom_ms:g} ms response headroom)"
+                    + (
+                        f"; refused for load ({self.admitted} admitted, event loop {self.lag_ms:.1f} ms late, "
+                        f"about {self.idle_need_ms():.2f} ms with nobody ahead and a prompt loop)"
+                        if overload
+                        else ""
+                    ),
+                    max(1, math.ceil(self._sojourn_ms or tail)) if overload else 0,
+                    overload=overload,
                 )
         self.admitted += 1
         return Decision(True, "ok", tail)

@@ -630,9 +630,9 @@ class ContextService:
             marks: tuple[tuple[str, str], ...] = ((ADMISSION_KEY, d.reason),)
             if d.retry_after_ms:
                 marks += ((RETRY_PUSHBACK_KEY, str(d.retry_after_ms)),)
-            code = (
-                grpc.StatusCode.RESOURCE_EXHAUSTED if d.reason == "refused-queue" else grpc.StatusCode.DEADLINE_EXCEEDED
-            )
+            # Shed for load: RESOURCE_EXHAUSTED, which a client may retry elsewhere at once;
+            # DEADLINE_EXCEEDED only for a deadline too short for any assembly.
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if d.overload else grpc.StatusCode.DEADLINE_EXCEEDED
             raise ServiceError(code, d.details, marks)
         m.admitted.set(self.admission.admitted)
         return remaining_ms, d.tail_ms
@@ -641,8 +641,8 @@ class ContextService:
         self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float, call: _CallState | None
     ) -> Turns:
         """Wait for a turn to run (`server.max_running`), for as long as the deadline
-        leaves room for a retrieval and the estimated tail; else refuse the call,
-        DEADLINE_EXCEEDED (``refused-wait``), before it has done any work."""
+        leaves room for a retrieval and the estimated tail; else refuse the call for load,
+        RESOURCE_EXHAUSTED (``refused-wait``), before it has done any work."""
         turns = self.turns
         assert turns is not None
         cfg = self.config
@@ -678,7 +678,7 @@ class ContextService:
         self.metrics.refused.labels("refused-wait").inc()
         left = "" if remaining is None else f"{remaining * 1000.0 - waited_ms:.2f} ms left"
         raise ServiceError(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"waited {waited_ms:.1f} ms for one of the {turns.limit} running assemblies (server.max_running) "
             f"to finish, {turns.waiting} still waiting{line}; {left}, an assembly needs about {need_ms:.2f} ms",
             ((ADMISSION_KEY, "refused-wait"),),

@@ -362,3 +362,20 @@ def test_assemble_takes_one_of_each_set_of_near_duplicates() -> None:
 
 async def _as_coro(value: object) -> object:
     return value
+
+
+def test_text_keys_keep_a_working_set_in_two_generations() -> None:
+    from ctxcore.redundancy import TextKeys
+
+    texts = [f"Memory {i}: the café opens at {i % 24}h!" for i in range(300)]
+    keys = TextKeys(capacity=200)
+    assert keys.keys(texts) == [ctxcore.normalized_text_key(t) for t in texts]
+    # The first 200 went to the old generation when the young one filled: a text found
+    # there moves back, and every key stays the function's, whatever the generation.
+    again = keys.keys(texts[:150] + texts[250:])
+    assert again == [ctxcore.normalized_text_key(t) for t in texts[:150] + texts[250:]]
+    assert keys.keys([]) == []
+    keys.clear()
+    assert keys.keys(texts[:3]) == [ctxcore.normalized_text_key(t) for t in texts[:3]]
+    with pytest.raises(ValueError, match="capacity"):
+        TextKeys(capacity=0)

@@ -119,6 +119,12 @@ def test_calls_that_cannot_finish_in_time_are_refused_at_arrival() -> None:
                 out["fresh"] = ei.value.code()
                 for _ in range(12):
                     await client.assemble(REQ, timeout=5.0)
+                # Those calls kept the loop busy back to back; once it is quiet, a call
+                # whose deadline is too short for the known tail is refused for its deadline.
+                for _ in range(200):
+                    await asyncio.sleep(0.01)
+                    if svc.admission.lag_ms < 0.5:
+                        break
                 out["estimate_ms"] = svc.admission.tail_estimate()
                 before, asked = runs, len(fake.asked)
                 t0 = time.perf_counter()
@@ -143,7 +149,12 @@ def test_calls_that_cannot_finish_in_time_are_refused_at_arrival() -> None:
     assert out["fresh"] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert out["estimate_ms"] >= tail_s * 1000
     code, mark, details = out["refused"]
-    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and mark == "refused-deadline"
+    # For its deadline; or for load when the loop (which the client shares here) still ran
+    # late as the call arrived: both refused at arrival, before any work.
+    assert mark == "refused-deadline", details
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED and "refused for load" in details
+    ), details
     assert "left at arrival" in details and "estimated" in details
     assert out["work_done"] == (0, 0)
     assert out["admitted_wall_ms"] <= 3000 - tail_s * 1000
@@ -200,12 +211,32 @@ def test_admission_decisions() -> None:
     assert adm.decide(None).admitted and adm.decide(45.0).admitted
     d = adm.decide(6.0)  # 1 + 5 + 1 = 7 ms needed
     assert (d.admitted, d.reason) == (False, "refused-deadline")
+    assert not d.overload  # too short for an assembly with nobody ahead: the caller's deadline
     assert adm.decide(45.0).admitted
     d = adm.decide(45.0)
     assert (d.admitted, d.reason, d.retry_after_ms >= 1) == (False, "refused-queue", True)
     for _ in range(3):
         adm.release(0, 20.0, 10.0)
     assert adm.admitted == 0
+
+
+def test_a_deadline_refusal_is_for_load_unless_the_server_is_quiet() -> None:
+    adm = Admission(min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    assert adm.idle_need_ms() == pytest.approx(7.0)
+    # Quiet: a deadline shorter than an assembly needs is the caller's, DEADLINE_EXCEEDED.
+    d = adm.decide(6.0)
+    assert (d.admitted, d.reason, d.overload, d.retry_after_ms) == (False, "refused-deadline", False, 0)
+    assert "refused for load" not in d.details
+    # The loop late: the call waited for it before admission saw it.
+    adm.lag_ms = 3.0
+    d = adm.decide(6.0)
+    assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
+    assert "refused for load" in d.details and d.retry_after_ms >= 1
+    # A deadline a prompt loop would meet, refused because the loop's recent lag adds to
+    # the estimate: load.
+    adm.lag_ms = 30.0
+    d = adm.decide(20.0)
+    assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
 
 
 def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_admitted() -> None:
@@ -481,7 +512,7 @@ def test_with_max_running_calls_wait_their_turn_and_one_that_cannot_is_refused_b
                 assert held.entered == 1  # the second waits its turn without starting
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
                     await client.assemble(REQ, timeout=0.5)
-                assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
                 assert "server.max_running" in (ei.value.details() or "")
                 assert held.entered == 1  # refused in line: no work done
@@ -523,7 +554,7 @@ def test_a_call_the_line_would_outlast_is_refused_at_once_unless_the_newest_goes
                 await until(lambda: turns.waiting == 1)
                 with pytest.raises(grpc.aio.AioRpcError) as ei:
                     await client.assemble(REQ, timeout=0.5)
-                assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert _marks(ei.value)[ADMISSION_KEY] == "refused-wait"
                 assert "the line ahead is expected to take 1000.0 ms" in (ei.value.details() or "")
                 assert held.entered == 1 and not spare.done()

@@ -110,7 +110,9 @@ def test_deadlines_hold_at_p99() -> None:
             f"deadline {ms:>3} ms: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms (past its own deadline timer: p95 "
             f"{r['over_p95']:.2f} ms, p99 {r['over_p99']:.2f} ms), codes {r['codes']}, walls {r['walls']}"
         )
-        assert set(r["codes"]) <= {"OK", "DEADLINE_EXCEEDED"}, r
+        # RESOURCE_EXHAUSTED: refused at arrival while the loop ran late (load, a busy
+        # machine's included).
+        assert set(r["codes"]) <= {"OK", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}, r
         # A call that ignored its deadline would end 20-40 ms past the timer (the server's
         # own wall). After a stall of the whole process (50-100 ms on this shared VM), the
         # timer is the first callback to run and a call's completion comes a few loop
@@ -121,8 +123,10 @@ def test_deadlines_hold_at_p99() -> None:
         # quiet machine measured 0.5-3 ms, and 5.0 and 8.3 ms in two of eight runs).
         assert r["over_p95"] <= 10, (ms, r)
         assert r["over_15"] <= 3, (ms, r)
-    # 5 ms leaves no time for retrieval after the headrooms: refused at once
-    assert res[5]["codes"] == {"DEADLINE_EXCEEDED": n}
+    # 5 ms leaves no time for retrieval after the headrooms: refused at once, for the
+    # deadline (or for load while the loop runs late)
+    assert res[5]["codes"].get("DEADLINE_EXCEEDED", 0) + res[5]["codes"].get("RESOURCE_EXHAUSTED", 0) == n
+    assert res[5]["codes"].get("DEADLINE_EXCEEDED", 0) > 0
     # 20 and 30 ms: the caller's deadline sets the wall of every call admitted (checked on
     # each answer above). At 20 ms admission may refuse most calls at arrival: the tail it
     # keeps (its fit plus a margin for the spread it has seen, 10-18 ms in a slow spell of
@@ -170,8 +174,13 @@ def test_cancelled_calls_leave_no_task_behind() -> None:
                     except TimeoutError:
                         cancelled += 1
                     except grpc.aio.AioRpcError as exc:
-                        # CANCELLED: the client's cancellation raced the call's own end
-                        assert exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED), exc
+                        # CANCELLED: the client's cancellation raced the call's own end;
+                        # RESOURCE_EXHAUSTED: refused at arrival for load (50 in flight)
+                        assert exc.code() in (
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED,
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        ), exc
                         cancelled += exc.code() == grpc.StatusCode.CANCELLED
                     ended += 1
 

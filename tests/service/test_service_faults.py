@@ -38,6 +38,7 @@ from ctxcore.client import ContextClient
 from ctxcore.memory import Query
 from ctxcore.request import AssemblyRequest
 from ctxcore.service import AuthConfig, Grant, ServiceConfig
+from ctxcore.service.admission import ADMISSION_KEY
 from ctxcore.v1 import context_assembly_pb2 as pb
 
 CANARY = re.compile(rb"CANARY-(\d{3})-\d{2}-[0-9a-f]{12}")
@@ -116,7 +117,8 @@ def test_fault_matrix() -> None:
 
 def test_faults_under_a_tight_deadline_never_internal() -> None:
     """With every branch hanging and 20 ms on the clock: a degraded answer under the
-    caller's wall, or DEADLINE_EXCEEDED; nothing else."""
+    caller's wall, DEADLINE_EXCEEDED, or a refusal at arrival for load (RESOURCE_EXHAUSTED
+    with the admission mark); nothing else."""
     tenants = make_tenants(2)
     fake = FakeSources(tenants, FaultPlan({b: "hang" for b in BRANCHES}))
     t = tenants[0]
@@ -135,9 +137,14 @@ def test_faults_under_a_tight_deadline_never_internal() -> None:
                             assert r.degraded and r.wall.source == pb.WALL_SOURCE_CALLER_DEADLINE
                             codes["OK"] = codes.get("OK", 0) + 1
                         except grpc.aio.AioRpcError as exc:
-                            assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc
-                            codes["DEADLINE_EXCEEDED"] = codes.get("DEADLINE_EXCEEDED", 0) + 1
-        assert codes.get("OK", 0) > 0 and codes.get("DEADLINE_EXCEEDED", 0) > 0, codes
+                            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                                assert ADMISSION_KEY in dict(exc.trailing_metadata() or ()), exc
+                            else:
+                                assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc
+                            codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+        assert codes.get("OK", 0) > 0 and codes.get("DEADLINE_EXCEEDED", 0) + codes.get("RESOURCE_EXHAUSTED", 0) > 0, (
+            codes
+        )
 
     asyncio.run(main())
 
