@@ -156,7 +156,10 @@ def test_exact_counts_travel_with_the_memory_and_missing_ones_are_counted(server
 
     text = "Customer prefers email."
     n = int(count_memory_tokens(["m1"], [text], ["cl100k_base"])["cl100k_base"][0])
-    server.answer({"memories": [memory(exact_tokens={"cl100k_base": n}), memory(id="m2", rank=1)]})
+    # m2 says something else (a near-duplicate of m1 would be left out on its length price)
+    # and nothing another test counts (a count kept from an earlier request is "cached").
+    other = "Order 48213-HTTP shipped from the Leeds depot on a Tuesday."
+    server.answer({"memories": [memory(exact_tokens={"cl100k_base": n}), memory(id="m2", content=other, rank=1)]})
     recs = call(server, "cold", SCOPE, Query("q"), 10, 0.7)
     assert recs[0].exact_tokens == {"cl100k_base": n} and recs[1].exact_tokens is None
 
@@ -166,7 +169,10 @@ def test_exact_counts_travel_with_the_memory_and_missing_ones_are_counted(server
             return await ctxcore.assemble(req, sources=ctxcore.Sources(cold=src.cold), config=ROOMY)
 
     ctx = asyncio.run(go())
-    assert {e.memory_id: e.pricing for e in ctx.trace} == {"m1": "stored", "m2": "counted"}
+    assert {e.memory_id: (e.reason, e.pricing) for e in ctx.trace} == {
+        "m1": (ctxcore.TraceReason.SELECTED, "stored"),
+        "m2": (ctxcore.TraceReason.SELECTED, "counted"),
+    }
 
 
 def test_hot_and_directive(server: Server) -> None:
