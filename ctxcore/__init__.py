@@ -69,6 +69,7 @@ from .packing import (
     pack,
     pack_arrays,
 )
+from .degradation import DegradationReason
 from .redundancy import DEFAULT_DUPLICATE_THRESHOLD, near_duplicate_groups, normalized_text_key
 from .request import DEFAULT_POOL, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
 from .rerank import CrossEncoderReranker, Reranker, RerankRecord, RerankStatus
@@ -172,6 +173,7 @@ __all__ = [
     "FusionMethod",
     "ValueModel",
     "CrossEncoderReranker",
+    "DegradationReason",
     "Reranker",
     "RerankRecord",
     "RerankStatus",

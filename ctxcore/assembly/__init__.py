@@ -20,8 +20,9 @@ The stages are packages and modules of their own, and this package only calls th
 the budget (``ctxcore.budget``: what is settled before retrieval, history trimming),
 retrieval (``ctxcore.retrieval``), scoring (``ctxcore.scoring``: the value model and the
 gate), pricing (``ctxcore.pricing``: the ledger's prices and each candidate's cost),
-packing (``ctxcore.packing``), formatting (``ctxcore.formatting``), and the record of
-every decision (``ctxcore.trace``).
+packing (``ctxcore.packing``), formatting (``ctxcore.formatting``), degradation
+(``ctxcore.degradation``: why a context is less than the one asked for), and the record
+of every decision (``ctxcore.trace``).
 Pricing's cache settings and `memory_count_cache_stats` are also named here, where 0.2.0
 published them.
 """

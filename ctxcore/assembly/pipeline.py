@@ -16,18 +16,15 @@ import numpy.typing as npt
 from .. import _core
 from ..budget.plan import Plan, make_plan, settle
 from ..catalog import Catalog, default_catalog
+from ..degradation import Degradation
 from ..formatting import SECTIONS, Sections, new_nonce
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
 from ..pricing.candidates import attribute_mask, price_candidates
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
 from ..request import AssemblyRequest
-from ..rerank import Reranker, RerankRecord, RerankStatus, rerank
-from ..result import (
-    BranchStatus,
-    StageTimings,
-    TraceReason,
-)
+from ..rerank import Reranker, RerankRecord, rerank
+from ..result import StageTimings, TraceReason
 from ..retrieval import (
     Retrieved,
     compute_wall,
@@ -129,15 +126,13 @@ async def assemble(
     # ---- budget before work: messages and tools priced, the request refused if it cannot fit
     plan = await _in(executor, make_plan, request, cat, cap, cfg.budget_policy, deadline)
 
-    reasons: list[str] = []
+    degradation = Degradation.of_request(
+        context_enabled=opts.context_enabled,
+        skip_memory=opts.skip_memory,
+        has_memory_source=sources.hot is not None or sources.cold is not None,
+    )
     run_directive = opts.context_enabled
     run_memory = opts.context_enabled and not opts.skip_memory
-    if not opts.context_enabled:
-        reasons.append("context_disabled")
-    elif opts.skip_memory:
-        reasons.append("memory_skipped")
-    elif sources.hot is None and sources.cold is None:
-        reasons.append("no_memory_source")
 
     # ---- retrieval, under the shared wall. It starts once the request is priced, as it did
     # when pricing came after retrieval (a caller deadline still bounds the whole call).
@@ -157,16 +152,13 @@ async def assemble(
         wall_start=plan.t_priced,
     )
     t_retrieved = time.perf_counter()
-    for b in retrieved.branches:
-        if b.status in (BranchStatus.TIMEOUT, BranchStatus.ERROR):
-            reasons.append(f"{b.branch.value}_{b.status.value}")
+    degradation.branches((b.branch, b.status) for b in retrieved.branches)
     scored: _Scored | None = None
     record: RerankRecord | None = None
     if reranker is not None:
         scored = await _in(executor, _score, request, retrieved, plan, scoring_config, weights)
         record = await _rerank(reranker, request, scored, cfg, deadline)
-        if record.status is not RerankStatus.OK:
-            reasons.append(f"rerank_{record.status.value}")
+        degradation.rerank(record.status)
     return await _in(
         executor,
         _finish,
@@ -176,7 +168,7 @@ async def assemble(
         cfg,
         scoring_config,
         weights,
-        reasons,
+        degradation,
         deadline,
         t_start,
         t_retrieved,
@@ -279,7 +271,7 @@ def _finish(
     cfg: AssemblyConfig,
     scoring_config: ScoringConfig,
     weights: ScoreWeights | None,
-    reasons: list[str],
+    degradation: Degradation,
     deadline: float | None,
     t_start: float,
     t_retrieved: float,
@@ -408,8 +400,8 @@ def _finish(
         trace_table=trace,
         branches=retrieved.branches,
         wall=retrieved.wall,
-        degraded=bool(reasons),
-        degradation_reasons=tuple(reasons),
+        degraded=degradation.degraded,
+        degradation_reasons=degradation.reasons,
         constrained=budget.constrained,
         history_dropped=tuple(dropped),
         timings=timings,

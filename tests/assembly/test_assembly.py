@@ -115,6 +115,7 @@ def test_a_failing_branch_degrades_only_itself(hot, cold, expected) -> None:  # 
     assert got["directive"] == "ok"
     assert ctx.degraded
     assert set(ctx.degradation_reasons) == {f"{k}_{v}" for k, v in expected.items() if v != "ok"}
+    assert all(ctxcore.DegradationReason(r).value == r for r in ctx.degradation_reasons)
     # a completed branch is kept
     assert ("m2" in ctx.selected_ids) == (expected["cold"] == "ok")
     assert "m1" not in ctx.selected_ids
@@ -126,6 +127,8 @@ def test_all_three_failing_gives_history_only_context() -> None:
     ctx = run(request(messages=msgs), Sources(_raise, _hang, _raise))
     assert status(ctx) == {"directive": "error", "hot": "timeout", "cold": "error"}
     assert ctx.degraded and list(ctx.sections) == ["history"]
+    reason = ctxcore.DegradationReason
+    assert ctx.degradation_reasons == (reason.DIRECTIVE_ERROR, reason.HOT_TIMEOUT, reason.COLD_ERROR)
     assert ctx.pack is None and ctx.trace == ()
 
 
