@@ -34,6 +34,7 @@ from .budget import (
     compute_budget,
 )
 from .catalog import Catalog, ModelCapability, TokenizerPolicy, default_catalog, load_catalog
+from .degradation import DegradationReason
 from .errors import (
     CatalogError,
     ConfigError,
@@ -69,7 +70,6 @@ from .packing import (
     pack,
     pack_arrays,
 )
-from .degradation import DegradationReason
 from .redundancy import DEFAULT_DUPLICATE_THRESHOLD, near_duplicate_groups, normalized_text_key
 from .request import DEFAULT_POOL, AssemblyOptions, AssemblyRequest, HistoryPolicy, Message, Role, ToolCall
 from .rerank import CrossEncoderReranker, Reranker, RerankRecord, RerankStatus
