@@ -1,6 +1,7 @@
 """Text shared by both stores and the hashing embedder: Unicode normalization, word
-segmentation that also works for scripts written without spaces, a query's full-text
-terms, and the thresholds both stores' full-text search applies to them.
+segmentation that also works for scripts written without spaces, the form a word is
+searched under (English words stemmed), a query's full-text terms, and the thresholds both
+stores' full-text search applies to them.
 
 Chinese, Japanese and Korean text has no spaces between words, so a word tokenizer sees
 a whole sentence as one token. Both the FTS5 index and the embedder therefore treat each
@@ -11,7 +12,11 @@ phrase of consecutive characters.
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
+from typing import Any
+
+import Stemmer  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 __all__ = [
     "CJK_CHAR",
@@ -23,7 +28,10 @@ __all__ = [
     "cjk_spaced",
     "fts_terms",
     "normalize",
+    "FTS_STEMMER",
     "raw_words",
+    "search_word",
+    "search_words",
     "strip_diacritics",
     "words",
 ]
@@ -88,9 +96,64 @@ def strip_diacritics(token: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKD", token) if not unicodedata.combining(c))
 
 
+#: The Snowball stemmer (PyStemmer) that full-text search applies to words of Latin
+#: letters: a memory that says "painted" or "paintings" is found by a question about
+#: "painting", in both stores, and a word of another script is searched as written.
+#: Measured on conversational memory, stemming the index and the query adds 4-8% evidence
+#: recall at equal spend (docs/quality.md).
+FTS_STEMMER = "english"
+_ASCII_WORD = re.compile(r"[a-z]+")
+_local = threading.local()
+
+
+def _stemmer() -> Any:
+    # One per thread: a PyStemmer object keeps a cache of its own and is not meant to be
+    # shared between threads.
+    s = getattr(_local, "stemmer", None)
+    if s is None:
+        s = _local.stemmer = Stemmer.Stemmer(FTS_STEMMER)
+    return s
+
+
+def search_word(word: str) -> str:
+    """The form a normalized word (`words`) is indexed and searched under: a word of
+    Latin letters without its diacritics, stemmed (`FTS_STEMMER`); any other word as it
+    is.
+
+    >>> [search_word(w) for w in ("painted", "paintings", "café", "2023", "返")]
+    ['paint', 'paint', 'cafe', '2023', '返']
+    """
+    bare = word if word.isascii() else strip_diacritics(word)
+    return str(_stemmer().stemWord(bare)) if _ASCII_WORD.fullmatch(bare) else word
+
+
+def search_words(ws: list[str]) -> list[str]:
+    """`search_word` of each of `ws`, in one call to the stemmer.
+
+    >>> search_words(["walked", "over", "bridges"])
+    ['walk', 'over', 'bridg']
+    """
+    out = list(ws)
+    at = []
+    for i, w in enumerate(ws):
+        bare = w if w.isascii() else strip_diacritics(w)
+        if _ASCII_WORD.fullmatch(bare):
+            out[i] = bare
+            at.append(i)
+    if at:
+        for i, stem in zip(at, _stemmer().stemWords([out[i] for i in at])):
+            out[i] = str(stem)
+    return out
+
+
 def fts_terms(text: str) -> list[tuple[str, ...]]:
     """The distinct full-text terms of `text` (at most `MAX_FTS_TERMS`), each as the
-    tokens of one phrase: a word, or two consecutive CJK characters."""
+    tokens of one phrase: a word in its searched form (`search_word`), or two consecutive
+    CJK characters.
+
+    >>> fts_terms("Who painted the bridges? Painting 返金")
+    [('who',), ('paint',), ('the',), ('bridg',), ('返', '金')]
+    """
     terms: dict[tuple[str, ...], None] = {}
     for run in raw_words(normalize(text)):
         for piece in CJK_RUN.split(run):
@@ -101,7 +164,7 @@ def fts_terms(text: str) -> list[tuple[str, ...]]:
                 for g in grams:
                     terms.setdefault(g, None)
             else:
-                terms.setdefault((piece,), None)
+                terms.setdefault((search_word(piece),), None)
             if len(terms) >= MAX_FTS_TERMS:
                 return list(terms)
     return list(terms)

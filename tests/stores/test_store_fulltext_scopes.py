@@ -13,6 +13,7 @@ import pytest
 from ctxcore.memory import Query, Scope
 from ctxcore.stores import NewMemory, SqliteMemoryStore
 from ctxcore.stores.sqlite.fulltext import FTS_TOKENIZER, scope_tag
+from ctxcore.stores.text import search_word
 
 VICTIM = Scope("victim-org", "support")
 
@@ -46,12 +47,13 @@ def test_a_memory_cannot_index_words_under_another_scopes_tag(tmp_path: Path) ->
         assert [m.id for m in asyncio.run(s.cold(VICTIM, Query("kettle"), 5, 0.7))] == ["v-secret"]
         # Another tenant's memories: a separator FTS5 splits at, the victim's tag, a word.
         s.add_many([NewMemory(f"x{k}", "attacker-org", "bot", f"zz{seps[k % len(seps)]}{tag}kettle") for k in range(3)])
+        indexed = tag + search_word("kettle")  # the word as the index holds it (stemmed)
         counts = dict(
             sqlite3.connect(tmp_path / "m.db")
-            .execute("SELECT term, doc FROM memory_words_vocab WHERE term = ?", (tag + "kettle",))
+            .execute("SELECT term, doc FROM memory_words_vocab WHERE term = ?", (indexed,))
             .fetchall()
         )
-        assert counts == {tag + "kettle": 1}  # the victim's own memory only
+        assert counts == {indexed: 1}  # the victim's own memory only
         assert [m.id for m in asyncio.run(s.cold(VICTIM, Query("kettle"), 5, 0.7))] == ["v-secret"]
         # The attacker's text is still found in its own scope, by the pieces FTS5 sees.
         found = asyncio.run(s.cold(Scope("attacker-org", "bot"), Query(f"zz{seps[0]}{tag}kettle"), 20, 0.7))

@@ -152,6 +152,28 @@ def test_migrations_are_versioned_and_idempotent(pg_server: PgServer) -> None:
         PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(32))
 
 
+def test_a_version_4_database_gets_stemmed_terms(pg_server: PgServer) -> None:
+    db = pg_server.new_database()
+    scope = Scope("o", "a")
+    texts = ["She painted the old bridges at dawn.", "The kettle broke again.", "Deliveries arrive on Mondays."]
+    with PostgresMemoryStore(db.owner_url) as s:
+        s.add_many([NewMemory(f"m{k}", "o", "a", t) for k, t in enumerate(texts)])
+    # Back to version 4's terms: the words as written, not stemmed.
+    with psycopg.connect(db.owner_url) as conn:
+        conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+        conn.execute("DELETE FROM memory_terms")
+        for seq, text in conn.execute("SELECT seq, text FROM memories").fetchall():
+            for word in set(text.lower().replace(".", "").split()):
+                conn.execute("INSERT INTO memory_terms VALUES ('o', 'a', %s, %s)", (word, seq))
+        conn.execute("DELETE FROM ctxcore_migrations WHERE version = 5")
+    with PostgresMemoryStore(db.owner_url) as s:  # the owner migrates
+        # "painting" and "bridge" meet "painted" and "bridges" only in their stemmed form.
+        assert [r.id for r in asyncio.run(s.cold(scope, Query("painting a bridge"), 5, 0.7))] == ["m0"]
+        assert [r.id for r in asyncio.run(s.cold(scope, Query("delivery on monday"), 5, 0.7))] == ["m2"]
+    with psycopg.connect(db.owner_url) as conn:
+        assert conn.execute("SELECT max(version) FROM ctxcore_migrations").fetchone() == (PG_SCHEMA_VERSION,)
+
+
 def test_an_unmigrated_database_is_named(pg_server: PgServer) -> None:
     db = pg_server.new_database()
     with pytest.raises(MemoryStoreError, match="no ctxcore schema.*memories init"):

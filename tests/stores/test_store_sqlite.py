@@ -33,6 +33,7 @@ from ctxcore.stores import (
     load_demo,
 )
 from ctxcore.stores.sqlite import SCHEMA_VERSION
+from ctxcore.stores.sqlite.fulltext import scope_tag
 
 # Deadlines roomy enough that a loaded machine cannot cancel a branch these tests read.
 ROOMY = ctxcore.AssemblyConfig(
@@ -173,13 +174,17 @@ def test_ann_cutoff_applies_to_the_vector_path(tmp_path: Path) -> None:
 
 
 def test_vector_and_fulltext_hits_merge_one_entry_per_memory(store: SqliteMemoryStore) -> None:
-    # Memory 0 is found by both paths (kept once, as a vector hit); memory 5 only by its word.
+    # Memory 0 is found by both paths (kept once, as a vector hit); memory 5 only by its
+    # word, memory 2 by "acceptés", stemmed as "accepted" is.
     recs = run(store.cold(SCOPES[0], Query("Refunds are accepted within 30 days of delivery. Hof"), 10, 0.7))
     ids = [r.id for r in recs]
     assert len(ids) == len(set(ids))
     assert recs[0].id == "acme-support-0" and recs[0].origin is MemoryOrigin.VECTOR
     assert recs[0].similarity is not None and recs[0].similarity > 0.9
-    assert [(r.id, r.origin) for r in recs[1:]] == [("acme-support-5", MemoryOrigin.FULLTEXT)]
+    assert sorted((r.id, r.origin) for r in recs[1:]) == [
+        ("acme-support-2", MemoryOrigin.FULLTEXT),
+        ("acme-support-5", MemoryOrigin.FULLTEXT),
+    ]
     assert [r.rank for r in recs] == list(range(len(recs)))
 
 
@@ -836,8 +841,34 @@ def test_a_version_2_database_is_reindexed_under_its_scopes(tmp_path: Path) -> N
             f"{SCOPES[0].agent_id}-2",
         }
     with closing(sqlite3.connect(db)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
+
+
+def test_a_version_3_database_is_reindexed_with_stemmed_words(tmp_path: Path) -> None:
+    db = tmp_path / "v3.db"
+    scope = SCOPES[0]
+    texts = ["She painted the old bridges at dawn.", "The kettle broke again.", "Deliveries arrive on Mondays."]
+    with SqliteMemoryStore(db) as s:
+        for k, text in enumerate(texts):
+            s.add(NewMemory(f"m{k}", scope.organization_id, scope.agent_id, text))
+    # Back to version 3's index: the words as written, not stemmed.
+    tag = scope_tag(scope.organization_id, scope.agent_id)
+    with closing(sqlite3.connect(db)) as c:
+        c.execute("DELETE FROM memory_words")
+        for rowid, text in c.execute("SELECT rowid, text FROM memories").fetchall():
+            body = " ".join(tag + w for w in text.lower().replace(".", "").split())
+            c.execute("INSERT INTO memory_words (rowid, body) VALUES (?, ?)", (rowid, body))
+        c.execute("PRAGMA user_version = 3")
+        c.commit()
+    with SqliteMemoryStore(db) as s:
+        # "painting" and "bridge" meet "painted" and "bridges" only in their stemmed form.
+        assert [r.id for r in run(s.cold(scope, Query("painting a bridge"), 5, 0.7))] == ["m0"]
+        assert [r.id for r in run(s.cold(scope, Query("delivery on monday"), 5, 0.7))] == ["m2"]
+    with closing(sqlite3.connect(db)) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        (vocab,) = c.execute("SELECT count(*) FROM memory_words_vocab WHERE term = ?", (tag + "paint",)).fetchone()
+        assert vocab == 1
 
 
 def test_opening_waits_for_another_process_holding_the_file_longer_than_a_write_would(tmp_path: Path) -> None:
@@ -888,7 +919,7 @@ def test_a_version_1_database_is_migrated_and_recounted(tmp_path: Path) -> None:
         # The words were indexed under the scope on the way (version 3).
         assert [r.id for r in run(s.cold(Scope("o", "a"), Query("remboursements"), 5, 0.7))] == ["old-2"]
     with closing(sqlite3.connect(db)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE 'memories_fts%'").fetchall()
 
     out = cli("memories", "recount", "--db", str(db), "--json")

@@ -48,6 +48,26 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
 
 
+async def _restem_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    """Migration 5: the term table again from the stored memories, their words in the
+    searched form (`ctxcore.stores.text.search_word`: English words stemmed), so that
+    stored memories and new queries meet on the same keys."""
+    await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+    await conn.execute("DELETE FROM memory_terms")
+    last = 0
+    while True:
+        cur = await conn.execute(
+            "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
+            (last, _BACKFILL_CHUNK),
+        )
+        rows = await cur.fetchall()
+        if not rows:
+            break
+        await insert_terms(conn, [(int(s), o, a, doc_terms(t)) for s, o, a, t in rows])
+        last = int(rows[-1][0])
+    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+
+
 async def _grant_as_on_memories(conn: psycopg.AsyncConnection[TupleRow], table: str) -> None:
     """Give every role that may write ``memories`` the same rights on a new `table`."""
     cur = await conn.execute(
@@ -155,6 +175,7 @@ async def _partition_vectors(conn: psycopg.AsyncConnection[TupleRow]) -> None:
 _BACKFILL_TERMS: _Step = _backfill_terms
 _GRANT_READS: _Step = _grant_reads
 _PARTITION_VECTORS: _Step = _partition_vectors
+_RESTEM_TERMS: _Step = _restem_terms
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
     (
@@ -269,6 +290,11 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str | _Step, ...]], ...] = (
         4,
         "embeddings in a table partitioned by scope, an HNSW index per partition",
         (_PARTITION_VECTORS,),
+    ),
+    (
+        5,
+        "full-text terms in their searched form: English words stemmed",
+        (_RESTEM_TERMS,),
     ),
 )
 #: Version of the database layout this code writes (the highest migration).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from ..text import CJK_CHAR, normalize, strip_diacritics, words
+from ..text import CJK_CHAR, normalize, search_words, strip_diacritics, words
 
 #: A search key longer than this many UTF-8 bytes is stored as a digest (a b-tree entry
 #: holds at most ~2.7 kB; no real word comes near).
@@ -23,15 +23,16 @@ def term_key(term: str) -> str:
 
 def doc_terms(text: str) -> list[str]:
     """The search keys of a memory's text: its distinct words as the SQLite store's FTS5
-    index holds them (NFKC, case folded, diacritics removed, every CJK character a word),
+    index holds them (NFKC, case folded, diacritics removed, English words stemmed, every
+    CJK character a word),
     and each pair of adjacent CJK characters (a query's CJK run is searched as its
     character pairs, as the FTS5 phrase "c1 c2" finds them).
 
     >>> doc_terms("Rückgabe: 返金は30日以内")
-    ['30', 'ruckgabe', 'は', '以', '以 内', '内', '日', '日 以', '返', '返 金', '金', '金 は']
+    ['30', 'ruckgab', 'は', '以', '以 内', '内', '日', '日 以', '返', '返 金', '金', '金 は']
     """
     ws = words(normalize(text))
-    keys = {strip_diacritics(w) for w in ws}
+    keys = {strip_diacritics(w) for w in search_words(ws)}
     for a, b in zip(ws, ws[1:]):
         if CJK_CHAR.fullmatch(a) and CJK_CHAR.fullmatch(b):
             keys.add(strip_diacritics(a) + " " + strip_diacritics(b))

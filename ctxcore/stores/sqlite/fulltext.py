@@ -27,6 +27,7 @@ from ..text import (
     FTS_QUERY_TERMS,
     fts_terms,
     normalize,
+    search_words,
     strip_diacritics,
     words,
 )
@@ -62,11 +63,12 @@ def scope_tag(organization_id: str, agent_id: str) -> str:
 
 
 def fts_body(organization_id: str, agent_id: str, text: str) -> str:
-    """What `memory_words` indexes for a memory: its words (every CJK character a word of
-    its own, split where FTS5 splits them, see `_fts_words`), each prefixed with the
+    """What `memory_words` indexes for a memory: its words in their searched form
+    (`ctxcore.stores.text.search_word`: English words stemmed; every CJK character a word
+    of its own, split where FTS5 splits them, see `_fts_words`), each prefixed with the
     scope's tag."""
     tag = scope_tag(organization_id, agent_id)
-    return " ".join([tag + w for w in _fts_words(words(normalize(text)))])
+    return " ".join([tag + w for w in _fts_words(search_words(words(normalize(text))))])
 
 
 #: The FTS5 tokenizer of `memory_words`.
@@ -179,7 +181,8 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
     """The FTS5 MATCH expression for a full-text query of `text` within `scope`, before
     the store leaves out its uninformative terms.
 
-    Every word of `text` becomes a quoted FTS5 string (so no user text is ever read as
+    Every word of `text`, in its searched form (English words stemmed), becomes a quoted
+    FTS5 string (so no user text is ever read as
     FTS5 syntax: operators, column filters, prefixes and parentheses are just characters
     that the tokenizer drops) of the word prefixed with the scope's tag, so it can only
     match words of that scope's memories; the words are OR-ed. CJK runs become
@@ -188,7 +191,7 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
 
     >>> tag = scope_tag("o", "a")
     >>> fts_match_expression(Scope("o", "a"), 'refund" OR body:x*').replace(tag, "<o/a>")
-    '"<o/a>refund" OR "<o/a>or" OR "<o/a>body" OR "<o/a>x"'
+    '"<o/a>refund" OR "<o/a>or" OR "<o/a>bodi" OR "<o/a>x"'
     >>> fts_match_expression(Scope("o", "a"), "返金ポリ").replace(tag, "<o/a>")
     '"<o/a>返 <o/a>金" OR "<o/a>金 <o/a>ポ" OR "<o/a>ポ <o/a>リ"'
     >>> fts_match_expression(Scope("o", "a"), "?!") is None

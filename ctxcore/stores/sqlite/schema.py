@@ -38,7 +38,9 @@ __all__ = [
 #: the scope's tag; ctxcore.stores.sqlite.fulltext) in place of ``memories_fts``, which
 #: indexed words and scopes apart; a version 2 file is re-indexed when opened (~7 s per
 #: 100,000 memories, once) and older versions of ctxcore refuse a version 3 file.
-SCHEMA_VERSION = 3
+#: Version 4 indexes words in their searched form (English words stemmed,
+#: `ctxcore.stores.text.search_word`); a version 3 file is re-indexed when opened.
+SCHEMA_VERSION = 4
 #: How long a writer waits for another writer's lock before giving up (ms).
 BUSY_TIMEOUT_MS = 5000
 # How long opening a file waits for another process that holds the write lock to set up or
@@ -127,11 +129,25 @@ def _index_words(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE IF EXISTS memories_fts")
 
 
+def _restem_words(conn: sqlite3.Connection) -> None:
+    """Version 3 to 4: every memory's words indexed again in their searched form."""
+    (n,) = conn.execute("SELECT count(*) FROM memories").fetchone()
+    _log.info("indexing the words of %d memories in their searched form (schema version 3 -> 4)", n)
+    conn.execute("DELETE FROM memory_words")
+    cur = conn.execute("SELECT rowid, organization_id, agent_id, text FROM memories")
+    while rows := cur.fetchmany(4096):
+        conn.executemany(
+            "INSERT INTO memory_words (rowid, body) VALUES (?, ?)",
+            [(rowid, fts_body(org, agent, text)) for rowid, org, agent, text in rows],
+        )
+
+
 # Migrations from each older version to the next, run in the same transaction as the check:
 # SQL statements, or a function of the connection.
 _MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     1: ("ALTER TABLE memories ADD COLUMN exact_tokens TEXT",),
     2: (_index_words,),
+    3: (_restem_words,),
 }
 
 
