@@ -182,10 +182,10 @@ def fts_match_expression(scope: Scope, text: str) -> str | None:
     the store leaves out its uninformative terms.
 
     Every word of `text`, in its searched form (English words stemmed), becomes a quoted
-    FTS5 string (so no user text is ever read as
-    FTS5 syntax: operators, column filters, prefixes and parentheses are just characters
-    that the tokenizer drops) of the word prefixed with the scope's tag, so it can only
-    match words of that scope's memories; the words are OR-ed. CJK runs become
+    FTS5 string (so no user text is ever read as FTS5 syntax: operators, column filters,
+    prefixes and parentheses are just characters that the tokenizer drops) of the word
+    prefixed with the scope's tag, so it can only match words of that scope's memories;
+    the words are OR-ed. CJK runs become
     overlapping two-character phrases. At most `MAX_FTS_TERMS` distinct terms are used.
     None when `text` has no words.
 
