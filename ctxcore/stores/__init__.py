@@ -46,6 +46,7 @@ from .embedders import (
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
     WordLlamaEmbedder,
+    default_embedder,
     embedder_from_name,
 )
 from .embedding import DEFAULT_EMBEDDING_DIM, Embedder, HashingEmbedder
@@ -80,6 +81,7 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "WordLlamaEmbedder",
     "OnnxMiniLMEmbedder",
+    "default_embedder",
     "embedder_from_name",
     "HttpMemorySource",
     "IngestReport",

@@ -32,6 +32,7 @@ from ctxcore.stores import (
     SentenceTransformerEmbedder,
     SqliteMemoryStore,
     WordLlamaEmbedder,
+    default_embedder,
     embedder_from_name,
 )
 from ctxcore.stores.embedders import MINILM_MAX_TOKENS, OnnxMiniLMEmbedder, embed_many
@@ -587,6 +588,78 @@ def test_memories_add_takes_an_embedder_by_name(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "--embedder 'word2vec'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def _add(src: Path, db: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _memories_file(path: Path, start: int, n: int) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"m{i}", "organization_id": ORG, "agent_id": AGENT, "text": f"fact {i} about the kettle"})
+            + "\n"
+            for i in range(start, start + n)
+        )
+    )
+    return path
+
+
+def test_the_default_embedder_is_semantic_when_wordllama_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_embedder().name == WordLlamaEmbedder().name
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wordllama" else real(name, *a))
+    assert default_embedder().name == HashingEmbedder().name
+
+
+def test_memories_add_picks_the_default_embedder_and_then_the_stores_own(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    run = _add(_memories_file(tmp_path / "a.jsonl", 0, 3), db)
+    assert run.returncode == 0, run.stderr
+    with SqliteMemoryStore(db) as s:
+        assert s.embedder_name == default_embedder().name
+    # A second file goes in with the embedder the store records, no --embedder needed.
+    run = _add(_memories_file(tmp_path / "b.jsonl", 3, 3), db)
+    assert run.returncode == 0, run.stderr
+    with SqliteMemoryStore(db) as s:
+        assert s.stats().memories == 6 and s.embedder_name == default_embedder().name
+    # A store built with the hashing embedder keeps it.
+    hashed = tmp_path / "h.db"
+    assert _add(_memories_file(tmp_path / "c.jsonl", 0, 2), hashed, "--embedder", "hashing").returncode == 0
+    run = _add(_memories_file(tmp_path / "d.jsonl", 2, 2), hashed)
+    assert run.returncode == 0, run.stderr
+    with SqliteMemoryStore(hashed) as s:
+        assert s.embedder_name == HashingEmbedder().name and s.stats().memories == 4
+
+
+def test_memories_add_asks_for_an_embedder_it_cannot_rebuild(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    with SqliteMemoryStore(db, embedder=_Named("openai/text-embedding-3-small/dim=16")) as s:
+        s.add_many([NewMemory("m0", ORG, AGENT, "a kettle")])
+    with SqliteMemoryStore(db) as s:
+        assert s.embedder is None and s.embedder_name == "openai/text-embedding-3-small/dim=16"
+    run = _add(_memories_file(tmp_path / "a.jsonl", 1, 2), db)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "'openai/text-embedding-3-small/dim=16'" in run.stderr and "--embedder" in run.stderr
+
+
+class _Named:
+    """A deterministic embedder under a name ctxcore cannot rebuild."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def embed(self, text: str) -> np.ndarray:
+        return HashingEmbedder(16).embed(text)
+
+
 # ---- re-embedding a store ------------------------------------------------------------------------
 
 
@@ -662,7 +735,7 @@ def test_memories_reembed_on_the_command_line(tmp_path: Path) -> None:
     )
     db = tmp_path / "m.db"
     subprocess.run(
-        [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q"],
+        [sys.executable, "-m", "ctxcore", "memories", "add", str(src), "--db", str(db), "-q", "--embedder", "hashing"],
         check=True,
         capture_output=True,
         timeout=120,

@@ -174,6 +174,21 @@ def test_a_version_4_database_gets_stemmed_terms(pg_server: PgServer) -> None:
         assert conn.execute("SELECT max(version) FROM ctxcore_migrations").fetchone() == (PG_SCHEMA_VERSION,)
 
 
+def test_a_store_opened_without_an_embedder_uses_the_one_it_records(pg_server: PgServer) -> None:
+    pytest.importorskip("wordllama")
+    from ctxcore.stores import WordLlamaEmbedder
+
+    db = pg_server.new_database()
+    with PostgresMemoryStore(db.owner_url, embedder=WordLlamaEmbedder()) as s:
+        s.add_many([NewMemory("m0", "o", "a", "my sister's daughter visits in June")])
+    with PostgresMemoryStore(db.owner_url) as s:
+        assert s.embedder_name == "wordllama/l2_supercat/dim=256"
+        assert s.embedder is not None and s.embedder.name == s.embedder_name
+        # Queries are embedded with it: a paraphrase with no shared word is a vector hit.
+        hits = asyncio.run(s.cold(Scope("o", "a"), Query("niece"), 5, 0.0))
+        assert [(r.id, r.origin) for r in hits] == [("m0", MemoryOrigin.VECTOR)]
+
+
 def test_an_unmigrated_database_is_named(pg_server: PgServer) -> None:
     db = pg_server.new_database()
     with pytest.raises(MemoryStoreError, match="no ctxcore schema.*memories init"):

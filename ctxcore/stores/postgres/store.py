@@ -37,8 +37,8 @@ from ...memory import (
 from ...tokens import estimator_families, exact_families
 from ..counting import DEFAULT_TOKEN_FAMILY, exact_json, stored_token_counts
 from ..directives import DIRECTIVE_CACHE_SECONDS, ORG_WIDE, SCOPE_CACHE_ENTRIES, DirectiveCache
-from ..embedders import embed
-from ..embedding import Embedder, HashingEmbedder
+from ..embedders import embed, embedder_from_name
+from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..fusion import cold_batch
 from ..query_vectors import QueryVectors
@@ -171,8 +171,9 @@ class PostgresMemoryStore:
             and the password file (``PGPASSFILE`` or ``~/.pgpass``), as libpq does.
         embedder: computes embeddings for memories stored without one and for queries
             without one. Its `name` is recorded in the database; opening it later with a
-            different embedder raises `MemoryStoreError`; with None the recorded
-            `HashingEmbedder` is used, if that is one.
+            different embedder raises `MemoryStoreError`; with None the recorded one is
+            used when ctxcore can rebuild it from its name (`embedder_from_name`: the
+            hashing, WordLlama and MiniLM embedders).
         token_family: the tokenizer family memory token counts are taken in (exact where
             ``ctxcore.count_tokens`` has it, else an estimate; both tagged).
         dimensions: the embedding dimension, fixed in the schema (the ``vector`` column and
@@ -230,6 +231,7 @@ class PostgresMemoryStore:
         self._shown = redact_dsn(dsn)
         self._secret = password_of(dsn)
         self._embedder: Embedder | None = embedder
+        self._embedder_name: str | None = None if embedder is None else embedder.name
         self._family = token_family
         self._exact = token_family in exact_families()
         self._dim: int | None = dimensions
@@ -414,9 +416,13 @@ class PostgresMemoryStore:
                     raise MemoryStoreError(f"{self._shown} stores embeddings of {dim} dimensions, not {self._dim}")
                 self._dim = int(dim)
             recorded = await self._meta(conn, "embedder")
+            self._embedder_name = recorded
             if self._embedder is None and recorded is not None:
-                self._embedder = HashingEmbedder.from_name(recorded)
+                # Opened without an embedder: the one the database was built with, when
+                # ctxcore can rebuild it from its name.
+                self._embedder = embedder_from_name(recorded)
             elif self._embedder is not None:
+                self._embedder_name = self._embedder.name
                 if recorded is None:
                     try:
                         await conn.execute(stmt.RECORD_EMBEDDER, (self._embedder.name,))
@@ -442,6 +448,13 @@ class PostgresMemoryStore:
     def embedder(self) -> Embedder | None:
         """The embedder for memories and queries that come without an embedding."""
         return self._embedder
+
+    @property
+    def embedder_name(self) -> str | None:
+        """The embedder the database records (its embeddings' space), None when it records
+        none. Set even when `embedder` is None: a store opened without an embedder whose
+        recorded one ctxcore cannot rebuild from its name (an endpoint, a local model)."""
+        return self._embedder_name
 
     @property
     def token_family(self) -> str:

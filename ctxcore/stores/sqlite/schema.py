@@ -164,11 +164,12 @@ def connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) -> Embedder | None:
+def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) -> tuple[Embedder | None, str | None]:
     """Create the schema in a new file, migrate an older one, and check the embedder
     against the one the file was built with (the caller holds the write lock). Returns
-    the embedder the store uses: `embedder`, or the recorded one when `embedder` is None
-    and the file names one ctxcore can rebuild."""
+    the embedder the store uses (`embedder`, or the recorded one when `embedder` is None
+    and the file names one ctxcore can rebuild) and the name the file records (None: no
+    embedder recorded)."""
     # Another process may be setting up or migrating the file: wait for it (the check
     # below then finds the file current).
     conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
@@ -199,6 +200,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
             conn.execute(f"PRAGMA user_version = {version}")
         conn.execute(_READS_TABLE)
         row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+        recorded = None if row is None else str(row[0])
         if embedder is None and row is not None:
             # Opened without an embedder: use the one the database was built with,
             # when it is one ctxcore can rebuild (queries then get embeddings too).
@@ -206,6 +208,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
         elif embedder is not None:
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('embedder', ?)", (embedder.name,))
+                recorded = embedder.name
             elif row[0] != embedder.name:
                 raise MemoryStoreError(
                     f"{path} was built with the embedder {row[0]!r}, not {embedder.name!r}: "
@@ -216,7 +219,7 @@ def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) 
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return embedder
+    return embedder, recorded
 
 
 def stored_dim(conn: sqlite3.Connection) -> int | None:

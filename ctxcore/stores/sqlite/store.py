@@ -189,7 +189,7 @@ class SqliteMemoryStore:
             self._writer.execute("PRAGMA journal_mode = WAL")
             self._writer.execute("PRAGMA synchronous = NORMAL")
             with self._write_lock:
-                self._embedder = init_schema(self._writer, self._path, self._embedder)
+                self._embedder, self._embedder_name = init_schema(self._writer, self._path, self._embedder)
         except sqlite3.Error as exc:
             self._writer.close()
             raise MemoryStoreError(f"{self._path} is not a usable memory database: {exc}") from exc
@@ -211,6 +211,13 @@ class SqliteMemoryStore:
     def embedder(self) -> Embedder | None:
         """The embedder for memories and queries that come without an embedding."""
         return self._embedder
+
+    @property
+    def embedder_name(self) -> str | None:
+        """The embedder the database records (its embeddings' space), None when it records
+        none. Set even when `embedder` is None: a store opened without an embedder whose
+        recorded one ctxcore cannot rebuild from its name (an endpoint, a local model)."""
+        return self._embedder_name
 
     @property
     def token_family(self) -> str:
@@ -513,6 +520,7 @@ class SqliteMemoryStore:
             if progress is not None and rows:
                 progress(min(done + len(rows), total), total)
         self._embedder = embedder
+        self._embedder_name = embedder.name
         self._query_vectors = QueryVectors()
         return embedded
 
