@@ -6,10 +6,10 @@ two seeds of twelve conversations each, a WordLlama store (the `wordllama` extra
 Reference, in the same run and at the same spend: BM25, the embedder alone, their
 reciprocal-rank fusion and recency (`ctxcore.evaluation`), each charged its memories'
 text plus one token per memory, while ctxcore is charged its whole rendered memories
-section. Gate, per seed and spend: ctxcore's recall is at least the best baseline's
-(`QUALITY_FLOOR`, 1.0x; docs/quality.md gives the measured ratios). The branches get
-generous timeouts and no assembly may degrade: the gate measures what the context holds,
-the latency gates measure how fast it is built.
+section. Gate, per seed and spend: ctxcore's recall is at least 1.05x the best
+baseline's (`QUALITY_FLOOR`, below the 1.11-1.35x measured; docs/quality.md gives the
+ratios). The branches get generous timeouts and no assembly may degrade: the gate
+measures what the context holds, the latency gates measure how fast it is built.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ctxcore.stores import NewMemory, SqliteMemoryStore, WordLlamaEmbedder
 SEEDS = (1, 2)
 SPENDS = (256, 512, 1024)
 #: ctxcore's recall / the best baseline's, at least (per seed and spend).
-QUALITY_FLOOR = 1.0
+QUALITY_FLOOR = 1.05
 CONVERSATIONS = 12
 #: Timeouts that a loaded CI machine cannot hit on a local SQLite file.
 GENEROUS = AssemblyConfig(
