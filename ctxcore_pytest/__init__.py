@@ -13,12 +13,9 @@ from typing import Any
 
 import pytest
 
-__all__ = ["MARKER", "RESULTS"]
+from .names import MARKER, RESULTS
 
-#: The marker's and the fixture's name.
-MARKER = "ctxcore_gate"
-#: Where each gate that ran leaves its (test id, result) for the summary.
-RESULTS = pytest.StashKey[list[tuple[str, Any]]]()
+__all__ = ["MARKER", "RESULTS"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from ctxcore_pytest import MARKER
-from ctxcore_pytest import RESULTS as _RESULTS
+from ctxcore_pytest.names import MARKER
+from ctxcore_pytest.names import RESULTS as _RESULTS
 
 from .gates import (
     DEFAULT_REFERENCE_ROUNDS,

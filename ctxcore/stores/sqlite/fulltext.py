@@ -18,7 +18,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...memory import Scope
 from ..text import (
@@ -32,17 +32,23 @@ from ..text import (
     words,
 )
 
-if TYPE_CHECKING:
-    from .readers import Job
-
 __all__ = [
     "FTS_TOKENIZER",
     "DocFrequencies",
+    "Interruptible",
     "fts_body",
     "fts_match_expression",
     "scope_tag",
     "search",
 ]
+
+
+class Interruptible(Protocol):
+    """What the search needs of the reader's job (`ctxcore.stores.sqlite.readers.Job`):
+    `check` raises once the job was cancelled, so a search stops between statements."""
+
+    def check(self) -> None: ...
+
 
 # Document-frequency cache: entries are re-read once their scope has grown by this
 # factor, and the cache is emptied beyond this many terms.
@@ -297,7 +303,7 @@ class DocFrequencies:
 
 def search(
     conn: sqlite3.Connection,
-    job: Job,
+    job: Interruptible,
     scope: Scope,
     text: str,
     limit: int,
