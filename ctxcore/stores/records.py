@@ -35,10 +35,17 @@ __all__ = [
     "check_ids",
     "check_owner",
     "check_update",
+    "created_times",
     "expiry_cutoff",
     "fulltext_stats",
     "rows_to_batch",
 ]
+
+#: Memories stored without a creation time in one batch are created `now` plus this many
+#: seconds per place in the batch: their creation order is the order given (a
+#: conversation's turns stay in order for the value model's context signal and for the
+#: newest-first hot path) without a visible change to any time.
+CREATED_AT_STEP_S = 1e-6
 
 #: The columns both stores read a memory back as, in this order (a store's statement may
 #: add its own after them).
@@ -345,6 +352,26 @@ def fulltext_stats(scores: Sequence[float], in_scope: int) -> tuple[float, float
     mean = total / n
     var = max(0.0, math.fsum(x * x for x in scores) / n - mean * mean)
     return mean, math.sqrt(var)
+
+
+def created_times(batch: Sequence[NewMemory], now: float) -> list[float]:
+    """Each memory's creation time: its own, or for the k-th memory of the batch without
+    one, ``now + k * CREATED_AT_STEP_S``.
+
+    >>> [round(t - 100.0, 6) for t in created_times(
+    ...     [NewMemory("a", "o", "x", "t"), NewMemory("b", "o", "x", "t", created_at=5.0), NewMemory("c", "o", "x", "t")],
+    ...     100.0)]
+    [0.0, -95.0, 1e-06]
+    """
+    out: list[float] = []
+    k = 0
+    for m in batch:
+        if m.created_at is None:
+            out.append(now + k * CREATED_AT_STEP_S)
+            k += 1
+        else:
+            out.append(m.created_at)
+    return out
 
 
 def check_batch(

@@ -157,6 +157,18 @@ def test_hot_is_newest_first_with_similarity(make: Factory) -> None:
     assert [r.similarity for r in run(s.hot(A, Query(""), 2))] == [None, None]
 
 
+def test_memories_without_a_time_are_created_in_the_order_given(make: Factory) -> None:
+    s = make()
+    before = time.time()
+    s.add_many([NewMemory(f"m{k}", "acme", "support", f"turn {k} of the chat") for k in range(50)])
+    after = time.time()
+    batch = s.memories(A)
+    times = [t for _, t in sorted(zip(batch.ids, batch.created_at), key=lambda p: int(p[0][1:]))]
+    assert all(b > a for a, b in zip(times, times[1:]))  # strictly in the order given
+    assert before - 1 <= times[0] and times[-1] <= after + 1
+    assert [r.id for r in run(s.hot(A, Query(""), 3))] == ["m49", "m48", "m47"]
+
+
 def test_ann_cutoff_applies_before_hydration(make: Factory) -> None:
     s = make(dimensions=3)
     angles = np.deg2rad([0, 10, 30, 45, 60, 90, 180])  # cosines 1, .985, .866, .707, .5, 0, -1

@@ -50,6 +50,7 @@ from ..records import (
     check_ids,
     check_owner,
     check_update,
+    created_times,
     expiry_cutoff,
     rows_to_batch,
 )
@@ -630,7 +631,6 @@ class PostgresMemoryStore:
                     i,
                     mid,
                 )
-        now = time.time()
         kind = "exact" if self._exact else "estimate"
         rows = [
             (
@@ -641,14 +641,14 @@ class PostgresMemoryStore:
                 None if v is None else _vector_text(v),
                 m.confidence,
                 m.importance,
-                now if m.created_at is None else m.created_at,
+                created,
                 m.accessed_at,
                 n,
                 self._family,
                 kind,
                 ex,
             )
-            for m, n, v, ex in zip(batch, counts, vectors, exact)
+            for m, created, n, v, ex in zip(batch, created_times(batch, time.time()), counts, vectors, exact)
         ]
         terms = [doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None

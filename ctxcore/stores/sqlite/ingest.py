@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidMemory
-from ..records import NewMemory
+from ..records import NewMemory, created_times
 from .fulltext import fts_body
 from .schema import stored_dim
 
@@ -105,7 +105,7 @@ def insert_batch(
                 f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {dim}", i, mid
             )
     bumps: dict[tuple[str, str], list[int]] = {}
-    for m, n_tokens, v, ex in zip(batch, counts, vectors, exact):
+    for m, created, n_tokens, v, ex in zip(batch, created_times(batch, now), counts, vectors, exact):
         insert_memory(
             conn,
             (
@@ -116,7 +116,7 @@ def insert_batch(
                 None if v is None else v.tobytes(),
                 m.confidence,
                 m.importance,
-                now if m.created_at is None else m.created_at,
+                created,
                 m.accessed_at,
                 n_tokens,
                 family,
