@@ -645,14 +645,15 @@ def fuse(
                 weights[2] * standard(rec, rec_present, "recency", float(np.nanmin(rec)) if rec_present.any() else 0.0),
             ]
         )
-        z = parts.sum(axis=0) / weights.sum()
-        relevance = np.exp((z - float(z.max())) / model.temperature)
-        # The dominant signal is among those the candidate carries (a standardized signal
-        # may be negative: an absent one's 0 must not win).
+        # A candidate no signal carries is worth 0, as in the other fusions; the dominant
+        # signal is among those the candidate carries (a standardized signal may be
+        # negative: an absent one's 0 must not win).
         carried = np.stack([lex_present, vec_present, rec_present]) & (weights[:, None] > 0)
-        dominant = np.where(carried.any(axis=0), np.argmax(np.where(carried, parts, -np.inf), axis=0), -1).astype(
-            np.int64
-        )
+        found = carried.any(axis=0)
+        z = parts.sum(axis=0) / weights.sum()
+        z_best = float(z[found].max()) if found.any() else 0.0
+        relevance = np.where(found, np.exp(np.minimum(z - z_best, 0.0) / model.temperature), 0.0)
+        dominant = np.where(found, np.argmax(np.where(carried, parts, -np.inf), axis=0), -1).astype(np.int64)
         return relevance, dominant
     else:
         # Each signal min-max scaled over the m candidates that carry it: the best is 1,

@@ -134,3 +134,19 @@ def test_the_reply_that_answers_is_ranked_for_its_context(tmp_path: Path) -> Non
     assert _rank(with_context, "t1") <= 2 < 10 < _rank(without, "t1")
     assert _rank(with_context, "t2") < _rank(without, "t2")
     assert with_context.scoring["value_model"]["context_weight"] == ValueModel().context_weight
+
+
+@pytest.mark.parametrize("fusion", ["zscore", "weighted", "rrf"])
+def test_a_candidate_no_signal_carries_is_worth_nothing(fusion: str) -> None:
+    from ctxcore.scoring import fuse
+
+    nan = float("nan")
+    rel, dom = fuse(
+        [0.9, 0.4, nan, nan],
+        [nan, 2.0, 5.0, nan],
+        fulltext=np.array([False, False, True, False]),
+        model=ValueModel(fusion=fusion),
+    )
+    assert rel[3] == 0.0 and dom[3] == -1
+    assert (rel[:3] > 0).all() and rel.max() <= 1.0
+    assert dom[:3].tolist() == [1, 0, 0]  # a row's dominant signal is one it carries
