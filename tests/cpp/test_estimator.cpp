@@ -410,7 +410,7 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
       ctxcore::validate(walked);
       ctxcore::prepare(p);
       // A word price past 32 tokens leaves the scan's tables empty: every text is walked.
-      EXPECT_EQ(p.scan.latin.empty(), wc > 32767);
+      EXPECT_EQ(p.scan.pairs.empty(), wc > 32767);
       for (int trial = 0; trial < 300; ++trial) {
         std::u32string s;
         // Up to 3,000 code points, so that words and digit groups cross the scan's segments;
