@@ -1,5 +1,6 @@
-// The conservative token estimator. See estimator.hpp for the model; this file is the one
-// pass over the code points (raw_cost) and the margin applied to its sum (finish_estimate).
+// The conservative token estimator. See estimator.hpp for the model; this file is the walk
+// over the code points that defines a text's raw cost, the scan that computes the same raw
+// cost for whole texts faster (raw_cost), and the margin applied to it (finish_estimate).
 #include "ctxcore/estimator.hpp"
 
 #include <algorithm>
@@ -11,6 +12,12 @@
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #define CTXCORE_SSE2 1
 #include <emmintrin.h>
+#endif
+// AVX2 code is compiled for its functions only and run where the CPU has it (the build
+// targets baseline x86-64).
+#if defined(CTXCORE_SSE2) && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define CTXCORE_AVX2 1
+#include <immintrin.h>
 #endif
 #if defined(_MSC_VER) && !defined(__clang__)
 #include <intrin.h>
@@ -115,13 +122,13 @@ inline bool ends_chunk(std::uint8_t k, bool o200k) noexcept {
   return k == kClassStart || is_letter(k, o200k) || k == kClassNumber || k == kClassNewline;
 }
 
-// ---- word hashes -------------------------------------------------------------------------
+// ---- word hashes and word sets -----------------------------------------------------------
 // A word is hashed in its canonical form: its code points as bytes when all are below 256,
 // else as little-endian 16-bit units when all are below 0x10000, else as 32-bit units; so a
-// word hashes the same whether its text is held as Latin-1, UCS-2 or UCS-4, and a Latin-1
-// text's words are hashed in place. The bytes are read as little-endian 64-bit words
-// (the last one padded with zeros) and mixed two at a time by 64 x 64 -> 128-bit products
-// (wyhash's mixing).
+// word hashes the same whether its text is held as Latin-1, UCS-2 or UCS-4, and the words of
+// a Latin-1 text (and the wide words of a UCS-2 one) are hashed where they lie. The bytes are
+// read as little-endian 64-bit words, the last one padded with zeros, and mixed two at a time
+// by 64 x 64 -> 128-bit products (wyhash's mixing): one product for a word of up to 16 bytes.
 
 constexpr std::uint64_t kHash0 = 0xA0761D6478BD642Full;
 constexpr std::uint64_t kHash1 = 0xE7037ED1A0B428DBull;
@@ -177,6 +184,17 @@ inline unsigned ctz64(std::uint64_t x) noexcept {
 #endif
 }
 
+inline unsigned popcount64(std::uint64_t x) noexcept {
+#if defined(__POPCNT__)
+  return static_cast<unsigned>(__builtin_popcountll(x));
+#else
+  x -= (x >> 1) & 0x5555555555555555ull;
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+  return static_cast<unsigned>((x * 0x0101010101010101ull) >> 56);
+#endif
+}
+
 // The r < 8 bytes at p as a little-endian number, reading only inside [lo, hi) (which
 // holds [p, p + r)).
 inline std::uint64_t load_partial(const std::uint8_t* p, std::size_t r, const std::uint8_t* lo,
@@ -221,6 +239,12 @@ std::uint64_t word_hash(const Unit* cps, std::size_t n) noexcept {
     std::uint32_t top = 0;
     for (std::size_t i = 0; i < n; ++i) top |= static_cast<std::uint32_t>(cps[i]);
     const unsigned width = top < 0x100 ? 1 : top < 0x10000 ? 2 : 4;
+#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+    if (width == sizeof(Unit)) {  // the units are the canonical bytes
+      const auto* b = reinterpret_cast<const std::uint8_t*>(cps);
+      return hash_bytes(b, n * width, width, b, b + n * width);
+    }
+#endif
     std::uint8_t buf[4 * kMaxWordCodePoints + 8];
     std::size_t len = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -271,9 +295,11 @@ inline bool probe(const WordSet& s, const WordBucket* table, std::size_t mask, s
   const __m128i f = _mm_set1_epi32(static_cast<int>(fingerprint(h)));
   const auto* v = reinterpret_cast<const __m128i*>(k.fp);
   const __m128i eq = _mm_or_si128(_mm_cmpeq_epi32(_mm_load_si128(v), f), _mm_cmpeq_epi32(_mm_load_si128(v + 1), f));
-  const bool hit = _mm_movemask_epi8(eq) != 0;
-  if (!hit && k.fp[7] != 0) return contains(s, h);
-  return hit;
+  const int hit = _mm_movemask_epi8(eq);
+  // Found or not, one bucket decides unless it is full and does not hold h (rare): no
+  // branch on the outcome.
+  if ((static_cast<unsigned>(hit == 0) & static_cast<unsigned>(k.fp[7] != 0)) != 0) return contains(s, h);
+  return hit != 0;
 #else
   (void)table;
   (void)mask;
@@ -431,18 +457,19 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
 
 // ---- the scan ----------------------------------------------------------------------------
 // The walk above, for a whole text, in two passes over segments of kScanSegment code points.
-// The first finds every code point's cost and keeps their prefix sums, and sets its bit in
+// The first finds every code point's cost and keeps their running sums, and sets its bit in
 // masks of its class (letters, attachable characters, spaces, ASCII digits; for o200k_base
 // also upper- and lower-case letters and the other letters), 16 code points at a time:
 // blocks of code points below 256 (every block of a Latin-1 text, and most of the others)
 // take each cost from one table read indexed by the pair's two bytes (ScanTables::pairs)
-// and, when all are ASCII, their classes from a few vector compares; other blocks read
-// each code point's class byte (ScanTables::info) and cost one at a time. The second finds
-// the words with mask arithmetic (letter runs, the splits o200k_base makes before an
-// upper-case letter, the leading character each may take), takes each word's cost from the
-// prefix sums, and looks each word up by its hash, read from the text in place, with the
-// buckets of a segment's words fetched ahead. The sum of all costs, less each word's costs,
-// plus each word's price, is the walk's total: the same numbers, so the same estimates.
+// and, when all are ASCII, their classes from a few vector compares; other blocks read each
+// code point's class byte (ScanTables::info) and work out each cost without a branch on it
+// (with AVX2 eight at a time, by gathers). The second finds the words with mask arithmetic
+// (letter runs, the splits o200k_base makes before an upper-case letter, the leading
+// character each may take), takes each word's cost from the running sums, and looks each
+// word up by its hash, read from the text in place, the buckets of a segment's words fetched
+// ahead. The sum of all costs, less each word's costs, plus each word's price, is the walk's
+// total: the same numbers, so the same estimates.
 
 inline std::uint8_t scan_info(char32_t cp, const ScanTables& t) noexcept {
   if (cp < kClassLimit) return t.info[cp];
@@ -469,16 +496,21 @@ inline std::uint32_t wide_cost(char32_t prev, char32_t cp, std::uint8_t info, co
   const std::uint32_t e = t.entries[(g * 0x85EBCA77u) >> t.shift];
   const std::uint32_t tag = (g ^ (g >> 16)) & 0xFFFFu;
   const std::uint32_t block = t.blocks[block_of(cp)];
-  // The entry's tag is the pair's and its cost is not kUnseenPair (selects, not branches:
-  // every outcome here depends on the text).
+  // Selects, not branches (every outcome here depends on the text): both costs are read.
+  // The entry counts when its tag is the pair's and its cost is not kUnseenPair.
   std::uint32_t c = (e ^ (tag << 16)) < kUnseenPair ? e & 0xFFFFu : block;
-  std::uint32_t least = ((info & kScanControl) | static_cast<std::uint32_t>(cp == prev)) != 0 ? t.one : 0;
-  least = (info & kScanFloor) != 0 ? 2 * t.one : least;
-  c = std::max(c, least);
+  const std::uint32_t once = (info & kScanControl) != 0 || cp == prev ? t.one : 0;
+  const std::uint32_t least = (info & kScanFloor) != 0 ? 2 * t.one : once;
+  c = c < least ? least : c;
   return (info & kScanDigit) != 0 ? t.one : c;
 }
 
 constexpr std::size_t kMaskWords = kScanSegment / 64;
+// Texts shorter than this are walked (the same numbers): on them the scan's fixed cost is
+// more than the walk's whole cost.
+constexpr std::size_t kScanMinimum = 16;
+static_assert(kScanFloor == 1u << 3 && kScanControl == 1u << 5 && kScanDigit == 1u << 7,
+              "wide_cost reads these flags by their bit positions");
 
 // One segment's costs and class masks.
 struct Segment {
@@ -488,7 +520,6 @@ struct Segment {
   std::uint32_t pbuf[kScanSegment + 2];
   std::uint64_t letter[kMaskWords], attach[kMaskWords], space[kMaskWords], digit[kMaskWords];
   std::uint64_t upper[kMaskWords], lower[kMaskWords], other[kMaskWords];  // letters: Lu/Lt, Ll, the rest
-  std::uint64_t begin[kMaskWords], lead[kMaskWords];  // where words begin; those with a leading character
 };
 
 // The class masks of 16 code points (bit i: code point i).
@@ -641,12 +672,13 @@ inline std::uint64_t case_splits(std::uint64_t letter, std::uint64_t upper, std:
   return splits;
 }
 
-// The hash of a word of `len` <= 16 canonical bytes given as its two 8-byte words.
+// The hash of a word of `len` <= 16 canonical bytes given as its two 8-byte words (as
+// hash_bytes takes it).
 inline std::uint64_t hash16(std::uint64_t w0, std::uint64_t w1, std::size_t len, unsigned width) noexcept {
   return mix(w0 ^ kHash1, w1 ^ kHash2 ^ (len | (std::uint64_t{width} << 16)));
 }
 
-// keep[len]: the bytes of the first len of 16 (two 8-byte words).
+// w[len]: the masks that keep the first len of 16 bytes (as two 8-byte words).
 struct Keep16 {
   std::uint64_t w[17][2];
   constexpr Keep16() : w() {
@@ -658,12 +690,13 @@ struct Keep16 {
 };
 constexpr Keep16 kKeep{};
 
-// The hash of the word [start, start + len) of a text of n code points.
+// The hash of the word [start, start + len) of a text of n code points (word_hash, read in
+// place where it can be).
 template <class Unit>
 inline std::uint64_t text_word_hash(const Unit* cps, std::size_t n, std::size_t start, std::size_t len) noexcept {
   if constexpr (sizeof(Unit) == 1) {
     const auto* b = reinterpret_cast<const std::uint8_t*>(cps);
-    if (len <= 16 && n - start >= 16) {
+    if (len <= 16 && n - start >= 16) {  // the 16 bytes from the word's start are the text's
       return hash16(load64(b + start) & kKeep.w[len][0], load64(b + start + 8) & kKeep.w[len][1], len, 1);
     }
     return hash_bytes(b + start, len, 1, b, b + n);
@@ -692,12 +725,111 @@ inline std::uint64_t text_word_hash(const Unit* cps, std::size_t n, std::size_t 
           _mm_store_si128(reinterpret_cast<__m128i*>(w), a);
           return hash16(w[0], w[1], 2 * len, 2);
         }
+        // Past 8 units with one past 255: the units are the canonical bytes.
+        const auto* text = reinterpret_cast<const std::uint8_t*>(cps);
+        return hash_bytes(text + 2 * start, 2 * len, 2, text, text + 2 * n);
       }
     }
 #endif
     return word_hash(cps + start, len);
   }
 }
+
+template <class Unit>
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+std::uint32_t wide_block(const Unit* u, std::size_t rem, char32_t prev, const ScanTables& t, const WideTables& wide,
+                         std::uint32_t acc, std::uint32_t* sums, std::uint8_t* info) noexcept {
+  // Everything in locals: the stores below could otherwise alias the tables' pointers.
+  const std::uint16_t* const pairs = t.pairs.data();
+  const std::uint8_t* const infos = t.info.data();
+  const WideTables w = wide;
+  std::uint8_t flags[16];
+  std::uint32_t costs[16];
+  for (std::size_t i = 0; i < rem; ++i) {
+    const auto cp = static_cast<char32_t>(u[i]);
+    const std::uint8_t k = cp < kClassLimit ? infos[cp] : scan_info(cp, t);
+    flags[i] = k;
+    // Both costs, then a select: in such a block either kind of pair follows the other.
+    const std::uint32_t narrow_cost = pairs[((static_cast<std::size_t>(cp) & 0xFF) << 8) | (prev & 0xFF)];
+    const std::uint32_t wide_pair = 0u - static_cast<std::uint32_t>((prev | cp) >= 256);
+    costs[i] = (narrow_cost & ~wide_pair) | (wide_cost(prev, cp, k, w) & wide_pair);
+    prev = cp;
+  }
+  for (std::size_t i = 0; i < rem; ++i) {
+    acc += costs[i];
+    sums[i] = acc;
+  }
+  std::memcpy(info, flags, rem);
+  return acc;
+}
+
+#if defined(CTXCORE_AVX2)
+// Lanes of v with `bit` set.
+__attribute__((target("avx2"))) inline __m256i flag(__m256i v, int bit) noexcept {
+  return _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(bit)), _mm256_set1_epi32(bit));
+}
+
+// wide_block for 16 code points of a UCS-2 text, eight at a time: the class bytes and the
+// costs of both kinds of pair read by gathers (the tables have room for their 4-byte reads),
+// the selects by masks, the running sums by shifts.
+__attribute__((target("avx2"))) std::uint32_t wide_block_avx2(const std::uint16_t* u, char32_t prev,
+                                                              const ScanTables& t, const WideTables& w,
+                                                              std::uint32_t acc, std::uint32_t* sums,
+                                                              std::uint8_t* info) noexcept {
+  const auto* infos = reinterpret_cast<const int*>(t.info.data());
+  const auto* pairs = reinterpret_cast<const int*>(t.pairs.data());
+  const auto* entries = reinterpret_cast<const int*>(w.entries);
+  const auto* blocks = reinterpret_cast<const int*>(w.blocks);
+  const __m256i low8 = _mm256_set1_epi32(0xFF), low16 = _mm256_set1_epi32(0xFFFF);
+  const __m256i one = _mm256_set1_epi32(static_cast<int>(w.one)), two = _mm256_set1_epi32(static_cast<int>(2 * w.one));
+  const __m256i up_one = _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6);
+  const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(w.shift));
+  __m256i k[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256i cp = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 8 * h)));
+    // The code point before each: the lanes moved up one, `prev` into the first.
+    const __m256i before =
+        _mm256_blend_epi32(_mm256_permutevar8x32_epi32(cp, up_one), _mm256_set1_epi32(static_cast<int>(prev)), 0x01);
+    const __m256i inf = _mm256_and_si256(_mm256_i32gather_epi32(infos, cp, 1), low8);
+    const __m256i pair =
+        _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(cp, low8), 8), _mm256_and_si256(before, low8));
+    const __m256i narrow = _mm256_and_si256(_mm256_i32gather_epi32(pairs, pair, 2), low16);
+    // pair_slot and cost.
+    const __m256i g =
+        _mm256_xor_si256(_mm256_mullo_epi32(before, _mm256_set1_epi32(static_cast<int>(0x9E3779B1u))), cp);
+    const __m256i slot =
+        _mm256_srl_epi32(_mm256_mullo_epi32(g, _mm256_set1_epi32(static_cast<int>(0x85EBCA77u))), shift);
+    const __m256i e = _mm256_i32gather_epi32(entries, slot, 4);
+    const __m256i tag = _mm256_and_si256(_mm256_xor_si256(g, _mm256_srli_epi32(g, 16)), low16);
+    const __m256i block =
+        _mm256_and_si256(_mm256_i32gather_epi32(blocks, _mm256_srli_epi32(cp, kBlockShift), 2), low16);
+    const __m256i x = _mm256_xor_si256(e, _mm256_slli_epi32(tag, 16));
+    const __m256i seen = _mm256_cmpeq_epi32(_mm256_min_epu32(x, _mm256_set1_epi32(kUnseenPair - 1)), x);
+    __m256i c = _mm256_blendv_epi8(block, _mm256_and_si256(e, low16), seen);
+    __m256i least = _mm256_and_si256(_mm256_or_si256(flag(inf, kScanControl), _mm256_cmpeq_epi32(cp, before)), one);
+    least = _mm256_blendv_epi8(least, two, flag(inf, kScanFloor));
+    c = _mm256_blendv_epi8(_mm256_max_epu32(c, least), one, flag(inf, kScanDigit));
+    const __m256i wide = _mm256_cmpgt_epi32(_mm256_or_si256(cp, before), _mm256_set1_epi32(255));
+    c = _mm256_blendv_epi8(narrow, c, wide);
+    // Running sums.
+    c = _mm256_add_epi32(c, _mm256_slli_si256(c, 4));
+    c = _mm256_add_epi32(c, _mm256_slli_si256(c, 8));
+    c = _mm256_add_epi32(
+        c, _mm256_blend_epi32(_mm256_setzero_si256(), _mm256_permutevar8x32_epi32(c, _mm256_set1_epi32(3)), 0xF0));
+    c = _mm256_add_epi32(c, _mm256_set1_epi32(static_cast<int>(acc)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + 8 * h), c);
+    acc = static_cast<std::uint32_t>(_mm256_extract_epi32(c, 7));
+    k[h] = inf;
+    prev = u[8 * h + 7];
+  }
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(k[0], k[1]), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(info),
+                   _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+  return acc;
+}
+#endif
 
 template <class Unit, bool O200k>
 RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept {
@@ -713,7 +845,8 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
   const WordBucket* const table = w.words.buckets.data();
   const std::size_t table_mask = w.words.buckets.size() - 1;
   Segment s;
-  std::uint32_t ends[kSeg + 1];
+  // Room for the last mask word's four-at-a-time writes past the count.
+  std::uint32_t starts[kSeg + 8], ends[kSeg + 8];
   std::uint64_t hashes[kSeg + 1];
   std::uint32_t better[kSeg + 1], word_price[kSeg + 1];
 
@@ -807,14 +940,16 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
         prev = b[rem - 1];
       } else {
         alignas(16) std::uint8_t info[16] = {};
-        for (std::size_t i = 0; i < rem; ++i) {
-          const auto cp = static_cast<char32_t>(u[i]);
-          const std::uint8_t k = scan_info(cp, t);
-          info[i] = k;
-          acc += (prev | cp) < 256 ? pairs[(static_cast<std::size_t>(cp) << 8) | prev] : wide_cost(prev, cp, k, wide);
-          P[j + i + 1] = acc;
-          prev = cp;
+#if defined(CTXCORE_AVX2)
+        if (sizeof(Unit) == 2 && rem == 16 && t.avx2) {
+          acc = wide_block_avx2(reinterpret_cast<const std::uint16_t*>(u), prev, t, wide, acc, P + j + 1, info);
+        } else {
+          acc = wide_block(u, rem, prev, t, wide, acc, P + j + 1, info);
         }
+#else
+        acc = wide_block(u, rem, prev, t, wide, acc, P + j + 1, info);
+#endif
+        prev = static_cast<char32_t>(u[rem - 1]);
         store_masks<O200k>(s, j, masks_from_info(info));
       }
     }
@@ -847,10 +982,11 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
       // The digits in a row at the top of the mask word.
       digits = d == ~std::uint64_t{0} ? digits + 64 : clz64(~d);
     }
-    // Pass 2: the words, from the masks. Their ends are listed first; then each word, in
-    // order, is priced as if not found and its hash taken, its bucket fetched ahead; then
-    // the probes, which turn the found words' prices into the word price.
-    std::size_t ne = 0;
+    // Pass 2: the words, from the masks. Their starts and ends are listed first (four at a
+    // time whatever their number, so that no branch waits on it); then each word, in order,
+    // is priced as if not found and its hash taken, its bucket fetched ahead; then the
+    // probes, which turn the found words' prices into the word price.
+    std::size_t ns = 0, ne = 0;
     for (std::size_t q = 0; q < words; ++q) {
       const std::uint64_t valid = (q + 1) * 64 <= m ? ~std::uint64_t{0} : (std::uint64_t{1} << (m & 63)) - 1;
       const std::uint64_t L = s.letter[q], A = s.attach[q];
@@ -864,17 +1000,37 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
         begin |= splits;
         finish |= splits;
       }
-      s.begin[q] = begin;
-      s.lead[q] = run_start & ((lead_ok << 1) | c_lead);
+      const std::uint64_t leads = run_start & ((lead_ok << 1) | c_lead);
       c_letter = L >> 63;
       c_attach = A >> 63;
       c_lead = lead_ok >> 63;
       if (q + 1 == words) tail_lead = (lead_ok >> ((m - 1) & 63)) & 1u;
       const auto base = static_cast<std::uint32_t>(q * 64 + 1);
-      for (; finish != 0; finish &= finish - 1) ends[ne++] = base + ctz64(finish);
+      // starts[k]: the word's first code point (its leading character included) + 1, bit 31
+      // set when it has a leading character; ends[k]: its end + 1.
+      const unsigned nb = popcount64(begin);
+      for (unsigned k = 0;; k += 4) {
+        for (unsigned i = 0; i < 4; ++i) {
+          const unsigned at = ctz64(begin | (std::uint64_t{1} << 63));
+          const auto lead = static_cast<std::uint32_t>(leads >> at) & 1u;
+          starts[ns + k + i] = ((base + at) - lead) | (lead << 31);
+          begin &= begin - 1;
+        }
+        if (k + 4 >= nb) break;
+      }
+      ns += nb;
+      const unsigned nf = popcount64(finish);
+      for (unsigned k = 0;; k += 4) {
+        for (unsigned i = 0; i < 4; ++i) {
+          ends[ne + k + i] = base + ctz64(finish | (std::uint64_t{1} << 63));
+          finish &= finish - 1;
+        }
+        if (k + 4 >= nf) break;
+      }
+      ne += nf;
     }
-    // ends[k]: a word's end + 1, a word still open from the segment before first. pb[i + 1]
-    // is P[i], so a start of -1 (a leading character that ends the segment before) is 0.
+    // pb[i + 1] is P[i], so a start of -1 (a leading character that ends the segment
+    // before) reads as 0. A word still open from the segment before ends first.
     const std::uint32_t* pb = s.pbuf;
     std::size_t e0 = 0;
     if (open && ne > 0) {
@@ -885,39 +1041,33 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
       e0 = 1;
     }
     if (open) open_run += P[m];  // no word ends in the segment
-    std::size_t k = 0, np = 0;   // words priced, words to look up
-    const std::size_t closed = ne - e0;
-    for (std::size_t q = 0; q < words && !open; ++q) {
-      const std::uint64_t leads = s.lead[q];
-      const auto base = static_cast<std::uint32_t>(q * 64 + 1);
-      for (std::uint64_t begin = s.begin[q]; begin != 0; begin &= begin - 1) {
-        const unsigned i = ctz64(begin);
-        const auto lead = static_cast<std::uint32_t>(leads >> i) & 1u;
-        const std::uint32_t sk = base + i - lead;
-        if (k == closed) {  // the last word, still open at the segment's end
-          open = true;
-          open_start = a + sk - 1;
-          open_run = pb[m + 1] - pb[sk];
-          open_leadc = lead ? pb[sk + 1] - pb[sk] : 0;
-          break;
-        }
-        const std::uint32_t ek = ends[k + e0];
-        const std::uint32_t len = ek - sk;
-        const std::uint64_t run = pb[ek] - pb[sk];
-        const std::uint64_t leadc = (pb[sk + 1] - pb[sk]) & (0u - lead);
-        const std::uint64_t no = std::max(run, floor);
-        const std::uint64_t yes = std::min(run, std::max(one, leadc));
-        total += no - run;
-        ++k;
-        // A word longer than any vocabulary word is not looked up.
-        if (len > max_word) continue;
-        const std::uint64_t h = text_word_hash(cps, n, a + sk - 1, len);
-        hashes[np] = h;
-        better[np] = static_cast<std::uint32_t>(no - yes);
-        word_price[np] = static_cast<std::uint32_t>(yes);
-        ++np;
-        prefetch(table + (static_cast<std::size_t>(h >> 32) & table_mask));
-      }
+    const std::size_t closed = std::min(ns, ne - e0);
+    std::size_t np = 0;  // words to look up
+    for (std::size_t k = 0; k < closed; ++k) {
+      const std::uint32_t sk = starts[k] & 0x7FFFFFFFu;
+      const std::uint32_t lead = starts[k] >> 31;
+      const std::uint32_t ek = ends[k + e0];
+      const std::uint32_t len = ek - sk;
+      const std::uint64_t run = pb[ek] - pb[sk];
+      const std::uint64_t leadc = (pb[sk + 1] - pb[sk]) & (0u - lead);
+      const std::uint64_t no = std::max(run, floor);
+      const std::uint64_t yes = std::min(run, std::max(one, leadc));
+      total += no - run;
+      // A word longer than any vocabulary word is not looked up.
+      if (len > max_word) continue;
+      const std::uint64_t h = text_word_hash(cps, n, a + sk - 1, len);
+      hashes[np] = h;
+      better[np] = static_cast<std::uint32_t>(no - yes);
+      word_price[np] = static_cast<std::uint32_t>(yes);
+      ++np;
+      prefetch(table + (static_cast<std::size_t>(h >> 32) & table_mask));
+    }
+    if (ns > closed) {  // the last word, still open at the segment's end
+      const std::uint32_t sk = starts[closed] & 0x7FFFFFFFu;
+      open = true;
+      open_start = a + sk - 1;
+      open_run = pb[m + 1] - pb[sk];
+      open_leadc = (starts[closed] >> 31) ? pb[sk + 1] - pb[sk] : 0;
     }
     for (std::size_t j = 0; j < np; ++j) {
       const std::uint64_t found = 0 - static_cast<std::uint64_t>(probe(w.words, table, table_mask, hashes[j]));
@@ -1071,7 +1221,7 @@ void prepare(EstimatorParams& params) {
     }
     // Every adjustment of the walk that depends on the code point and the one before it.
     const std::uint64_t one = w.cost;
-    t.pairs.resize(kLatinPairs);
+    t.pairs.resize(kLatinPairs + 2);  // two spare entries: the wide blocks read 4 bytes at each
     bool fits = true;
     for (char32_t prev = 0; prev < 256; ++prev) {
       for (char32_t cp = 0; cp < 256; ++cp) {
@@ -1116,6 +1266,9 @@ void prepare(EstimatorParams& params) {
     }
     for (std::size_t i = spaces; i < 4; ++i) t.spaces[i] = spaces > 0 ? t.spaces[0] : 0x80;  // 0x80: never ASCII
     t.ascii_standard = standard;
+#if defined(CTXCORE_AVX2)
+    t.avx2 = __builtin_cpu_supports("avx2") != 0;
+#endif
   }
   params.scan = std::move(t);
 }
@@ -1123,7 +1276,7 @@ void prepare(EstimatorParams& params) {
 template <class Unit>
 RawCost raw_cost(const Unit* cps, std::size_t n, const EstimatorParams& params) noexcept {
   if (params.words.mode != kNoWords) {
-    if (!params.scan.pairs.empty()) {
+    if (!params.scan.pairs.empty() && n >= kScanMinimum) {
       return params.words.mode == kWordsO200k ? scan<Unit, true>(cps, n, params) : scan<Unit, false>(cps, n, params);
     }
     return walk(cps, n, params, 0, true, true, NoWords{});

@@ -100,9 +100,11 @@ inline constexpr std::size_t kMaxWordCodePoints = 128;
 // follows a lower-case one ("helloWorld" -> "hello", "World").
 enum WordMode : unsigned { kNoWords = 0, kWordsCl100k = 1, kWordsO200k = 2 };
 
-// A set of word hashes, open-addressed by buckets of eight: a hash's bucket is taken from
-// its high 32 bits, its fingerprint (never 0, the empty slot) is its low 32 bits, and a
-// bucket that is full continues into the next one.
+// A set of word hashes, open-addressed by buckets of eight, four to a bucket on average: a
+// hash's bucket is taken from its high 32 bits, its fingerprint (never 0, the empty slot) is
+// its low 32 bits, and a bucket that is full continues into the next one. A word outside the
+// set is taken for one of it only when its fingerprint matches one in its bucket, about once
+// in 2^30 lookups: as rare as with the whole hash, in a quarter of the memory.
 struct alignas(32) WordBucket {
   std::uint32_t fp[8];
 };
@@ -124,11 +126,12 @@ struct WordModel {
 // Tables derived from a family's parameters by prepare(), for the scan that prices a whole
 // text in two passes (costs and classes of every code point first, then the words).
 struct ScanTables {
-  // kLatinPairs entries, indexed (cp << 8) | prev: the cost of a code point below 256 after
-  // one below 256, in cost units, with every adjustment that depends on the two only (a code
-  // point past ASCII that is no token by itself, a repeated token, a control character, a
-  // repeated ASCII character); an ASCII digit costs one word price after anything but an
-  // ASCII digit and 0 after one (the scan adds the word price of every third digit past that).
+  // kLatinPairs entries (and two spare, for 4-byte reads of the last), indexed (cp << 8) |
+  // prev: the cost of a code point below 256 after one below 256, in cost units, with every
+  // adjustment that depends on the two only (a code point past ASCII that is no token by
+  // itself, a repeated token, a control character, a repeated ASCII character); an ASCII
+  // digit costs one word price after anything but an ASCII digit and 0 after one (the scan
+  // adds the word price of every third digit past that).
   std::vector<std::uint16_t> pairs;
   // kClassLimit entries: the code point's class, and flags: kScanLetter when the family's
   // pattern takes it into words, kScanAttach when the pattern attaches it in front of a
@@ -140,6 +143,9 @@ struct ScanTables {
   // tells them apart with a few compares on 16 code points at a time.
   bool ascii_standard = false;
   std::uint8_t spaces[4] = {0, 0, 0, 0};
+  // Whether the CPU runs the AVX2 forms of the scan's inner loops (the same numbers; clear
+  // it to run the baseline forms).
+  bool avx2 = false;
 };
 // The scan reads texts in segments of this many code points.
 inline constexpr std::size_t kScanSegment = 1024;
@@ -182,7 +188,8 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
 void validate(const EstimatorParams& params);
 
 // Validates `params` and derives `params.scan` from its tables and word model, so that
-// whole texts are priced by the two-pass scan (the same estimates as the walk, faster).
+// whole texts (of 16 code points or more) are priced by the two-pass scan (the same
+// estimates as the walk, faster).
 // Recompute after changing the tables or the word model; without it (scan empty) every
 // text is walked one code point at a time.
 void prepare(EstimatorParams& params);
