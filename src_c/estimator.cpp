@@ -278,9 +278,9 @@ inline bool contains(const WordSet& s, std::uint64_t h) noexcept {
     const __m128i eq = _mm_or_si128(_mm_cmpeq_epi32(_mm_load_si128(v), f), _mm_cmpeq_epi32(_mm_load_si128(v + 1), f));
     if (_mm_movemask_epi8(eq) != 0) return true;
 #else
-    bool hit = false;
-    for (const std::uint32_t e : k.fp) hit |= e == fp;
-    if (hit) return true;
+    unsigned hit = 0;
+    for (const std::uint32_t e : k.fp) hit |= static_cast<unsigned>(e == fp);
+    if (hit != 0) return true;
 #endif
     if (k.fp[7] == 0) return false;  // slots fill in order: a bucket with room ends the probe
     b = (b + 1) & mask;
@@ -301,9 +301,12 @@ inline bool probe(const WordSet& s, const WordBucket* table, std::size_t mask, s
   if ((static_cast<unsigned>(hit == 0) & static_cast<unsigned>(k.fp[7] != 0)) != 0) return contains(s, h);
   return hit != 0;
 #else
-  (void)table;
-  (void)mask;
-  return contains(s, h);
+  const WordBucket& k = table[static_cast<std::size_t>(h >> 32) & mask];
+  const std::uint32_t fp = fingerprint(h);
+  unsigned hit = 0;
+  for (const std::uint32_t e : k.fp) hit |= static_cast<unsigned>(e == fp);
+  if ((static_cast<unsigned>(hit == 0) & static_cast<unsigned>(k.fp[7] != 0)) != 0) return contains(s, h);
+  return hit != 0;
 #endif
 }
 
@@ -506,11 +509,14 @@ inline std::uint32_t wide_cost(char32_t prev, char32_t cp, std::uint8_t info, co
 }
 
 constexpr std::size_t kMaskWords = kScanSegment / 64;
+static_assert(kClassSpace == 7 && kClassUpper == 2 && kClassLower == 1 && kScanClassMask == 7,
+              "masks_from_info reads the classes by their bits");
 // Texts shorter than this are walked (the same numbers): on them the scan's fixed cost is
 // more than the walk's whole cost.
 constexpr std::size_t kScanMinimum = 16;
-static_assert(kScanFloor == 1u << 3 && kScanControl == 1u << 5 && kScanDigit == 1u << 7,
-              "wide_cost reads these flags by their bit positions");
+static_assert(kScanFloor == 1u << 3 && kScanLetter == 1u << 4 && kScanControl == 1u << 5 && kScanAttach == 1u << 6 &&
+                  kScanDigit == 1u << 7,
+              "wide_cost and masks_from_info read the flags by their bit positions");
 
 // One segment's costs and class masks.
 struct Segment {
@@ -556,14 +562,20 @@ inline Masks16 masks_from_info(const std::uint8_t* info) noexcept {
   k.upper = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(cls, _mm_set1_epi8(kClassUpper))));
   k.lower = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(cls, _mm_set1_epi8(kClassLower))));
 #else
-  for (unsigned i = 0; i < 16; ++i) {
-    const std::uint8_t x = info[i], c = x & kScanClassMask;
-    k.letter |= static_cast<std::uint32_t>((x & kScanLetter) != 0) << i;
-    k.attach |= static_cast<std::uint32_t>((x & kScanAttach) != 0) << i;
-    k.digit |= static_cast<std::uint32_t>((x & kScanDigit) != 0) << i;
-    k.space |= static_cast<std::uint32_t>(c == kClassSpace) << i;
-    k.upper |= static_cast<std::uint32_t>(c == kClassUpper) << i;
-    k.lower |= static_cast<std::uint32_t>(c == kClassLower) << i;
+  // Eight bytes at a time: each flag moved to its byte's low bit, the low bits gathered
+  // into one byte by a product.
+  constexpr std::uint64_t kLow = 0x0101010101010101ull;
+  const auto gather = [](std::uint64_t m) { return static_cast<std::uint32_t>((m * 0x0102040810204080ull) >> 56); };
+  for (unsigned half = 0; half < 2; ++half) {
+    const std::uint64_t x = load64(info + 8 * half);
+    const std::uint64_t c0 = x & kLow, c1 = (x >> 1) & kLow, c2 = (x >> 2) & kLow;  // the class's bits
+    const unsigned at = 8 * half;
+    k.letter |= gather((x >> 4) & kLow) << at;       // kScanLetter
+    k.attach |= gather((x >> 6) & kLow) << at;       // kScanAttach
+    k.digit |= gather((x >> 7) & kLow) << at;        // kScanDigit
+    k.space |= gather(c0 & c1 & c2) << at;           // kClassSpace: 7
+    k.upper |= gather(~c0 & c1 & ~c2 & kLow) << at;  // kClassUpper: 2
+    k.lower |= gather(c0 & ~c1 & ~c2 & kLow) << at;  // kClassLower: 1
   }
 #endif
   return k;
@@ -728,6 +740,29 @@ inline std::uint64_t text_word_hash(const Unit* cps, std::size_t n, std::size_t 
         // Past 8 units with one past 255: the units are the canonical bytes.
         const auto* text = reinterpret_cast<const std::uint8_t*>(cps);
         return hash_bytes(text + 2 * start, 2 * len, 2, text, text + 2 * n);
+      }
+    }
+#elif !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+    if constexpr (sizeof(Unit) == 2) {
+      if (len <= 16 && n - start >= 16) {
+        // The same without SSE2: four units to an 8-byte word, those past the word cleared.
+        const auto* text = reinterpret_cast<const std::uint8_t*>(cps + start);
+        std::uint64_t u[4];
+        for (std::size_t i = 0; i < 4; ++i) {
+          const std::size_t from = 8 * i;
+          u[i] = from >= 2 * len ? 0 : load64(text + from) & kKeep.w[std::min<std::size_t>(2 * len - from, 16)][0];
+        }
+        if (((u[0] | u[1] | u[2] | u[3]) & 0xFF00FF00FF00FF00ull) == 0) {
+          // Each unit's low byte, four to 32 bits.
+          const auto pack = [](std::uint64_t x) {
+            x = (x | (x >> 8)) & 0x0000FFFF0000FFFFull;
+            return (x | (x >> 16)) & 0xFFFFFFFFull;
+          };
+          return hash16(pack(u[0]) | (pack(u[1]) << 32), pack(u[2]) | (pack(u[3]) << 32), len, 1);
+        }
+        if (len <= 8) return hash16(u[0], u[1], 2 * len, 2);
+        return hash_bytes(text, 2 * len, 2, reinterpret_cast<const std::uint8_t*>(cps),
+                          reinterpret_cast<const std::uint8_t*>(cps + n));
       }
     }
 #endif
