@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -318,10 +319,10 @@ inline void prefetch(const void* p) noexcept {
 #endif
 }
 
-// Fills `s` with `hashes`: buckets half full on average, so that a probe rarely reads two.
-void build_set(WordSet& s, const std::vector<std::uint64_t>& hashes) {
+// Fills `s` with `hashes`, at most `per_bucket` (< 8) to a bucket on average.
+void build_set(WordSet& s, const std::vector<std::uint64_t>& hashes, std::size_t per_bucket) {
   std::size_t count = 1;
-  while (count * 4 < hashes.size()) count <<= 1;
+  while (count * per_bucket < hashes.size()) count <<= 1;
   s.buckets.assign(count, WordBucket{});
   for (const std::uint64_t h : hashes) {
     const std::uint32_t fp = fingerprint(h);
@@ -1186,10 +1187,16 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
     ++count;
     pos = end + 1;
   }
+  // The words: half full buckets, so that a probe rarely reads two. Their prefixes (those
+  // that are no word themselves: the last word is looked up in both), looked up once a
+  // text: fuller buckets, in less memory.
+  std::sort(hashes.begin(), hashes.end());
   std::sort(prefixes.begin(), prefixes.end());
   prefixes.erase(std::unique(prefixes.begin(), prefixes.end()), prefixes.end());
-  build_set(w.words, hashes);
-  build_set(w.prefixes, prefixes);
+  std::vector<std::uint64_t> proper;
+  std::set_difference(prefixes.begin(), prefixes.end(), hashes.begin(), hashes.end(), std::back_inserter(proper));
+  build_set(w.words, hashes, 4);
+  build_set(w.prefixes, proper, 7);
   w.single.assign(kClassLimit / 64, 0);
   for (const char32_t cp : single) w.single[cp >> 6] |= std::uint64_t{1} << (cp & 63);
   params.words = std::move(w);

@@ -100,11 +100,11 @@ inline constexpr std::size_t kMaxWordCodePoints = 128;
 // follows a lower-case one ("helloWorld" -> "hello", "World").
 enum WordMode : unsigned { kNoWords = 0, kWordsCl100k = 1, kWordsO200k = 2 };
 
-// A set of word hashes, open-addressed by buckets of eight, four to a bucket on average: a
-// hash's bucket is taken from its high 32 bits, its fingerprint (never 0, the empty slot) is
-// its low 32 bits, and a bucket that is full continues into the next one. A word outside the
-// set is taken for one of it only when its fingerprint matches one in its bucket, about once
-// in 2^30 lookups: as rare as with the whole hash, in a quarter of the memory.
+// A set of word hashes, open-addressed by buckets of eight: a hash's bucket is taken from
+// its high 32 bits, its fingerprint (never 0, the empty slot) is its low 32 bits, and a
+// bucket that is full continues into the next one. A word outside the set is taken for one
+// of it only when its fingerprint matches one in its bucket (four to eight of them), about
+// once in 2^30 lookups.
 struct alignas(32) WordBucket {
   std::uint32_t fp[8];
 };
@@ -116,7 +116,7 @@ struct WordModel {
   unsigned mode = kNoWords;
   std::vector<std::uint8_t> classes;  // kClassLimit entries
   WordSet words;                      // the hashes of the vocabulary words
-  WordSet prefixes;                   // the hashes of their proper prefixes
+  WordSet prefixes;                   // the hashes of their proper prefixes that are no word
   std::vector<std::uint64_t> single;  // bit per code point below kClassLimit: a token by itself
   std::vector<std::uint8_t> run_max;  // 128 entries: longest vocabulary run of one ASCII character
   std::size_t max_word = 0;           // longest word, in code points
