@@ -1309,6 +1309,7 @@ void prepare(EstimatorParams& params) {
     for (std::size_t i = spaces; i < 4; ++i) t.spaces[i] = spaces > 0 ? t.spaces[0] : 0x80;  // 0x80: never ASCII
     t.ascii_standard = standard;
 #if defined(CTXCORE_AVX2)
+    __builtin_cpu_init();
     t.avx2 = __builtin_cpu_supports("avx2") != 0;
 #endif
   }
