@@ -98,6 +98,10 @@ ESTIMATOR_COST_UNIT: float
 ESTIMATOR_UNSEEN_PAIR: int
 ESTIMATOR_CLASS_LIMIT: int
 
+def fast_estimate(
+    counters: dict[str, Callable[[str], _T]], fallback: Callable[[str, str], _T]
+) -> Callable[[str, str], _T]: ...
+
 class Estimator:
     def __init__(
         self,

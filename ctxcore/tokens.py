@@ -231,6 +231,14 @@ def estimate_tokens(text: str, family: str) -> TokenCount:
 #: with that family). Cleared when a tokenizer is registered or unregistered.
 _counters: dict[str, Callable[[str], TokenCount]] = {}
 
+# `estimate_tokens` as called: a compiled object that finds the family's counter in
+# `_counters` and calls it without a Python frame; any other call (a family with no counter
+# yet, keywords, a family that is not a str) goes to the function above, whose name,
+# documentation and signature it carries.
+globals()["estimate_tokens"] = functools.update_wrapper(
+    _core.fast_estimate(_counters, estimate_tokens), estimate_tokens
+)
+
 
 def _counter(family: object) -> Callable[[str], TokenCount]:
     fam = _family(family)

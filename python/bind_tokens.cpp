@@ -2,10 +2,12 @@
 // tables (converted and validated once) and estimates one text or a batch. Texts are read
 // in place from the str objects' own code-point storage: no copy, no UTF-8 encoding.
 // The per-text path is a plain C function (Estimator.counter) that returns the count
-// object itself, since for short texts the call costs more than the scan.
+// object itself, since for short texts the call costs more than the scan, reached from
+// ctxcore.estimate_tokens without a Python frame (fast_estimate).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <structmember.h>  // after Python.h, which pybind11 includes
 
 #include <memory>
 #include <string>
@@ -149,6 +151,107 @@ PyObject* counter_call(PyObject* self, PyObject* text) {
 
 PyMethodDef counter_def = {"estimate_count", counter_call, METH_O,
                            "The estimate of one str, as the object the counter's factory makes of it."};
+
+// ctxcore.estimate_tokens(text, family) without a Python frame: a callable object that finds
+// the family's counter (Estimator.counter) in `counters`, the dict ctxcore.tokens keeps them
+// in, and calls it directly. Everything else (a family with no counter yet, keywords, a
+// family that is no str, a counter of another kind) goes to `fallback`, the Python function
+// that defines the behaviour, which also lends the object its name, documentation and
+// signature (functools.update_wrapper, on the object's own __dict__).
+struct FastEstimate {
+  PyObject ob_base;  // PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* counters;  // dict: family -> counter
+  PyObject* fallback;  // the Python function
+  PyObject* dict;      // __dict__
+};
+
+PyObject* fast_estimate_call(PyObject* callable, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<FastEstimate*>(callable);
+  if (PyVectorcall_NARGS(nargsf) == 2 && kwnames == nullptr && PyUnicode_CheckExact(args[1])) {
+    PyObject* counter = PyDict_GetItemWithError(self->counters, args[1]);  // borrowed
+    if (counter != nullptr) {
+      // Held for the call: making the count runs Python code, which may drop the counter.
+      Py_INCREF(counter);
+      PyObject* result = PyCFunction_Check(counter) && PyCFunction_GET_FUNCTION(counter) == counter_call
+                             ? counter_call(PyCFunction_GET_SELF(counter), args[0])
+                             : PyObject_CallOneArg(counter, args[0]);
+      Py_DECREF(counter);
+      return result;
+    }
+    if (PyErr_Occurred()) return nullptr;
+  }
+  return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+int fast_estimate_traverse(PyObject* o, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<FastEstimate*>(o);
+  Py_VISIT(Py_TYPE(o));
+  Py_VISIT(self->counters);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int fast_estimate_clear(PyObject* o) {
+  auto* self = reinterpret_cast<FastEstimate*>(o);
+  Py_CLEAR(self->counters);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void fast_estimate_dealloc(PyObject* o) {
+  PyTypeObject* type = Py_TYPE(o);
+  PyObject_GC_UnTrack(o);
+  fast_estimate_clear(o);
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+// Pickled by reference, as the function it stands for is.
+PyObject* fast_estimate_reduce(PyObject* o, PyObject*) { return PyObject_GetAttrString(o, "__qualname__"); }
+
+PyMemberDef fast_estimate_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(FastEstimate, vectorcall), READONLY, nullptr},
+    {"__dictoffset__", T_PYSSIZET, offsetof(FastEstimate, dict), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+PyGetSetDef fast_estimate_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+PyMethodDef fast_estimate_methods[] = {
+    {"__reduce__", fast_estimate_reduce, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+PyType_Slot fast_estimate_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(fast_estimate_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(fast_estimate_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(fast_estimate_clear)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_members, fast_estimate_members},
+    {Py_tp_getset, fast_estimate_getset},
+    {Py_tp_methods, fast_estimate_methods},
+    {0, nullptr},
+};
+PyType_Spec fast_estimate_spec = {"ctxcore._core.FastEstimate", sizeof(FastEstimate), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+                                  fast_estimate_slots};
+
+py::object fast_estimate(const py::dict& counters, const py::function& fallback) {
+  static PyObject* type = PyType_FromSpec(&fast_estimate_spec);  // lives as long as the module
+  if (type == nullptr) throw py::error_already_set();
+  auto* self = PyObject_GC_New(FastEstimate, reinterpret_cast<PyTypeObject*>(type));
+  if (self == nullptr) throw py::error_already_set();
+  Py_INCREF(type);  // each instance holds its heap type
+  self->vectorcall = fast_estimate_call;
+  self->counters = counters.inc_ref().ptr();
+  self->fallback = fallback.inc_ref().ptr();
+  self->dict = nullptr;
+  PyObject_GC_Track(self);
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
+}
 
 class Estimator {
  public:
@@ -327,6 +430,9 @@ void register_tokens(py::module_& m) {
       .def_property_readonly("scale", &Estimator::scale)
       .def_property_readonly("spread", &Estimator::spread)
       .def_property_readonly("word_scale", &Estimator::word_scale);
+  m.def("fast_estimate", &fast_estimate, py::arg("counters"), py::arg("fallback"),
+        "estimate_tokens without a Python frame: the counter of `counters[family]`, else `fallback`. "
+        "Private: used by ctxcore.tokens.");
   m.def("estimator_buckets", &estimator_buckets, py::arg("text"), py::arg("bits"),
         "Per code point: packed pair number and block. Private: used by the calibration.");
 }

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.resources
+import inspect
 import os
 import pathlib
+import pickle
 import re
 import shutil
 import subprocess
@@ -320,6 +322,26 @@ def test_the_per_text_path_names_a_wrong_text_or_family() -> None:
         ctxcore.estimate_tokens("abc", 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown tokenizer family 'no-such-family'"):
         ctxcore.estimate_tokens("abc", "no-such-family")
+
+
+def test_the_per_text_path_is_the_documented_function() -> None:
+    # estimate_tokens runs compiled, and answers every call as the function it stands for:
+    # keywords, a str subclass, its name, documentation, signature and pickling.
+    f = ctxcore.estimate_tokens
+    assert f.__name__ == "estimate_tokens" and f.__module__ == "ctxcore.tokens"
+    assert f.__doc__ is not None and f.__doc__.startswith("A conservative estimate")
+    assert list(inspect.signature(f).parameters) == ["text", "family"]
+    assert pickle.loads(pickle.dumps(f)) is f
+
+    class Family(str):
+        pass
+
+    want = f("Hello, world!", FAMILY)
+    assert f(text="Hello, world!", family=FAMILY) == want
+    assert f("Hello, world!", family=FAMILY) == want
+    assert f("Hello, world!", Family(FAMILY)) == want
+    with pytest.raises(TypeError):
+        f("Hello, world!")  # type: ignore[call-arg]
 
 
 def test_a_registered_family_stops_being_estimated_once_unregistered() -> None:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -390,11 +391,12 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
   classes[0x4E2D] = ctxcore::kClassLetterOther;
   classes[0xC0] = ctxcore::kClassUpper;  // À
   const std::vector<std::u32string> pieces = {
-      U"a",          U"b",          U"he",         U"llo",      U"Z",      U"HTTP",   U"Server",
-      U" ",          U"  ",         U"\n",         U"\r\n",     U"7",      U"12345",  U",",
-      U"(",          U"...",        U"\u00e9",     U"\u00c0",   U"\u0100", U"\u0101", U"\u4e2d",
-      U"\u0301",     U"\t",         U"\u00ff",     U"\x01",     U"\x7f",   U"&&&&",   U"\U0001F600",
-      U"\U00030001", U"\U00031000", U"\U000E0001", U"qqqqqqqq", U"\u3000", U"\u00a0"};
+      U"a", U"b", U"he", U"llo", U"Z", U"HTTP", U"Server", U" ", U"  ", U"\n", U"\r\n", U"7", U"12345", U",", U"(",
+      U"...", U"\u00e9", U"\u00c0", U"\u0100", U"\u0101", U"\u4e2d", U"\u0301", U"\t", U"\u00ff", U"\x01", U"\x7f",
+      U"&&&&", U"\U0001F600", U"\U00030001", U"\U00031000", U"\U000E0001", U"qqqqqqqq", U"\u3000", U"\u00a0",
+      // NUL, lone surrogates, noncharacters, the last code point of every plane past the BMP.
+      std::u32string(1, U'\0'), std::u32string(1, 0xD800), std::u32string(1, 0xDFFF), U"\uFFFE", U"\uFFFF",
+      U"\U0001FFFF", U"\U0002FFFF", U"\U0003FFFF", U"\U000FFFFF", U"\U0010FFFF"};
   // Vocabulary words: some pieces, and words made of them (with a leading space or mark).
   const std::string words =
       "hello\n hello\n(a\nab\nZa\na\nHTTP\n Server\nServer\n\xC3\xA9\xCC\x81\n,he\n\xC4\x81\xC4\x81\n"
@@ -410,7 +412,9 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
       ctxcore::validate(walked);
       ctxcore::prepare(p);
       // A word price past 32 tokens leaves the scan's tables empty: every text is walked.
-      EXPECT_EQ(p.scan.latin.empty(), wc > 32767);
+      EXPECT_EQ(p.scan.pairs.empty(), wc > 32767);
+      auto p_baseline = p;  // the scan's baseline loops, where the CPU has AVX2 too
+      p_baseline.scan.avx2 = false;
       for (int trial = 0; trial < 300; ++trial) {
         std::u32string s;
         // Up to 3,000 code points, so that words and digit groups cross the scan's segments;
@@ -423,6 +427,9 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
         const ctxcore::RawCost slow = ctxcore::raw_cost_walked(t.view(), walked);
         ASSERT_EQ(fast.units, slow.units) << mode << " " << wc << " " << s.size();
         ASSERT_EQ(fast.sure, slow.sure) << mode << " " << wc << " " << s.size();
+        const ctxcore::RawCost baseline = ctxcore::raw_cost(t.view(), p_baseline);
+        ASSERT_EQ(baseline.units, slow.units) << mode << " " << wc << " " << s.size();
+        ASSERT_EQ(baseline.sure, slow.sure) << mode << " " << wc << " " << s.size();
         ASSERT_EQ(ctxcore::estimate_tokens(t.view(), p), ctxcore::estimate_tokens(t.view(), walked));
         // The same text as UCS-4 is priced the same as in its narrowest form.
         ASSERT_EQ(ctxcore::estimate_tokens(ctxcore::CodePoints{s.data(), s.size(), 4}, p),
@@ -430,6 +437,193 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
       }
     }
   }
+}
+
+// UTF-8 of code points that are not surrogates.
+std::string utf8(const std::u32string& s) {
+  std::string out;
+  for (const char32_t c : s) {
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += static_cast<char>(0xC0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      out += static_cast<char>(0xE0 | (c >> 12));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (c >> 18));
+      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+// A class for every code point, from a hash of it (about half of them letters, of every
+// kind), ASCII as Unicode has it; with `odd_ascii`, "_" and "$" are letters and vertical tab
+// is no space, so that the scan reads ASCII classes from its table instead of comparing.
+std::vector<std::uint8_t> hashed_classes(bool odd_ascii) {
+  std::vector<std::uint8_t> c(ctxcore::kClassLimit);
+  for (std::size_t cp = 0; cp < c.size(); ++cp) {
+    const unsigned r = ((static_cast<std::uint32_t>(cp) * 0x9E3779B1u) >> 24) % 16;
+    c[cp] = r < 3    ? ctxcore::kClassLower
+            : r < 6  ? ctxcore::kClassUpper
+            : r < 9  ? ctxcore::kClassLetterOther
+            : r < 10 ? ctxcore::kClassMark
+            : r < 11 ? ctxcore::kClassNumber
+            : r < 12 ? ctxcore::kClassSpace
+                     : ctxcore::kClassOther;
+  }
+  for (char32_t cp = 0; cp < 0x80; ++cp) c[cp] = ctxcore::kClassOther;
+  for (char32_t cp = 'a'; cp <= 'z'; ++cp) c[cp] = ctxcore::kClassLower;
+  for (char32_t cp = 'A'; cp <= 'Z'; ++cp) c[cp] = ctxcore::kClassUpper;
+  for (char32_t cp = '0'; cp <= '9'; ++cp) c[cp] = ctxcore::kClassNumber;
+  c['\t'] = c['\v'] = c['\f'] = c[' '] = ctxcore::kClassSpace;
+  c['\n'] = c['\r'] = ctxcore::kClassNewline;
+  if (odd_ascii) {
+    c['_'] = ctxcore::kClassLetterOther;
+    c['$'] = ctxcore::kClassLower;
+    c['\v'] = ctxcore::kClassOther;
+  }
+  return c;
+}
+
+// Runs of code points from one range at a time (ASCII, Latin-1, the rest of the BMP with its
+// surrogates, the planes past it), so that blocks below 256 and past it follow each other.
+std::u32string mixed_text(std::mt19937& rng, std::size_t size) {
+  static const char32_t kRanges[][2] = {{0x20, 0x7F},     {'a', 'z' + 1},   {0x00, 0x100},  {0x100, 0x800},
+                                        {0x3000, 0xA000}, {0xD800, 0xE000}, {0x0, 0x10000}, {0x10000, 0x110000}};
+  std::u32string s;
+  while (s.size() < size) {
+    const auto& r = kRanges[rng() % 8];
+    const std::size_t run = 1 + rng() % 40;
+    for (std::size_t i = 0; i < run; ++i) s += static_cast<char32_t>(r[0] + rng() % (r[1] - r[0]));
+    if (rng() % 3 == 0) s += U' ';
+  }
+  return s;
+}
+
+// The scan (both forms of its inner loops) and the walk give `text` the same raw cost, in its
+// narrowest width and as UCS-4.
+void expect_scan_is_walk(const std::u32string& text, const EstimatorParams& p, const std::string& what) {
+  auto baseline = p;
+  baseline.scan.avx2 = false;
+  const Narrowest t = narrowest(text);
+  for (const ctxcore::CodePoints view : {t.view(), ctxcore::CodePoints{text.data(), text.size(), 4}}) {
+    const ctxcore::RawCost walked = ctxcore::raw_cost_walked(view, p);
+    for (const EstimatorParams* q : std::initializer_list<const EstimatorParams*>{&p, &baseline}) {
+      const ctxcore::RawCost scanned = ctxcore::raw_cost(view, *q);
+      ASSERT_EQ(scanned.units, walked.units) << what << " width " << view.width << " size " << text.size();
+      ASSERT_EQ(scanned.sure, walked.sure) << what << " width " << view.width << " size " << text.size();
+    }
+  }
+}
+
+TEST(EstimatorWords, TheScanPricesAnyCodePointsAsTheWalkDoes) {
+  std::mt19937 rng(41);
+  auto base = params(12, 0, 0, 1.13, 1.7);
+  for (auto& c : base.latin_costs)
+    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
+  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  std::vector<std::u32string> texts;
+  for (int i = 0; i < 120; ++i) texts.push_back(mixed_text(rng, rng() % 3 == 0 ? rng() % 4000 : rng() % 200));
+  // Words longer than any vocabulary word and than a segment, of ASCII letters and of others.
+  texts.push_back(std::u32string(5000, U'a') + U" " + std::u32string(3000, U'\u0101') + U"x");
+  texts.push_back(U"(" + std::u32string(2100, U'\u4e2d'));
+  for (const bool odd_ascii : {false, true}) {
+    const auto classes = hashed_classes(odd_ascii);
+    for (unsigned mode : {ctxcore::kWordsCl100k, ctxcore::kWordsO200k}) {
+      // The vocabulary: every other word of the texts (those UTF-8 can carry), so that both
+      // kinds of word occur, and single code points (tokens by themselves).
+      auto first = base;
+      ctxcore::set_words(first, mode, classes, "x", 1024);
+      std::string vocabulary = "a";
+      std::size_t k = 0;
+      for (const auto& text : texts) {
+        ctxcore::for_each_word(
+            ctxcore::CodePoints{text.data(), text.size(), 4}, first, [&](std::size_t b, std::size_t e, bool) {
+              const std::u32string word = text.substr(b, e - b);
+              const bool carried = word.size() <= ctxcore::kMaxWordCodePoints &&
+                                   std::none_of(word.begin(), word.end(),
+                                                [](char32_t c) { return c == 0 || (c >= 0xD800 && c < 0xE000); });
+              if (carried && k++ % 2 == 0) vocabulary += std::string(1, '\0') + utf8(word);
+            });
+      }
+      for (char32_t c = 0x20; c < 0x3000; c += 7) vocabulary += std::string(1, '\0') + utf8(std::u32string(1, c));
+      for (std::uint32_t wc : {700u, 1024u, 2000u}) {
+        auto p = base;
+        ctxcore::set_words(p, mode, classes, vocabulary, wc);
+        ctxcore::prepare(p);
+        EXPECT_EQ(p.scan.ascii_standard, !odd_ascii);
+        for (const auto& text : texts) {
+          expect_scan_is_walk(text, p, "mode " + std::to_string(mode) + " odd " + std::to_string(odd_ascii));
+          // And every prefix of a short one: the last word open at every length.
+          if (text.size() < 40) {
+            for (std::size_t n = 1; n < text.size(); ++n) expect_scan_is_walk(text.substr(0, n), p, "prefix");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(EstimatorWords, VocabularyWordsAreFoundAndNoOthers) {
+  // Words of letters from several scripts (ASCII, Latin-1, Latin Extended, Cyrillic, CJK,
+  // and a plane past the BMP), each alone on its line: found exactly when in the vocabulary,
+  // whatever the width the text is held in, by the walk and (same raw costs) by the scan.
+  std::mt19937 rng(7);
+  const std::u32string scripts[] = {U"abcdefghijklmnopqrstuvwxyz",     U"abcdefgh\u00e9\u00fc\u00df\u00e0",
+                                    U"\u0101\u0103\u0105\u0107\u0109", U"\u0430\u0431\u0432\u0433\u0434\u0435",
+                                    U"\u4e2d\u6587\u672c\u8a9e",       U"\U00020000\U00020001\U00020002"};
+  auto classes = ascii_classes();
+  for (const auto& script : scripts)
+    for (const char32_t c : script)
+      if (c < ctxcore::kClassLimit) classes[c] = ctxcore::kClassLower;
+  const auto word = [&] {
+    const auto& script = scripts[rng() % 6];
+    std::u32string w;
+    const std::size_t n = 1 + rng() % 20;
+    for (std::size_t i = 0; i < n; ++i) w += script[rng() % script.size()];
+    return w;
+  };
+  std::vector<std::u32string> vocabulary;
+  std::string joined;
+  for (int i = 0; i < 20000; ++i) {
+    vocabulary.push_back(word());
+    joined += (i ? std::string(1, '\0') : std::string()) + utf8(vocabulary.back());
+  }
+  std::sort(vocabulary.begin(), vocabulary.end());
+  auto p = params(10, kOne / 3, kOne / 2, 1.1, 0.5);
+  ctxcore::set_words(p, ctxcore::kWordsCl100k, classes, joined, kOne);
+  ctxcore::prepare(p);
+  std::size_t found = 0, wrong = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    // A line of a Cyrillic letter first (so that most texts are UCS-2 or wider), then words.
+    std::u32string text = U"\u0430";
+    std::vector<std::u32string> line;
+    const std::size_t count = 1 + rng() % 12;
+    for (std::size_t i = 0; i < count; ++i) {
+      line.push_back(rng() % 2 ? vocabulary[rng() % vocabulary.size()] : word());
+      text += U"\n" + line.back();
+    }
+    if (rng() % 4 == 0) text = text.substr(2);  // some texts all ASCII or Latin-1
+    const Narrowest t = narrowest(text);
+    for (const ctxcore::CodePoints view : {t.view(), ctxcore::CodePoints{text.data(), text.size(), 4}}) {
+      ctxcore::for_each_word(view, p, [&](std::size_t b, std::size_t e, bool is_found) {
+        const std::u32string w = text.substr(b, e - b);
+        const bool in = std::binary_search(vocabulary.begin(), vocabulary.end(), w);
+        found += is_found;
+        wrong += is_found != in;
+      });
+    }
+    expect_scan_is_walk(text, p, "lookups");
+  }
+  EXPECT_GT(found, 10000u);
+  EXPECT_EQ(wrong, 0u);
 }
 
 TEST(EstimatorWords, PiecePricesBoundTheWholeText) {

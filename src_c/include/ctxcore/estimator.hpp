@@ -100,41 +100,61 @@ inline constexpr std::size_t kMaxWordCodePoints = 128;
 // follows a lower-case one ("helloWorld" -> "hello", "World").
 enum WordMode : unsigned { kNoWords = 0, kWordsCl100k = 1, kWordsO200k = 2 };
 
+// A set of word hashes, open-addressed by buckets of eight: a hash's bucket is taken from
+// its high 32 bits, its fingerprint (never 0, the empty slot) is its low 32 bits, and a
+// bucket that is full continues into the next one. A word outside the set is taken for one
+// of it only when its fingerprint matches one in its bucket (four to eight of them), about
+// once in 2^30 lookups.
+struct alignas(32) WordBucket {
+  std::uint32_t fp[8];
+};
+struct WordSet {
+  std::vector<WordBucket> buckets;  // a power of two of them
+};
+
 struct WordModel {
   unsigned mode = kNoWords;
-  std::vector<std::uint8_t> classes;   // kClassLimit entries
-  std::vector<std::uint32_t> table;    // open-addressed fingerprints of the words, 0 = empty
-  std::string sorted;                  // the words, UTF-8, sorted bytewise, back to back
-  std::vector<std::uint32_t> offsets;  // word k is sorted[offsets[k], offsets[k + 1])
-  std::vector<std::uint64_t> single;   // bit per code point below kClassLimit: a token by itself
-  std::vector<std::uint8_t> run_max;   // 128 entries: longest vocabulary run of one ASCII character
-  std::size_t max_word = 0;            // longest word, in code points
-  std::uint32_t cost = 0;              // cost units of a word found in the vocabulary
+  std::vector<std::uint8_t> classes;  // kClassLimit entries
+  WordSet words;                      // the hashes of the vocabulary words
+  WordSet prefixes;                   // the hashes of their proper prefixes that are no word
+  std::vector<std::uint64_t> single;  // bit per code point below kClassLimit: a token by itself
+  std::vector<std::uint8_t> run_max;  // 128 entries: longest vocabulary run of one ASCII character
+  std::size_t max_word = 0;           // longest word, in code points
+  std::uint32_t cost = 0;             // cost units of a word found in the vocabulary
 };
 
 // Tables derived from a family's parameters by prepare(), for the scan that prices a whole
 // text in two passes (costs and classes of every code point first, then the words).
 struct ScanTables {
-  // kLatinPairs entries: the cost of a code point below 256 after one below 256, in cost
-  // units, with every adjustment that depends on the two only (a code point past ASCII
-  // that is no token by itself, a repeated token, a control character, a repeated ASCII
-  // character) already applied; ASCII digits are priced by the scan.
-  std::vector<std::uint16_t> latin;
-  // kClassLimit entries: the code point's class, kScanLetter when the family's pattern
-  // takes it into words, kScanSingle when it is a token by itself.
+  // kLatinPairs entries (and two spare, for 4-byte reads of the last), indexed (cp << 8) |
+  // prev: the cost of a code point below 256 after one below 256, in cost units, with every
+  // adjustment that depends on the two only (a code point past ASCII that is no token by
+  // itself, a repeated token, a control character, a repeated ASCII character); an ASCII
+  // digit costs one word price after anything but an ASCII digit and 0 after one (the scan
+  // adds the word price of every third digit past that).
+  std::vector<std::uint16_t> pairs;
+  // kClassLimit entries: the code point's class, and flags: kScanLetter when the family's
+  // pattern takes it into words, kScanAttach when the pattern attaches it in front of a
+  // word, kScanDigit for the ASCII digits, kScanFloor for a code point past ASCII that is no
+  // token by itself, kScanControl for an ASCII control character other than tab, LF and CR.
   std::vector<std::uint8_t> info;
-  // 65537 entries: the index of the first sorted vocabulary word whose first two UTF-8
-  // bytes (the first byte and 0 for a one-byte word) are at least the entry's number.
-  std::vector<std::uint32_t> buckets;
-  // kScanSegment + 1 entries: powers of the word hash's base and of its inverse mod 2^64.
-  std::vector<std::uint64_t> powers;
-  std::vector<std::uint64_t> inverse_powers;
+  // Whether the ASCII classes are those of Unicode (letters a-z and A-Z, digits, CR and LF
+  // the newlines, `spaces` the other white space, the rest punctuation), so that the scan
+  // tells them apart with a few compares on 16 code points at a time.
+  bool ascii_standard = false;
+  std::uint8_t spaces[4] = {0, 0, 0, 0};
+  // Whether the CPU runs the AVX2 forms of the scan's inner loops (the same numbers; clear
+  // it to run the baseline forms).
+  bool avx2 = false;
 };
 // The scan reads texts in segments of this many code points.
-inline constexpr std::size_t kScanSegment = 512;
-inline constexpr std::uint8_t kScanClassMask = 0x0F;
+inline constexpr std::size_t kScanSegment = 1024;
+inline constexpr std::uint8_t kScanClassMask = 0x07;
+inline constexpr std::uint8_t kScanFloor = 0x08;
 inline constexpr std::uint8_t kScanLetter = 0x10;
-inline constexpr std::uint8_t kScanSingle = 0x20;
+inline constexpr std::uint8_t kScanControl = 0x20;
+inline constexpr std::uint8_t kScanAttach = 0x40;
+inline constexpr std::uint8_t kScanDigit = 0x80;
 
 // The calibrated parameters of one tokenizer family.
 struct EstimatorParams {
@@ -168,7 +188,8 @@ void set_words(EstimatorParams& params, unsigned mode, std::vector<std::uint8_t>
 void validate(const EstimatorParams& params);
 
 // Validates `params` and derives `params.scan` from its tables and word model, so that
-// whole texts are priced by the two-pass scan (the same estimates as the walk, faster).
+// whole texts (of 16 code points or more) are priced by the two-pass scan (the same
+// estimates as the walk, faster).
 // Recompute after changing the tables or the word model; without it (scan empty) every
 // text is walked one code point at a time.
 void prepare(EstimatorParams& params);
