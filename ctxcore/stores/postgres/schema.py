@@ -33,6 +33,14 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     computed here, by the same code as at ingest), and give every role that may write
     ``memories`` the same rights on the new table."""
     await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
+    await _fill_terms(conn)
+    await _grant_as_on_memories(conn, "memory_terms")
+    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
+
+
+async def _fill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    """Insert the terms of every stored memory, computed by the same code as at ingest, a
+    chunk of memories per statement (the caller has set the admin flag)."""
     last = 0
     while True:
         cur = await conn.execute(
@@ -44,8 +52,6 @@ async def _backfill_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
             break
         await insert_terms(conn, [(int(s), o, a, doc_terms(t)) for s, o, a, t in rows])
         last = int(rows[-1][0])
-    await _grant_as_on_memories(conn, "memory_terms")
-    await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
 
 
 async def _restem_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -54,17 +60,7 @@ async def _restem_terms(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     stored memories and new queries meet on the same keys."""
     await conn.execute("SELECT set_config('ctxcore.admin', 'on', true)")
     await conn.execute("DELETE FROM memory_terms")
-    last = 0
-    while True:
-        cur = await conn.execute(
-            "SELECT seq, organization_id, agent_id, text FROM memories WHERE seq > %s ORDER BY seq LIMIT %s",
-            (last, _BACKFILL_CHUNK),
-        )
-        rows = await cur.fetchall()
-        if not rows:
-            break
-        await insert_terms(conn, [(int(s), o, a, doc_terms(t)) for s, o, a, t in rows])
-        last = int(rows[-1][0])
+    await _fill_terms(conn)
     await conn.execute("SELECT set_config('ctxcore.admin', 'off', true)")
 
 
