@@ -10,8 +10,11 @@
 #include <vector>
 
 #include "ctxcore/estimator.hpp"
+#include "utf8.hpp"
 
 namespace {
+
+using ctxcore_testing::utf8;
 
 using ctxcore::EstimatorParams;
 
@@ -437,29 +440,6 @@ TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
       }
     }
   }
-}
-
-// UTF-8 of code points that are not surrogates.
-std::string utf8(const std::u32string& s) {
-  std::string out;
-  for (const char32_t c : s) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
-  return out;
 }
 
 // A class for every code point, from a hash of it (about half of them letters, of every

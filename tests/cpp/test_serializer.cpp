@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "ctxcore/serializer.hpp"
+#include "utf8.hpp"
 
 namespace {
+
+using ctxcore_testing::utf8;
 
 using ctxcore::FormatInput;
 using ctxcore::FormatSection;
@@ -49,27 +52,6 @@ std::string raw_of(std::string_view in, std::int64_t* replaced = nullptr) {
   ctxcore::append_sanitized(out, in, r);
   if (replaced) *replaced = r;
   return out;
-}
-
-// UTF-8 of one code point; surrogates are written as three bytes (as "surrogatepass" does).
-std::string utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
 }
 
 bool xml_char(char32_t c) {
