@@ -96,26 +96,8 @@ TEST(Estimator, CodePointFormsAgreeWithUtf8) {
   for (auto& e : p.pair_entries) e = static_cast<std::uint32_t>(rng());
   for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
   const std::u32string text = U"Grüße, 世界! \U0001F389 ok\n\tx = 12345;";
-  std::string utf8;
-  for (char32_t c : text) {
-    if (c < 0x80) {
-      utf8 += static_cast<char>(c);
-    } else if (c < 0x800) {
-      utf8 += static_cast<char>(0xC0 | (c >> 6));
-      utf8 += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      utf8 += static_cast<char>(0xE0 | (c >> 12));
-      utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      utf8 += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      utf8 += static_cast<char>(0xF0 | (c >> 18));
-      utf8 += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      utf8 += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      utf8 += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
   const ctxcore::CodePoints wide{text.data(), text.size(), 4};
-  EXPECT_EQ(ctxcore::estimate_tokens(wide, p), est(utf8, p));
+  EXPECT_EQ(ctxcore::estimate_tokens(wide, p), est(utf8(text), p));
   const std::vector<std::uint8_t> latin1 = {'c', 'a', 'f', 0xE9};
   const ctxcore::CodePoints narrow{latin1.data(), latin1.size(), 1};
   EXPECT_EQ(ctxcore::estimate_tokens(narrow, p), est("caf\xC3\xA9", p));
