@@ -115,8 +115,8 @@ def test_assembly_overhead_with_1000_candidates(timed: Timed) -> None:
 
 
 #: The in-process assembly target for 1,000 candidates that come without stored counts is
-#: a CPU-time p99 of 2 ms; this machine measures 1.78-2.00 ms, so the gate sits 25% above
-#: the target (the stored-count floor alone is 1.45-1.8 ms): a regression past it fails,
+#: a CPU-time p99 of 2 ms; this machine measures 1.5-1.7 ms, and the gate sits 25% above
+#: the target (the stored-count floor alone is 1.35-1.5 ms): a regression past it fails,
 #: the shared machine's spells do not. The median gate beside the floor holds the shape.
 UNCOUNTED_P99_TARGET_MS = 2.0
 UNCOUNTED_P99_MS = 1.25 * UNCOUNTED_P99_TARGET_MS
@@ -133,8 +133,8 @@ def test_assembly_with_1000_uncounted_candidates() -> None:
     cached): ~120 of them counted per call.
 
     Gates: p99 <= 2 ms of the call's CPU time (the better of three samples of 300;
-    measured 1.63-1.96 ms, median 1.48-1.74 ms: thin headroom, the stored-count floor is
-    1.35-1.6 ms; the wall-clock p99 on the shared 2-core machine is a neighbour's time
+    measured 1.5-1.7 ms, median 1.4-1.5 ms; the stored-count floor is about the
+    same, 1.35-1.5 ms; the wall-clock p99 on the shared 2-core machine is a neighbour's time
     slice: 5.8-9.7 ms at a load average of 4-5, 1.8 ms when it is quieter, with the median
     at 1.5-1.7 ms either way; docs/performance-assembly.md),
     median within 1.35x of the stored-count floor, the all-new request (CPU time, the

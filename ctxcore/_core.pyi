@@ -160,6 +160,7 @@ def memory_columns(
     npt.NDArray[np.int64],
     list[str],
     npt.NDArray[np.int64],
+    npt.NDArray[np.float64],
 ]: ...
 def format_columns(
     directive: str | None,

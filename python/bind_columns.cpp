@@ -26,7 +26,8 @@ namespace ctxcore_py {
 namespace {
 
 struct Names {
-  py::str id, organization_id, agent_id, text, origin, similarity, confidence, importance, created_at, exact_tokens;
+  py::str id, organization_id, agent_id, text, origin, similarity, confidence, importance, created_at, exact_tokens,
+      fulltext_score;
 };
 
 const Names& names() {
@@ -48,6 +49,7 @@ const Names& names() {
         n.importance = interned("importance");
         n.created_at = interned("created_at");
         n.exact_tokens = interned("exact_tokens");
+        n.fulltext_score = interned("fulltext_score");
         return n;
       })
       .get_stored();
@@ -198,11 +200,12 @@ std::int64_t code_of(py::list& distinct, const py::object& value) {
   return n;
 }
 
-using Columns = std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>, py::array_t<double>,
-                           py::array_t<double>, py::array_t<std::int64_t>, py::list, py::array_t<std::int64_t>>;
+using Columns =
+    std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>, py::array_t<double>,
+               py::array_t<double>, py::array_t<std::int64_t>, py::list, py::array_t<std::int64_t>, py::array_t<double>>;
 
 // (ids, texts, origins, similarity, confidence, importance, created_at, stored counts of
-// `family`, the distinct origins, each record's index into them) of records of
+// `family`, the distinct origins, each record's index into them, full-text score) of records of
 // `record_type`; NaN for a None number, -1 for no stored count. Origins are few (an enum's
 // members): each is matched by identity first, then by equality.
 Columns memory_columns(const py::object& records, const py::object& record_type, const py::str& family) {
@@ -211,10 +214,10 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
   const Field id_of(record_type, nm.id), text_of(record_type, nm.text), origin_of(record_type, nm.origin),
       similarity_of(record_type, nm.similarity), confidence_of(record_type, nm.confidence),
       importance_of(record_type, nm.importance), created_of(record_type, nm.created_at),
-      counts_of(record_type, nm.exact_tokens);
+      counts_of(record_type, nm.exact_tokens), fulltext_of(record_type, nm.fulltext_score);
   const auto n = static_cast<py::ssize_t>(f.n);
   py::list ids(n), texts(n), origins(n);
-  py::array_t<double> sim(n), conf(n), imp(n), created(n);
+  py::array_t<double> sim(n), conf(n), imp(n), created(n), fulltext(n);
   py::array_t<std::int64_t> stored(n), origin_code(n);
   py::list distinct(0);
   std::int64_t* oc = origin_code.mutable_data();
@@ -222,6 +225,7 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
   double* c = conf.mutable_data();
   double* im = imp.mutable_data();
   double* cr = created.mutable_data();
+  double* ft = fulltext.mutable_data();
   std::int64_t* st = stored.mutable_data();
   for (std::size_t i = 0; i < f.n; ++i) {
     const py::handle item(f.items[i]);
@@ -237,9 +241,11 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
     im[i] = number(importance_of(item), "importance", i);
     cr[i] = number(created_of(item), "created_at", i);
     st[i] = stored_count(counts_of(item), family, i);
+    ft[i] = number(fulltext_of(item), "fulltext_score", i);
   }
   return {std::move(ids), std::move(texts),   std::move(origins), std::move(sim),      std::move(conf),
-          std::move(imp), std::move(created), std::move(stored),  std::move(distinct), std::move(origin_code)};
+          std::move(imp), std::move(created), std::move(stored),  std::move(distinct), std::move(origin_code),
+          std::move(fulltext)};
 }
 
 // The index of the first value that is infinite, NaN (unless `allow_nan`) or outside

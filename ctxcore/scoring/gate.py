@@ -4,6 +4,7 @@ by id and capped at the request's maximum, every row that goes no further traced
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class Columns:
     reference: dict[str, tuple[float, float]] = field(default_factory=dict)
     scores: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
     relevance: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
+    _distinct: bool | None = None
 
     @property
     def n(self) -> int:
@@ -70,34 +72,26 @@ class Columns:
     @classmethod
     def _of_parts(cls, parts: Sequence[Sequence[MemoryRecord]], family: str) -> Columns:
         if not parts:
-            return cls._with_fulltext(cls(*_core.memory_columns((), MemoryRecord, family)), ())
+            return cls(*_core.memory_columns((), MemoryRecord, family))
         if all(type(p) is MemoryBatch for p in parts):
             return cls._of_batches(parts, family)  # type: ignore[arg-type]
         cols = [
             cls._of_batches((p,), family)
             if type(p) is MemoryBatch
-            else cls._with_fulltext(cls(*_core.memory_columns(p, MemoryRecord, family)), p)
+            else cls(*_core.memory_columns(p, MemoryRecord, family))
             for p in parts
         ]
         if len(cols) == 1:
             return cols[0]
-        origins = [o for c in cols for o in c.origins]
         return cls._joined(
-            [i for c in cols for i in c.ids],
-            [t for c in cols for t in c.texts],
-            origins,
+            list(itertools.chain.from_iterable(c.ids for c in cols)),
+            list(itertools.chain.from_iterable(c.texts for c in cols)),
+            list(itertools.chain.from_iterable(c.origins for c in cols)),
             [
                 [getattr(c, f) for c in cols]
                 for f in ("similarity", "confidence", "importance", "created_at", "stored", "fulltext")
             ],
         )
-
-    @staticmethod
-    def _with_fulltext(cols: Columns, records: Sequence[MemoryRecord]) -> Columns:
-        cols.fulltext = np.array(
-            [np.nan if (v := getattr(r, "fulltext_score", None)) is None else v for r in records], dtype=np.float64
-        )
-        return cols
 
     @classmethod
     def _of_batches(cls, parts: Sequence[MemoryBatch], family: str) -> Columns:
@@ -145,12 +139,32 @@ class Columns:
         sim, conf, imp, created, stored, fts = (a[0] if len(a) == 1 else np.concatenate(a) for a in numbers)
         return cls(ids, texts, origins, sim, conf, imp, created, stored, distinct, code, fts)
 
+    def of_origin(self, origin: str) -> npt.NDArray[np.bool_]:
+        """Which rows came by `origin`."""
+        try:
+            k = self.distinct_origins.index(origin)
+        except ValueError:
+            return np.zeros(self.n, dtype=bool)
+        return self.origin_code == k
 
-def _best_of_each_id(ids: list[str], scores: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
+    @property
+    def ids_distinct(self) -> bool:
+        """Whether no id repeats (one dict build, kept)."""
+        if self._distinct is None:
+            self._distinct = len(dict.fromkeys(self.ids)) == len(self.ids)
+        return self._distinct
+
+
+#: The dominant signal's name by its index + 1 (0: none).
+_SIGNAL_NAMES = np.array(["", *SIGNALS], dtype=object)
+
+
+def _best_of_each_id(cols: Columns) -> npt.NDArray[np.bool_] | None:
     """Which rows are the best-scored of their id (the first among equals); None when
-    every id is distinct (the common case, settled by one dict build)."""
-    if len(dict.fromkeys(ids)) == len(ids):
+    every id is distinct (the common case)."""
+    if cols.ids_distinct:
         return None
+    ids, scores = cols.ids, cols.scores
     best: dict[str, int] = {}
     sc = scores.tolist()
     for i, mid in enumerate(ids):
@@ -173,9 +187,9 @@ def _merge_signals(cols: Columns) -> None:
     """A memory returned by more than one path (the hot and the cold one, say) carries the
     signals of all of them: each row of an id gets the id's best similarity and full-text
     score (rows that are alike then score alike; the first is kept)."""
-    ids = cols.ids
-    if len(dict.fromkeys(ids)) == len(ids):
+    if cols.ids_distinct:
         return
+    ids = cols.ids
     rows: dict[str, list[int]] = {}
     for i, mid in enumerate(ids):
         rows.setdefault(mid, []).append(i)
@@ -196,8 +210,8 @@ def _fused(
     """Scores, the floors' verdict, each row's dominant signal and the record, under the
     fused value model."""
     _merge_signals(cols)
-    is_fulltext = np.fromiter((o == MemoryOrigin.FULLTEXT for o in cols.origins), dtype=bool, count=cols.n)
-    is_hot = np.fromiter((o == MemoryOrigin.HOT for o in cols.origins), dtype=bool, count=cols.n)
+    is_fulltext = cols.of_origin(MemoryOrigin.FULLTEXT)
+    is_hot = cols.of_origin(MemoryOrigin.HOT)
     if is_hot.any():
         # The hot path's order is newest first; creation times rank it where known.
         order = -np.arange(cols.n, dtype=np.float64)
@@ -223,8 +237,7 @@ def _fused(
     best = float(relevance.max()) if relevance.size else 0.0
     kept = (relevance >= model.absolute_floor) & (relevance >= model.relative_floor * best) & (relevance > 0)
     cols.relevance = relevance
-    signal_names = ("", *SIGNALS)
-    signals = [signal_names[d + 1] for d in dominant.tolist()]
+    signals: list[str] = _SIGNAL_NAMES[dominant + 1].tolist()
     record = {
         "formula": ScoreFormula.FUSED.value,
         "weights": {"fulltext": model.fulltext_weight, "vector": model.vector_weight, "recency": model.recency_weight},
@@ -275,7 +288,7 @@ def gate(
         kept = scored.kept
         signals = [""] * cols.n
         record = scored.record()
-    first = _best_of_each_id(cols.ids, cols.scores)
+    first = _best_of_each_id(cols)
     keep = kept.copy()
     reason = np.full(cols.n, REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
     if first is not None:
