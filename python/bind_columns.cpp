@@ -200,9 +200,9 @@ std::int64_t code_of(py::list& distinct, const py::object& value) {
   return n;
 }
 
-using Columns =
-    std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>, py::array_t<double>,
-               py::array_t<double>, py::array_t<std::int64_t>, py::list, py::array_t<std::int64_t>, py::array_t<double>>;
+using Columns = std::tuple<py::list, py::list, py::list, py::array_t<double>, py::array_t<double>, py::array_t<double>,
+                           py::array_t<double>, py::array_t<std::int64_t>, py::list, py::array_t<std::int64_t>,
+                           py::array_t<double>>;
 
 // (ids, texts, origins, similarity, confidence, importance, created_at, stored counts of
 // `family`, the distinct origins, each record's index into them, full-text score) of records of
@@ -243,9 +243,9 @@ Columns memory_columns(const py::object& records, const py::object& record_type,
     st[i] = stored_count(counts_of(item), family, i);
     ft[i] = number(fulltext_of(item), "fulltext_score", i);
   }
-  return {std::move(ids), std::move(texts),   std::move(origins), std::move(sim),      std::move(conf),
-          std::move(imp), std::move(created), std::move(stored),  std::move(distinct), std::move(origin_code),
-          std::move(fulltext)};
+  return {std::move(ids),      std::move(texts),       std::move(origins), std::move(sim),
+          std::move(conf),     std::move(imp),         std::move(created), std::move(stored),
+          std::move(distinct), std::move(origin_code), std::move(fulltext)};
 }
 
 // The index of the first value that is infinite, NaN (unless `allow_nan`) or outside

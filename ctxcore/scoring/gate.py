@@ -145,7 +145,8 @@ class Columns:
             k = self.distinct_origins.index(origin)
         except ValueError:
             return np.zeros(self.n, dtype=bool)
-        return self.origin_code == k
+        mask: npt.NDArray[np.bool_] = self.origin_code == k
+        return mask
 
     @property
     def ids_distinct(self) -> bool:
