@@ -51,6 +51,7 @@ class Columns:
     scores: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
     relevance: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0))
     _distinct: bool | None = None
+    _codes: npt.NDArray[np.int64] | None = None
 
     @property
     def n(self) -> int:
@@ -155,6 +156,15 @@ class Columns:
             self._distinct = len(dict.fromkeys(self.ids)) == len(self.ids)
         return self._distinct
 
+    @property
+    def id_codes(self) -> npt.NDArray[np.int64]:
+        """Each row's id as a number: the ids numbered in order of first appearance (kept)."""
+        if self._codes is None:
+            number = {mid: k for k, mid in enumerate(dict.fromkeys(self.ids))}
+            self._codes = np.fromiter(map(number.__getitem__, self.ids), dtype=np.int64, count=self.n)
+            self._distinct = len(number) == self.n
+        return self._codes
+
 
 #: The dominant signal's name by its index + 1 (0: none).
 _SIGNAL_NAMES = np.array(["", *SIGNALS], dtype=object)
@@ -165,15 +175,14 @@ def _best_of_each_id(cols: Columns) -> npt.NDArray[np.bool_] | None:
     every id is distinct (the common case)."""
     if cols.ids_distinct:
         return None
-    ids, scores = cols.ids, cols.scores
-    best: dict[str, int] = {}
-    sc = scores.tolist()
-    for i, mid in enumerate(ids):
-        j = best.get(mid)
-        if j is None or sc[i] > sc[j]:
-            best[mid] = i
-    first = np.zeros(len(ids), dtype=bool)
-    first[list(best.values())] = True
+    codes = cols.id_codes
+    # By id, then best score first, then row: the first row of each id's run is its best.
+    order = np.lexsort((np.arange(cols.n), -cols.scores, codes))
+    lead = np.ones(cols.n, dtype=bool)
+    run = codes[order]
+    lead[1:] = run[1:] != run[:-1]
+    first = np.zeros(cols.n, dtype=bool)
+    first[order[lead]] = True
     return first
 
 
@@ -190,19 +199,13 @@ def _merge_signals(cols: Columns) -> None:
     score (rows that are alike then score alike; the first is kept)."""
     if cols.ids_distinct:
         return
-    ids = cols.ids
-    rows: dict[str, list[int]] = {}
-    for i, mid in enumerate(ids):
-        rows.setdefault(mid, []).append(i)
-    sim, fts = cols.similarity.copy(), cols.fulltext.copy()
-    for group in rows.values():
-        if len(group) > 1:
-            g = np.array(group)
-            for a in (sim, fts):
-                vals = a[g]
-                if not np.isnan(vals).all():
-                    a[g] = np.nanmax(vals)
-    cols.similarity, cols.fulltext = sim, fts
+    codes = cols.id_codes
+    merged = []
+    for a in (cols.similarity, cols.fulltext):
+        best = np.full(int(codes.max()) + 1, np.nan)
+        np.fmax.at(best, codes, a)  # fmax: NaN only where every row of the id has NaN
+        merged.append(best[codes])
+    cols.similarity, cols.fulltext = merged
 
 
 def _fused(
@@ -230,7 +233,11 @@ def _fused(
     if model.context_weight > 0:
         own = relevance
         relevance, added = context_boost(
-            own, cols.created_at, cols.ids, weight=model.context_weight, window_s=model.context_window_s
+            own,
+            cols.created_at,
+            weight=model.context_weight,
+            window_s=model.context_window_s,
+            id_codes=None if cols.ids_distinct else cols.id_codes,
         )
         dominant = np.where(added > own, SIGNALS.index("context"), dominant)
     age = (now - cols.created_at) / 86400.0

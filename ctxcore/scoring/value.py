@@ -685,6 +685,7 @@ def context_boost(
     *,
     weight: float = DEFAULT_CONTEXT_WEIGHT,
     window_s: float = DEFAULT_CONTEXT_WINDOW_S,
+    id_codes: npt.NDArray[np.int64] | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Relevance with the conversational-context signal added, and the part it added.
 
@@ -702,6 +703,8 @@ def context_boost(
             (found by several retrieval paths); None: every row is its own memory.
         weight: the share of a neighbour's relevance a candidate gains (0: none).
         window_s: neighbours created further apart than this give nothing.
+        id_codes: instead of `ids`, each row's memory as a number >= 0 (rows of one
+            memory share it).
 
     >>> rel, add = context_boost([1.0, 0.0, 0.2], [0.0, 10.0, 5000.0])
     >>> [round(x, 3) for x in rel.tolist()], [round(x, 3) for x in add.tolist()]
@@ -718,12 +721,19 @@ def context_boost(
     known = np.flatnonzero(~np.isnan(t))
     if known.size < 2:
         return rel.copy(), added
-    if ids is None or len(set(ids)) == n:
+    codes: npt.NDArray[np.int64] | None = None
+    if id_codes is not None:
+        codes = np.asarray(id_codes, dtype=np.int64)
+        if codes.shape != rel.shape:
+            raise ValueError("id_codes must be one number per candidate")
+    elif ids is not None and len(set(ids)) != n:
+        number = {mid: k for k, mid in enumerate(dict.fromkeys(ids))}
+        codes = np.fromiter(map(number.__getitem__, ids), dtype=np.int64, count=n)
+    if codes is None:
         slot = np.arange(known.size)
         best, when = rel[known], t[known]
     else:
-        first: dict[str, int] = {}
-        slot = np.fromiter((first.setdefault(ids[i], len(first)) for i in known.tolist()), np.int64, known.size)
+        _, slot = np.unique(codes[known], return_inverse=True)
         best = np.zeros(int(slot.max()) + 1)
         when = np.zeros(best.shape[0])
         np.maximum.at(best, slot, rel[known])
