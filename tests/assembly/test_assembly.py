@@ -357,6 +357,30 @@ def test_duplicates_keep_the_best_score_and_the_interim_gate_applies() -> None:
     assert selected.relevance == pytest.approx(0.9)
 
 
+def test_a_memory_found_by_several_paths_carries_every_signal_once() -> None:
+    """Under the fused model, rows of one memory from the hot, vector and full-text paths
+    share its best similarity and full-text score; one row is selected, the others are
+    traced as duplicates, and the memory outranks one that only a single path found."""
+    hot = [mem(1, sim=None), mem(2, sim=None), mem(3, sim=None)]  # type: ignore[arg-type]
+    vector = [mem(1, sim=0.6), mem(4, sim=0.6), mem(3, sim=0.2)]
+    fulltext = [
+        MemoryRecord("m1", ORG, AGENT, "memory number 1", origin=MemoryOrigin.FULLTEXT, fulltext_score=4.0),
+        MemoryRecord("m5", ORG, AGENT, "memory number 5", origin=MemoryOrigin.FULLTEXT, fulltext_score=4.0),
+    ]
+    ctx = run(request(), Sources(None, memories_of(hot), memories_of(vector + fulltext)))
+    assert ctx.scoring["formula"] == "fused"
+    by_id: dict[str, list[ctxcore.TraceEntry]] = {}
+    for e in ctx.trace:
+        by_id.setdefault(e.memory_id, []).append(e)
+    for mid, rows in by_id.items():
+        assert sum(e.reason == TraceReason.SELECTED for e in rows) <= 1, mid
+    assert [e.reason for e in by_id["m1"]].count(TraceReason.DUPLICATE) == 2
+    assert [e.reason for e in by_id["m3"]].count(TraceReason.DUPLICATE) == 1
+    best = {mid: max(e.relevance for e in rows) for mid, rows in by_id.items()}
+    assert best["m1"] > max(best["m4"], best["m5"], best["m2"])
+    assert ctx.selected_ids[0] == "m1"
+
+
 class _TaggedRecord(MemoryRecord):
     """A subclass with a slot of its own: its fields are read through the attribute
     protocol, not from the base type's slot offsets."""
