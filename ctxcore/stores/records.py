@@ -28,6 +28,7 @@ from .embedding import unit
 from .errors import InvalidMemory
 
 __all__ = [
+    "SEQ",
     "STORED_COLUMNS",
     "Directive",
     "NewMemory",
@@ -64,6 +65,8 @@ STORED_COLUMNS = (
     "token_kind",
     "exact_tokens",
 )
+#: Where a stored row holds its sequence number (the store's own key for the memory).
+SEQ = STORED_COLUMNS.index("seq")
 
 _MEMORY_KEYS = frozenset(
     {"id", "organization_id", "agent_id", "text", "embedding", "confidence", "importance", "created_at", "accessed_at"}

@@ -44,6 +44,7 @@ from ..fusion import cold_batch
 from ..query_vectors import QueryVectors
 from ..reads import ACCESS_FLUSH_SECONDS, ACCESS_RESOLUTION_SECONDS, ReadTimes
 from ..records import (
+    SEQ,
     Directive,
     NewMemory,
     check_batch,
@@ -77,6 +78,8 @@ _log = logging.getLogger("ctxcore.stores.postgres")
 #: Connections the pool keeps open at most (two retrieval branches read at once per
 #: assembly; eight leaves room for several assemblies and a writer).
 DEFAULT_POOL_SIZE = 8
+#: Where a row `add` builds for the insert holds the memory's vector (as text, or None).
+_ROW_VECTOR = 4
 #: Scopes with at least this many memories search the HNSW index; smaller ones are scanned
 #: exactly (a few thousand cosines cost less than an index walk filtered to one scope).
 HNSW_MIN_SCOPE = 2_000
@@ -638,7 +641,7 @@ class PostgresMemoryStore:
                 m.organization_id,
                 m.agent_id,
                 m.text,
-                None if v is None else _vector_text(v),
+                None if v is None else _vector_text(v),  # _ROW_VECTOR
                 m.confidence,
                 m.importance,
                 created,
@@ -679,7 +682,7 @@ class PostgresMemoryStore:
                         stored = str(dim)
                     self._dim = int(stored)
                     if dim != self._dim:
-                        i = next(k for k, r in enumerate(rows) if r[4] is not None)
+                        i = next(k for k, r in enumerate(rows) if r[_ROW_VECTOR] is not None)
                         raise InvalidMemory(
                             f"memory {batch[i].id!r} (index {i}): embedding has {dim} dimensions, "
                             f"the store's have {self._dim}",
@@ -790,7 +793,7 @@ class PostgresMemoryStore:
         sims = np.clip(
             np.array([np.nan if r[HOT_SIM] is None else r[HOT_SIM] for r in rows], dtype=np.float64), -1.0, 1.0
         )
-        return [r[0] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
+        return [r[SEQ] for r in rows], rows_to_batch(scope, rows, [MemoryOrigin.HOT] * len(rows), sims)
 
     async def _hot_rows(
         self,
@@ -907,7 +910,7 @@ class PostgresMemoryStore:
             text_scores=[float(x) for x in scores if x is not None],
             in_scope=in_scope,
         )
-        return [r[0] for r in found], out
+        return [r[SEQ] for r in found], out
 
     def _iterative(self) -> bool:
         return self._pgvector >= ITERATIVE_SCAN_PGVECTOR
