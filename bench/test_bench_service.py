@@ -583,6 +583,9 @@ TURNS_REQUESTS = 1_000
 WHOLE_AT_4_IN_FLIGHT = 0.99
 #: Differences of whole answers this small are noise (5 answers in 1,000).
 WHOLE_NOISE = 0.005
+#: Below this share of whole answers in every configuration, the machine is too busy for
+#: the comparison (on a quiet machine all three answer 99.9-100% whole).
+WHOLE_ON_A_BUSY_MACHINE = 0.9
 
 
 def _whole(r: dict[str, Any]) -> int:
@@ -639,5 +642,10 @@ def test_turns_keep_answers_whole_at_4_in_flight(db: Path, servers: list[Server]
     # per-call work shrank, all three answer 99.9-100% whole on a quiet machine, where one
     # degraded answer in 1,000 is noise: in the median round, turns must keep within half a
     # percent of no limit, or at least the target's 99% less the same margin.
+    # When even the best configuration answers under 90% whole, a neighbour holds the cores
+    # (a suite run beside this one read 16-22% for all three): the rounds measure the
+    # machine, not the turns, and the comparison is not made.
+    if max(whole.values()) < WHOLE_ON_A_BUSY_MACHINE:
+        pytest.skip(f"the machine is too busy to compare turns: whole answers {whole}")
     for name in ("max_running 1", "2 replicas, max_running 1"):
         assert whole[name] >= min(whole["no limit"] - WHOLE_NOISE, WHOLE_AT_4_IN_FLIGHT - WHOLE_NOISE), whole
