@@ -36,6 +36,14 @@ EstimatorParams params(unsigned bits, std::uint16_t latin, std::uint16_t block, 
 
 std::int64_t est(const std::string& s, const EstimatorParams& p) { return ctxcore::estimate_tokens(s, p); }
 
+// Random costs in every table of `p`: a fifth of the Latin-1 pairs unseen, the hashed
+// pairs under random keys.
+void random_costs(EstimatorParams& p, std::mt19937& rng) {
+  for (auto& c : p.latin_costs) c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
+  for (auto& e : p.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
+  for (auto& c : p.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+}
+
 TEST(Estimator, EmptyTextIsZeroNonEmptyAtLeastOne) {
   const auto p = params(4, 0, 0, 1.2, 3.0);
   EXPECT_EQ(est("", p), 0);
@@ -295,10 +303,7 @@ TEST(EstimatorWords, CaseSplitsAndMarksFollowTheFamily) {
 TEST(EstimatorWords, MonotoneUnderAppend) {
   std::mt19937 rng(11);
   auto base = params(8, 0, 0, 1.13, 1.7);
-  for (auto& c : base.latin_costs)
-    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
-  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
-  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  random_costs(base, rng);
   const std::vector<std::string> pieces = {"a",
                                            "b",
                                            "he",
@@ -366,10 +371,7 @@ Narrowest narrowest(const std::u32string& s) {
 TEST(EstimatorWords, TheScanPricesWholeTextsAsTheWalkDoes) {
   std::mt19937 rng(23);
   auto base = params(10, 0, 0, 1.13, 1.7);
-  for (auto& c : base.latin_costs)
-    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
-  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
-  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  random_costs(base, rng);
   auto classes = ascii_classes();
   classes[0x100] = ctxcore::kClassUpper;  // Ā ā
   classes[0x101] = ctxcore::kClassLower;
@@ -487,10 +489,7 @@ void expect_scan_is_walk(const std::u32string& text, const EstimatorParams& p, c
 TEST(EstimatorWords, TheScanPricesAnyCodePointsAsTheWalkDoes) {
   std::mt19937 rng(41);
   auto base = params(12, 0, 0, 1.13, 1.7);
-  for (auto& c : base.latin_costs)
-    c = (rng() % 5 == 0) ? ctxcore::kUnseenPair : static_cast<std::uint16_t>(rng() % 3000);
-  for (auto& e : base.pair_entries) e = static_cast<std::uint32_t>((rng() % 65536) << 16 | (rng() % 3000));
-  for (auto& c : base.block_costs) c = static_cast<std::uint16_t>(rng() % 3000);
+  random_costs(base, rng);
   std::vector<std::u32string> texts;
   for (int i = 0; i < 120; ++i) texts.push_back(mixed_text(rng, rng() % 3 == 0 ? rng() % 4000 : rng() % 200));
   // Words longer than any vocabulary word and than a segment, of ASCII letters and of others.
