@@ -472,7 +472,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "--memory-format",
         choices=("compact", "verbose"),
         default="compact",
-        help='memory elements: compact (<m n=.. id="m1">, handles mapped back in --json\'s '
+        help='memory elements: compact (<m m1="NONCE">, handles mapped back in --json\'s '
         '"handles") or verbose (<memory nonce=.. id="STORE ID" score=.. source=..>)',
     )
     p.add_argument(

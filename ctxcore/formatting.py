@@ -410,12 +410,13 @@ def format_context(
             ``text`` (str), and optionally ``score`` (a finite real number) and ``source``
             (str); None or absent leaves the attribute out.
         tools: JSON-serializable tool schemas, or None.
-        nonce: for tests only: at least 32 lowercase hex digits (verbose) or 20 decimal
-            digits (compact). By default a fresh nonce comes from `secrets` on every call:
-            128 bits as hex (verbose), 66 bits as decimal digits (compact).
+        nonce: for tests only: at least 32 lowercase hex digits (verbose); three decimal
+            digits and four listed words, or 20 decimal digits (compact). By default a fresh
+            nonce comes from `secrets` on every call: 128 bits as hex (verbose), 66 bits as
+            digits and words (compact, `new_nonce`).
         memory_format: ``"verbose"`` (the store ids, every attribute given, `SAFETY_SENTENCE`)
-            or ``"compact"`` (``<m n="..." id="m1">`` elements whose ids are per-call handles,
-            mapped back in `FormattedContext.handles`; attributes only as named in
+            or ``"compact"`` (``<m m1="NONCE">`` elements named by per-call handles, each the
+            attribute that holds the nonce, mapped back in `FormattedContext.handles`; attributes only as named in
             `memory_attributes`; `COMPACT_SAFETY_SENTENCE`).
         memory_attributes: for the compact rendering, the attributes to write, from
             `MEMORY_ATTRIBUTES`; none by default. The verbose rendering writes every one given.

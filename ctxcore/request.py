@@ -512,7 +512,7 @@ class AssemblyOptions:
         rendering: the form the context is handed over in (``text``, ``openai``,
             ``anthropic``); the budget counts that rendering's framing.
         memory_format: how memory elements are written: ``"compact"`` (the default:
-            ``<m n="NONCE" id="m1">``, ids as per-assembly handles mapped back in
+            ``<m m1="NONCE">``, ids as per-assembly handles mapped back in
             `AssembledContext.handles`) or ``"verbose"`` (``<memory nonce=".." id="STORE ID"
             score=".." source="..">``); see `ctxcore.format_context`.
         memory_attributes: for the compact rendering, the optional attributes to write

@@ -131,10 +131,16 @@ std::string_view take_attr(std::string_view& rest, std::string_view prefix) {
 void check_memory_piece(std::string_view piece, std::string_view nonce, const ctxcore::Memory& m,
                         std::int64_t& replaced, bool compact) {
   std::string_view rest = piece;
-  check(take_attr(rest, compact ? "\n<m n=\"" : "\n<memory nonce=\"") == nonce);
-  const std::string_view id = take_attr(rest, " id=\"");
-  check(id.find_first_of("<>\t\n\r'") == std::string_view::npos);
-  check(unescape(id) == sanitized(m.id, replaced));
+  if (compact) {
+    // <m HANDLE="NONCE": the handle, a valid attribute name, written as given.
+    check(ctxcore::is_compact_handle(m.id));
+    check(take_attr(rest, "\n<m " + std::string(m.id) + "=\"") == nonce);
+  } else {
+    check(take_attr(rest, "\n<memory nonce=\"") == nonce);
+    const std::string_view id = take_attr(rest, " id=\"");
+    check(id.find_first_of("<>\t\n\r'") == std::string_view::npos);
+    check(unescape(id) == sanitized(m.id, replaced));
+  }
   if (m.has_score) {
     const std::string_view score = take_attr(rest, " score=\"");
     check(!score.empty() && score.find_first_not_of("0123456789.e+-") == std::string_view::npos);
@@ -167,9 +173,18 @@ void fuzz_format(FuzzedDataProvider& fdp) {
     h.role = str();
     h.content = str();
   }
+  const bool compact = fdp.ConsumeBool();
   std::vector<ctxcore::Memory> memories(fdp.ConsumeIntegralInRange<std::size_t>(0, 8));
+  std::vector<std::string> handles;
+  handles.reserve(memories.size());
   for (auto& m : memories) {
-    m.id = str();
+    // The compact rendering takes handles (m1, m2, ...); now and then anything else.
+    if (compact && fdp.ConsumeIntegralInRange(0, 7) != 0) {
+      handles.push_back("m" + std::to_string(handles.size() + 1));
+      m.id = handles.back();
+    } else {
+      m.id = str();
+    }
     m.text = str();
     m.has_score = fdp.ConsumeBool();
     m.score = fdp.ConsumeFloatingPoint<double>();
@@ -179,7 +194,6 @@ void fuzz_format(FuzzedDataProvider& fdp) {
   in.history = {history.data(), history.size()};
   in.memories = {memories.data(), memories.size()};
   in.tools_json = fdp.ConsumeBool() ? str() : std::string_view();
-  const bool compact = fdp.ConsumeBool();
   const int nonce_kind = fdp.ConsumeIntegralInRange(0, 2);
   const std::string nonce = nonce_kind == 0
                                 ? std::string(compact ? "01234567890123456789" : "0123456789abcdef0123456789abcdef")
@@ -196,7 +210,9 @@ void fuzz_format(FuzzedDataProvider& fdp) {
     // Only these inputs may be rejected.
     bool bad = compact ? !ctxcore::is_valid_compact_nonce(in.nonce) : !ctxcore::is_valid_nonce(in.nonce);
     for (const auto& h : history) bad = bad || h.role.empty();
-    for (const auto& m : memories) bad = bad || m.id.empty() || (m.has_score && !(m.score - m.score == 0.0));
+    for (const auto& m : memories)
+      bad = bad || m.id.empty() || (compact && !ctxcore::is_compact_handle(m.id)) ||
+            (m.has_score && !(m.score - m.score == 0.0));
     check(bad);
     return;
   }

@@ -150,18 +150,22 @@ def _head_cost(family: str, nonce: str, fmt: int = 0) -> int:
     """``P``: the element's head with this assembly's nonce. An element always follows a
     ``>`` (the element before it) or the ``.`` of the safety sentence, and for the built-in
     families that character and the head's newline are one chunk: the head's cost is what
-    it adds behind either (the larger), as the whole text is counted."""
+    it adds behind either (the larger), as the whole text is counted. In the compact
+    rendering the handle stands between the head's two parts, ``\\n<m`` and ``="NONCE``
+    (cut where a letter meets a space and a digit meets ``=``); the handle is priced apart."""
     allow = boundary_allowance(family)
-    p_text = f'\n<m n="{nonce}"' if fmt == _COMPACT else f'\n<memory nonce="{nonce}"'
+    compact = fmt == _COMPACT
+    p_text = "\n<m" if compact else f'\n<memory nonce="{nonce}"'
+    rest = exact_counts([f'="{nonce}'], family, cache=False)[0] + allow if compact else 0
     if allow == 0:
         a, b = exact_counts([">", "."], family)
         pa, pb = exact_counts([">" + p_text, "." + p_text], family, cache=False)
-        return max(pa - a, pb - b)
-    return exact_counts([p_text], family, cache=False)[0] + allow
+        return max(pa - a, pb - b) + rest
+    return exact_counts([p_text], family, cache=False)[0] + allow + rest
 
 
 class _HandleCosts:
-    """The compact rendering's handle unit ``I = ' id="mK'`` per family: the most any of
+    """The compact rendering's handle unit ``I = ' mK'`` per family: the most any of
     the handles m1..mN costs (an element's handle is its place in the context, known only
     after packing), from a table of exact counts grown as needed. Thread-safe: a grown
     table replaces the old one whole."""
@@ -176,7 +180,7 @@ class _HandleCosts:
         if table is None or table.size < n:
             size = max(n, 1024, 0 if table is None else 2 * table.size)
             counted = np.asarray(
-                exact_counts([f' id="m{k}' for k in range(1, size + 1)], family, cache=False), dtype=np.int64
+                exact_counts([f" m{k}" for k in range(1, size + 1)], family, cache=False), dtype=np.int64
             )
             table = np.maximum.accumulate(counted)
             with self._lock:

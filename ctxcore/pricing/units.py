@@ -96,11 +96,12 @@ def memory_units(ids: Sequence[str], texts: Sequence[str]) -> list[str]:
 
 def compact_body_units(texts: Sequence[str]) -> list[str]:
     """Each memory's body unit in the compact rendering, ``">ESCAPED BODY</m>"``, as the
-    serializer writes it. In the compact rendering an element is ``P + I + [M] + B`` with
-    ``P = '\\n<m n="NONCE"'``, ``I = ' id="mK'`` (the handle, without its closing quote)
-    and ``M`` the optional attributes; the cuts lie where the built-in families' chunks
-    always end, as in the verbose rendering. A body unit differs from the verbose ``B``
-    only in the closing tag's name, which is a chunk of its own.
+    serializer writes it. In the compact rendering an element is ``P1 + I + P2 + [M] + B``
+    with ``P1 = '\\n<m'``, ``I = ' mK'`` (the handle, the name of the attribute that
+    holds the nonce), ``P2 = '="NONCE'`` and ``M`` the optional attributes; the cuts lie
+    where the built-in families' chunks always end (a letter before a space, a digit
+    before ``=``, a letter or digit before a quote). A body unit differs from the verbose
+    ``B`` only in the closing tag's name, which is a chunk of its own.
 
     Raises:
         InvalidFormatInput: a text is not a str.
@@ -110,9 +111,9 @@ def compact_body_units(texts: Sequence[str]) -> list[str]:
     """
     if not texts:
         return []
-    items = [{"id": "m", "text": t} for t in texts]
+    items = [{"id": "m1", "text": t} for t in texts]
     text, _, _, pieces = _core.format_context(None, (), items, None, _NONCE[:20], False, True, 1)
-    head = len(f'\n<m n="{_NONCE[:20]}" id="m')
+    head = len(f'\n<m m1="{_NONCE[:20]}')
     out: list[str] = []
     begin = 0
     for kind, end in pieces:

@@ -61,8 +61,9 @@ def check_block(block: str, ctx: ctxcore.AssembledContext) -> None:
     root = etree.fromstring(block.encode(), parser)
     if ctx.memory_format == "compact":
         assert root.text == "\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE + "\n"
-        assert [ctx.handles[el.get("id")] for el in root] == list(ctx.selected_ids)
-        assert all(el.tag == "m" and el.get("n") == ctx.nonce for el in root)
+        # Each element's first attribute is its handle, holding the nonce.
+        assert [ctx.handles[el.keys()[0]] for el in root] == list(ctx.selected_ids)
+        assert all(el.tag == "m" and el.get(el.keys()[0]) == ctx.nonce for el in root)
     else:
         assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
         assert [el.get("id") for el in root] == list(ctx.selected_ids)

@@ -183,14 +183,16 @@ def check_memory_block(block: str, ctx: ctxcore.AssembledContext, texts: dict[st
     assert sum(1 for _ in root.iter()) == len(children) + 1  # nothing but memory elements
     if ctx.memory_format == "compact":
         assert root.text == "\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE + "\n"
-        assert [el.get("id") for el in children] == [f"m{k + 1}" for k in range(len(children))]
-        assert [ctx.handles[el.get("id")] for el in children] == list(ctx.selected_ids)
-        tag, nonce_attr = "m", "n"
+        # Each element's first attribute is its handle, holding the nonce.
+        assert [el.keys()[0] for el in children] == [f"m{k + 1}" for k in range(len(children))]
+        assert [ctx.handles[el.keys()[0]] for el in children] == list(ctx.selected_ids)
+        tag = "m"
     else:
         assert root.text == "\n" + ctxcore.SAFETY_SENTENCE + "\n"
         assert [el.get("id") for el in children] == [expected(i) for i in ctx.selected_ids]
-        tag, nonce_attr = "memory", "nonce"
+        tag = "memory"
     for el, mid in zip(children, ctx.selected_ids):
+        nonce_attr = el.keys()[0] if ctx.memory_format == "compact" else "nonce"
         assert el.tag == tag and el.get(nonce_attr) == ctx.nonce
         assert (el.text or "") == expected(texts[mid])
 

@@ -156,9 +156,9 @@ def _compact_elements(ctx: ctxcore.AssembledContext, family: str) -> dict[str, i
     body = section[len("<memories>\n" + ctxcore.formatting.COMPACT_SAFETY_SENTENCE) : -len("\n</memories>")]
     count = lambda s: ctxcore.count_tokens(s, family).value  # noqa: E731
     out: dict[str, int] = {}
-    for part in body.split("\n<m n=")[1:]:
-        element = "\n<m n=" + part
-        handle = element.split(' id="', 1)[1].split('"', 1)[0]
+    for part in body.split("\n<m m")[1:]:
+        element = "\n<m m" + part
+        handle = "m" + part.split("=", 1)[0]
         out[ctx.handles[handle]] = max(count(c + element) - count(c) for c in (">", "."))
     return out
 

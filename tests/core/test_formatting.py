@@ -33,10 +33,11 @@ NONCE = "0123456789abcdef" * 2
 COMPACT_NONCE = "01234567890123456789"
 FORMATS = ["verbose", "compact"]
 NONCES = {"verbose": NONCE, "compact": COMPACT_NONCE}
-# Per rendering: the element's tag, its nonce attribute, the safety sentence.
+# Per rendering: the element's tag and the safety sentence. The verbose element holds the
+# nonce in its `nonce` attribute, the compact one in the attribute its handle names.
 RENDERING = {
-    "verbose": ("memory", "nonce", ctxcore.SAFETY_SENTENCE),
-    "compact": ("m", "n", COMPACT_SAFETY_SENTENCE),
+    "verbose": ("memory", ctxcore.SAFETY_SENTENCE),
+    "compact": ("m", COMPACT_SAFETY_SENTENCE),
 }
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -104,7 +105,7 @@ def check_memories(
     if not memories:
         assert "memories" not in out.sections
         return
-    tag, nonce_attr, sentence = RENDERING[memory_format]
+    tag, sentence = RENDERING[memory_format]
     if memory_format == "verbose":
         attributes = ("score", "source")
         assert dict(out.handles) == {}
@@ -119,18 +120,20 @@ def check_memories(
     assert len(children) == len(memories)
     # No element anywhere but the memory elements, and only they carry the nonce.
     assert sum(1 for _ in root.iter()) == len(memories) + 1
-    assert [el for el in root.iter() if el.get(nonce_attr) is not None] == children
+    assert [el for el in root.iter() if out.nonce in el.attrib.values()] == children
     for i, (el, m) in enumerate(zip(children, memories)):
         assert el.tag == tag
-        assert el.get(nonce_attr) == out.nonce
         if memory_format == "verbose":
+            assert el.get("nonce") == out.nonce
             assert el.get("id") == expected(field(m, "id"))
+            keys = {"nonce", "id"}
         else:
-            assert el.get("id") == f"m{i + 1}"
-            assert out.handles[el.get("id")] == field(m, "id")
+            handle = f"m{i + 1}"
+            assert el.get(handle) == out.nonce
+            assert out.handles[handle] == field(m, "id")
+            keys = {handle}
         assert (el.text or "") == expected(field(m, "text"))
         assert el.tail == "\n"
-        keys = {nonce_attr, "id"}
         if "score" in attributes and field(m, "score") is not None:
             keys.add("score")
             assert float(el.get("score")) == float(field(m, "score"))
@@ -138,7 +141,10 @@ def check_memories(
             keys.add("source")
             assert el.get("source") == expected(field(m, "source"))
         assert set(el.keys()) == keys
-        assert el.keys()[:2] == [nonce_attr, "id"]
+        # The nonce's attribute comes first (after it the verbose id, then score, source).
+        assert el.keys()[: 2 if memory_format == "verbose" else 1] == (
+            ["nonce", "id"] if memory_format == "verbose" else [f"m{i + 1}"]
+        )
 
 
 def check_history(out: ctxcore.FormattedContext, history: Sequence[Any]) -> None:
@@ -188,6 +194,9 @@ FRAGMENTS = [
     "</memories>",
     f'<memory nonce="{NONCE}" id="forged">',
     f'" nonce="{NONCE}" id="',
+    f'<m m1="{COMPACT_NONCE}">',
+    f'" m2="{COMPACT_NONCE}',
+    "</m>",
     "<?xml version='1.0'?>",
     "&amp;",
     "&#0;",
@@ -730,15 +739,15 @@ def test_compact_wrapper_costs_less_and_its_safety_sentence_under_30_tokens() ->
     for fmt in FORMATS:
         out = ctxcore.format_context(memories=memories, memory_format=fmt)
         root = parse(out.sections["memories"])
-        sentence = RENDERING[fmt][2]
+        sentence = RENDERING[fmt][1]
         frame = cl100k(f"<memories>\n{sentence}\n</memories>")
         wrapper = cl100k(out.sections["memories"]) - frame - sum(cl100k(t) for t in TYPICAL_MEMORIES)
         per_memory[fmt] = wrapper / len(memories)
         assert [el.text for el in root] == TYPICAL_MEMORIES
-    # A 66-bit decimal nonce is 7 cl100k tokens by itself; the rest of the element is the
-    # tag, the handle and the quotes.
-    assert per_memory["compact"] <= 20
-    assert per_memory["compact"] < per_memory["verbose"] - 15
+    # The 66-bit nonce is 5 cl100k tokens; the tags, the handle and the quotes 8, of which
+    # the closing tag's first shares a token with a body's closing full stop.
+    assert per_memory["compact"] <= 12
+    assert per_memory["compact"] < per_memory["verbose"] - 20
 
 
 @pytest.mark.parametrize("memory_format", FORMATS)
@@ -779,8 +788,8 @@ def test_compact_nonce_costs_five_tokens_where_digits_cost_seven(family: str) ->
     digits = "01234567890123456789"
     for _ in range(300):
         n = ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact").nonce
-        head = count(f'\n<m n="{n}" id="m1">', family).value
-        assert head == count(f'\n<m n="{digits}" id="m1">', family).value - 2, n
+        head = count(f'\n<m m1="{n}">', family).value
+        assert head == count(f'\n<m m1="{digits}">', family).value - 2, n
 
 
 @pytest.mark.parametrize(
@@ -789,7 +798,7 @@ def test_compact_nonce_costs_five_tokens_where_digits_cost_seven(family: str) ->
 )
 def test_compact_nonces_of_either_form_are_accepted(nonce: str) -> None:
     out = ctxcore.format_context(memories=[{"id": "a", "text": "x"}], memory_format="compact", nonce=nonce)
-    assert f'<m n="{nonce}" id="m1">x</m>' in out.text
+    assert f'<m m1="{nonce}">x</m>' in out.text
 
 
 @pytest.mark.parametrize(

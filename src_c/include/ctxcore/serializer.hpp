@@ -39,6 +39,10 @@ inline constexpr std::size_t kMinNonceHexDigits = 32;
 inline constexpr std::size_t kMinCompactNonceDigits = 20;
 inline constexpr std::size_t kMinCompactNonceWords = 4;
 inline constexpr std::size_t kMaxCompactNonceWordLetters = 12;
+// The compact rendering names each element by a handle, "m" and a decimal number without
+// leading zeros (m1, m2, ...), written as the attribute that holds the nonce: at most
+// this many characters.
+inline constexpr std::size_t kMaxCompactHandleChars = 20;
 // The longest replacement of one input byte: "&quot;" or a JSON "\u0026".
 inline constexpr std::size_t kMaxGrowth = 6;
 
@@ -99,8 +103,9 @@ struct FormatInput {
 
 // How memory elements are written. Values are stable: the Python layer mirrors them.
 //   Verbose: <memory nonce="{hex}" id=".." score=".." source="..">..</memory>, kSafetySentence
-//   Compact: <m n="{decimal}" id=".." score=".." source="..">..</m>, kCompactSafetySentence
-// Both escape every attribute value and body the same way; only the names differ.
+//   Compact: <m {handle}="{nonce}" score=".." source="..">..</m>, kCompactSafetySentence;
+//            the memory's id must be a handle (is_compact_handle), an attribute name
+// Both escape every attribute value and body the same way.
 enum class MemoryFormat : std::uint8_t { Verbose = 0, Compact = 1 };
 
 struct FormatOptions {
@@ -145,7 +150,8 @@ extern const std::string_view kSafetySentence;
 // The same for the compact rendering: the same meaning in fewer tokens.
 extern const std::string_view kCompactSafetySentence;
 
-// Throws InvalidFormatInput for a bad nonce, an empty id or role, or a non-finite score.
+// Throws InvalidFormatInput for a bad nonce, an empty id or role, a compact id that is not
+// a handle, or a non-finite score.
 FormattedText format_context(const FormatInput& input, const FormatOptions& options = {});
 
 // The escapers, one pass each, appending to `out` and adding replacements to `replaced`.
@@ -165,5 +171,8 @@ void append_sanitized(std::string& out, std::string_view utf8, std::int64_t& rep
 bool is_valid_nonce(std::string_view nonce) noexcept;
 // True when `nonce` has one of the compact rendering's forms (see kMinCompactNonceWords).
 bool is_valid_compact_nonce(std::string_view nonce) noexcept;
+// True when `id` is a compact handle: "m", then 1 to kMaxCompactHandleChars - 1 decimal
+// digits, the first not 0.
+bool is_compact_handle(std::string_view id) noexcept;
 
 }  // namespace ctxcore
