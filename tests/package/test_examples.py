@@ -95,7 +95,7 @@ def test_assemble_demo_prints_a_context_and_its_record(tmp_path: Path) -> None:
     assert handles is not None
     by_id = {mid: h for h, mid in (pair.split("=", 1) for pair in handles[1].split(", "))}
     for memory_id in sel[2].split(", "):
-        assert f'id="{by_id[memory_id]}"' in out  # the element of each selected memory, by its handle
+        assert f'<m {by_id[memory_id]}="' in out  # the element of each selected memory, by its handle
 
 
 @pytest.mark.parametrize("name", ["openai_payload.py", "anthropic_payload.py"])
