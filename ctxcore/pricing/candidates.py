@@ -156,12 +156,13 @@ def _head_cost(family: str, nonce: str, fmt: int = 0) -> int:
     allow = boundary_allowance(family)
     compact = fmt == _COMPACT
     p_text = "\n<m" if compact else f'\n<memory nonce="{nonce}"'
-    rest = exact_counts([f'="{nonce}'], family, cache=False)[0] + allow if compact else 0
+    after = [f'="{nonce}'] if compact else []  # one tokenizer call for every part
     if allow == 0:
         a, b = exact_counts([">", "."], family)
-        pa, pb = exact_counts([">" + p_text, "." + p_text], family, cache=False)
-        return max(pa - a, pb - b) + rest
-    return exact_counts([p_text], family, cache=False)[0] + allow + rest
+        pa, pb, *rest = exact_counts([">" + p_text, "." + p_text, *after], family, cache=False)
+        return max(pa - a, pb - b) + sum(rest)
+    parts = exact_counts([p_text, *after], family, cache=False)
+    return sum(parts) + allow * len(parts)
 
 
 class _HandleCosts:
