@@ -177,6 +177,7 @@ def format_columns(
     memory_format: int = 0,
     attributes: int = 3,
     handles: bool = False,
+    created: list[str | None] | None = None,
 ) -> tuple[str, list[tuple[int, int, int]], int, list[tuple[int, int]]]: ...
 def encode_trace_rows(
     ids: Sequence[str],

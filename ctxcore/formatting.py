@@ -13,6 +13,7 @@ and the packer's budget still holds once tags and joins are added.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import functools
 import importlib.resources
@@ -21,6 +22,7 @@ import numbers
 import operator
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,6 +47,7 @@ __all__ = [
     "FormattedContext",
     "FormatterOverhead",
     "FormatSection",
+    "created_at_text",
     "format_context",
     "formatter_overhead",
     "new_nonce",
@@ -76,7 +79,8 @@ COMPACT_SAFETY_SENTENCE: str = _core.COMPACT_SAFETY_SENTENCE
 #: The renderings of memory elements, by name.
 MEMORY_FORMATS: tuple[str, ...] = ("compact", "verbose")
 #: The attributes the compact rendering writes only when a request names them.
-MEMORY_ATTRIBUTES: tuple[str, ...] = ("score", "source")
+#: ``created_at`` is the memory's creation time in UTC, ``2024-05-07T14:03:00Z``.
+MEMORY_ATTRIBUTES: tuple[str, ...] = ("score", "source", "created_at")
 FORMAT_CODES = {"verbose": 0, "compact": 1}
 
 _NONCE = re.compile(f"[0-9a-f]{{{MIN_NONCE_HEX_DIGITS},}}")
@@ -289,6 +293,46 @@ def _field(item: object, name: str) -> object:
     return getattr(item, name, None)
 
 
+def created_at_text(when: object) -> str | None:
+    """A creation time as the compact rendering writes it: UTC to the second,
+    ``YYYY-MM-DDTHH:MM:SSZ``. `when` is seconds since the epoch (a real number), an aware
+    `datetime` or ISO 8601 text with an offset (``2024-05-07T16:03:00+02:00``), or None
+    (and NaN: unknown), which give None.
+
+    Raises:
+        TypeError: `when` is none of those, or a time without an offset.
+        ValueError: text that is no ISO 8601 time, or a time out of range.
+
+    >>> created_at_text(1715090580.0)
+    '2024-05-07T14:03:00Z'
+    >>> created_at_text(None) is None
+    True
+    """
+    if when is None:
+        return None
+    if isinstance(when, str):
+        try:
+            when = datetime.datetime.fromisoformat(when)
+        except ValueError:
+            raise ValueError(f"created_at is not an ISO 8601 time: {when!r:.60}") from None
+    if isinstance(when, datetime.datetime):
+        if when.tzinfo is None:
+            raise TypeError("created_at must be an aware time (with an offset), got a naive one")
+        when = when.timestamp()
+    if isinstance(when, bool) or not isinstance(when, numbers.Real):
+        raise TypeError(
+            "created_at must be seconds since the epoch, an aware datetime or ISO 8601 text, or None, "
+            f"got {type(when).__name__}"
+        )
+    seconds = float(when)
+    if seconds != seconds:  # NaN: unknown
+        return None
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"created_at is out of range: {seconds!r}") from None
+
+
 def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The memories with their ids replaced by handles m1..mN, and handle -> id.
 
@@ -308,6 +352,11 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
         entry: dict[str, Any] = {"id": handle, "text": _field(item, "text")}
         for name in attributes:
             entry[name] = _field(item, name)
+        if "created_at" in entry:
+            try:
+                entry["created_at"] = created_at_text(entry["created_at"])
+            except (TypeError, ValueError) as e:
+                raise _invalid(f"memory at index {i}: {e}", FormatSection.MEMORIES, i, mid) from None
         rendered.append(entry)
     return rendered, handles
 

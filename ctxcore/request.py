@@ -516,7 +516,8 @@ class AssemblyOptions:
             `AssembledContext.handles`) or ``"verbose"`` (``<memory nonce=".." id="STORE ID"
             score=".." source="..">``); see `ctxcore.format_context`.
         memory_attributes: for the compact rendering, the optional attributes to write
-            (from ``("score", "source")``); none by default. The verbose rendering writes both.
+            (from ``("score", "source", "created_at")``); none by default. The verbose
+            rendering writes the score and the source.
     """
 
     weights: Mapping[str, float] | None = None

@@ -150,6 +150,11 @@ void check_memory_piece(std::string_view piece, std::string_view nonce, const ct
     check(source.find_first_of("<>\t\n\r'") == std::string_view::npos);
     check(unescape(source) == sanitized(m.source, replaced));
   }
+  if (m.has_created_at) {
+    const std::string_view created = take_attr(rest, " created_at=\"");
+    check(created.find_first_of("<>\t\n\r'") == std::string_view::npos);
+    check(unescape(created) == sanitized(m.created_at, replaced));
+  }
   check(!rest.empty() && rest[0] == '>');
   rest.remove_prefix(1);
   const std::string_view kClose = compact ? "</m>" : "</memory>";
@@ -190,6 +195,8 @@ void fuzz_format(FuzzedDataProvider& fdp) {
     m.score = fdp.ConsumeFloatingPoint<double>();
     m.has_source = fdp.ConsumeBool();
     if (m.has_source) m.source = str();
+    m.has_created_at = fdp.ConsumeBool();
+    if (m.has_created_at) m.created_at = str();
   }
   in.history = {history.data(), history.size()};
   in.memories = {memories.data(), memories.size()};

@@ -59,7 +59,7 @@ py::str lenient_str(std::string_view s) {
 struct Statics {
   py::object mapping;  // collections.abc.Mapping
   py::object real;     // numbers.Real
-  py::str id, text, score, source, role, content;
+  py::str id, text, score, source, created_at, role, content;
 };
 
 Statics& statics() {
@@ -73,6 +73,7 @@ Statics& statics() {
         s.text = py::str("text");
         s.score = py::str("score");
         s.source = py::str("source");
+        s.created_at = py::str("created_at");
         s.role = py::str("role");
         s.content = py::str("content");
         return s;
@@ -180,7 +181,9 @@ std::vector<ctxcore::Message> read_history(const py::handle& seq, Buffers& buf) 
   return out;
 }
 
-std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf) {
+// `created_at` (a str) is read in the compact rendering only, where the Python layer has
+// written it from the record's time when the request named it.
+std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf, bool created_at) {
   const Statics& st = statics();
   py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "memories must be a sequence"));
   if (!fast) throw py::error_already_set();
@@ -233,6 +236,15 @@ std::vector<ctxcore::Memory> read_memories(const py::handle& seq, Buffers& buf) 
       if (!PyUnicode_Check(source.ptr())) fail("source must be str or None, got " + type_name(source));
       m.source = buf.utf8(source);
       m.has_source = true;
+    }
+
+    if (created_at) {
+      py::object created = field(item, st.created_at, k.is_dict, k.is_mapping);
+      if (created && !created.is_none()) {
+        if (!PyUnicode_Check(created.ptr())) fail("created_at must be str or None, got " + type_name(created));
+        m.created_at = buf.utf8(created);
+        m.has_created_at = true;
+      }
     }
   }
   return out;
@@ -336,7 +348,8 @@ Formatted format_context(const py::object& directive, const py::object& history,
   in.nonce = buf.utf8(nonce);
   Buffers items(2 * static_cast<std::size_t>(py::len(memories)) + 2 * static_cast<std::size_t>(py::len(history)));
   const std::vector<ctxcore::Message> messages = read_history(history, items);
-  const std::vector<ctxcore::Memory> mems = read_memories(memories, items);
+  const std::vector<ctxcore::Memory> mems =
+      read_memories(memories, items, to_memory_format(memory_format) == ctxcore::MemoryFormat::Compact);
   in.history = {messages.data(), messages.size()};
   in.memories = {mems.data(), mems.size()};
   ctxcore::FormatOptions opt{memories_frame, record_pieces, to_memory_format(memory_format)};
@@ -356,29 +369,35 @@ Formatted format_context(const py::object& directive, const py::object& history,
 // The columnar form of format_context for the assembly: memory k of the context is row
 // order[k] of (ids, texts, scores, sources), its score rounded to four decimal places so
 // that the text carries no float noise. `attributes` says which optional attributes are
-// written (bit 0 the score, bit 1 the source); with `handles` memory k's id is the handle
+// written (bit 0 the score, bit 1 the source, bit 2 the creation time, from `created`: a
+// column of str or None by row, required with bit 2); with `handles` memory k's id is the handle
 // "m{k+1}" instead of its row's id. The columns come from validated records
 // (ctxcore.MemoryRecord); their types are checked again here all the same.
 Formatted format_columns(const py::object& directive, const py::object& history, const py::list& ids,
                          const py::list& texts, const py::array_t<double, py::array::c_style>& scores,
                          const py::list& sources, const py::array_t<std::int64_t, py::array::c_style>& order,
                          const py::object& tools_json, const py::str& nonce, bool memories_frame, bool record_pieces,
-                         int memory_format, int attributes, bool handles) {
-  if (attributes < 0 || attributes > 3)
-    throw py::value_error("format_columns: attributes must be a mask of 1 (score) and 2 (source), got " +
-                          std::to_string(attributes));
+                         int memory_format, int attributes, bool handles, const py::object& created) {
+  if (attributes < 0 || attributes > 7)
+    throw py::value_error(
+        "format_columns: attributes must be a mask of 1 (score), 2 (source) and 4 (created_at), got " +
+        std::to_string(attributes));
   const auto rows = static_cast<std::size_t>(PyList_GET_SIZE(ids.ptr()));
   if (static_cast<std::size_t>(PyList_GET_SIZE(texts.ptr())) != rows ||
       static_cast<std::size_t>(PyList_GET_SIZE(sources.ptr())) != rows || scores.ndim() != 1 ||
       static_cast<std::size_t>(scores.shape(0)) != rows || order.ndim() != 1)
     throw py::value_error("format_columns: ids, texts, scores and sources must be columns of one length");
+  const bool with_created = (attributes & 4) != 0;
+  if (with_created &&
+      (!PyList_Check(created.ptr()) || static_cast<std::size_t>(PyList_GET_SIZE(created.ptr())) != rows))
+    throw py::value_error("format_columns: created must be a list of one length with the other columns");
   Buffers buf(8);
   ctxcore::FormatInput in;
   in.directive = optional_str(directive, "directive", FormatSection::Directive, buf);
   in.tools_json = optional_str(tools_json, "tools JSON", FormatSection::Tools, buf);
   in.nonce = buf.utf8(nonce);
   const auto n = static_cast<std::size_t>(order.shape(0));
-  Buffers items(3 * n + 2 * static_cast<std::size_t>(py::len(history)));
+  Buffers items((with_created ? 4 : 3) * n + 2 * static_cast<std::size_t>(py::len(history)));
   const std::vector<ctxcore::Message> messages = read_history(history, items);
   std::vector<ctxcore::Memory> mems(n);
   // The handles' text, written before any view of it is taken (no reallocation after).
@@ -409,6 +428,14 @@ Formatted format_columns(const py::object& directive, const py::object& history,
       if (!PyUnicode_Check(source)) fail("source must be str or None");
       m.source = items.utf8(source);
       m.has_source = true;
+    }
+    if (with_created) {
+      PyObject* when = PyList_GET_ITEM(created.ptr(), r);
+      if (when != Py_None) {
+        if (!PyUnicode_Check(when)) fail("created_at must be str or None");
+        m.created_at = items.utf8(when);
+        m.has_created_at = true;
+      }
     }
   }
   in.history = {messages.data(), messages.size()};
@@ -465,7 +492,7 @@ void register_format(py::module_& m) {
   m.def("format_columns", &format_columns, py::arg("directive"), py::arg("history"), py::arg("ids"), py::arg("texts"),
         py::arg("scores"), py::arg("sources"), py::arg("order"), py::arg("tools_json"), py::arg("nonce"),
         py::arg("memories_frame") = false, py::arg("record_pieces") = false, py::arg("memory_format") = 0,
-        py::arg("attributes") = 3, py::arg("handles") = false,
+        py::arg("attributes") = 3, py::arg("handles") = false, py::arg("created") = py::none(),
         "Serialize with the memories given as columns. Private: used by ctxcore.assembly.");
 }
 

@@ -409,7 +409,8 @@ std::size_t reserve_size(const FormatInput& in) {
     n += kMessageWrapperBytes + in.history[i].role.size() + in.history[i].content.size();
   for (std::size_t i = 0; i < in.memories.size; ++i) {
     const Memory& m = in.memories[i];
-    n += kMemoryWrapperBytes + in.nonce.size() + m.id.size() + m.text.size() + m.source.size();
+    n += kMemoryWrapperBytes + in.nonce.size() + m.id.size() + m.text.size() + m.source.size() +
+         (m.has_created_at ? sizeof(" created_at=\"\"") + m.created_at.size() : 0);
   }
   // Room for some escaping growth (an entity is 4-6 bytes for 1); text that escapes more
   // than this makes the buffer double, which is still one pass over the input.
@@ -530,6 +531,10 @@ FormattedText format_context(const FormatInput& in, const FormatOptions& options
       if (m.has_source) {
         out.put("\" source=\"");
         escape<Mode::Attribute>(out, m.source, replaced);
+      }
+      if (m.has_created_at) {
+        out.put("\" created_at=\"");
+        escape<Mode::Attribute>(out, m.created_at, replaced);
       }
       out.put("\">");
       escape<Mode::Text>(out, m.text, replaced);

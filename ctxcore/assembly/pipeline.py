@@ -20,7 +20,7 @@ from ..degradation import Degradation
 from ..formatting import SECTIONS, Sections, new_nonce
 from ..memory import Sources
 from ..packing import PackResult, pack_arrays
-from ..pricing.candidates import attribute_mask, price_candidates
+from ..pricing.candidates import attribute_mask, created_column, price_candidates
 from ..redundancy import TextKeys, groups_from_keys, has_duplicates
 from ..request import AssemblyRequest
 from ..rerank import Reranker, RerankRecord, rerank
@@ -346,6 +346,7 @@ def _finish(
     t_packed = time.perf_counter()
 
     # ---- format
+    mask = attribute_mask(opts.memory_attributes) if compact else 3
     text, spans, replaced, _ = _core.format_columns(
         directive,
         history,
@@ -359,8 +360,9 @@ def _finish(
         False,
         False,
         plan.ledger.format_code,
-        attribute_mask(opts.memory_attributes) if compact else 3,
+        mask,
         compact,
+        created_column(cols, selected) if mask & 4 else None,
     )
     handles = {f"m{k + 1}": cols.ids[i] for k, i in enumerate(selected.tolist())} if compact else {}
     sections = Sections(text, {str(SECTIONS[k]): (begin, end) for k, begin, end in spans})

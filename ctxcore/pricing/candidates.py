@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..formatting import FORMAT_CODES, MEMORY_ATTRIBUTES, PIECE_MEMORY, price_estimated
+from ..formatting import FORMAT_CODES, MEMORY_ATTRIBUTES, PIECE_MEMORY, created_at_text, price_estimated
 from ..memory import Chain, MemoryBatch, MemoryRecord
 from ..packing import PackResult
 from ..result import (
@@ -51,6 +51,8 @@ class Columns(Protocol):
     def origins(self) -> list[str]: ...
     @property
     def scores(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def created_at(self) -> npt.NDArray[np.float64]: ...
     @property
     def stored(self) -> npt.NDArray[np.int64]: ...
     @property
@@ -334,11 +336,27 @@ def _memory_costs_exact(
             close_v, close_c = exact_counts(list(_CLOSE_TAGS), family)
             ids = [cols.ids[k] for k in cand[have].tolist()]
             own[have] += close_c - close_v + 2 * allow - _IDS.costs(family, ids)
-    if mask:
+    if mask & 3:
         fixed += (
-            _SHAPES.costs(family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins, cols.origin_code[cand], mask)
+            _SHAPES.costs(
+                family, np.rint(cols.scores[cand] * 1e4), cols.distinct_origins, cols.origin_code[cand], mask & 3
+            )
             + allow
         )
+        if compact:
+            # The shape unit starts at the space after the attribute before it; in the
+            # compact rendering that attribute (the nonce) ends without its quote, a chunk
+            # of its own between the nonce's last word or digit and the space.
+            fixed += exact_counts(['"'], family)[0] + allow
+    if mask & _CREATED:
+        # ``C = '" created_at="TIME'`` for the memories with a time: a unit of its own, cut
+        # after the attribute before it and before the body unit's quote. Times repeat
+        # across requests, so their counts are kept.
+        created = created_column(cols, cand)
+        known = [k for k, i in enumerate(cand.tolist()) if created[i] is not None]
+        if known:
+            units = [f'" created_at="{created[i]}' for i in cand[known].tolist()]
+            fixed[known] += np.asarray(exact_counts(units, family), dtype=np.int64) + allow
     # Counts kept across requests are of the rendering's own units: a compact body unit
     # under its own key.
     kept_as = family if not compact else family + _COMPACT_KEY
@@ -492,6 +510,8 @@ def _memory_costs_estimated(
         True,
         fmt,
         mask,
+        False,
+        created_column(cols, cand) if mask & _CREATED else None,
     )
     kinds = [kind for kind, _ in pieces]
     priced = price_estimated(text, kinds, [end for _, end in pieces], family)
@@ -581,6 +601,25 @@ def price_candidates(
     return costs, pricing, recounted, pack(costs)
 
 
+#: The serializer's mask bit of the ``created_at`` attribute.
+_CREATED = 4
+
+
+def created_column(cols: Columns, rows: npt.NDArray[np.intp]) -> list[str | None]:
+    """The ``created_at`` column the serializer takes: each of `rows` its creation time as
+    the compact rendering writes it, every other row None. A record's time is a finite
+    number of seconds (`MemoryRecord` checks it); one the platform cannot write as a date
+    (beyond the year 9999) is written as unknown, None, like a record without a time."""
+    out: list[str | None] = [None] * cols.n
+    for i, when in zip(rows.tolist(), cols.created_at[rows].tolist()):
+        try:
+            out[i] = created_at_text(when)
+        except ValueError:
+            out[i] = None
+    return out
+
+
 def attribute_mask(attributes: Sequence[str]) -> int:
-    """The serializer's mask of the optional attributes named (1 the score, 2 the source)."""
+    """The serializer's mask of the optional attributes named (1 the score, 2 the source,
+    4 the creation time)."""
     return sum(1 << b for b, name in enumerate(MEMORY_ATTRIBUTES) if name in attributes)

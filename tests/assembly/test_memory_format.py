@@ -6,6 +6,7 @@ memories, both are priced exactly, and both cross the wire."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from typing import Any
 
@@ -90,6 +91,44 @@ def test_compact_attributes_are_opt_in() -> None:
         assert 0 <= float(el.get("score")) <= 1
     only = _parse(_assemble(_records(), memory_attributes=("score",)).sections["memories"])
     assert all(list(el.attrib) == [f"m{k + 1}", "score"] for k, el in enumerate(only))
+
+
+def test_creation_time_is_opt_in_in_utc_and_priced_exactly() -> None:
+    """``created_at`` is written only when named, as UTC to the second, after the score and
+    source; a memory without a time has none; the prompt's exact count stays inside its
+    price in both exact families (memories without a stored count: tests/assembly/test_pricing.py)."""
+    times = [1715090580.0, None, 1.5e9, 0.0, 4102444799.0]
+    when = dict(zip(IDS, times))
+    for family, model in (("cl100k_base", "gpt-4"), ("o200k_base", "gpt-4o")):
+        if family not in ctxcore.exact_families():
+            continue
+        mems = [dataclasses.replace(r, created_at=t) for r, t in zip(_records(family), times)]
+        plain = _assemble(mems, model)
+        assert "created_at" not in plain.text
+        ctx = _assemble(mems, model, memory_attributes=("created_at", "score"))
+        assert ctx.prompt_tokens is not None
+        assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value
+        for k, el in enumerate(_parse(ctx.sections["memories"])):
+            handle = f"m{k + 1}"
+            expected = ctxcore.formatting.created_at_text(when[ctx.handles[handle]])
+            assert el.get("created_at") == expected
+            assert el.keys() == [handle, "score"] + (["created_at"] if expected else [])
+        assert sum(e.tokens for e in ctx.trace) > sum(e.tokens for e in plain.trace)
+    assert ctxcore.formatting.created_at_text(1715090580.0) == "2024-05-07T14:03:00Z"
+    assert ctxcore.formatting.created_at_text("2024-05-07T16:03:00+02:00") == "2024-05-07T14:03:00Z"
+    assert ctxcore.formatting.created_at_text(float("nan")) is None
+    with pytest.raises(ctxcore.InvalidFormatInput, match=r"index 0: created_at .*naive"):
+        ctxcore.format_context(
+            memories=[{"id": "a", "text": "x", "created_at": "2024-05-07T14:03:00"}],
+            memory_format="compact",
+            memory_attributes=("created_at",),
+        )
+    with pytest.raises(ctxcore.InvalidFormatInput, match="index 1: created_at must be"):
+        ctxcore.format_context(
+            memories=[{"id": "a", "text": "x"}, {"id": "b", "text": "y", "created_at": [1]}],
+            memory_format="compact",
+            memory_attributes=("created_at",),
+        )
 
 
 def test_verbose_by_name_carries_store_ids_and_every_attribute() -> None:
@@ -181,6 +220,7 @@ def test_the_rendering_and_its_handles_cross_the_wire() -> None:
                     pb.AssemblyOptions(),
                     pb.AssemblyOptions(memory_format="verbose"),
                     pb.AssemblyOptions(memory_attributes=["score"]),
+                    pb.AssemblyOptions(memory_attributes=["created_at"]),
                 ):
                     out.append(
                         await call(
@@ -209,7 +249,7 @@ def test_the_rendering_and_its_handles_cross_the_wire() -> None:
                     out.append(ei.value.details())
         return out
 
-    compact, verbose, scored, bad_format, bad_attr = asyncio.run(main())
+    compact, verbose, scored, dated, bad_format, bad_attr = asyncio.run(main())
     assert compact.memory_format == "compact" and verbose.memory_format == "verbose"
     selected = [e.memory_id for e in compact.trace if e.reason == pb.TRACE_REASON_SELECTED]
     assert selected and sorted(compact.handles.values()) == sorted(selected)
@@ -217,4 +257,6 @@ def test_the_rendering_and_its_handles_cross_the_wire() -> None:
     assert '<m m1="' in compact.text and "<memory " not in compact.text
     assert "<memory nonce=" in verbose.text and not verbose.handles
     assert ' score="' in scored.text and ' source="' not in scored.text
+    # The tenants' memories carry no creation time: the attribute is accepted and nothing is written.
+    assert dated.memory_format == "compact" and dated.handles and "created_at=" not in dated.text
     assert bad_format.startswith("options.memory_format:") and bad_attr.startswith("options.memory_attributes[0]:")

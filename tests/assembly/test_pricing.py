@@ -8,6 +8,8 @@ stored count reaches the tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 import statistics
 
 import numpy as np
@@ -217,6 +219,42 @@ def test_exact_element_price_bounds_its_exact_count(family: str, memory_format: 
             exact = _element_in_context(family, item, ctx.nonce)
         assert exact <= e.tokens, (e.memory_id, exact, e.tokens)
         SLACK.setdefault(f"{family} {memory_format}", []).append(e.tokens - exact)
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+@given(data=st.data())
+@settings(max_examples=80, deadline=None)
+def test_compact_optional_attributes_are_priced_within_their_exact_count(family: str, data: st.DataObject) -> None:
+    """The compact rendering with any of its optional attributes (score, source, creation
+    time, some memories without a time), stored counts or not: every element's price is
+    at least the exact count it adds, and the prompt's exact count is inside its price."""
+    pairs = data.draw(st.lists(st.tuples(ids, bodies), min_size=1, max_size=6, unique_by=lambda p: p[0]))
+    times = data.draw(st.lists(st.one_of(st.none(), st.floats(-2e10, 2e11)), min_size=len(pairs), max_size=len(pairs)))
+    attrs = data.draw(st.sets(st.sampled_from(ctxcore.formatting.MEMORY_ATTRIBUTES)))
+    stored = data.draw(st.booleans())
+    mems = [
+        dataclasses.replace(r, created_at=t, exact_tokens=r.exact_tokens if stored else None)
+        for r, t in zip(_records(family, pairs, [0.9] * len(pairs)), times)
+    ]
+
+    async def hot(scope, query, limit):  # type: ignore[no-untyped-def]
+        return mems
+
+    options = ctxcore.AssemblyOptions(max_memories=1000, memory_format="compact", memory_attributes=attrs)
+    req = ctxcore.AssemblyRequest("o", "a", MODEL_OF[family], ctxcore.Query("q"), options=options)
+    ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot), config=ROOMY))
+    assert ctx.prompt_tokens is not None
+    assert ctxcore.count_tokens(ctx.text, family).value <= ctx.prompt_tokens.value
+    when = {r.id: r.created_at for r in mems}
+    for handle, mid in ctx.handles.items():
+        head = re.search(f'<m {handle}="[^"]*"[^>]*>', ctx.text)
+        assert head is not None
+        written = "created_at" in attrs and ctxcore.formatting.created_at_text(when[mid]) is not None
+        assert (' created_at="' in head[0]) == written, head[0]
+    elements = _compact_elements(ctx, family)
+    for e in ctx.trace:
+        if e.memory_id in elements:
+            assert elements[e.memory_id] <= e.tokens, (e.memory_id, elements[e.memory_id], e.tokens)
 
 
 @pytest.mark.parametrize("memory_format", ["verbose", "compact"])

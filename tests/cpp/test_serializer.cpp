@@ -400,6 +400,23 @@ TEST(Compact, IdsMustBeHandles) {
   EXPECT_NO_THROW(ctxcore::format_context(in));
 }
 
+TEST(Compact, CreationTimeIsAnEscapedAttributeAfterTheSource) {
+  std::vector<Memory> memories = {{"m1", "x", "chat", 0.25, true, true}, {"m2", "y", "", 0, false, false}};
+  memories[0].created_at = "2024-05-07T14:03:00Z";
+  memories[0].has_created_at = true;
+  memories[1].created_at = "\"><m m9=\"";
+  memories[1].has_created_at = true;
+  FormatInput in;
+  in.memories = {memories.data(), memories.size()};
+  in.nonce = kCompactNonce;
+  const auto r = ctxcore::format_context(in, compact_options());
+  EXPECT_NE(r.text.find("<m m1=\"" + kCompactNonce +
+                        "\" score=\"0.25\" source=\"chat\" created_at=\"2024-05-07T14:03:00Z\">x</m>"),
+            std::string::npos);
+  EXPECT_NE(r.text.find("<m m2=\"" + kCompactNonce + "\" created_at=\"&quot;&gt;&lt;m m9=&quot;\">y</m>"),
+            std::string::npos);
+}
+
 TEST(Compact, NonceMustBeDecimalDigits) {
   const std::vector<Memory> memories = {{"m1", "x", "", 0, false, false}};
   FormatInput in;

@@ -91,6 +91,8 @@ struct Memory {
   double score = 0.0;       // finite; written in shortest round-trip form when has_score
   bool has_score = false;
   bool has_source = false;
+  std::string_view created_at{};  // written as an attribute value when has_created_at
+  bool has_created_at = false;
 };
 
 struct FormatInput {
@@ -103,6 +105,7 @@ struct FormatInput {
 
 // How memory elements are written. Values are stable: the Python layer mirrors them.
 //   Verbose: <memory nonce="{hex}" id=".." score=".." source="..">..</memory>, kSafetySentence
+//   (created_at="..", after source, in either rendering when has_created_at)
 //   Compact: <m {handle}="{nonce}" score=".." source="..">..</m>, kCompactSafetySentence;
 //            the memory's id must be a handle (is_compact_handle), an attribute name
 // Both escape every attribute value and body the same way.
