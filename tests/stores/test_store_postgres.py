@@ -721,6 +721,18 @@ def _cli_stats(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
             r"^ctxcore: error: cannot reach the PostgreSQL server "
             r"\(postgresql://app:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$",
         ),
+        # A password that is one letter, or a word of the message, stays out of it while
+        # the message stays readable.
+        (
+            "postgres://u:p@127.0.0.1:1/db?connect_timeout=2",
+            r"^ctxcore: error: cannot reach the PostgreSQL server "
+            r"\(postgres://u:\*\*\*@127\.0\.0\.1:1/db\?connect_timeout=2\): Connection refused$",
+        ),
+        (
+            "postgresql://u:p@localhost/db?sslmode=bogus",
+            r"^ctxcore: error: the PostgreSQL connection string has a setting libpq does not accept "
+            r"\(postgresql://u:\*\*\*@localhost/db\?sslmode=bogus\): invalid sslmode value",
+        ),
     ],
 )
 def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
@@ -730,7 +742,7 @@ def test_the_cli_says_why_a_database_url_cannot_be_used_in_one_line(
     assert status != 0
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert re.search(expected, err.strip()), err
-    assert ":pw@" not in err
+    assert ":pw@" not in err and ":p@" not in err
 
 
 def test_the_cli_says_a_login_or_a_database_or_pgvector_is_missing_in_one_line(

@@ -79,11 +79,24 @@ _SERVER_PREFIX = re.compile(
 )
 
 
-def connect_error(shown: str, exc: BaseException) -> MemoryStoreError:
+def scrub_secret(text: str, secret: str | None) -> str:
+    """`text` (a message from libpq or the server) with `secret` replaced by ``***``
+    wherever it stands as a token of its own, not inside a longer word: a one-letter
+    password leaves "password" and "refused" readable.
+
+    >>> scrub_secret('invalid value "p" near p@db: password refused', "p")
+    'invalid value "***" near ***@db: password refused'
+    """
+    if not secret:
+        return text
+    return re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
+
+
+def connect_error(shown: str, exc: BaseException, secret: str | None = None) -> MemoryStoreError:
     """One line saying why a connection to `shown` (a redacted DSN) failed: the login was
     refused, the database does not exist, or the server cannot be reached; libpq's own
-    reason (its first line, without the repeated address) follows."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    reason (its first line, without the repeated address, `secret` scrubbed) follows."""
+    lines = [ln.strip() for ln in scrub_secret(str(exc), secret).strip().splitlines() if ln.strip()]
     detail = _SERVER_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
     low = detail.lower()
     if (

@@ -57,7 +57,7 @@ from ..records import (
 )
 from ..text import FTS_MAX_DOC_FRACTION, FTS_PRUNE_MIN_DOCS, FTS_QUERY_TERMS, fts_terms
 from . import statements as stmt
-from .dsn import connect_error, password_of, redact_dsn
+from .dsn import connect_error, password_of, redact_dsn, scrub_secret
 from .loop import StoreLoop
 from .schema import MIGRATION_LOCK, MIGRATIONS, PG_SCHEMA_VERSION, VECTOR_INDEX, insert_terms
 from .statements import (
@@ -264,13 +264,10 @@ class PostgresMemoryStore:
     # ---- opening, migrations ---------------------------------------------------------------
 
     def _connect_error(self, exc: BaseException) -> MemoryStoreError:
-        err = connect_error(self._shown, exc)
-        return MemoryStoreError(str(err).replace(self._secret, "***")) if self._secret else err
+        return connect_error(self._shown, exc, self._secret)
 
     def _error(self, what: str, exc: BaseException) -> MemoryStoreError:
-        msg = " ".join(str(exc).split())
-        if self._secret:
-            msg = msg.replace(self._secret, "***")
+        msg = scrub_secret(" ".join(str(exc).split()), self._secret)
         return MemoryStoreError(f"{what} ({self._shown}): {msg}")
 
     async def _open(self, pool_size: int, migrate: bool, grant_to: str | None) -> None:
