@@ -456,8 +456,10 @@ def format_context(
         history: messages, each a mapping or an object with ``role`` (non-empty str) and
             ``content`` (str).
         memories: memories, each a mapping or an object with ``id`` (non-empty str) and
-            ``text`` (str), and optionally ``score`` (a finite real number) and ``source``
-            (str); None or absent leaves the attribute out.
+            ``text`` (str), and optionally ``score`` (a finite real number), ``source``
+            (str) and ``created_at`` (epoch seconds, an aware `datetime` or ISO 8601 text
+            with an offset; written as UTC to the second, by the compact rendering only);
+            None or absent leaves the attribute out.
         tools: JSON-serializable tool schemas, or None.
         nonce: for tests only: at least 32 lowercase hex digits (verbose); three decimal
             digits and four listed words, or 20 decimal digits (compact). By default a fresh
@@ -468,7 +470,8 @@ def format_context(
             attribute that holds the nonce, mapped back in `FormattedContext.handles`; attributes only as named in
             `memory_attributes`; `COMPACT_SAFETY_SENTENCE`).
         memory_attributes: for the compact rendering, the attributes to write, from
-            `MEMORY_ATTRIBUTES`; none by default. The verbose rendering writes every one given.
+            `MEMORY_ATTRIBUTES`; none by default. The verbose rendering writes ``score`` and
+            ``source`` whenever a memory has them.
 
     Returns:
         The `FormattedContext`.
