@@ -87,13 +87,33 @@ FTS_PRUNE_MIN_DOCS = 8
 FTS_QUERY_TERMS = 8
 
 
+class _Marks(dict[int, "int | None"]):
+    """A `str.translate` table that deletes combining marks (a non-zero canonical
+    combining class) and keeps every other character, filled as characters are met; past
+    `_MARKS_KEPT` entries a character is looked up each time instead of kept."""
+
+    def __missing__(self, cp: int) -> int | None:
+        kept = None if unicodedata.combining(chr(cp)) else cp
+        if len(self) < _MARKS_KEPT:
+            self[cp] = kept
+        return kept
+
+
+_MARKS_KEPT = 1 << 16
+_MARKS = _Marks()
+
+
 def strip_diacritics(token: str) -> str:
     """`token` without its combining marks: what FTS5's unicode61 tokenizer's
     remove_diacritics does, near enough to look a term up in an index of words (a miss
-    only costs the pruning of that one term)."""
+    only costs the pruning of that one term).
+
+    >>> strip_diacritics("Crème brûlée, Ὀδυσσεύς")
+    'Creme brulee, Οδυσσευς'
+    """
     if token.isascii():
         return token  # nothing to decompose
-    return "".join(c for c in unicodedata.normalize("NFKD", token) if not unicodedata.combining(c))
+    return unicodedata.normalize("NFKD", token).translate(_MARKS)
 
 
 #: The Snowball stemmer (PyStemmer) that full-text search applies to words of Latin

@@ -237,6 +237,25 @@ def test_texts_that_normalise_alike_share_a_group() -> None:
     assert ctxcore.normalized_text_key("Ｆｕｌｌ-width ＣＡＦÉ") == "full width cafe"
 
 
+def test_text_keys_drop_exactly_the_combining_marks_of_every_plane() -> None:
+    # Every code point but the surrogates: the compatibility decomposition, less the
+    # characters whose canonical combining class is not zero; a run of them stays one
+    # word of the near-duplicate key, with no mark left in it.
+    import unicodedata
+
+    from ctxcore.stores.text import strip_diacritics
+
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    for c in points:
+        text = "x" + c
+        want = "".join(ch for ch in unicodedata.normalize("NFKD", text) if unicodedata.combining(ch) == 0)
+        assert strip_diacritics(text) == want, hex(ord(c))
+    for k in range(0, len(points), 4096):
+        key = ctxcore.normalized_text_key("".join(points[k : k + 4096]))
+        assert not any(unicodedata.combining(ch) for ch in key), hex(k)
+    assert ctxcore.normalized_text_key("Crème brûlée à l'Ὀδυσσεύς") == "creme brulee a l οδυσσευσ"
+
+
 def test_vectors_above_the_threshold_share_a_group_transitively() -> None:
     texts = ["a", "b", "c", "d", "e"]
     angle = np.deg2rad([0.0, 15.0, 30.0, 90.0, 0.0])
