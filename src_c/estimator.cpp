@@ -362,11 +362,11 @@ RawCost walk(const Unit* cps, std::size_t n, const EstimatorParams& p, char32_t 
   bool in_run = false, credit = false, lower = false;
   std::uint8_t k1 = prev != 0 ? class_of(prev, w) : kClassStart;  // class of cps[i - 1]
   std::uint8_t k2 = kClassStart;                                  // class of cps[i - 2]
-  // A word found in the vocabulary is one token: the word price, never above its pairs nor
-  // below its leading character's pair cost. One not found is at least two tokens.
-  const auto priced = [&](bool found) {
-    return found ? std::min(run, std::max<std::uint64_t>(w.cost, lead)) : std::max(run, floor);
-  };
+  // A word found in the vocabulary is one token: the word price, never below its leading
+  // character's pair cost (its pairs may sum to less: they are averages over contexts, and
+  // the pattern makes the word one token whatever they say). One not found is at least two
+  // tokens.
+  const auto priced = [&](bool found) { return found ? std::max<std::uint64_t>(w.cost, lead) : std::max(run, floor); };
   const auto close = [&](std::size_t end, bool open) -> std::uint64_t {
     if (!credit) return std::max(run, floor);
     // No vocabulary word is longer than max_word code points: a longer one is not looked up.
@@ -901,7 +901,7 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
   std::uint64_t open_run = 0, open_leadc = 0;
 
   const auto price = [&](std::uint64_t run, std::uint64_t leadc, bool found) {
-    const std::uint64_t yes = std::min(run, std::max(one, leadc));
+    const std::uint64_t yes = std::max(one, leadc);
     const std::uint64_t no = std::max(run, floor);
     const std::uint64_t v = found ? yes : no;
     total += v - run;
@@ -1087,7 +1087,7 @@ RawCost scan(const Unit* cps, std::size_t n, const EstimatorParams& p) noexcept 
       const std::uint64_t run = pb[ek] - pb[sk];
       const std::uint64_t leadc = (pb[sk + 1] - pb[sk]) & (0u - lead);
       const std::uint64_t no = std::max(run, floor);
-      const std::uint64_t yes = std::min(run, std::max(one, leadc));
+      const std::uint64_t yes = std::max(one, leadc);
       total += no - run;
       // A word longer than any vocabulary word is not looked up.
       if (len > max_word) continue;

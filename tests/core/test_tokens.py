@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import importlib.resources
 import inspect
+import json
 import os
 import pathlib
 import pickle
@@ -33,6 +34,9 @@ RANDOM_BYTES_BOUND = 0.75
 WHITESPACE_BOUND = 0.6
 #: ... for texts of many scripts, emoji, numbers and code mixed.
 MIXED_BOUND = 0.65
+#: ... for a unit of two to four ASCII punctuation, space or newline characters repeated.
+PERIODIC_BOUND = 0.45
+PUNCTUATION = "()[]{}<>.,;:!?'\"-_=+*/\\|&^%$#@~`"
 
 # A spread of text kinds. Each must be estimated at or above its exact count and not
 # wildly above it (these are fixed, short, and not from the calibration corpus).
@@ -288,6 +292,58 @@ def test_random_bytes_undercount_is_bounded(family: str, data: bytes, codec: str
     text = data.decode(codec, "replace")
     exact, est = _exact_and_estimate(text, family)
     assert est >= RANDOM_BYTES_BOUND * exact, (text[:40], est, exact)
+
+
+STRUCTURED = [
+    "[]" * 50,
+    "()" * 100,
+    "{}" * 50,
+    "x()" * 100,
+    "foo()\n" * 100,
+    "f(x);" * 80,
+    "[]," * 50,
+    "{}," * 50,
+    '{"a":[]},' * 40,
+    json.dumps({"rows": [[] for _ in range(300)]}, separators=(",", ":")),
+    json.dumps([{"id": i, "tags": [], "meta": {}} for i in range(60)]),
+    "<|im_start|>user\nhi<|im_end|>\n" * 50,
+    "a\r" * 300,
+    "word\rword\r" * 100,
+    "a::b" * 100,
+    "->" * 100,
+    "&amp;" * 60,
+    "<!--" * 50,
+]
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+@pytest.mark.parametrize("text", STRUCTURED, ids=[repr(t[:12]) for t in STRUCTURED])
+def test_structured_text_is_never_undercounted(family: str, text: str) -> None:
+    # Empty arrays and objects, calls, carriage returns between words: a token starts at
+    # every chunk boundary, and pairs of punctuation are priced at no less than half a
+    # token, however often the pair merges elsewhere.
+    exact, est = _exact_and_estimate(text, family)
+    assert est >= exact, (text[:40], est, exact)
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(PUNCTUATION), min_size=1, max_size=300))
+def test_punctuation_without_repeats_is_never_undercounted(family: str, chars: list[str]) -> None:
+    text = "".join(c for k, c in enumerate(chars) if k == 0 or c != chars[k - 1])
+    exact, est = _exact_and_estimate(text, family)
+    assert est >= exact, (text[:40], est, exact)
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+@settings(max_examples=200, deadline=None)
+@given(unit=st.text(alphabet=PUNCTUATION + " \n", min_size=2, max_size=4), n=st.integers(2, 120))
+def test_periodic_punctuation_undercount_is_bounded(family: str, unit: str, n: int) -> None:
+    # A short unit repeated can tokenize unlike any of its pairs' usual contexts ("#_" * 100
+    # is 200 tokens, priced 116): a documented bound.
+    text = unit * n
+    exact, est = _exact_and_estimate(text, family)
+    assert est >= PERIODIC_BOUND * exact, (text[:40], est, exact)
 
 
 @pytest.mark.parametrize("family", EXACT_FAMILIES)

@@ -220,9 +220,11 @@ TEST(EstimatorWords, VocabularyWordsCostTheWordPrice) {
   EXPECT_EQ(est("b(a", p), 2 + 1);               // "(" after a word begins a chunk and attaches to "a"
   EXPECT_EQ(est("b (a", p), 2 + 1 + 1 + 2);      // " (" is a punctuation chunk: "a" alone is no word
   EXPECT_EQ(est("12x", p), 1 + 1);               // a number is never attached
-  // A word never costs more than its pairs: "x" (one pair unit) stays at one.
+  // A vocabulary word costs the word price however little its pairs sum to: its pairs are
+  // averages over other contexts, the word is one chunk and one token.
   const auto cheap = with_words(params(4, kOne / 4, kOne / 4), ctxcore::kWordsCl100k, "x\nhello", 3 * kOne);
-  EXPECT_EQ(est("hello", cheap), 2);  // min(5 / 4, 3) = 1.25 -> 2
+  EXPECT_EQ(est("hello", cheap), 3);  // the word price, not its pairs' 5 / 4
+  EXPECT_EQ(est("x", cheap), 3);
 }
 
 TEST(EstimatorWords, TheLastWordIsAWordWhileAVocabularyWordStartsWithIt) {
