@@ -18,11 +18,11 @@ import enum
 import functools
 import importlib.resources
 import json
+import math
 import numbers
 import operator
 import re
 import secrets
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -82,6 +82,17 @@ MEMORY_FORMATS: tuple[str, ...] = ("compact", "verbose")
 #: ``created_at`` is the memory's creation time in UTC, ``2024-05-07T14:03:00Z``.
 MEMORY_ATTRIBUTES: tuple[str, ...] = ("score", "source", "created_at")
 FORMAT_CODES = {"verbose": 0, "compact": 1}
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = _EPOCH.replace(tzinfo=datetime.UTC)
+_SECOND = datetime.timedelta(seconds=1)
+# The creation times `created_at_text` writes, in seconds since the epoch: from
+# 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z, the years ISO 8601 writes in four digits
+# without an agreed expansion, and the range of `datetime`, so that a reader parses them back.
+_CREATED_AT_RANGE: tuple[int, int] = (
+    (datetime.datetime.min - _EPOCH) // _SECOND,
+    (datetime.datetime.max - _EPOCH) // _SECOND,
+)
 
 _NONCE = re.compile(f"[0-9a-f]{{{MIN_NONCE_HEX_DIGITS},}}")
 _COMPACT_NONCE = re.compile(
@@ -287,57 +298,89 @@ def _attributes(attributes: object) -> frozenset[str]:
     return frozenset(names)
 
 
-def _field(item: object, name: str) -> object:
+_ABSENT = object()
+
+
+def _field(item: object, name: str, default: object = None) -> object:
     if isinstance(item, Mapping):
-        return item.get(name)
-    return getattr(item, name, None)
+        return item.get(name, default)
+    return getattr(item, name, default)
 
 
 def created_at_text(when: object) -> str | None:
-    """A creation time as the compact rendering writes it: UTC to the second,
-    ``YYYY-MM-DDTHH:MM:SSZ``. `when` is seconds since the epoch (a real number), an aware
-    `datetime` or ISO 8601 text with an offset (``2024-05-07T16:03:00+02:00``), or None
-    (and NaN: unknown), which give None.
+    """A creation time as the compact rendering writes it: UTC to the second (rounded
+    down), ISO 8601 ``YYYY-MM-DDTHH:MM:SSZ``. `when` is seconds since the epoch (a real
+    number), an aware `datetime` or ISO 8601 text with an offset
+    (``2024-05-07T16:03:00+02:00``), or None (and NaN: unknown), which give None. The
+    times written run from ``0001-01-01T00:00:00Z`` to ``9999-12-31T23:59:59Z``.
 
     Raises:
         TypeError: `when` is none of those, or a time without an offset.
-        ValueError: text that is no ISO 8601 time, or a time out of range.
+        ValueError: text that is no ISO 8601 time, or a time outside that range.
 
     >>> created_at_text(1715090580.0)
     '2024-05-07T14:03:00Z'
+    >>> created_at_text(-62135596800)
+    '0001-01-01T00:00:00Z'
     >>> created_at_text(None) is None
     True
     """
     if when is None:
         return None
+    given = when
     if isinstance(when, str):
         try:
             when = datetime.datetime.fromisoformat(when)
         except ValueError:
             raise ValueError(f"created_at is not an ISO 8601 time: {when!r:.60}") from None
+    whole: int | None  # None: infinite
     if isinstance(when, datetime.datetime):
-        if when.tzinfo is None:
+        if when.utcoffset() is None:
             raise TypeError("created_at must be an aware time (with an offset), got a naive one")
-        when = when.timestamp()
-    if isinstance(when, bool) or not isinstance(when, numbers.Real):
+        whole = (when - _EPOCH_UTC) // _SECOND
+    elif isinstance(when, float):  # before the ABC checks below: a store column's value
+        if when != when:  # NaN: unknown
+            return None
+        whole = math.floor(when) if math.isfinite(when) else None
+    elif isinstance(when, bool) or not isinstance(when, numbers.Real):
         raise TypeError(
             "created_at must be seconds since the epoch, an aware datetime or ISO 8601 text, or None, "
             f"got {type(when).__name__}"
         )
-    seconds = float(when)
-    if seconds != seconds:  # NaN: unknown
-        return None
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-    except (OverflowError, OSError, ValueError):
-        raise ValueError(f"created_at is out of range: {seconds!r}") from None
+    elif isinstance(when, numbers.Integral):
+        whole = operator.index(when)
+    else:  # another real number: a Fraction, a numpy float32
+        try:
+            seconds = float(when)
+        except OverflowError:  # a rational beyond any float
+            seconds = math.inf
+        if seconds != seconds:
+            return None
+        whole = math.floor(seconds) if math.isfinite(seconds) else None
+    first, last = _CREATED_AT_RANGE
+    if whole is None or not first <= whole <= last:
+        shown = given.isoformat() if isinstance(given, datetime.datetime) else repr(given)
+        shown = shown if len(shown) <= 60 else shown[:60] + "..."
+        raise ValueError(
+            f"created_at is out of range: {shown} is not between 0001-01-01T00:00:00Z and "
+            f"9999-12-31T23:59:59Z ({first} to {last} seconds since the epoch)"
+        )
+    # isoformat writes the year in four digits; time.strftime's %Y does not below 1000.
+    return (_EPOCH + whole * _SECOND).isoformat() + "Z"
+
+
+def _shown(mid: str) -> str:
+    """A memory id as error messages show it (as the serializer does): its repr, cut
+    after 80 characters."""
+    return repr(mid[:80]) + ("..." if len(mid) > 80 else "")
 
 
 def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The memories with their ids replaced by handles m1..mN, and handle -> id.
 
-    Only the id is checked here (the handle hides it from the serializer); text, score
-    and source go to the serializer as they are, which checks them.
+    Only the id and the creation time are checked here (the handle hides the id from the
+    serializer); text, score and source go to the serializer as they are, which checks
+    them, and `_named` puts the id back into its errors.
     """
     rendered: list[dict[str, Any]] = []
     handles: dict[str, str] = {}
@@ -349,16 +392,30 @@ def _compact(memories: Sequence[Any], attributes: frozenset[str]) -> tuple[list[
             )
         handle = f"m{i + 1}"
         handles[handle] = mid
-        entry: dict[str, Any] = {"id": handle, "text": _field(item, "text")}
+        entry: dict[str, Any] = {"id": handle}
+        text = _field(item, "text", _ABSENT)
+        if text is not _ABSENT:  # else the serializer reports it missing, as for the verbose rendering
+            entry["text"] = text
         for name in attributes:
             entry[name] = _field(item, name)
         if "created_at" in entry:
             try:
                 entry["created_at"] = created_at_text(entry["created_at"])
             except (TypeError, ValueError) as e:
-                raise _invalid(f"memory at index {i}: {e}", FormatSection.MEMORIES, i, mid) from None
+                raise _invalid(f"memory {_shown(mid)} (index {i}): {e}", FormatSection.MEMORIES, i, mid) from None
         rendered.append(entry)
     return rendered, handles
+
+
+def _named(err: InvalidFormatInput, handles: Mapping[str, str]) -> InvalidFormatInput:
+    """The serializer's error about a compact memory, naming the memory by its own id
+    rather than by the handle the serializer saw; any other error as it is."""
+    handle = err.item_id
+    if err.section != FormatSection.MEMORIES or handle is None or handle not in handles:
+        return err
+    mid = handles[handle]
+    what = str(err).removeprefix(f"memory {handle!r} (index {err.index}): ")
+    return _invalid(f"memory {_shown(mid)} (index {err.index}): {what}", FormatSection.MEMORIES, err.index, mid)
 
 
 def _nonce(nonce: object, code: int = 0) -> str:
@@ -497,16 +554,19 @@ def format_context(
     handles: dict[str, str] = {}
     if code == FORMAT_CODES["compact"]:
         mems, handles = _compact(mems, attributes)
-    text, spans, replaced, _ = _core.format_context(
-        _directive(directive),
-        _items(history, FormatSection.HISTORY, "messages"),
-        mems,
-        tools_json_text(tools),
-        used_nonce,
-        False,
-        False,
-        code,
-    )
+    try:
+        text, spans, replaced, _ = _core.format_context(
+            _directive(directive),
+            _items(history, FormatSection.HISTORY, "messages"),
+            mems,
+            tools_json_text(tools),
+            used_nonce,
+            False,
+            False,
+            code,
+        )
+    except InvalidFormatInput as err:
+        raise _named(err, handles) from None
     sections = Sections(text, {str(SECTIONS[s]): (begin, end) for s, begin, end in spans})
     return FormattedContext(text, used_nonce, sections, replaced, handles)
 
@@ -568,22 +628,26 @@ def formatter_overhead(
     mems = _items(memories, FormatSection.MEMORIES, "memories")
     # The smallest memory rides along as the last one: priced by the same serializer pass.
     smallest: dict[str, Any] = {"id": "m", "text": ""}
+    handles: dict[str, str] = {}
     if code == FORMAT_CODES["compact"]:
         # Memory i gets handle m{i+1} when formatted, whichever are selected, only if the
         # caller formats the same list; a selected subset is renumbered, and its handles are
         # never longer than the ones priced here (handle k <= i+1 digits), so the price holds.
-        mems, _ = _compact(mems, attributes)
+        mems, handles = _compact(mems, attributes)
         smallest = {"id": f"m{len(mems) + 1}", "text": ""} if mems else {"id": "m1", "text": ""}
-    text, _, _, pieces = _core.format_context(
-        _directive(directive),
-        _items(history, FormatSection.HISTORY, "messages"),
-        [*mems, smallest],
-        tools_json_text(tools),
-        used_nonce,
-        True,
-        True,
-        code,
-    )
+    try:
+        text, _, _, pieces = _core.format_context(
+            _directive(directive),
+            _items(history, FormatSection.HISTORY, "messages"),
+            [*mems, smallest],
+            tools_json_text(tools),
+            used_nonce,
+            True,
+            True,
+            code,
+        )
+    except InvalidFormatInput as err:
+        raise _named(err, handles) from None
     kinds = [kind for kind, _ in pieces]
     if count is None:
         assert family is not None

@@ -166,6 +166,8 @@ class PackResult:
             decision is `Reason.BUDGET_EXHAUSTED`.
         free_items: candidates still undecided after the exact reductions (dominance and
             LP-bound fixing): the size of the problem the DP, or the fallback, solved.
+        rank_order: True when the rank-order packing was kept under ``rank_tolerance``
+            (`pack`, `pack_arrays`); False when the optimized packing was.
         redundant: candidates left out because another member of their group is selected
             or pinned (`Reason.REDUNDANT`); 0 without groups. They do not count as excluded
             for budget.
@@ -350,10 +352,23 @@ def _as_score(value: object) -> float:
         raise ValueError("score must be a finite number, got an int too large for a float") from None
 
 
+def _refuse_masked(arrays: Mapping[str, object]) -> None:
+    """Raise for a masked array among `arrays` (name -> argument): numpy drops the mask
+    on conversion, so its masked entries would be packed as if they were data."""
+    for name, value in arrays.items():
+        if isinstance(value, np.ma.MaskedArray):
+            raise invalid(
+                f"{name} must not be a masked array (np.ma.MaskedArray): its mask would be ignored; "
+                "leave the masked candidates out, or pass .filled(value)"
+            )
+
+
 def _pinned_array(pinned: object) -> npt.NDArray[np.bool_]:
     arr = np.asarray(pinned)
     if arr.ndim != 1:
         raise invalid(f"pinned must be a 1-D array, got {arr.ndim} dimensions")
+    if arr.size == 0:
+        return np.zeros(0, bool)  # [] reads as float64: no flag to check
     if arr.dtype.kind == "b":
         return arr
     if arr.dtype.kind in "iu" and bool(np.all((arr == 0) | (arr == 1))):
@@ -498,7 +513,8 @@ def pack_arrays(
             without a copy. Integral floats are accepted; 3.5 is not.
         scores: finite scores, 1-D; float64 arrays are passed without a copy.
         budget: the hard token budget (an integer; <= 0 selects nothing).
-        pinned: optional 1-D bools: candidates taken first, in emit order, while they fit.
+        pinned: optional 1-D bools (or 0/1 integers): candidates taken first, in emit
+            order, while they fit.
         bucket_tokens: DP granularity in tokens.
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
@@ -519,7 +535,10 @@ def pack_arrays(
     Raises:
         InvalidCandidate: a bad candidate (negative tokens, non-finite score, empty or
             duplicate id, a group below -1, ...), mismatched lengths, or arrays of the
-            wrong shape or dtype, naming the candidate or the array.
+            wrong shape or dtype, or masked (`numpy.ma.MaskedArray`, whose mask numpy
+            drops), naming the candidate or the array.
+        ValueError: an option out of range (``bucket_tokens``, ``cell_ceiling``,
+            ``search_node_limit``, ``rank_tolerance``).
 
     >>> r = pack_arrays(["a", "b", "c"], [60, 50, 50], [6.0, 5.0, 5.0], 100)
     >>> r.ids, r.tokens_used, r.path.value
@@ -530,6 +549,7 @@ def pack_arrays(
     """
     if isinstance(ids, str):
         raise invalid("ids must be a sequence of str, not a single str")
+    _refuse_masked({"ids": ids, "tokens": tokens, "scores": scores, "pinned": pinned, "groups": groups})
     id_list: list[str] | tuple[str, ...] = ids if isinstance(ids, (list, tuple)) else list(ids)
     budget_int = _as_budget(budget)
     bucket = _positive_option(bucket_tokens, "bucket_tokens")
@@ -632,6 +652,7 @@ def pack(
     bucket_tokens: int = DEFAULT_BUCKET_TOKENS,
     cell_ceiling: int = DEFAULT_CELL_CEILING,
     search_node_limit: int = DEFAULT_SEARCH_NODE_LIMIT,
+    rank_tolerance: float = 0.0,
     groups: npt.ArrayLike | None = None,
 ) -> PackResult:
     """Pack candidate objects (or mappings) into ``budget`` tokens.
@@ -645,6 +666,9 @@ def pack(
         bucket_tokens: DP granularity in tokens.
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
+        rank_tolerance: in [0, 1), as for `pack_arrays`: when > 0, the rank-order
+            packing is kept unless the optimized packing's total score exceeds it by
+            more than this share; 0 keeps the optimized packing.
         groups: optional group labels, one per candidate in the same order (see
             `pack_arrays`): at most one candidate of each group is selected.
 
@@ -653,10 +677,15 @@ def pack(
 
     Raises:
         InvalidCandidate: naming the first bad candidate.
+        ValueError: an option out of range (``bucket_tokens``, ``cell_ceiling``,
+            ``search_node_limit``, ``rank_tolerance``).
 
     >>> res = pack([Candidate("a", 300, 0.9), Candidate("b", 200, 0.5), {"id": "c", "tokens": 200, "score": 0.5}], 400)
     >>> res.ids, res.tokens_used, res.truncated
     (('b', 'c'), 400, True)
+    >>> tied = [Candidate("a", 60, 1.0), Candidate("b", 50, 0.55), Candidate("c", 50, 0.55)]
+    >>> pack(tied, 100).ids, pack(tied, 100, rank_tolerance=0.2).ids
+    (('b', 'c'), ('a',))
     """
     cands = candidates if isinstance(candidates, (list, tuple)) else list(candidates)
     fields = _extract_fast(cands)
@@ -672,5 +701,6 @@ def pack(
         bucket_tokens=bucket_tokens,
         cell_ceiling=cell_ceiling,
         search_node_limit=search_node_limit,
+        rank_tolerance=rank_tolerance,
         groups=groups,
     )

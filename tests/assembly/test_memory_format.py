@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -117,18 +118,48 @@ def test_creation_time_is_opt_in_in_utc_and_priced_exactly() -> None:
     assert ctxcore.formatting.created_at_text(1715090580.0) == "2024-05-07T14:03:00Z"
     assert ctxcore.formatting.created_at_text("2024-05-07T16:03:00+02:00") == "2024-05-07T14:03:00Z"
     assert ctxcore.formatting.created_at_text(float("nan")) is None
-    with pytest.raises(ctxcore.InvalidFormatInput, match=r"index 0: created_at .*naive"):
+    with pytest.raises(ctxcore.InvalidFormatInput, match=r"^memory 'a' \(index 0\): created_at .*naive") as info:
         ctxcore.format_context(
             memories=[{"id": "a", "text": "x", "created_at": "2024-05-07T14:03:00"}],
             memory_format="compact",
             memory_attributes=("created_at",),
         )
-    with pytest.raises(ctxcore.InvalidFormatInput, match="index 1: created_at must be"):
+    assert (info.value.index, info.value.item_id) == (0, "a")
+    with pytest.raises(ctxcore.InvalidFormatInput, match=r"^memory 'b' \(index 1\): created_at must be") as info:
         ctxcore.format_context(
             memories=[{"id": "a", "text": "x"}, {"id": "b", "text": "y", "created_at": [1]}],
             memory_format="compact",
             memory_attributes=("created_at",),
         )
+    assert (info.value.index, info.value.item_id) == (1, "b")
+
+
+FIRST_SECOND, LAST_SECOND = -62135596800, 253402300799  # 0001-01-01T00:00:00Z, 9999-12-31T23:59:59Z
+
+
+def test_creation_times_are_written_as_iso_8601_or_as_unknown_beyond_it() -> None:
+    """The first and last seconds of four-digit years are written as they are, a year
+    below 1000 with its leading zeros; a time beyond them has no ISO 8601 form without an
+    agreed expansion, so `assemble` writes it as unknown (no attribute), priced the same way,
+    where `format_context` refuses it naming the memory (tests/core/test_numeric_inputs.py)."""
+    times = [FIRST_SECOND - 1, FIRST_SECOND, -30610224001, LAST_SECOND, LAST_SECOND + 1]
+    written = ["", "0001-01-01T00:00:00Z", "0999-12-31T23:59:59Z", "9999-12-31T23:59:59Z", ""]
+    mems = [dataclasses.replace(r, created_at=t) for r, t in zip(_records(), times, strict=True)]
+    want = dict(zip(IDS, written, strict=True))
+    ctx = _assemble(mems, memory_attributes=("created_at",))
+    assert set(ctx.selected_ids) == set(IDS)
+    for k, el in enumerate(_parse(ctx.sections["memories"])):
+        assert el.get("created_at", "") == want[ctx.handles[f"m{k + 1}"]]
+    assert ctx.prompt_tokens is not None
+    assert ctxcore.count_tokens(ctx.text, "cl100k_base").value <= ctx.prompt_tokens.value
+    for k, (when, text) in enumerate(zip([*times, 1e300, -math.inf], [*written, "", ""], strict=True)):
+        memories = [{"id": "a", "text": "x"}, {"id": f"note-{k}", "text": "y", "created_at": when}]
+        if not text:
+            with pytest.raises(ctxcore.InvalidFormatInput, match=rf"^memory 'note-{k}' \(index 1\): created_at is out"):
+                ctxcore.format_context(memories=memories, memory_format="compact", memory_attributes=("created_at",))
+            continue
+        out = ctxcore.format_context(memories=memories, memory_format="compact", memory_attributes=("created_at",))
+        assert [el.get("created_at") for el in _parse(out.sections["memories"])] == [None, text]
 
 
 def test_verbose_by_name_carries_store_ids_and_every_attribute() -> None:

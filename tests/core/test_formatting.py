@@ -601,9 +601,56 @@ def test_bad_input_raises_a_typed_error_naming_the_item(
         ctxcore.formatter_overhead(**kwargs, count=len)
 
 
-def test_error_for_an_id_with_a_surrogate_carries_the_id() -> None:
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"text": None}, r"text must be str, got NoneType"),
+        ({}, r"missing 'text' \(a mapping key or an attribute\)"),
+        ({"text": "y", "score": float("nan")}, r"score must be finite, got nan"),
+        ({"text": "y", "score": "0.5"}, r"score must be a real number or None, got str"),
+        ({"text": "y", "source": 3}, r"source must be str or None, got int"),
+    ],
+)
+@pytest.mark.parametrize("mid", ["note-2", "m1", "m2", "\u00fcml\u00e4ut", "x" * 100])
+def test_memory_errors_name_the_callers_id_in_either_rendering(mid: str, bad: dict[str, Any], message: str) -> None:
+    """The compact rendering's handles never reach an error: it names the memory by the
+    id the caller gave, as the verbose rendering does (even an id that looks like a handle)."""
+    memories = [{"id": "note-1", "text": "ok"}, {"id": mid, **bad}]
+    shown = re.escape(repr(mid[:80]) + ("..." if len(mid) > 80 else ""))
+    raised: dict[str, str] = {}
+    for memory_format in FORMATS:
+        opts: dict[str, Any] = {"memory_format": memory_format}
+        if memory_format == "compact":
+            opts["memory_attributes"] = ("score", "source")
+        calls = (
+            lambda: ctxcore.format_context(memories=memories, **opts),
+            lambda: ctxcore.formatter_overhead(memories, count=len, **opts),
+            lambda: ctxcore.formatter_overhead(memories, family="cl100k_base", **opts),
+        )
+        for call in calls:
+            with pytest.raises(ctxcore.InvalidFormatInput, match=rf"^memory {shown} \(index 1\): {message}$") as info:
+                call()
+            err = info.value
+            assert (err.section, err.index, err.item_id) == ("memories", 1, mid)
+            raised.setdefault(memory_format, str(err))
+            assert str(err) == raised[memory_format]
+    assert raised["compact"] == raised["verbose"]
+
+
+def test_compact_error_keeps_the_callers_id_object() -> None:
+    class Id(str):
+        pass
+
+    mid = Id("note-2")
     with pytest.raises(ctxcore.InvalidFormatInput) as info:
-        ctxcore.format_context(memories=[{"id": "a\ud800", "text": 1}])
+        ctxcore.format_context(memories=[{"id": "a", "text": "x"}, {"id": mid, "text": 1}], memory_format="compact")
+    assert info.value.item_id is mid
+
+
+@pytest.mark.parametrize("memory_format", FORMATS)
+def test_error_for_an_id_with_a_surrogate_carries_the_id(memory_format: str) -> None:
+    with pytest.raises(ctxcore.InvalidFormatInput, match=r"memory 'a\\ud800' \(index 0\)") as info:
+        ctxcore.format_context(memories=[{"id": "a\ud800", "text": 1}], memory_format=memory_format)
     assert info.value.item_id == "a\ud800"
 
 

@@ -5,6 +5,7 @@ record semantics, determinism, pinned candidates, bad input and thread safety.""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 import pickle
@@ -12,6 +13,7 @@ import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -495,6 +497,42 @@ def test_mismatched_lengths() -> None:
         ctxcore.pack_arrays(["a", "b"], [1, 2, 3], [1.0, 2.0], 10)
     with pytest.raises(InvalidCandidate, match="1 pinned flags"):
         ctxcore.pack_arrays(["a", "b"], [1, 2], [1.0, 2.0], 10, pinned=[True])
+    with pytest.raises(InvalidCandidate, match="0 pinned flags"):
+        ctxcore.pack_arrays(["a"], [1], [1.0], 10, pinned=[])
+
+
+@pytest.mark.parametrize("empty", [[], (), np.array([]), np.zeros(0, bool), np.zeros(0, np.int64)])
+def test_empty_pinned_and_groups_for_no_candidates(empty: object) -> None:
+    # [] and np.array([]) read as float64: with nothing to flag, any empty array is no flags.
+    want = ctxcore.pack_arrays([], [], [], 10)
+    for kwargs in ({"pinned": empty}, {"groups": empty}, {"pinned": empty, "groups": empty}):
+        res = ctxcore.pack_arrays([], [], [], 10, **kwargs)  # type: ignore[arg-type]
+        assert res == want and res.ids == () and not res.truncated and res.decisions == ()
+    assert ctxcore.pack([], 10, groups=empty) == want  # type: ignore[arg-type]
+
+
+MASKED = np.ma.masked_array
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs"),
+    [
+        ("ids", (MASKED(["a", "b"], mask=[False, True]), [1, 1], [1.0, 1.0]), {}),
+        ("tokens", (["a", "b"], MASKED([1, 10**6], mask=[False, True]), [1.0, 1.0]), {}),
+        ("scores", (["a", "b"], [1, 1], MASKED([1.0, np.nan], mask=[False, True])), {}),
+        ("scores", (["a", "b"], [1, 1], MASKED([1.0, 2.0], mask=False)), {}),
+        ("pinned", (["a", "b"], [1, 1], [1.0, 1.0]), {"pinned": MASKED([False, True], mask=[False, True])}),
+        ("groups", (["a", "b"], [1, 1], [1.0, 1.0]), {"groups": MASKED([0, 0], mask=[False, True])}),
+    ],
+)
+def test_masked_arrays_are_refused_by_name(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+    # numpy drops the mask on conversion: the masked entries would be packed as data.
+    with pytest.raises(InvalidCandidate, match=rf"^{name} must not be a masked array \(np\.ma\.MaskedArray\)") as info:
+        ctxcore.pack_arrays(*args, 10, **kwargs)  # type: ignore[arg-type]
+    assert (info.value.index, info.value.candidate_id) == (-1, None)
+    if name == "groups":
+        with pytest.raises(InvalidCandidate, match="groups must not be a masked array"):
+            ctxcore.pack([Candidate("a", 1, 1.0), Candidate("b", 1, 1.0)], 10, groups=kwargs["groups"])  # type: ignore[arg-type]
 
 
 def test_bad_arrays() -> None:
@@ -518,11 +556,50 @@ def test_bad_arrays() -> None:
         ({"bucket_tokens": 0}, "bucket_tokens"),
         ({"cell_ceiling": -1}, "cell_ceiling"),
         ({"search_node_limit": -1}, "search_node_limit"),
+        ({"rank_tolerance": 1.0}, r"rank_tolerance must be a number in \[0, 1\), got 1.0"),
+        ({"rank_tolerance": -0.01}, "rank_tolerance"),
+        ({"rank_tolerance": math.nan}, "rank_tolerance"),
+        ({"rank_tolerance": True}, "rank_tolerance"),
+        ({"rank_tolerance": "0.1"}, "rank_tolerance"),
+        ({"rank_tolerance": None}, "rank_tolerance"),
     ],
 )
-def test_bad_options(kwargs: dict[str, int], fragment: str) -> None:
+def test_bad_options(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         ctxcore.pack([Candidate("a", 1, 1.0)], 10, **kwargs)
+    with pytest.raises(ValueError, match=fragment):
+        ctxcore.pack_arrays(["a"], [1], [1.0], 10, **kwargs)
+
+
+# ---- rank tolerance -----------------------------------------------------------------
+
+# Rank order takes "a" alone (1.0); the optimum "b" + "c" (1.1) is worth 10% more.
+TIED = [Candidate("a", 60, 1.0), Candidate("b", 50, 0.55), Candidate("c", 50, 0.55)]
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "ids", "rank_order"),
+    [(0, ("b", "c"), False), (0.0, ("b", "c"), False), (0.05, ("b", "c"), False), (0.2, ("a",), True)],
+)
+def test_rank_tolerance_in_pack_as_in_pack_arrays(tolerance: float, ids: tuple[str, ...], rank_order: bool) -> None:
+    """`pack` takes ``rank_tolerance`` keyword-only, as `pack_arrays` does: the rank-order
+    packing stays unless the optimum beats it by more than that share."""
+    res = ctxcore.pack(TIED, 100, rank_tolerance=tolerance)
+    assert (res.ids, res.rank_order) == (ids, rank_order)
+    arrays = ctxcore.pack_arrays(
+        [c.id for c in TIED], [c.tokens for c in TIED], [c.score for c in TIED], 100, rank_tolerance=tolerance
+    )
+    assert arrays == res and arrays.rank_order == res.rank_order
+    assert res.tokens_used <= 100 and res.total_score <= res.upper_bound
+
+
+def test_rank_tolerance_defaults_to_the_optimum_and_is_keyword_only() -> None:
+    assert ctxcore.pack(TIED, 100) == ctxcore.pack(TIED, 100, rank_tolerance=0.0)
+    assert not ctxcore.pack(TIED, 100).rank_order
+    assert inspect.signature(ctxcore.pack).parameters["rank_tolerance"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(ctxcore.pack).parameters["rank_tolerance"].default == 0.0
+    with pytest.raises(TypeError):
+        ctxcore.pack(TIED, 100, 16, 1 << 20, 20_000, 0.2)  # type: ignore[misc]
 
 
 # ---- threads ------------------------------------------------------------------------
