@@ -12,10 +12,11 @@ shipped workloads or the user's candidates (`ctxcore.benchmarking.command`), and
 ``--plot FILE`` on ``assemble``/``demo`` draws the assembly's budget as a stacked bar.
 
 Every user error is one line on stderr, ``ctxcore: error: ...``, and a non-zero exit:
-``EXIT_USAGE`` (2) for a bad command line (argparse's own errors, negative budgets),
-``EXIT_ERROR`` (1) for bad data or a failure at run time (an unreadable or invalid file, a
-database that is not a memory store, a missing extra). Ctrl-C exits quietly with
-``EXIT_INTERRUPTED`` (130). ``-`` reads a file argument from standard input. A command is
+``EXIT_USAGE`` (2) for a bad command line (argparse's own errors, flag values out of
+range), ``EXIT_ERROR`` (1) for bad data or a failure at run time (an unreadable or invalid
+file, a database that is not a memory store, an embedder, model or tokenizer family that
+cannot be used, a missing extra). Ctrl-C exits quietly with ``EXIT_INTERRUPTED`` (130).
+``-`` reads a file argument from standard input, at most one per command. A command is
 one ``_add_<name>(sub)`` function that registers its subparser and its handler
 (``handler(args, out) -> exit status``) with ``set_defaults(func=...)``, plus one line in
 `build_parser`.
@@ -80,13 +81,14 @@ def _positive_int(text: str) -> int:
 
 
 def _plot_file(text: str) -> str:
-    """Argparse type: a file name whose suffix is a format plots can be written as."""
-    from .benchmarking.plots import PLOT_FORMATS
+    """Argparse type: a file a plot can be written as (a plot format's suffix, in a
+    writable directory), checked before any work is done."""
+    from .benchmarking.plots import PlotError, check_plot_path
 
-    if Path(text).suffix.lower() not in PLOT_FORMATS:
-        raise argparse.ArgumentTypeError(
-            f"cannot write a plot as {Path(text).name!r}: the file must end in {', '.join(PLOT_FORMATS)}"
-        )
+    try:
+        check_plot_path(text)
+    except PlotError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -195,11 +197,14 @@ def _cmd_pack(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_catalog(args: argparse.Namespace, out: TextIO) -> int:
-    from .catalog import default_catalog, load_catalog
+    from .catalog import default_catalog, load_catalog, parse_catalog
     from .errors import CatalogError, UnknownModel
 
     try:
-        cat = load_catalog(args.catalog) if args.catalog else default_catalog()
+        if args.catalog == STDIN:
+            cat = parse_catalog(read_text_arg(STDIN), source_name(STDIN))
+        else:
+            cat = load_catalog(args.catalog) if args.catalog else default_catalog()
         caps = [cat.get_model(args.model)] if args.model else [cat[name] for name in cat]
     except (CatalogError, UnknownModel) as exc:
         raise CliError(str(exc)) from None
@@ -252,10 +257,10 @@ def _read_messages(path: str | None) -> tuple[Any, ...]:
         return ()
     from .request import parse_messages
 
+    text = read_text_arg(path)
+    path = source_name(path)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
     if not isinstance(doc, list):
@@ -351,9 +356,15 @@ def _run_assembly(args: argparse.Namespace, store: Any, out: TextIO) -> int:
     async def run(req: AssemblyRequest) -> Any:
         # Load the embeddings and open the store's connections and worker threads first,
         # as a server does at start-up: a 5 ms branch timeout is not meant to pay for them.
-        store.warm([req.scope])
+        # A read that fails here fails again inside the assembly, where its branch records
+        # the error and the context degrades; the warm-up itself reports nothing.
+        with contextlib.suppress(Exception):
+            store.warm([req.scope])
         await asyncio.gather(
-            store.directive(req.scope), store.hot(req.scope, req.query, 1), store.cold(req.scope, req.query, 1, 1.0)
+            store.directive(req.scope),
+            store.hot(req.scope, req.query, 1),
+            store.cold(req.scope, req.query, 1, 1.0),
+            return_exceptions=True,
         )
         return await assemble(req, sources=Sources.from_store(store))
 
@@ -427,11 +438,26 @@ def _with_store(db: str, fn: Callable[[Any], int]) -> int:
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     import tempfile
 
-    from .stores import load_demo
+    from .stores import MemoryStoreError, load_demo
+    from .stores.ingest import is_demo_store
 
+    if args.db is not None:
+        target = Path(args.db)
+        if (target.exists() or target.is_symlink()) and not is_demo_store(target):
+            # Never replace a user's store or any other file with the demo.
+            raise CliError(
+                f"{args.db} exists and is not a demo store built by `ctxcore demo`; it is left as it is "
+                "(choose another --db path)"
+            )
+        if not target.parent.is_dir():
+            raise CliError(f"cannot create {args.db}: no directory {target.parent}")
     with tempfile.TemporaryDirectory(prefix="ctxcore-demo-") as tmp:
         db = args.db or str(Path(tmp) / "demo.db")
-        with load_demo(db, overwrite=args.db is not None) as store:
+        try:
+            store = load_demo(db, overwrite=args.db is not None)
+        except (MemoryStoreError, FileExistsError) as exc:
+            raise CliError(str(exc)) from None
+        with store:
             return _run_assembly(args, store, out)
 
 
@@ -440,7 +466,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--org", default=DEMO_ORG if demo else None, required=not demo, help="organization id")
     p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
     p.add_argument("--query", default=DEMO_QUERY if demo else None, required=not demo, help="what the request is about")
-    p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages")
+    p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages ('-': stdin)")
     p.add_argument(
         "--max-memories",
         type=_positive_int,
@@ -644,10 +670,24 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     import asyncio
     import logging
 
+    from .catalog import default_catalog
+    from .errors import UnknownModel
     from .evaluation import LabelError, evaluate, plot_recall, read_labels
 
     try:
-        labels = read_labels(args.labels, organization_id=args.org, agent_id=args.agent)
+        default_catalog().get_model(args.model)  # before the store opens and the labels are read
+    except UnknownModel as exc:
+        raise CliError(f"--model: {exc.args[0] if exc.args else exc}") from None
+    if args.plot:
+        from .benchmarking.plots import PlotError, new_figure
+
+        try:
+            new_figure(args.plot, 1, 1)  # matplotlib is there: known before the evaluation runs
+        except PlotError as exc:
+            raise CliError(str(exc)) from None
+    try:
+        text = read_text_arg(args.labels) if args.labels == STDIN else None
+        labels = read_labels(source_name(args.labels), text=text, organization_id=args.org, agent_id=args.agent)
     except LabelError as exc:
         raise CliError(str(exc)) from None
 
@@ -683,7 +723,7 @@ def _add_eval(sub: Any) -> None:
     e.add_argument(
         "--labels",
         required=True,
-        help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line",
+        help="JSON Lines: one {query, evidence: [memory ids], organization_id?, agent_id?} per line ('-': stdin)",
     )
     e.add_argument(
         "--budget",
@@ -697,7 +737,9 @@ def _add_eval(sub: Any) -> None:
     e.add_argument("--org", help="the organization of labels that name none")
     e.add_argument("--agent", help="the agent of labels that name none")
     e.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    e.add_argument("--plot", metavar="FILE", help="also draw recall against spend (.png, .svg or .pdf)")
+    e.add_argument(
+        "--plot", metavar="FILE", type=_plot_file, help="also draw recall against spend (.png, .svg or .pdf)"
+    )
     e.set_defaults(func=_cmd_eval)
 
 
@@ -706,9 +748,7 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line ('-': stdin)")
     p.add_argument("--budget", type=_non_negative_int, required=True, help="the hard token budget")
     p.add_argument("--bucket-tokens", type=_positive_int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
-    p.add_argument(
-        "--cell-ceiling", type=_non_negative_int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)"
-    )
+    p.add_argument("--cell-ceiling", type=_positive_int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=_cmd_pack)
 
@@ -716,7 +756,7 @@ def _add_pack(sub: Any) -> None:
 def _add_catalog(sub: Any) -> None:
     c = sub.add_parser("catalog", help="list the capability catalog (models, windows, tokenizers)")
     c.add_argument("model", nargs="?", help="show one model (name or alias) instead of all")
-    c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one")
+    c.add_argument("--catalog", metavar="FILE", help="a catalog TOML file instead of the shipped one ('-': stdin)")
     c.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     c.set_defaults(func=_cmd_catalog)
 
@@ -907,6 +947,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The file arguments of every command (argparse dests), each of which may be `STDIN`.
+FILE_ARGS = (
+    "file",
+    "messages",
+    "labels",
+    "candidates",
+    "catalog",
+    "config",
+    "api_key_file",
+    "jwt_key_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+)
+
+
+def _check_stdin_once(args: argparse.Namespace) -> None:
+    """Standard input holds one file: a command line that names it (``-``) twice is refused."""
+    named = [name for name in FILE_ARGS if getattr(args, name, None) == STDIN]
+    if args.command == "serve" and set(named) - {"config"}:
+        # The server reads its other files by path, when it starts and when it reloads them.
+        flag = next(n for n in named if n != "config").replace("_", "-")
+        raise UsageError(f"--{flag} -: serve reads this file by path; standard input is for --config only")
+    if len(named) > 1:
+        flags = " and ".join(n if n == "file" else "--" + n.replace("_", "-") for n in named)
+        raise UsageError(f"{flags} both read standard input ('-'); give at most one of them as '-'")
+
+
+def _store_errors() -> tuple[type[Exception], ...]:
+    """The stores' run-time errors (`MemoryStoreError`, with `EmbedderError`, and
+    `MemoryServiceError`). Imported only when an error reaches `main`: the stores are
+    not loaded by commands that never open one."""
+    from .stores.errors import MemoryServiceError, MemoryStoreError
+
+    return (MemoryStoreError, MemoryServiceError)
+
+
 def _fail(message: object, status: int) -> int:
     sys.stderr.write(f"ctxcore: error: {message}\n")
     return status
@@ -921,10 +998,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sqlite3
 
     from ._extras import MissingExtra
-    from .errors import ConfigError
+    from .errors import ConfigError, TokenizerUnavailable, UnknownModel
 
     try:
         args = build_parser().parse_args(argv)
+        _check_stdin_once(args)
         status: int = args.func(args, sys.stdout)
     except SystemExit as exc:
         # argparse: usage errors (2, message already printed), --help and --version (0).
@@ -942,6 +1020,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         return _fail(exc, exc.exit_status)
     except MissingExtra as exc:
+        return _fail(exc, EXIT_ERROR)
+    except (UnknownModel, TokenizerUnavailable) as exc:
+        # A model or tokenizer family the command named is not known (or not installed).
+        return _fail(exc.args[0] if exc.args else exc, EXIT_ERROR)
+    except _store_errors() as exc:
+        # A store or embedder that cannot do its work: a database, a model path, an endpoint.
         return _fail(exc, EXIT_ERROR)
     except (ConfigError, ValueError) as exc:
         # Data the command read is invalid (their messages name the field or line).

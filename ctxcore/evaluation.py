@@ -124,12 +124,15 @@ class Label:
         return cls(query, frozenset(evidence), str(org), str(agent), ident)
 
 
-def read_labels(path: str | Path, *, organization_id: str | None = None, agent_id: str | None = None) -> list[Label]:
+def read_labels(
+    path: str | Path, *, text: str | None = None, organization_id: str | None = None, agent_id: str | None = None
+) -> list[Label]:
     """The labels of a JSON Lines file (blank lines skipped); `LabelError` names the first
-    bad line."""
+    bad line. `text`, when given, is parsed instead of reading `path` (which then only
+    names the source in messages, e.g. ``<stdin>``)."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = (p.read_text(encoding="utf-8") if text is None else text).splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise LabelError(f"cannot read labels from {p}: {exc}") from None
     out = []

@@ -3,7 +3,8 @@ a user's own candidates.
 
 Prints p50/p90/p99/max per stage and a PASS/FAIL line per gate (or, with ``--json``, one
 document in the shape ``report.schema.json`` documents); exit status 0 when every gate
-passes, 1 when one fails, 2 on a usage error. ``--plot FILE`` draws each stage's histogram
+passes, 1 when one fails or the data cannot be used (a bad candidates file, a store whose
+scope holds no memories or whose every timed assembly degraded), 2 on a usage error. ``--plot FILE`` draws each stage's histogram
 and percentile plot. Without bounds on the command line each stage gets the gates this
 repository's CI holds it to (`ctxcore.benchmarking.gates.DEFAULT_GATES`).
 """
@@ -54,6 +55,18 @@ class UsageError(ValueError):
     """A command line that cannot run (exit status 2)."""
 
 
+class DataError(ValueError):
+    """Data the command reads cannot be used: a store that is missing, or one whose timed
+    assemblies retrieve nothing (exit status 1)."""
+
+
+#: Exit status of bad data or a failure at run time, and of a bad command line (as for
+#: every ``ctxcore`` command).
+EXIT_ERROR, EXIT_USAGE = 1, 2
+#: The file argument that means standard input.
+STDIN = "-"
+
+
 def add_subcommand(sub: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``ctxcore`` command's subparsers."""
     b: argparse.ArgumentParser = sub.add_parser(
@@ -66,7 +79,7 @@ def add_subcommand(sub: Any) -> argparse.ArgumentParser:
         "--candidates",
         metavar="FILE.jsonl",
         help="your candidates, one JSON object per line: id and tokens/score for packing, "
-        "text (and similarity, confidence) for formatting and assembly",
+        "text (and similarity, confidence) for formatting and assembly ('-': stdin)",
     )
     b.add_argument(
         "--workload",
@@ -124,7 +137,7 @@ def _open_store(args: argparse.Namespace) -> Iterator[Any]:
     if "://" in args.db:
         raise UsageError(f"--db takes a SQLite file here, got {args.db!r}")
     if not Path(args.db).exists():
-        raise UsageError(f"no database at {args.db}")
+        raise DataError(f"no database at {args.db}")
     from ..stores import SqliteMemoryStore
 
     with SqliteMemoryStore(args.db) as store:
@@ -160,7 +173,12 @@ def _measure(args: argparse.Namespace) -> list[StageResult]:
     if args.candidates:
         from .workloads import read_candidates
 
-        user = read_candidates(args.candidates)
+        if args.candidates == STDIN:
+            from .._files import decode_utf8
+
+            user = read_candidates("<stdin>", decode_utf8(sys.stdin.buffer.read(), "<stdin>", WorkloadError))
+        else:
+            user = read_candidates(args.candidates)
     reference = not args.no_reference
     if not reference and args.max_ratio is not None:
         raise UsageError("--max-ratio needs the references: drop --no-reference")
@@ -205,7 +223,7 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def _print_text(results: list[StageResult], env: dict[str, Any], out: TextIO) -> None:
+def _print_text(results: list[StageResult], env: dict[str, Any], out: TextIO, problems: list[str]) -> None:
     out.write(
         f"ctxcore bench: ctxcore {env['ctxcore']}, Python {env['python']}, {env['machine']}, {env['cpus']} CPUs\n\n"
     )
@@ -219,6 +237,13 @@ def _print_text(results: list[StageResult], env: dict[str, Any], out: TextIO) ->
             f"{r.stage:<9} {name[-28:]:<28} {st.rounds:>6} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} "
             f"{st.p99_ms:>9.3f} {st.max_ms:>9.3f}\n"
         )
+        if "memories" in r.workload:
+            w = r.workload
+            why = f" ({w['degradation']})" if w.get("degradation") else ""
+            out.write(
+                f"{'':<9} store scope {w['organization_id']}/{w['agent_id']}: {w['memories']} memories; "
+                f"degraded {w['degraded']} of {w['assemblies']} assemblies{why}\n"
+            )
         if r.reference is not None:
             out.write(
                 f"{'':<9} {'reference: ' + str(r.reference_name):<28} {r.reference.rounds:>6} "
@@ -229,9 +254,14 @@ def _print_text(results: list[StageResult], env: dict[str, Any], out: TextIO) ->
     for r in results:
         for v in r.verdicts:
             out.write(v.describe(r.stage, r.reference_name) + "\n")
+    for problem in problems:
+        out.write(f"FAIL  {problem}\n")
     n = sum(len(r.verdicts) for r in results)
     failed = sum(not v.passed for r in results for v in r.verdicts)
-    out.write(f"\n{'all ' + str(n) + ' gates passed' if not failed else f'{failed} of {n} gates FAILED'}\n")
+    verdict = f"all {n} gates passed" if not failed else f"{failed} of {n} gates FAILED"
+    if problems:
+        verdict += ", but the measurement FAILED: no working assembly was timed"
+    out.write(f"\n{verdict}\n")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -245,15 +275,26 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         if args.plot:
-            from .plots import new_figure
+            from .plots import check_plot_path, new_figure
 
-            new_figure(args.plot, 1, 1)  # a bad suffix or a missing matplotlib fails before measuring
+            check_plot_path(args.plot)  # a bad suffix or directory fails before measuring
+            try:
+                new_figure(args.plot, 1, 1)
+            except PlotError as exc:  # matplotlib is missing: not the command line's fault
+                raise DataError(str(exc)) from None
         results = _measure(args)
-    except (UsageError, WorkloadError, GateUsageError, PlotError, UnknownModel) as exc:
-        sys.stderr.write(f"ctxcore bench: error: {exc}\n")
-        return 2
+    except (UsageError, GateUsageError, PlotError) as exc:
+        sys.stderr.write(f"ctxcore: error: {exc}\n")
+        return EXIT_USAGE
+    except (DataError, WorkloadError) as exc:
+        sys.stderr.write(f"ctxcore: error: {exc}\n")
+        return EXIT_ERROR
+    except UnknownModel as exc:
+        sys.stderr.write(f"ctxcore: error: --model: {exc.args[0] if exc.args else exc}\n")
+        return EXIT_ERROR
     env = _environment()
-    passed = all(r.passed for r in results)
+    problems = _store_problems(results, args.db)
+    passed = all(r.passed for r in results) and not problems
     if args.plot:
         from .plots import plot_latency
 
@@ -263,6 +304,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             "version": REPORT_VERSION,
             "environment": env,
             "passed": passed,
+            "problems": problems,
             "stages": {r.stage: r.record() for r in results},
         }
         if args.plot:
@@ -270,7 +312,28 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        _print_text(results, env, out)
+        _print_text(results, env, out, problems)
         if args.plot:
             out.write(f"plot: {args.plot}\n")
-    return 0 if passed else 1
+    for problem in problems:
+        sys.stderr.write(f"ctxcore: error: {problem}\n")
+    return 0 if passed else EXIT_ERROR
+
+
+def _store_problems(results: list[StageResult], db: str | None) -> list[str]:
+    """Why the assembly timed against a store measured no working assembly: its scope
+    holds no memories, or every timed call degraded (a failed or timed-out branch)."""
+    out = []
+    for r in results:
+        w = r.workload
+        if r.stage != "assemble" or "memories" not in w:
+            continue
+        scope = f"{w['organization_id']}/{w['agent_id']}"
+        if w["memories"] == 0:
+            out.append(f"the scope {scope} holds no memories in {db}: the timed assemblies retrieved nothing")
+        elif w["assemblies"] and w["degraded"] == w["assemblies"]:
+            out.append(
+                f"every timed assembly of {scope} degraded ({w.get('degradation', 'unknown')}): "
+                "the times are not those of a working assembly"
+            )
+    return out

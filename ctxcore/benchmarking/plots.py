@@ -11,6 +11,7 @@ backend of the program that calls them; the file's suffix picks the format.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 from .gates import StageResult
 
-__all__ = ["PLOT_FORMATS", "PlotError", "budget_segments", "plot_budget", "plot_latency"]
+__all__ = ["PLOT_FORMATS", "PlotError", "budget_segments", "check_plot_path", "plot_budget", "plot_latency"]
 
 #: File suffixes a plot can be written as.
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -27,6 +28,28 @@ PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 class PlotError(ValueError):
     """A plot that cannot be drawn: matplotlib missing, or an unsupported file suffix."""
+
+
+def check_plot_path(path: str | Path) -> None:
+    """Refuse, before any work, a plot file that cannot be written: a suffix that is not a
+    plot format, a directory that does not exist or is not writable, a directory in the
+    file's place.
+
+    >>> check_plot_path("budget.gif")
+    Traceback (most recent call last):
+    ...
+    ctxcore.benchmarking.plots.PlotError: cannot write a plot as 'budget.gif': the file must end in .png, .svg, .pdf
+    """
+    p = Path(path)
+    if p.suffix.lower() not in PLOT_FORMATS:
+        raise PlotError(f"cannot write a plot as {p.name!r}: the file must end in {', '.join(PLOT_FORMATS)}")
+    parent = p.parent
+    if not parent.is_dir():
+        raise PlotError(f"cannot write a plot to {p}: no directory {parent}")
+    if p.is_dir():
+        raise PlotError(f"cannot write a plot to {p}: it is a directory")
+    if not os.access(p if p.exists() else parent, os.W_OK):
+        raise PlotError(f"cannot write a plot to {p}: permission denied")
 
 
 def new_figure(path: str | Path, width: float, height: float) -> tuple[Any, str]:

@@ -113,11 +113,17 @@ def assemble_stage(
     if store is not None:
         sources = Sources.from_store(store)
         max_memories = 64
+        held = store.stats(organization_id).scopes
         info: dict[str, Any] = {
             "name": "store",
             "organization_id": organization_id,
             "agent_id": agent_id,
             "model": model,
+            # Whether the times are those of a working assembly: the scope's memories, and
+            # how many of the assemblies run degraded.
+            "memories": sum(sc.memories for sc in held if sc.agent_id == agent_id),
+            "assemblies": 0,
+            "degraded": 0,
         }
     else:
         assert cs is not None
@@ -152,7 +158,13 @@ def assemble_stage(
         first = loop.run_until_complete(assemble(req, sources=sources))
 
         def call() -> object:
-            return loop.run_until_complete(assemble(req, sources=sources))
+            ctx = loop.run_until_complete(assemble(req, sources=sources))
+            if store is not None:
+                info["assemblies"] += 1
+                if ctx.degraded:
+                    info["degraded"] += 1
+                    info.setdefault("degradation", ", ".join(ctx.degradation_reasons))
+            return ctx
 
         ref: Callable[[], object] | None = None
         if reference and first.pack is not None:

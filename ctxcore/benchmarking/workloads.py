@@ -234,8 +234,9 @@ def _from_rows(
     )
 
 
-def read_candidates(path: str | Path) -> CandidateSet:
-    """Read a user's candidates from a JSON Lines file (``.gz`` is decompressed).
+def read_candidates(path: str | Path, text: str | None = None) -> CandidateSet:
+    """Read a user's candidates from a JSON Lines file (``.gz`` is decompressed); `text`,
+    when given, is parsed instead (`path` then only names the source, e.g. ``<stdin>``).
 
     One JSON object per line with ``id`` and any of ``tokens`` (int), ``score``,
     ``text``, ``similarity``, ``confidence`` (a field given on one line must be on all);
@@ -251,7 +252,8 @@ def read_candidates(path: str | Path) -> CandidateSet:
     ctxcore.benchmarking.workloads.WorkloadError: ...c.jsonl:2: no 'score', but other candidates have one (give it on every line or none)
     """
     p = Path(path)
-    text = read_utf8(p, WorkloadError, gzipped=p.suffix == ".gz")
+    if text is None:
+        text = read_utf8(p, WorkloadError, gzipped=p.suffix == ".gz")
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     for lineno, obj in jsonl_objects(text, str(p), WorkloadError):

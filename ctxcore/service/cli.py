@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._files import decode_utf8
 from ..errors import ConfigError
 from .config import (
     ASSEMBLY_SETTINGS,
@@ -24,9 +26,13 @@ from .config import (
     auto_workers,
     load_service_config,
     parse_principals,
+    parse_service_config,
 )
 
 __all__ = ["add_subcommands", "config_from_args"]
+
+# The file argument that means standard input (as everywhere on the ``ctxcore`` command line).
+STDIN = "-"
 
 # The [assembly] settings in milliseconds have flags of their own.
 _ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
@@ -41,6 +47,17 @@ def _workers(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    """Argparse type: a count >= 1 (the configuration checks its upper bound)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
 
 
 def _max_running(text: str) -> int | str:
@@ -63,7 +80,7 @@ def add_subcommands(sub: Any) -> None:
         help="run the gRPC ContextAssemblyService",
         description="Run the gRPC ContextAssemblyService. Flags override the --config file.",
     )
-    s.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    s.add_argument("--config", metavar="FILE", help="TOML configuration file ('-': stdin)")
     s.add_argument("--bind", help="address to listen on (default 127.0.0.1:50051)")
     s.add_argument("--db", metavar="PATH|URL", help="the SQLite memory store, or a postgresql:// URL")
     s.add_argument("--catalog", metavar="FILE", help="a capability catalog instead of the shipped one")
@@ -108,8 +125,10 @@ def add_subcommands(sub: Any) -> None:
     )
     t.add_argument("--shutdown-grace-s", type=float, metavar="S", help="time in-flight calls get after SIGTERM")
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
-    t.add_argument("--max-queue", type=int, metavar="N", help="assemblies admitted at a time (admission control)")
-    t.add_argument("--cpu-workers", type=int, metavar="N", help="threads for the assembly's CPU-heavy stages")
+    t.add_argument(
+        "--max-queue", type=_positive_int, metavar="N", help="assemblies admitted at a time (admission control)"
+    )
+    t.add_argument("--cpu-workers", type=_positive_int, metavar="N", help="threads for the assembly's CPU-heavy stages")
     s.add_argument(
         "--workers",
         type=_workers,
@@ -139,7 +158,12 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     Raises:
         ConfigError: a bad file or flag (named).
     """
-    cfg = load_service_config(args.config) if args.config else ServiceConfig()
+    if args.config == STDIN:
+        # Relative paths in a configuration read from standard input are relative to here.
+        text = decode_utf8(sys.stdin.buffer.read(), "<stdin>", ConfigError, what="config")
+        cfg = parse_service_config(text, "<stdin>", Path.cwd())
+    else:
+        cfg = load_service_config(args.config) if args.config else ServiceConfig()
     top: dict[str, Any] = {}
     for name in (
         "bind",

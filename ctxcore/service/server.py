@@ -302,6 +302,9 @@ class ContextService:
         self._sources = sources
         self._store_opener = store_opener
         self._store: Any = None
+        # The served store's embedding dimension once known (it is fixed from then on,
+        # re-read only when a query disagrees with it: a re-embedding may have changed it).
+        self._store_dims: int | None = None
         if assemble is None:
             assemble, module = _default_assemble()
             base = module.AssemblyConfig.from_env()
@@ -691,6 +694,23 @@ class ContextService:
             call.fields["agent_id"] = req.agent_id
         return principal.authorize(req.organization_id, req.agent_id)
 
+    async def _check_query_dimensions(self, req: AssemblyRequest) -> None:
+        """A query embedding of another dimension than the served store's is the caller's
+        error (INVALID_ARGUMENT naming ``query.embedding``), not a degraded answer."""
+        emb = req.query.embedding
+        if not emb or self._store is None:
+            return
+        if self._store_dims is None or self._store_dims != len(emb):
+            dims = getattr(self._store, "dimensions", None)
+            if dims is None or isinstance(dims, bool) or not isinstance(dims, int):
+                return
+            self._store_dims = dims
+        if len(emb) != self._store_dims:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"query.embedding: has {len(emb)} dimensions, the store's embeddings have {self._store_dims}",
+            )
+
     def _wall_deadline(self, context: grpc.aio.ServicerContext[Any, Any], tail_ms: float) -> float | None:
         """The deadline handed to the assembly: the caller's, less the response headroom
         and whatever of the estimated tail the assembly's own packing headroom does not
@@ -752,6 +772,7 @@ class ContextService:
                 waited_in_vain = True  # until a turn comes
                 turn = await self._take_turn(context, tail_ms, call)
                 waited_in_vain = False
+            await self._check_query_dimensions(req)
             deadline = self._wall_deadline(context, tail_ms)
             assert self._sources is not None
             kwargs: dict[str, Any] = {

@@ -6,13 +6,16 @@ optional) or a directive (``"type": "directive"``, ``organization_id``, optional
 nothing, and every error names the file and line. `load_demo` builds a database from
 the dataset shipped in the package (``ctxcore/data/demo_memories.jsonl``: several
 organizations, agents and languages), with `HashingEmbedder` embeddings; ``ctxcore
-demo`` runs an assembly against it.
+demo`` runs an assembly against it. A demo database records ``demo_dataset`` in its
+``meta`` table; `load_demo` rebuilds over such a file and over nothing else, so a user's own
+store or any other file at the path is never replaced.
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import os
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +30,14 @@ from .sqlite import OnConflict, SqliteMemoryStore
 if TYPE_CHECKING:
     from .postgres import PostgresMemoryStore
 
-__all__ = ["DEMO_DATASET", "IngestReport", "ingest_jsonl", "load_demo", "read_jsonl"]
+__all__ = ["DEMO_DATASET", "IngestReport", "ingest_jsonl", "is_demo_store", "load_demo", "read_jsonl"]
 
 #: The demo dataset, inside the installed package.
 DEMO_DATASET = "data/demo_memories.jsonl"
+#: The ``meta`` key a demo database records (its value: `DEMO_DATASET`).
+DEMO_MARK = "demo_dataset"
+# The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +136,48 @@ def ingest_jsonl(
     return IngestReport(name, len(stored), len(directives), len(memories) - len(stored))
 
 
+def is_demo_store(db_path: str | os.PathLike[str]) -> bool:
+    """Whether `db_path` is a database `load_demo` built (it records `DEMO_MARK`). Reads
+    the file only: a file that is not a SQLite database, or not a demo one, is left as it is.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp(), "notes.txt")
+    >>> _ = path.write_text("my notes")
+    >>> is_demo_store(path)
+    False
+    """
+    target = Path(db_path)
+    try:
+        with target.open("rb") as f:
+            if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                return False
+    except OSError:
+        return False
+    try:
+        conn = sqlite3.connect(f"{target.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (DEMO_MARK,)).fetchone()
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+    return row is not None
+
+
 def load_demo(db_path: str | os.PathLike[str], *, overwrite: bool = False) -> SqliteMemoryStore:
     """Build the demo database at `db_path` from the shipped dataset and return it open
     (with the `HashingEmbedder` its embeddings were made with). Close it when done.
 
     Args:
         db_path: where to create the database.
-        overwrite: replace an existing file at `db_path` (else `FileExistsError`).
+        overwrite: rebuild an existing demo database at `db_path` (one `load_demo` built,
+            `is_demo_store`). Any other file there is never replaced.
+
+    Raises:
+        FileExistsError: something exists at `db_path` and it is not a demo database, or
+            it is one and `overwrite` is false; nothing is changed.
 
     >>> import asyncio, tempfile, os
     >>> from ctxcore.memory import Scope
@@ -144,7 +186,12 @@ def load_demo(db_path: str | os.PathLike[str], *, overwrite: bool = False) -> Sq
     True
     """
     target = Path(db_path)
-    if target.exists():
+    if target.exists() or target.is_symlink():
+        if not is_demo_store(target) or target.is_symlink():
+            raise FileExistsError(
+                f"{target} exists and is not a demo database built by `ctxcore demo`; "
+                "it is left as it is (choose another path)"
+            )
         if not overwrite:
             raise FileExistsError(f"{target} exists; pass overwrite=True to rebuild it")
         for suffix in ("", "-wal", "-shm"):
@@ -153,7 +200,12 @@ def load_demo(db_path: str | os.PathLike[str], *, overwrite: bool = False) -> Sq
     store = SqliteMemoryStore(target, embedder=HashingEmbedder())
     try:
         ingest_jsonl(store, f"ctxcore/{DEMO_DATASET}", text)
+        # The mark that lets a later `load_demo` rebuild this file (and no other).
+        store._write(lambda conn: conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (DEMO_MARK, DEMO_DATASET)))
     except BaseException:
         store.close()
+        # Nothing of a half-built demo stays behind (the path held no file, or a demo one).
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{target}{suffix}").unlink(missing_ok=True)
         raise
     return store

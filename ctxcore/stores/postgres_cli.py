@@ -102,6 +102,17 @@ def _cmd_init(args: argparse.Namespace, out: TextIO) -> int:
         )
 
 
+def _days(text: str) -> float:
+    """Argparse type of ``--older-than-days``: a finite number of days >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of days >= 0, got {text}")
+    return value
+
+
 @_named_errors
 def _cmd_delete(args: argparse.Namespace, out: TextIO) -> int:
     from ..memory import Scope
@@ -195,7 +206,7 @@ def add_lifecycle_subcommands(mem: Any) -> None:
     f.add_argument("--db", required=True, help=db_help)
     f.add_argument("--org", help="organization id")
     f.add_argument("--agent", help="agent id (default: the whole organization)")
-    f.add_argument("--older-than-days", type=float, metavar="DAYS", help="retention: delete memories older than this")
+    f.add_argument("--older-than-days", type=_days, metavar="DAYS", help="retention: delete memories older than this")
     f.add_argument("--json", action="store_true", help="print one JSON document")
     f.set_defaults(func=_cmd_forget)
     s = mem.add_parser("stats", help="memories, embeddings and tokens per scope")

@@ -8,6 +8,7 @@ Exit statuses are checked with bounds that cannot fail (seconds per call) or can
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from PIL import Image
 from ctxcore.benchmarking import WorkloadError, load_workload, read_candidates, workload_names
 from ctxcore.benchmarking.command import report_schema
 from ctxcore.benchmarking.workloads import generate
+from ctxcore.stores import SqliteMemoryStore, load_demo
 
 CTXCORE = shutil.which("ctxcore", path=str(Path(sys.executable).parent)) or "ctxcore"
 FAST = ["--rounds", "100", "--warmup", "2", "--reference-rounds", "3"]
@@ -152,17 +154,101 @@ def test_bench_against_a_memory_store(tmp_path: Path) -> None:
         (["--stage", "pack", "--max-ratio", "2", "--no-reference"], "--max-ratio needs the references"),
         (["--stage", "pack", "--workload", "format-prose"], "not a pack workload"),
         (["--workload", "nope"], "unknown workload 'nope'"),
-        (["--model", "no-such-model", "--stage", "pack"], "no-such-model"),
         (["--stage", "assemble", "--db", "x.db"], "--db needs --org and --agent"),
-        (["--stage", "assemble", "--db", "missing.db", "--org", "o", "--agent", "a"], "no database at missing.db"),
         (["--plot", "out.gif"], "must end in .png, .svg, .pdf"),
-        (["--candidates", "absent.jsonl"], "cannot read absent.jsonl"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
     proc = bench(tmp_path, *args)
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stderr
+    # argparse's own errors come after the usage; every other one is the command's one line
+    assert proc.stderr.startswith(("usage: ", "ctxcore: error: ")), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model", "--stage", "pack"], "--model: unknown model 'no-such-model'"),
+        (["--stage", "assemble", "--db", "missing.db", "--org", "o", "--agent", "a"], "no database at missing.db"),
+        (["--candidates", "absent.jsonl"], "cannot read absent.jsonl"),
+        (["--stage", "assemble", "--db", "not-a-store.db", "--org", "o", "--agent", "a"], "not-a-store.db"),
+    ],
+)
+def test_bad_data_exits_1_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "not-a-store.db").write_text("my notes\n")
+    proc = bench(tmp_path, *args)
+    assert proc.returncode == 1, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ctxcore: error: ") and message in lines[0], proc.stderr
+
+
+def test_candidates_from_stdin(tmp_path: Path) -> None:
+    rows = "".join(f'{{"id": "c{i}", "tokens": {10 + i}, "score": {1 / (i + 1)}}}\n' for i in range(40))
+    proc = subprocess.run(
+        [CTXCORE, "bench", "--stage", "pack", "--candidates", "-", "--rounds", "100", "--no-reference", "--json"],
+        input=rows,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # a latency gate: either verdict is valid
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["stages"]["pack"]["workload"]["candidates"] == 40
+
+
+def test_a_store_whose_assemblies_retrieve_nothing_fails(tmp_path: Path) -> None:
+    """Against a scope without memories, or a store whose cold branch fails on every call,
+    the times are not of a working assembly: the report says so and the run fails."""
+    import sqlite3
+
+    demo = tmp_path / "demo.db"
+    load_demo(demo).close()
+    proc = bench(
+        tmp_path,
+        "--stage",
+        "assemble",
+        "--db",
+        str(demo),
+        "--org",
+        "nobody",
+        "--agent",
+        "a",
+        "--rounds",
+        "100",
+        "--no-reference",
+        "--json",
+    )
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["passed"] is False and doc["stages"]["assemble"]["workload"]["memories"] == 0
+    assert "holds no memories" in doc["problems"][0] and "holds no memories" in proc.stderr
+
+    broken = tmp_path / "broken.db"
+    with SqliteMemoryStore(broken) as store:  # no embedder: 2-dimensional embeddings are the store's own
+        store.add({"id": "x", "organization_id": "o", "agent_id": "a", "text": "cache ttl", "embedding": [1, 2]})
+    with sqlite3.connect(broken) as conn:  # a recorded embedder of another dimension: every cold read fails
+        conn.execute("INSERT INTO meta VALUES ('embedder', 'hashing-v1/dim=256/seed=0')")
+    proc = bench(
+        tmp_path,
+        "--stage",
+        "assemble",
+        "--db",
+        str(broken),
+        "--org",
+        "o",
+        "--agent",
+        "a",
+        "--rounds",
+        "100",
+        "--no-reference",
+    )
+    assert proc.returncode == 1
+    assert re.search(r"degraded (\d+) of \1 assemblies \(cold_error\)", proc.stdout) and "FAILED" in proc.stdout
+    assert "ctxcore: error: every timed assembly of o/a degraded (cold_error)" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -186,14 +272,14 @@ def test_bad_candidates_name_the_line(tmp_path: Path, lines: list[str], message:
         read_candidates(path)
     assert message in str(info.value)
     proc = bench(tmp_path, "--candidates", str(path), "--stage", "pack")
-    assert proc.returncode == 2 and message in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.startswith("ctxcore: error: ") and message in proc.stderr
 
 
 def test_a_packing_only_set_cannot_be_formatted(tmp_path: Path) -> None:
     path = tmp_path / "costs.jsonl"
     path.write_text('{"id": "a", "tokens": 5, "score": 1}\n', encoding="utf-8")
     proc = bench(tmp_path, "--candidates", str(path), "--stage", "format")
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert "the format stage needs a text on every candidate" in proc.stderr
 
 

@@ -292,3 +292,160 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
             assert shown == ""
         else:
             assert "memories" in shown and "/s" in shown, shown
+
+
+# ---- demo never replaces a file that is not its own ----------------------------------------
+
+
+def test_demo_leaves_a_file_that_is_not_a_demo_store(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    store = tmp_path / "mine.db"
+    assert (
+        run_in(MEMORY.format(id="m1", text="prefers email"), "memories", "add", "-", "--db", str(store)).returncode == 0
+    )
+    before = store.read_bytes()
+    for path in (notes, store):
+        out = run("demo", "--db", str(path))
+        assert out.returncode == 1
+        assert "not a demo store" in one_error_line(out)
+    assert notes.read_text() == "my notes\n" and store.read_bytes() == before
+    # a demo store is rebuilt in place, as often as asked
+    demo = tmp_path / "demo.db"
+    for _ in range(2):
+        out = run("demo", "--db", str(demo), "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["selected"]
+
+
+def test_demo_in_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    out = run("demo", "--db", str(tmp_path / "nope" / "demo.db"))
+    assert out.returncode == 1 and "nope" in one_error_line(out)
+
+
+# ---- an embedding of another dimension than the embedder's ---------------------------------
+
+
+def test_an_embedding_of_another_dimension_is_refused_naming_its_line(tmp_path: Path) -> None:
+    bad = '{"id": "x", "organization_id": "o", "agent_id": "a", "text": "cache ttl", "embedding": [1, 2]}\n'
+    good = '{"id": "y", "organization_id": "o", "agent_id": "a", "text": "cache ttl is an hour"}\n'
+    db = tmp_path / "m.db"
+    for text, line in ((bad + good, 1), (good + bad, 2)):
+        out = run_in(text, "memories", "add", "-", "--db", str(db), "--embedder", "hashing")
+        assert out.returncode == 1
+        msg = one_error_line(out)
+        assert f"<stdin>:{line}: memory 'x'" in msg and "2 dimensions" in msg and "256" in msg, msg
+        assert not db.exists()  # nothing written, not even the new file
+    # the store stays usable: the valid memory goes in, then assembles
+    assert run_in(good, "memories", "add", "-", "--db", str(db), "--embedder", "hashing").returncode == 0
+    out = run_in(bad, "memories", "add", "-", "--db", str(db))
+    assert out.returncode == 1 and "<stdin>:1: memory 'x'" in one_error_line(out)
+    out = run(
+        "assemble", "--db", str(db), "--model", "gpt-4o", "--org", "o", "--agent", "a", "--query", "cache ttl", "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    # (a branch may time out on a loaded machine; none fails)
+    assert doc["selected"] and not [r for r in doc["degradation_reasons"] if r.endswith("_error")], doc
+
+
+# ---- errors of the store, the embedder, the model and the tokenizer are one line -----------
+
+
+def test_run_time_errors_are_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    assert run_in(MEMORY.format(id="m1", text="prefers email"), "memories", "add", "-", "--db", str(db)).returncode == 0
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"query": "email", "evidence": ["m1"], "organization_id": "acme", "agent_id": "support"}\n')
+    for args, fragment in (
+        (("eval", "--db", str(tmp_path / "none.db"), "--labels", str(labels), "--model", "nosuch"), "nosuch"),
+        (("memories", "recount", "--db", str(db), "--family", "bogus"), "bogus"),
+        (("memories", "reembed", "--db", str(db), "--embedder", "sentence-transformers:/nonexist"), "/nonexist"),
+    ):
+        out = run(*args)
+        assert out.returncode == 1, (args, out.stderr)
+        assert fragment in one_error_line(out)
+
+
+def test_a_failing_cold_read_degrades_the_assembly(tmp_path: Path) -> None:
+    """A store whose recorded embedder no longer matches its embeddings: the cold branch
+    fails, the assembly says so and still answers."""
+    import sqlite3
+
+    db = tmp_path / "m.db"
+    line = '{"id": "x", "organization_id": "o", "agent_id": "a", "text": "cache ttl", "embedding": [1, 2]}\n'
+    assert run_in(line, "memories", "add", "-", "--db", str(db), "--embedder", "none").returncode == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO meta VALUES ('embedder', 'hashing-v1/dim=256/seed=0')")
+    out = run(
+        "assemble", "--db", str(db), "--model", "gpt-4o", "--org", "o", "--agent", "a", "--query", "cache", "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    cold = next(b for b in doc["branches"] if b["branch"] == "cold")
+    assert doc["degraded"] and cold["status"] == "error" and "dimensions" in cold["error"]
+
+
+# ---- '-' reads standard input for every file argument ---------------------------------------
+
+
+DEMO_ORG = "acme-retail"
+
+
+def test_every_file_argument_reads_stdin(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    messages = '[{"role": "user", "content": "Can I return shoes after three weeks?"}]'
+    out = run_in(messages, "demo", "--db", str(db), "--messages", "-", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["budget"]["messages_tokens"] > 0
+    labels = '{"query": "refund for shoes", "evidence": ["acme-support-001"]}\n'
+    out = run_in(labels, "eval", "--db", str(db), "--labels", "-", "--org", DEMO_ORG, "--agent", "support", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)
+    out = run_in("not json\n", "eval", "--db", str(db), "--labels", "-", "--org", "o", "--agent", "a")
+    assert out.returncode == 1 and "<stdin>: line 1" in one_error_line(out)
+    catalog = "[tokenizer_policy.cl100k_base]\nestimate = 0.1\n[models.mine]\ncontext_window = 8192\n"
+    catalog += 'max_output_tokens = 1024\ntokenizer_family = "cl100k_base"\nestimate_kind = "estimate"\n'
+    out = run_in(catalog, "catalog", "--catalog", "-", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [m["name"] for m in json.loads(out.stdout)] == ["mine"]
+    out = run_in("[server]\nmax_queue = 0\n", "serve", "--config", "-", "--db", str(db), "--allow-unauthenticated")
+    assert out.returncode == 1 and "max_queue" in one_error_line(out)
+
+
+def test_stdin_is_read_once(tmp_path: Path) -> None:
+    out = run_in("", "serve", "--config", "-", "--api-key-file", "-")
+    assert out.returncode == 2 and "--api-key-file" in one_error_line(out)
+
+
+# ---- a plot that cannot be written fails before the work ------------------------------------
+
+
+def test_eval_checks_its_plot_before_it_evaluates(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"query": "refund", "evidence": ["m1"], "organization_id": "o", "agent_id": "a"}\n')
+    for plot, fragment in (("x.gif", "must end in"), (str(tmp_path / "nope" / "x.png"), "no directory")):
+        # no store at --db: the plot is refused before the store is opened
+        out = run("eval", "--db", str(tmp_path / "none.db"), "--labels", str(labels), "--plot", plot)
+        assert out.returncode == 2 and "--plot" in out.stderr and fragment in out.stderr, out.stderr
+
+
+# ---- bad flag values are usage errors naming the flag ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["pack", str(EXAMPLE), "--budget", "10", "--cell-ceiling", "0"], "--cell-ceiling"),
+        (["memories", "forget", "--db", "x.db", "--org", "o", "--older-than-days", "-1"], "--older-than-days"),
+        (["serve", "--max-queue", "0"], "--max-queue"),
+        (["serve", "--cpu-workers", "0"], "--cpu-workers"),
+    ],
+)
+def test_bad_flag_values_exit_2_naming_the_flag(tmp_path: Path, args: list[str], flag: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxcore", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"argument {flag}" in out.stderr and "Traceback" not in out.stderr
+    assert "max_age_seconds" not in out.stderr

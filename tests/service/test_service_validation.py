@@ -506,3 +506,35 @@ def test_a_lone_surrogate_is_named_by_the_client() -> None:
     fields = [field for field, _ in cases] + ["model", "models[1]"]
     for field, message in zip(fields, got, strict=True):
         assert message.startswith(f"{field}: holds a lone surrogate"), (field, message)
+
+
+# ---- a query embedding of another dimension than the store's ----------------------------
+
+
+def test_a_query_embedding_of_the_wrong_dimension_is_invalid_argument(demo_db: Path) -> None:
+    """The demo store holds 256-dimensional embeddings: a 3-dimensional query is the
+    caller's error, named with the dimension the store expects; a right one is served."""
+
+    async def main() -> list[tuple[grpc.StatusCode, str, list[str]]]:
+        out = []
+        async with running(open_config(db=demo_db)) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=10.0) as client:
+                for emb in ([0.1, 0.2, 0.3], [1.0] + [0.0] * 255):
+                    req = pb.AssembleContextRequest(
+                        organization_id="acme-retail",
+                        agent_id="support",
+                        model="gpt-4o",
+                        query=pb.Query(text="refund for shoes", embedding=emb),
+                    )
+                    try:
+                        ctx = await client.assemble(req)
+                        out.append((grpc.StatusCode.OK, "", list(ctx.degradation_reasons)))
+                    except grpc.aio.AioRpcError as exc:
+                        out.append((exc.code(), exc.details() or "", []))
+        return out
+
+    wrong, right = asyncio.run(main())
+    assert wrong[0] == grpc.StatusCode.INVALID_ARGUMENT, wrong
+    assert "query.embedding" in wrong[1] and "3 dimensions" in wrong[1] and "256" in wrong[1], wrong
+    # (a branch may still time out on a loaded machine; none fails)
+    assert right[0] == grpc.StatusCode.OK and not [r for r in right[2] if r.endswith("_error")], right

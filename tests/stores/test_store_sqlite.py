@@ -1162,3 +1162,45 @@ def test_cli_memories_optimize(tmp_path: Path) -> None:
     assert missing.returncode == 1 and f"no database at {tmp_path / 'none.db'}" in missing.stderr
     pg = cli("memories", "optimize", "--db", "postgresql://localhost/memories")
     assert pg.returncode == 1 and "PostgreSQL maintains its own" in pg.stderr
+
+
+def test_an_embedding_of_another_dimension_than_the_embedders_is_refused(tmp_path: Path) -> None:
+    """A store with an embedder takes embeddings of its dimension only, from the first one
+    on: the bad memory is named (not a later good one) and nothing is written."""
+    from ctxcore.stores import HashingEmbedder, InvalidMemory, SqliteMemoryStore
+
+    good = {"id": "y", "organization_id": "o", "agent_id": "a", "text": "cache ttl"}
+    bad = {"id": "x", "organization_id": "o", "agent_id": "a", "text": "t", "embedding": [1.0, 2.0]}
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=HashingEmbedder()) as store:
+        with pytest.raises(InvalidMemory, match=r"memory 'x' .*2 dimensions.*256") as info:
+            store.add(bad)
+        assert info.value.memory_id == "x"
+        with pytest.raises(InvalidMemory, match=r"memory 'x' \(index 1\)") as info:
+            store.add_many([good, bad])
+        assert info.value.index == 1
+        assert store.dimensions is None and store.stats().memories == 0
+        store.add(good)
+        assert store.dimensions == 256
+        with pytest.raises(InvalidMemory, match="2 dimensions"):
+            store.update(Scope("o", "a"), "y", embedding=[1.0, 2.0])
+
+
+def test_load_demo_rebuilds_a_demo_store_and_nothing_else(tmp_path: Path) -> None:
+    from ctxcore.stores import SqliteMemoryStore, load_demo
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    mine = tmp_path / "mine.db"
+    with SqliteMemoryStore(mine) as store:
+        store.add({"id": "m1", "organization_id": "o", "agent_id": "a", "text": "likes tea"})
+    before = mine.read_bytes()
+    for path in (notes, mine):
+        with pytest.raises(FileExistsError, match="not a demo database"):
+            load_demo(path, overwrite=True)
+    assert notes.read_text() == "my notes\n" and mine.read_bytes() == before
+    demo = tmp_path / "demo.db"
+    load_demo(demo).close()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        load_demo(demo)
+    with load_demo(demo, overwrite=True) as store:
+        assert store.stats().memories > 0

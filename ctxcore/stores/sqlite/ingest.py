@@ -19,6 +19,7 @@ from .schema import stored_dim
 
 __all__ = [
     "OnConflict",
+    "check_dims",
     "delete_memories",
     "insert_batch",
     "insert_memory",
@@ -49,6 +50,15 @@ def insert_memory(conn: sqlite3.Connection, values: tuple[Any, ...]) -> None:
     )
 
 
+def check_dims(batch: Sequence[NewMemory], sizes: Sequence[int | None], want: int, whose: str) -> None:
+    """Refuse the first memory whose embedding (of `sizes`, None: none) has another
+    dimension than `want`; `whose` names where `want` comes from in the message."""
+    for i, size in enumerate(sizes):
+        if size is not None and size != want:
+            mid = batch[i].id
+            raise InvalidMemory(f"memory {mid!r} (index {i}): embedding has {size} dimensions, {whose} {want}", i, mid)
+
+
 def insert_batch(
     conn: sqlite3.Connection,
     batch: list[NewMemory],
@@ -61,9 +71,15 @@ def insert_batch(
     kind: str,
     on_conflict: OnConflict,
     now: float,
+    expected_dim: int | None = None,
+    expected_from: str = "the store's",
 ) -> list[NewMemory]:
     """Insert the prepared batch (inside the caller's transaction) and bump the scopes'
-    counters; returns the memories inserted (without the skipped ones)."""
+    counters; returns the memories inserted (without the skipped ones).
+
+    Every embedding must have the store's recorded dimension; a store that records none
+    yet takes `expected_dim` (its embedder's, named by `expected_from`), else the first
+    embedding's."""
     taken = conn.execute(
         "SELECT id, organization_id, agent_id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
         (json.dumps(list(seen)),),
@@ -93,17 +109,16 @@ def insert_batch(
             )
         delete_memories(conn, [r[0] for r in taken])
     dim = stored_dim(conn)
-    for i, v in enumerate(vectors):
-        if v is None:
-            continue
-        if dim is None:
-            dim = v.size
-            conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
-        elif v.size != dim:
-            mid = batch[i].id
-            raise InvalidMemory(
-                f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {dim}", i, mid
-            )
+    whose = "the store's have"
+    if dim is None and expected_dim is not None and any(v is not None for v in vectors):
+        dim, whose = expected_dim, expected_from
+        conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
+    first_vector = next((v for v in vectors if v is not None), None)
+    if dim is None and first_vector is not None:
+        dim = first_vector.size
+        conn.execute("INSERT INTO meta VALUES ('embedding_dim', ?)", (str(dim),))
+    if dim is not None:
+        check_dims(batch, [None if v is None else v.size for v in vectors], dim, whose)
     bumps: dict[tuple[str, str], list[int]] = {}
     for m, created, n_tokens, v, ex in zip(batch, created_times(batch, now), counts, vectors, exact):
         insert_memory(

@@ -58,6 +58,7 @@ from .hot import DEFAULT_HOT_CACHE_BYTES, DEFAULT_ROW_CACHE_BYTES, HotCache, Hot
 from .ingest import (
     PROGRESS_CHUNK,
     OnConflict,
+    check_dims,
     insert_batch,
     insert_memory,
     remove_rows,
@@ -174,6 +175,7 @@ class SqliteMemoryStore:
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._embedder: Embedder | None = embedder
+        self._dim_of_embedder: int | None = None
         self._family = token_family
         self._exact = token_family in exact_families()
         self._vectors_cache = VectorCache(cache_bytes)
@@ -218,6 +220,22 @@ class SqliteMemoryStore:
         none. Set even when `embedder` is None: a store opened without an embedder whose
         recorded one ctxcore cannot rebuild from its name (an endpoint, a local model)."""
         return self._embedder_name
+
+    @property
+    def dimensions(self) -> int | None:
+        """The dimension of the stored embeddings (read from the database, so a first
+        embedding written by another process counts), None before the first one.
+
+        >>> import tempfile, os
+        >>> from ctxcore.stores import HashingEmbedder
+        >>> with SqliteMemoryStore(os.path.join(tempfile.mkdtemp(), "m.db"), embedder=HashingEmbedder(64)) as s:
+        ...     _ = s.add(NewMemory("m1", "o", "a", "likes tea"))
+        ...     s.dimensions
+        64
+        """
+        self._check_open()
+        with self._write_lock:
+            return stored_dim(self._writer)
 
     @property
     def token_family(self) -> str:
@@ -368,6 +386,11 @@ class SqliteMemoryStore:
             raise ValueError(f"on_conflict must be 'error', 'skip' or 'replace', got {on_conflict!r}")
         if not batch and not directives:
             return []
+        # An embedding of another dimension than the embedder's is refused before any work
+        # (and would make every later embedding of the store incomparable).
+        want = self._embedder_dim() if any(m.embedding is not None for m in batch) else None
+        if want is not None:
+            check_dims(batch, [None if m.embedding is None else len(m.embedding) for m in batch], want, self._wanted())
         counts: list[int] = []
         exact: list[str | None] = []
         vectors: list[npt.NDArray[np.float32] | None] = []
@@ -394,6 +417,8 @@ class SqliteMemoryStore:
                 kind=kind,
                 on_conflict=on_conflict,
                 now=now,
+                expected_dim=want,
+                expected_from=self._wanted(),
             )
             for d in directives:
                 write_directive(conn, d.organization_id, d.agent_id, d.text)
@@ -644,6 +669,24 @@ class SqliteMemoryStore:
             for i, v in zip(todo, embed_many(self._embedder, [batch[i].text for i in todo])):
                 out[i] = v
         return out
+
+    def _embedder_dim(self) -> int | None:
+        """The dimension of the store's embedder's vectors (None without an embedder): its
+        ``dim``, else the size of one embedding it makes (once per store)."""
+        if self._embedder is None:
+            return None
+        if self._dim_of_embedder is None:
+            dim = getattr(self._embedder, "dim", None)
+            if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
+                self._dim_of_embedder = dim
+            else:
+                probe = embed(self._embedder, "dimension probe")
+                self._dim_of_embedder = None if probe is None else int(probe.size)
+        return self._dim_of_embedder
+
+    def _wanted(self) -> str:
+        """Whose dimension an embedding must have, as messages name it."""
+        return "the store's" if self._embedder is None else f"the store's embedder ({self._embedder.name}) makes"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1128,6 +1171,8 @@ class SqliteMemoryStore:
             rowid, old_text, blob, conf, imp, created, accessed, tokens, family, kind, stored_exact = row
             if new_vec is not None:
                 dim = stored_dim(conn)
+                if dim is None and embedding is not None:
+                    dim = self._embedder_dim()
                 if dim is not None and new_vec.size != dim:
                     raise InvalidMemory(
                         f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have {dim}",
