@@ -608,8 +608,9 @@ _CREATED = 4
 def created_column(cols: Columns, rows: npt.NDArray[np.intp]) -> list[str | None]:
     """The ``created_at`` column the serializer takes: each of `rows` its creation time as
     the compact rendering writes it, every other row None. A record's time is a finite
-    number of seconds (`MemoryRecord` checks it); one the platform cannot write as a date
-    (beyond the year 9999) is written as unknown, None, like a record without a time."""
+    number of seconds (`MemoryRecord` checks it); one outside the years ISO 8601 writes in
+    four digits (before 0001 or after 9999, `created_at_text`) is written as unknown, None,
+    like a record without a time."""
     out: list[str | None] = [None] * cols.n
     for i, when in zip(rows.tolist(), cols.created_at[rows].tolist()):
         try:

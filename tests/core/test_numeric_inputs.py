@@ -5,12 +5,17 @@ from deep inside, a silently zeroed vector or a request that fails as a whole.""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
+import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import ctxcore
 from ctxcore import AssemblyConfig, AssemblyRequest, MemoryBatch, MemoryRecord, Query, Scope, Sources
@@ -106,6 +111,85 @@ def test_a_registered_tokenizers_count_beyond_2_40_is_refused() -> None:
                 call()
     finally:
         ctxcore.unregister_tokenizer("test-huge-counts")
+
+
+# The creation times the compact rendering writes: 0001-01-01T00:00:00Z to
+# 9999-12-31T23:59:59Z in seconds since the epoch.
+FIRST_SECOND, LAST_SECOND = -62135596800, 253402300799
+ISO_SECOND = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
+
+
+@pytest.mark.parametrize(
+    ("when", "text"),
+    [
+        (FIRST_SECOND, "0001-01-01T00:00:00Z"),
+        (float(FIRST_SECOND), "0001-01-01T00:00:00Z"),
+        (FIRST_SECOND + 0.5, "0001-01-01T00:00:00Z"),
+        (-62104060801, "0001-12-31T23:59:59Z"),
+        (-59011459200, "0100-01-01T00:00:00Z"),
+        (-30610224001, "0999-12-31T23:59:59Z"),
+        (-30610224000, "1000-01-01T00:00:00Z"),
+        (-0.5, "1969-12-31T23:59:59Z"),  # to the second, rounded down
+        (0, "1970-01-01T00:00:00Z"),
+        (np.int64(1715090580), "2024-05-07T14:03:00Z"),
+        (np.float32(1024.0), "1970-01-01T00:17:04Z"),
+        (Fraction(1715090580, 1), "2024-05-07T14:03:00Z"),
+        (LAST_SECOND, "9999-12-31T23:59:59Z"),
+        (LAST_SECOND + 0.5, "9999-12-31T23:59:59Z"),
+        ("0001-01-01T00:00:00Z", "0001-01-01T00:00:00Z"),
+        ("0001-01-01T00:30:00+00:30", "0001-01-01T00:00:00Z"),
+        ("9999-12-31T23:59:59.999999+00:00", "9999-12-31T23:59:59Z"),
+        (datetime.datetime.max.replace(tzinfo=datetime.UTC), "9999-12-31T23:59:59Z"),
+        (datetime.datetime.min.replace(tzinfo=datetime.UTC), "0001-01-01T00:00:00Z"),
+    ],
+)
+def test_creation_times_at_the_edges_are_iso_8601(when: Any, text: str) -> None:
+    assert ctxcore.formatting.created_at_text(when) == text
+
+
+@given(st.integers(FIRST_SECOND, LAST_SECOND))
+def test_every_written_creation_time_is_iso_8601_and_reads_back(seconds: int) -> None:
+    text = ctxcore.formatting.created_at_text(seconds)
+    assert text is not None and ISO_SECOND.fullmatch(text)
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    assert datetime.datetime.fromisoformat(text) == epoch + datetime.timedelta(seconds=seconds)
+    assert ctxcore.formatting.created_at_text(float(seconds) + 0.25) == text
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        FIRST_SECOND - 1,
+        FIRST_SECOND - 0.5,
+        LAST_SECOND + 1,
+        1e300,
+        -1e300,
+        math.inf,
+        -math.inf,
+        HUGE,
+        -HUGE,
+        Fraction(HUGE),
+        "0001-01-01T00:30:00+01:00",
+        "9999-12-31T23:59:59-00:01",
+        datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1))),
+    ],
+)
+def test_creation_times_beyond_four_digit_years_are_refused_by_name(when: Any) -> None:
+    with pytest.raises(ValueError, match=r"created_at is out of range: .* is not between 0001-01-01T00:00:00Z and"):
+        ctxcore.formatting.created_at_text(when)
+    # Formatting names the memory; assembling writes the time as unknown (tests/assembly/test_memory_format.py).
+    with pytest.raises(
+        ctxcore.InvalidFormatInput, match=r"^memory 'note-2' \(index 1\): created_at is out of range"
+    ) as info:
+        ctxcore.format_context(
+            memories=[
+                {"id": "note-1", "text": "x", "created_at": 0},
+                {"id": "note-2", "text": "y", "created_at": when},
+            ],
+            memory_format="compact",
+            memory_attributes=("created_at",),
+        )
+    assert (info.value.section, info.value.index, info.value.item_id) == ("memories", 1, "note-2")
 
 
 @pytest.mark.parametrize("count", [lambda t: len(t) / 4, lambda t: str(len(t)), lambda t: True])
