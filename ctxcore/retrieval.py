@@ -10,11 +10,12 @@ of microseconds) is done when its task is created, without a pass of the event l
 only the branches that wait are waited for. When the wall is reached the branches still
 running are cancelled and awaited (no task outlives the call), and a branch that
 completed is kept.
-Every branch ends with a `BranchRecord`: ``ok``, ``timeout``, ``error`` (it raised or
-returned malformed data) or ``skipped``, with its latency. Memories are checked against
-the request's scope here, before anything else sees them: a memory of another
-organization or agent is dropped and counted, never used. A failed branch is only
-recorded; nothing is retried wider, cached or substituted.
+Every branch ends with a `BranchRecord`: ``ok``, ``timeout`` (its timeout or the wall
+came first), ``error`` (the source raised, a `TimeoutError` or `CancelledError` of its
+own included, or returned malformed data) or ``skipped``, with its latency. Memories are
+checked against the request's scope here, before anything else sees them: a memory of
+another organization or agent is dropped and counted, never used. A failed branch is
+only recorded; nothing is retried wider, cached or substituted.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def _answered(branch: Branch, value: Any, scope: Scope, t0: float) -> _Outcome:
     return _Outcome(record(BranchStatus.OK, items=len(ok), foreign=len(foreign)), ok, foreign)
 
 
-def _failed(branch: Branch, exc: Exception, t0: float) -> _Outcome:
+def _failed(branch: Branch, exc: BaseException, t0: float) -> _Outcome:
     return _Outcome(BranchRecord(branch, BranchStatus.ERROR, (time.perf_counter() - t0) * 1000.0, _error_text(exc)))
 
 
@@ -215,28 +216,41 @@ def _answer_now(branch: Branch, now: Callable[..., Any], args: tuple[Any, ...], 
     t0 = time.perf_counter()
     try:
         value = now(*args)
-    except Exception as exc:  # a failing source is recorded, never propagated
+    except (Exception, asyncio.CancelledError) as exc:  # a failing source is recorded, never propagated
+        # A synchronous call is never cancelled from outside: a CancelledError is the source's.
         return _failed(branch, exc, t0)
     return None if value is LATER else _answered(branch, value, scope, t0)
 
 
 async def _run_branch(branch: Branch, call: Callable[[], Awaitable[Any]], timeout_s: float, scope: Scope) -> _Outcome:
+    """One branch as a task: its answer, or why it has none. Only the branch's own timeout
+    firing is a timeout; an exception the source raises is its error, whatever its class
+    (a `TimeoutError` or a `CancelledError` of its own included). A cancellation of this
+    task (the wall, or the caller cancelling the whole call) propagates."""
     t0 = time.perf_counter()
+    task = asyncio.current_task()
+    timeout = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with timeout:
             value = await call()
-    except TimeoutError:
-        return _Outcome(
-            BranchRecord(
-                branch,
-                BranchStatus.TIMEOUT,
-                (time.perf_counter() - t0) * 1000.0,
-                f"no answer within {timeout_s * 1000:.1f} ms",
-            )
-        )
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as exc:
+        if task is None or task.cancelling():
+            raise
+        return _failed(branch, exc, t0)
     except Exception as exc:  # a failing source is recorded, never propagated
+        if timeout.expired():
+            return _Outcome(
+                BranchRecord(
+                    branch,
+                    BranchStatus.TIMEOUT,
+                    (time.perf_counter() - t0) * 1000.0,
+                    f"no answer within {timeout_s * 1000:.1f} ms",
+                )
+            )
+        if task is not None and task.cancelling():
+            # Cancelled (at the wall) and the source answered the cancellation with an
+            # exception of its own: the task ends cancelled all the same.
+            raise asyncio.CancelledError from exc
         return _failed(branch, exc, t0)
     return _answered(branch, value, scope, t0)
 

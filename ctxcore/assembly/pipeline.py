@@ -7,7 +7,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -190,6 +190,17 @@ class _Scored:
     t_scored: float
 
 
+def _value_model(request: AssemblyRequest) -> ValueModel | None:
+    """The request's value model, with the request's relevance floor, when it sets one, as
+    the model's absolute floor; None for the interim formula."""
+    opts = request.options
+    if not isinstance(opts.value_model, ValueModel):  # "interim"
+        return None
+    if opts.relevance_floor is None:
+        return opts.value_model
+    return replace(opts.value_model, absolute_floor=float(opts.relevance_floor))
+
+
 def _score(
     request: AssemblyRequest,
     retrieved: Retrieved,
@@ -203,7 +214,7 @@ def _score(
     for m in retrieved.out_of_scope:
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     cols = Columns.of(retrieved.memories, plan.cap.tokenizer_family)
-    model = opts.value_model if isinstance(opts.value_model, ValueModel) else None  # "interim"
+    model = _value_model(request)
     cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
     return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
 

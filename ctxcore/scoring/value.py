@@ -450,8 +450,9 @@ class ValueModel:
     most `CONTEXT_SPAN` on each side in creation order, within `context_window_s` seconds),
     divided by the distance (`context_boost`); 0 turns it off. A candidate is dropped when
     its relevance is below `absolute_floor` or below `relative_floor` times the best
-    relevance of the request. (`ScoringConfig`'s
-    relevance floor is the interim and weighted formulas' floor on similarity.)
+    relevance of the request; a request's ``AssemblyOptions.relevance_floor``, when set,
+    takes the place of `absolute_floor`. (`ScoringConfig`'s relevance floor is the
+    interim and weighted formulas' floor on similarity.)
 
     >>> ValueModel().record()["fusion"]
     'zscore'
@@ -536,6 +537,51 @@ class ValueModel:
             "context_weight": self.context_weight,
             "context_window_s": self.context_window_s,
         }
+
+
+#: The least a standardized signal counts in z-score fusion. Far below any z that matters
+#: (its relevance, exp of the distance to the best, is 0 long before), it keeps the
+#: weighted sum of the signals finite when a store's reference spread is tiny beside a
+#: candidate's score.
+_Z_FLOOR = -1e100
+
+
+def _binary_scaled(values: FloatArray) -> FloatArray:
+    """`values` (finite) times the power of two that brings the largest magnitude into
+    [0.5, 1); all zeros stay as they are.
+
+    Scaling by a power of two is exact (but for values some 2**1022 times smaller than
+    the largest, which lose bits or become 0 beside it), so a scale-free statistic of the
+    result (a z-score, a min-max scaling) equals the same statistic of `values` bit for
+    bit, while its sums and squares stay far from overflow whatever the finite inputs.
+
+    >>> _binary_scaled(np.array([1.7e308, 3.0, -8.0e307])).tolist()[0] < 1.0
+    True
+    >>> _binary_scaled(np.array([3.0, -1.0])).tolist()
+    [0.75, -0.25]
+    """
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    if top == 0.0:
+        return values
+    return np.ldexp(values, -math.frexp(top)[1])
+
+
+def _standardized(values: FloatArray, cap: float) -> FloatArray:
+    """`values` (finite) as z-scores over themselves, capped at `cap`; all zeros when they
+    do not vary.
+
+    The mean and spread are taken after `_binary_scaled`, so any finite scores (1e308
+    and 1e-300 in one list) standardize without overflow, to the z-scores the direct
+    computation gives where it does not overflow.
+
+    >>> _standardized(np.array([1e308, 1e308, 0.0]), 8.0).round(3).tolist()
+    [0.707, 0.707, -1.414]
+    """
+    u = _binary_scaled(values)
+    mean, std = float(u.mean()), float(u.std())
+    if not std > 0:
+        return np.zeros(values.shape[0])
+    return np.minimum((u - mean) / std, cap)
 
 
 def _ranks(key: FloatArray, present: npt.NDArray[np.bool_]) -> FloatArray:
@@ -632,10 +678,17 @@ def fuse(
 
         def standard(v: FloatArray, present: npt.NDArray[np.bool_], name: str, absent: float) -> FloatArray:
             vals = np.where(present, v, absent)
-            mean, std = ref.get(name) or (float(vals.mean()), float(vals.std()))
+            given = ref.get(name)
+            if given is None:
+                return _standardized(vals, model.z_cap)
+            mean, std = given
             if not std > 0:
                 return np.zeros(n)
-            return np.minimum((vals - mean) / std, model.z_cap)
+            # A score far outside the scope's spread overflows to an infinite z, which the
+            # bounds make finite.
+            with np.errstate(over="ignore"):
+                z = (vals - mean) / std
+            return np.clip(z, _Z_FLOOR, model.z_cap)
 
         lex_val = np.where(lex_present & (lex_key >= 0), lex_key, 0.0)
         parts = np.stack(
@@ -663,7 +716,7 @@ def fuse(
         def scaled(v: FloatArray, present: npt.NDArray[np.bool_]) -> FloatArray:
             out = np.zeros(n)
             if present.any():
-                vals = v[present]
+                vals = _binary_scaled(v[present])
                 lo, hi = float(vals.min()), float(vals.max())
                 lo -= (hi - lo) / vals.size
                 out[present] = 1.0 if hi == lo else (vals - lo) / (hi - lo)
@@ -745,7 +798,8 @@ def context_boost(
     for d in range(1, CONTEXT_SPAN + 1):
         if d >= m:
             break
-        close = (w[d:] - w[:-d]) <= window_s
+        with np.errstate(over="ignore"):  # a gap beyond the float range is inf: not close
+            close = (w[d:] - w[:-d]) <= window_s
         gain[d:] += np.where(close, r[:-d], 0.0) / d
         gain[:-d] += np.where(close, r[d:], 0.0) / d
     boost = np.zeros(m)

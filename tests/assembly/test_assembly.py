@@ -317,6 +317,105 @@ def test_a_branch_with_no_time_left_is_not_asked_now() -> None:
     assert status(ctx)["hot"] == "timeout" and asked == [] and ctx.selected_ids == ()
 
 
+def _record(ctx: ctxcore.AssembledContext, branch: str) -> ctxcore.BranchRecord:
+    return next(b for b in ctx.branches if b.branch.value == branch)
+
+
+async def _pool_exhausted(*args: object) -> None:
+    raise TimeoutError("connection pool exhausted")
+
+
+async def _pool_exhausted_later(*args: object) -> None:
+    await asyncio.sleep(0.001)
+    raise TimeoutError("connection pool exhausted")
+
+
+async def _shut_down(*args: object) -> None:
+    raise asyncio.CancelledError("pool shut down")
+
+
+async def _shut_down_later(*args: object) -> None:
+    await asyncio.sleep(0.001)
+    raise asyncio.CancelledError("pool shut down")
+
+
+@pytest.mark.parametrize("hot", [_pool_exhausted, _pool_exhausted_later])
+def test_a_timeout_error_the_source_raises_is_its_error_not_a_timeout(hot) -> None:  # type: ignore[no-untyped-def]
+    cfg = AssemblyConfig(hot_timeout_ms=1000, cold_timeout_ms=1000)
+    ctx = run(request(), Sources(directive_of("D"), hot, memories_of([mem(2)])), config=cfg)
+    record = _record(ctx, "hot")
+    assert (record.status, record.error) == (BranchStatus.ERROR, "TimeoutError: connection pool exhausted")
+    assert ctx.degradation_reasons == ("hot_error",) and ctx.selected_ids == ("m2",)
+
+
+def test_only_the_branchs_own_timeout_firing_is_a_timeout() -> None:
+    ctx = run(request(), Sources(None, _hang, None), config=AssemblyConfig(hot_timeout_ms=5))
+    record = _record(ctx, "hot")
+    assert (record.status, record.error) == (BranchStatus.TIMEOUT, "no answer within 5.0 ms")
+    assert ctx.degradation_reasons == ("hot_timeout",)
+
+
+@pytest.mark.parametrize("hot", [_shut_down, _shut_down_later])
+def test_a_cancelled_error_the_source_raises_is_its_error(hot) -> None:  # type: ignore[no-untyped-def]
+    cfg = AssemblyConfig(hot_timeout_ms=1000, cold_timeout_ms=1000)
+
+    async def main() -> tuple[ctxcore.AssembledContext, set[asyncio.Task[object]]]:
+        ctx = await ctxcore.assemble(
+            request(), sources=Sources(directive_of("D"), hot, memories_of([mem(2)])), config=cfg
+        )
+        return ctx, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    ctx, leftover = asyncio.run(main())
+    record = _record(ctx, "hot")
+    assert (record.status, record.error) == (BranchStatus.ERROR, "CancelledError: pool shut down")
+    assert ctx.degradation_reasons == ("hot_error",) and ctx.selected_ids == ("m2",)
+    assert leftover == set()
+
+
+def test_a_now_that_raises_a_cancelled_error_is_an_error_of_its_branch() -> None:
+    def shut_down(*args: object) -> object:
+        raise asyncio.CancelledError("pool shut down")
+
+    hot, calls = _now_or_later(shut_down)
+    ctx = run(request(), Sources(None, hot, memories_of([mem(2)])))
+    record = _record(ctx, "hot")
+    assert (record.status, record.error) == (BranchStatus.ERROR, "CancelledError: pool shut down")
+    assert calls == [] and ctx.selected_ids == ("m2",)
+
+
+def test_a_branch_cancelled_at_the_wall_is_a_timeout_whatever_it_raises_then() -> None:
+    async def answers_cancel_with_an_error(*args: object) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise TimeoutError("interrupted") from None
+
+    cfg = AssemblyConfig(client_timeout_ms=45, server_deadline_ms=10, hot_timeout_ms=1000, cold_timeout_ms=1000)
+    ctx = run(request(), Sources(None, answers_cancel_with_an_error, _hang), config=cfg)
+    for branch in ("hot", "cold"):
+        record = _record(ctx, branch)
+        assert record.status == BranchStatus.TIMEOUT
+        assert record.error == "cancelled at the server_deadline wall (10.0 ms)"
+
+
+def test_cancelling_the_call_cancels_its_branches() -> None:
+    cfg = AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, hot_timeout_ms=5000, cold_timeout_ms=5000)
+    cancelled: list[bool] = []
+
+    async def main() -> set[asyncio.Task[object]]:
+        call = asyncio.create_task(
+            ctxcore.assemble(request(), sources=Sources(None, _half_a_second(cancelled), _hang), config=cfg)
+        )
+        await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    assert asyncio.run(main()) == set()
+    assert cancelled == [True]
+
+
 def test_now_or_later_checks_what_it_is_given() -> None:
     with pytest.raises(TypeError, match="must be callable"):
         ctxcore.NowOrLater(_hang, "not a function")  # type: ignore[arg-type]

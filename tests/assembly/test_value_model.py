@@ -4,11 +4,12 @@ strong match gains part of its relevance, within a time window, never above the 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ctxcore
@@ -150,3 +151,177 @@ def test_a_candidate_no_signal_carries_is_worth_nothing(fusion: str) -> None:
     assert rel[3] == 0.0 and dom[3] == -1
     assert (rel[:3] > 0).all() and rel.max() <= 1.0
     assert dom[:3].tolist() == [1, 0, 0]  # a row's dominant signal is one it carries
+
+
+# ---- the caller's relevance floor -----------------------------------------------------
+
+
+async def _refunds(scope: ctxcore.Scope, query: ctxcore.Query, limit: int) -> list[ctxcore.MemoryRecord]:
+    return [
+        ctxcore.MemoryRecord("good", "org", "agent", "Refunds take 5 days.", similarity=0.9),
+        ctxcore.MemoryRecord("fair", "org", "agent", "Refunds go to the card used.", similarity=0.6),
+        ctxcore.MemoryRecord("bad", "org", "agent", "The cafeteria serves soup.", similarity=-0.9),
+    ]
+
+
+def _with_options(**options: object) -> ctxcore.AssembledContext:
+    req = ctxcore.AssemblyRequest(
+        "org",
+        "agent",
+        "gpt-4o",
+        "how long do refunds take?",
+        options=ctxcore.AssemblyOptions(**options),  # type: ignore[arg-type]
+    )
+    return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=_refunds)))
+
+
+def test_the_callers_floor_drops_what_the_fused_model_rates_below_it() -> None:
+    ctx = _with_options(relevance_floor=0.4)
+    by_id = {e.memory_id: e for e in ctx.trace}
+    assert by_id["bad"].reason == ctxcore.TraceReason.BELOW_RELEVANCE_FLOOR and by_id["bad"].relevance < 0.4
+    assert "bad" not in ctx.selected_ids and "good" in ctx.selected_ids
+    # Without the caller's floor, the model's own (0.01) keeps it.
+    assert "bad" in _with_options().selected_ids
+    assert ctx.scoring["relevance_floor"] == 0.4
+    assert ctx.scoring["value_model"]["absolute_floor"] == 0.4
+    # The model's own settings stay as they were, the relative floor included.
+    assert ctx.scoring["relative_floor"] == ValueModel().relative_floor
+    assert ctx.scoring["value_model"]["sharpness"] == ValueModel().sharpness
+
+
+def _below_floor(ctx: ctxcore.AssembledContext, floor: float) -> tuple[set[str], set[str]]:
+    """The memories the trace has below the relevance floor, and those the floors (the
+    absolute `floor` and, under the fused model, the relative one) should drop."""
+    best = max(e.relevance for e in ctx.trace)
+    relative = ctx.scoring.get("relative_floor", 0.0) * best
+    traced = {e.memory_id for e in ctx.trace if e.reason == ctxcore.TraceReason.BELOW_RELEVANCE_FLOOR}
+    expected = {e.memory_id for e in ctx.trace if e.relevance < floor or e.relevance < relative}
+    return traced, expected
+
+
+@pytest.mark.parametrize(
+    "value_model",
+    [ValueModel(), ValueModel(fusion="weighted"), ValueModel(fusion="rrf"), ValueModel(absolute_floor=0.3), "interim"],
+    ids=["zscore", "weighted", "rrf", "own-floor", "interim"],
+)
+@pytest.mark.parametrize("floor", [0.0, 0.2, 0.45])
+def test_the_callers_floor_applies_under_every_value_model(value_model: ValueModel | str, floor: float) -> None:
+    ctx = _with_options(relevance_floor=floor, value_model=value_model)
+    assert ctx.scoring["relevance_floor"] == floor
+    traced, expected = _below_floor(ctx, floor)
+    assert traced == expected
+    if isinstance(value_model, ValueModel):
+        # The caller's floor replaces the model's absolute floor and nothing else.
+        assert ctx.scoring["value_model"] == {**value_model.record(), "absolute_floor": floor}
+
+
+@pytest.mark.parametrize(
+    ("value_model", "floor"),
+    [(ValueModel(), ValueModel().absolute_floor), (ValueModel(absolute_floor=0.2), 0.2), ("interim", 0.15)],
+    ids=["fused", "own-floor", "interim"],
+)
+def test_without_a_floor_of_its_own_the_request_gets_the_models(value_model: ValueModel | str, floor: float) -> None:
+    ctx = _with_options(value_model=value_model)
+    assert ctx.scoring["relevance_floor"] == floor
+    traced, expected = _below_floor(ctx, floor)
+    assert traced == expected
+
+
+def test_a_floor_at_the_full_text_sentinel_is_refused_under_every_model() -> None:
+    for value_model in (ValueModel(), "interim"):
+        with pytest.raises(ctxcore.ConfigError, match="relevance_floor"):
+            _with_options(relevance_floor=0.5, value_model=value_model)
+
+
+# ---- extreme but finite signals -------------------------------------------------------
+
+
+def _fulltext_hits(scores: list[float]) -> ctxcore.AssembledContext:
+    async def hot(scope: ctxcore.Scope, query: ctxcore.Query, limit: int) -> list[ctxcore.MemoryRecord]:
+        return [
+            ctxcore.MemoryRecord(f"m{i}", "org", "agent", f"note {i}", origin="fulltext", fulltext_score=s)
+            for i, s in enumerate(scores)
+        ]
+
+    req = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", "q")
+    return asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot)))
+
+
+def _relevance(ctx: ctxcore.AssembledContext, n: int) -> list[float]:
+    by_id = {e.memory_id: e.relevance for e in ctx.trace}
+    return [by_id[f"m{i}"] for i in range(n)]
+
+
+def test_scores_near_the_float_maximum_standardize_without_overflow() -> None:
+    # The sum and the squares of these overflow; their z-scores are those of [1, 1, 0].
+    rel = _relevance(_fulltext_hits([1e308, 1e308, 0.0]), 3)
+    assert rel[:2] == [1.0, 1.0]
+    assert rel[2] == pytest.approx(math.exp(-1.5 * math.sqrt(2)), rel=1e-12)
+    # Magnitudes 600 orders apart (warnings are errors in this suite: none is raised).
+    rel = _relevance(_fulltext_hits([1.7e308, 1e-300, 3.0]), 3)
+    assert rel[0] == 1.0 and rel[1] == rel[2] == pytest.approx(math.exp(-1.5 * math.sqrt(2)), rel=1e-12)
+
+
+@given(st.lists(st.just(0.0) | st.floats(min_value=1e-6, max_value=1e6), min_size=2, max_size=12))
+@settings(deadline=None, max_examples=60)
+def test_ordinary_scores_standardize_as_the_textbook_z_score(scores: list[float]) -> None:
+    v = np.array(scores)
+    std = float(v.std())
+    z = np.minimum((v - v.mean()) / std, ValueModel().z_cap) if std > 0 else np.zeros(v.size)
+    want = np.exp(np.minimum(z - z.max(), 0.0))
+    got = np.array(_relevance(_fulltext_hits(scores), len(scores)))
+    assert np.allclose(got, want, rtol=0, atol=1e-12)
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+_unit = st.floats(min_value=0.0, max_value=1.0)
+_record = st.builds(
+    lambda k, origin, sim, fts, conf, imp, created: ctxcore.MemoryRecord(
+        f"m{k}",
+        "org",
+        "agent",
+        f"note {k}",
+        origin=origin,
+        similarity=sim,
+        fulltext_score=fts,
+        confidence=conf,
+        importance=imp,
+        created_at=created,
+    ),
+    st.integers(0, 8),
+    st.sampled_from(["hot", "vector", "fulltext"]),
+    st.none() | st.floats(min_value=-1.0, max_value=1.0),
+    st.none() | st.floats(min_value=0.0, allow_infinity=False),
+    _unit,
+    st.none() | _unit,
+    st.none() | _finite,
+)
+_options = st.sampled_from(
+    [
+        ctxcore.AssemblyOptions(),
+        ctxcore.AssemblyOptions(value_model=ValueModel(fusion="weighted")),
+        ctxcore.AssemblyOptions(value_model=ValueModel(fusion="rrf")),
+        ctxcore.AssemblyOptions(value_model=ValueModel(recency_half_life_days=7.0), relevance_floor=0.2),
+        ctxcore.AssemblyOptions(value_model="interim"),
+        ctxcore.AssemblyOptions(weights={"similarity": 1.0, "recency": 1.0, "importance": 1.0}),
+    ]
+)
+
+
+@given(st.lists(_record, max_size=12), st.lists(_record, max_size=12), _options)
+@settings(deadline=None, max_examples=150)
+def test_any_finite_signals_assemble_with_finite_relevance(
+    hot_records: list[ctxcore.MemoryRecord], cold_records: list[ctxcore.MemoryRecord], options: ctxcore.AssemblyOptions
+) -> None:
+    async def hot(scope: ctxcore.Scope, query: ctxcore.Query, limit: int) -> list[ctxcore.MemoryRecord]:
+        return hot_records
+
+    async def cold(scope: ctxcore.Scope, query: ctxcore.Query, limit: int, cut: float) -> list[ctxcore.MemoryRecord]:
+        return cold_records
+
+    req = ctxcore.AssemblyRequest("org", "agent", "gpt-4o", "q", options=options)
+    ctx = asyncio.run(ctxcore.assemble(req, sources=ctxcore.Sources(hot=hot, cold=cold)))
+    assert len(ctx.trace) == len(hot_records) + len(cold_records)
+    for e in ctx.trace:
+        assert math.isfinite(e.relevance) and math.isfinite(e.score)
+    assert set(ctx.selected_ids) <= {r.id for r in hot_records + cold_records}
