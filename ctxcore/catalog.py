@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib.resources
-import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._files import read_utf8
+from ._numbers import as_int, as_real
 from .errors import CatalogError, UnknownModel
 from .tokens import TokenKind, estimator_families, fallback_family_of
 
@@ -92,6 +92,9 @@ class ModelCapability:
         safety_fraction: share of the window held back for that family and kind.
         aliases: other names that resolve to it.
 
+    The window and output limit are positive integers of any type but bool (numpy's
+    too), the fraction a real number in [0, 1); all are kept as plain ints and floats.
+
     >>> cap = default_catalog()["gpt-4o"]
     >>> (cap.context_window, cap.max_output_tokens, cap.tokenizer_family)
     (128000, 16384, 'o200k_base')
@@ -107,19 +110,33 @@ class ModelCapability:
     aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_capability(self.name, self.context_window, self.max_output_tokens, self.safety_fraction, ValueError)
+        window, max_output, safety = _check_capability(
+            self.name, self.context_window, self.max_output_tokens, self.safety_fraction, ValueError
+        )
+        object.__setattr__(self, "context_window", window)
+        object.__setattr__(self, "max_output_tokens", max_output)
+        object.__setattr__(self, "safety_fraction", safety)
         object.__setattr__(self, "estimate_kind", TokenKind(self.estimate_kind))
 
 
-def _check_capability(where: str, window: object, max_output: object, safety: object, error: type[ValueError]) -> None:
+def _check_capability(
+    where: str, window: object, max_output: object, safety: object, error: type[ValueError]
+) -> tuple[int, int, float]:
+    """The window, output limit and safety fraction as plain numbers, or `error` naming
+    the bad one."""
+    counts: list[int] = []
     for key, value in (("context_window", window), ("max_output_tokens", max_output)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        n = as_int(value)
+        if n is None or n <= 0:
             raise error(f"{where}: {key} must be a positive integer, got {value!r}")
-    assert isinstance(window, int) and isinstance(max_output, int)
-    if max_output > window:
-        raise error(f"{where}: max_output_tokens ({max_output}) exceeds context_window ({window})")
-    if isinstance(safety, bool) or not isinstance(safety, (int, float)) or not 0 <= safety < 1:
+        counts.append(n)
+    n_window, n_output = counts
+    if n_output > n_window:
+        raise error(f"{where}: max_output_tokens ({n_output}) exceeds context_window ({n_window})")
+    fraction = as_real(safety)
+    if fraction is None or not 0 <= fraction < 1:  # NaN fails the comparison too
         raise error(f"{where}: safety fraction must be a number in [0, 1), got {safety!r}")
+    return n_window, n_output, float(fraction)
 
 
 class Catalog(Mapping[str, ModelCapability]):
@@ -203,9 +220,10 @@ class Catalog(Mapping[str, ModelCapability]):
 
 
 def _fraction(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value < 1:
+    fraction = as_real(value)
+    if fraction is None or not 0 <= fraction < 1:  # NaN fails the comparison too
         raise CatalogError(f"{where}: safety fraction must be a number in [0, 1), got {value!r}")
-    return float(value)
+    return float(fraction)
 
 
 def _parse_policies(data: Any, exact_fraction: float | None, source: str) -> dict[str, TokenizerPolicy]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 
+from ._numbers import as_int, as_real
 from .budget import check_token_budget
 from .formatting import MEMORY_ATTRIBUTES, MEMORY_FORMATS
 from .memory import MAX_RETRIEVAL_LIMIT, Query, Scope
@@ -498,8 +498,17 @@ class AssemblyOptions:
             relevance with confidence, importance and recency factors), None for the
             default `ValueModel()`, or ``"interim"`` for the interim formula
             0.85 x similarity + 0.15 x confidence.
-        relevance_floor: drop memories whose relevance is below this (default from
-            `ctxcore.scoring`); must stay below the full-text sentinel 0.5.
+        relevance_floor: the absolute floor on relevance for this request: a memory whose
+            relevance is below it is dropped (``below_relevance_floor`` in the trace).
+            Under a `ctxcore.ValueModel` the relevance is the fused one (in [0, 1], 1 for
+            the request's best) and this floor replaces the model's `absolute_floor`; the
+            model's `relative_floor` still applies. Under ``"interim"``, and with
+            `weights`, the relevance is the cosine similarity (0.5 for a full-text hit
+            without one). None (the default): the model's `absolute_floor` (0.01 for
+            `ValueModel()`), or `AssemblyConfig.relevance_floor` (0.15) for the interim
+            and weighted formulas. Must stay below the full-text sentinel 0.5 (`assemble`
+            raises `ctxcore.ConfigError` otherwise). ``AssembledContext.scoring`` reports
+            the floor applied as ``relevance_floor``.
         min_similarity: the ANN cutoff passed to cold retrieval.
         pool: how many memories each retrieval path returns at most (the candidates the
             value model ranks).
@@ -542,14 +551,14 @@ class AssemblyOptions:
             weights: Mapping[str, float] | None = None,
             relevance_floor: float | None = None,
             min_similarity: float | None = None,
-            max_memories: int | None = None,
+            max_memories: SupportsIndex | None = None,
             pinned_memory_ids: Iterable[str] = frozenset(),
             history_policy: HistoryPolicy | str = HistoryPolicy.STRICT,
             context_enabled: bool = True,
             skip_memory: bool = False,
             rendering: Rendering | str = Rendering.TEXT,
             value_model: ValueModel | str | None = None,
-            pool: int = DEFAULT_POOL,
+            pool: SupportsIndex = DEFAULT_POOL,
             memory_format: str = "compact",
             memory_attributes: Iterable[str] = (),
         ) -> None: ...
@@ -591,14 +600,19 @@ class AssemblyOptions:
         for name in ("context_enabled", "skip_memory"):
             if not isinstance(getattr(self, name), bool):  # "false" would be truthy
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        if self.max_memories is not None and (
-            isinstance(self.max_memories, bool)
-            or not isinstance(self.max_memories, int)
-            or not 0 <= self.max_memories <= MAX_RETRIEVAL_LIMIT
-        ):
-            raise ValueError(f"max_memories must be None or an int in [0, 2**31 - 1], got {self.max_memories!r:.40}")
-        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or not 0 <= self.pool <= MAX_RETRIEVAL_LIMIT:
+        # Counts and fractions of any numeric type (numpy's too) are kept as plain ints
+        # and floats; bools are refused.
+        if self.max_memories is not None:
+            n = as_int(self.max_memories)
+            if n is None or not 0 <= n <= MAX_RETRIEVAL_LIMIT:
+                raise ValueError(
+                    f"max_memories must be None or an int in [0, 2**31 - 1], got {self.max_memories!r:.40}"
+                )
+            object.__setattr__(self, "max_memories", n)
+        pool = as_int(self.pool)
+        if pool is None or not 0 <= pool <= MAX_RETRIEVAL_LIMIT:
             raise ValueError(f"pool must be an int in [0, 2**31 - 1], got {self.pool!r:.40}")
+        object.__setattr__(self, "pool", pool)
         vm: Any = self.value_model
         if vm is None:
             object.__setattr__(self, "value_model", ValueModel())
@@ -611,8 +625,11 @@ class AssemblyOptions:
             raise TypeError(f"value_model must be a ValueModel or str, got {type(vm).__name__}")
         for name in ("relevance_floor", "min_similarity"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
-                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+            if v is not None:
+                x = as_real(v)
+                if x is None or not 0.0 <= x <= 1.0:  # NaN fails the comparison too
+                    raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+                object.__setattr__(self, name, x)
         if self.weights is not None:
             if not isinstance(self.weights, Mapping):
                 raise TypeError(f"weights must be a mapping of component to weight, got {type(self.weights).__name__}")
@@ -620,10 +637,12 @@ class AssemblyOptions:
             for k, v in w.items():
                 if k not in COMPONENTS:
                     raise ValueError(f"weights[{k!r}]: unknown component (known: {', '.join(COMPONENTS)})")
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                x = as_real(v)
+                if x is None:
                     raise TypeError(f"weights[{k!r}] must be a number, got {type(v).__name__}")
-                if not 0 <= v <= sys.float_info.max:  # NaN, inf and ints past float range fail too
+                if not 0 <= x <= sys.float_info.max:  # NaN, inf and ints past float range fail too
                     raise ValueError(f"weights[{k!r}] must be a finite number >= 0, got {v!r:.40}")
+                w[k] = x
             object.__setattr__(self, "weights", w)
 
 
@@ -633,7 +652,8 @@ SECTION_BUDGETS: tuple[str, ...] = ("history", "memories")
 
 def check_section_budgets(budgets: object) -> Mapping[str, int]:
     """The caps as a read-only mapping, or a `TypeError` / `ValueError` naming the bad
-    entry: keys from `SECTION_BUDGETS`, values ints >= 0.
+    entry: keys from `SECTION_BUDGETS`, values integers >= 0 (of any type but bool,
+    kept as plain ints).
 
     >>> dict(check_section_budgets({"history": 500}))
     {'history': 500}
@@ -650,11 +670,12 @@ def check_section_budgets(budgets: object) -> Mapping[str, int]:
     for k, v in budgets.items():
         if k not in SECTION_BUDGETS:
             raise ValueError(f"section_budgets: unknown section {k!r:.40} (known: {', '.join(SECTION_BUDGETS)})")
-        if isinstance(v, bool) or not isinstance(v, int):
+        n = as_int(v)
+        if n is None:
             raise TypeError(f"section_budgets[{k!r}] must be an int >= 0, got {type(v).__name__}")
-        if v < 0:
-            raise ValueError(f"section_budgets[{k!r}] must be an int >= 0, got {v}")
-        out[k] = v
+        if n < 0:
+            raise ValueError(f"section_budgets[{k!r}] must be an int >= 0, got {n}")
+        out[k] = n
     return MappingProxyType(out)
 
 
@@ -700,13 +721,13 @@ class AssemblyRequest:
             messages: Sequence[Message | Mapping[str, Any]] = (),
             tools: Sequence[Mapping[str, Any]] = (),
             options: AssemblyOptions = ...,
-            token_budget: int | None = None,
-            section_budgets: Mapping[str, int] | None = None,
+            token_budget: SupportsIndex | None = None,
+            section_budgets: Mapping[str, SupportsIndex] | None = None,
         ) -> None: ...
 
     def __post_init__(self) -> None:
         Scope(self.organization_id, self.agent_id)  # validates both ids
-        check_token_budget(self.token_budget)
+        object.__setattr__(self, "token_budget", check_token_budget(self.token_budget))
         object.__setattr__(self, "section_budgets", check_section_budgets(self.section_budgets))
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")

@@ -46,8 +46,8 @@ def turn_groups(messages: Sequence[Message]) -> list[tuple[int, int]]:
 
 
 def overflow_message(budget: Budget) -> str:
-    tb = budget.token_budget
-    if tb is not None and tb < budget.context_window - budget.response_reserve:
+    if budget.capped:
+        tb = budget.token_budget
         return (
             f"the request does not fit its token budget of {tb}: directive {budget.directive_tokens} + messages "
             f"{budget.messages_tokens} + tools {budget.tool_schema_tokens} + formatting "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import ctxcore
 from ctxcore import Budget, BudgetPolicy, ModelCapability, TokenCount, TokenKind, compute_budget
@@ -199,3 +201,90 @@ estimate_kind = "exact"
     assert (b.response_reserve, b.safety_buffer, b.usable) == (2000, 2000, 16000)
     with pytest.raises(ctxcore.UnknownModel):
         compute_budget("gpt-4o", catalog=catalog)
+
+
+# ---- a caller's token budget: never more room for a tighter cap ---------------------------------
+
+
+def test_one_token_less_of_token_budget_never_leaves_more_room() -> None:
+    # Just under window - reserve (123,904 for gpt-4o) the cap's own buffer (620) is
+    # smaller than the window's (640): the window's figure stands.
+    window = compute_budget("gpt-4o")
+    at = compute_budget("gpt-4o", token_budget=123_904)
+    under = compute_budget("gpt-4o", token_budget=123_903)
+    assert at.usable == under.usable == window.usable == 123_264
+    assert (under.safety_buffer, under.capped, at.capped) == (640, False, False)
+    # The cap binds once it leaves less, each side less its own buffer: 123,884 - 620 is
+    # the window's 123,264, one token fewer is below it.
+    assert not compute_budget("gpt-4o", token_budget=123_884).capped
+    below = compute_budget("gpt-4o", token_budget=123_883)
+    assert below.capped and (below.safety_buffer, below.usable) == (620, 123_263)
+
+
+MODELS = sorted(ctxcore.default_catalog())
+TERMS = st.integers(0, 3000)
+# Caps drawn near the window's room (window - reserve), where the cap starts to bind, as
+# well as anywhere.
+NEAR_ROOM = st.integers(-200, 20_000)
+
+
+def _room(model: ModelCapability, policy: BudgetPolicy) -> int:
+    return model.context_window - policy.response_reserve(model.context_window, model.max_output_tokens)
+
+
+@given(
+    model=st.sampled_from(MODELS),
+    below_room=st.lists(NEAR_ROOM, min_size=1, max_size=4),
+    anywhere=st.lists(st.integers(1, 2_200_000), max_size=3),
+    terms=st.tuples(TERMS, TERMS, TERMS, TERMS),
+)
+def test_usable_never_grows_as_the_token_budget_shrinks(
+    model: str, below_room: list[int], anywhere: list[int], terms: tuple[int, int, int, int]
+) -> None:
+    directive, messages, tools, overhead = terms
+    kwargs = dict(
+        directive_tokens=directive,
+        messages_tokens=messages,
+        tool_schema_tokens=tools,
+        formatter_overhead_tokens=overhead,
+    )
+    window = compute_budget(model, **kwargs)
+    fixed = directive + messages + tools + overhead
+    room = _room(ctxcore.default_catalog()[model], BudgetPolicy())
+    caps = {max(1, room - k) for k in below_room} | set(anywhere)
+    previous = -1
+    for cap in sorted(caps | {c + 1 for c in caps}):
+        b = compute_budget(model, token_budget=cap, **kwargs)
+        assert previous <= b.usable <= window.usable
+        previous = b.usable
+        # Both sides hold: the payload leaves the window's reserve and buffer free, and
+        # never exceeds the cap less its own buffer.
+        assert fixed + b.usable + b.response_reserve + window.safety_buffer <= b.context_window or b.usable == 0
+        assert fixed + b.usable + math.ceil(cap * b.safety_fraction) <= cap or b.usable == 0
+        # The ledger balances on the side that binds, with the buffer of that side.
+        side = cap if b.capped else b.context_window - b.response_reserve
+        assert b.safety_buffer == math.ceil((cap if b.capped else b.context_window) * b.safety_fraction)
+        assert b.usable - b.shortfall == side - b.safety_buffer - fixed
+        assert min(b.usable, b.shortfall) == 0
+        if cap >= room:
+            # A cap that does not bind changes nothing.
+            assert not b.capped
+            assert (b.usable, b.safety_buffer, b.shortfall) == (window.usable, window.safety_buffer, window.shortfall)
+
+
+@given(
+    window=st.integers(1, 300_000),
+    share=st.floats(0, 1),
+    safety=st.sampled_from([0.0, 0.005, 0.02, 0.05, 0.1, 0.5, 0.999]),
+    policy=st.builds(BudgetPolicy, response_fraction=st.floats(0, 1), response_min=st.integers(0, 4096)),
+    below_room=NEAR_ROOM,
+    anywhere=st.integers(1, 400_000),
+)
+def test_usable_is_monotone_in_the_token_budget_for_any_capability(
+    window: int, share: float, safety: float, policy: BudgetPolicy, below_room: int, anywhere: int
+) -> None:
+    model = ModelCapability("m", "", window, max(1, int(window * share)), "cl100k_base", TokenKind.ESTIMATE, safety)
+    uncapped = compute_budget(model, policy=policy).usable
+    for cap in (max(1, _room(model, policy) - below_room), anywhere):
+        got = [compute_budget(model, policy=policy, token_budget=t).usable for t in (cap, cap + 1, cap + 97)]
+        assert got[0] <= got[1] <= got[2] <= uncapped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 import ctxcore
@@ -257,3 +258,40 @@ def test_exact_safety_fraction_in_a_users_catalog(tmp_path: pathlib.Path) -> Non
     for bad in ("1.0", "-0.01", '"small"', "nan"):
         with pytest.raises(ctxcore.CatalogError, match="exact_safety_fraction: safety fraction must be a number"):
             ctxcore.load_catalog(write(tmp_path, f"exact_safety_fraction = {bad}\n" + POLICY + MODEL))
+
+
+# ---- numbers of any type ------------------------------------------------------------------------
+
+
+def test_a_capability_takes_numpy_numbers_as_plain_ones() -> None:
+    made = ctxcore.ModelCapability(
+        "m", "house", np.int64(32_000), np.int32(4000), "cl100k_base", TokenKind.ESTIMATE, np.float32(0.02)
+    )
+    plain = ctxcore.ModelCapability("m", "house", 32_000, 4000, "cl100k_base", TokenKind.ESTIMATE, 0.02)
+    assert made == plain
+    assert (type(made.context_window), type(made.max_output_tokens), type(made.safety_fraction)) == (int, int, float)
+    # The float32 fraction is the 0.02 it prints as, so the buffer rounds as for 0.02.
+    assert ctxcore.compute_budget(made).record() == ctxcore.compute_budget(plain).record()
+
+
+@pytest.mark.parametrize(
+    "window, max_out, safety, match",
+    [
+        (np.bool_(True), 1, 0.0, "context_window must be a positive integer"),
+        (True, 1, 0.0, "context_window must be a positive integer"),
+        (np.float64(8192.0), 1024, 0.0, "context_window must be a positive integer"),
+        (np.int64(0), 1, 0.0, "context_window must be a positive integer"),
+        (8192, np.int64(-1), 0.0, "max_output_tokens must be a positive integer"),
+        (8192, "1024", 0.0, "max_output_tokens must be a positive integer"),
+        (8192, np.uint32(9000), 0.0, "max_output_tokens \\(9000\\) exceeds context_window \\(8192\\)"),
+        (8192, 1024, np.float32("nan"), "safety fraction"),
+        (8192, 1024, np.float64(1.0), "safety fraction"),
+        (8192, 1024, np.bool_(False), "safety fraction"),
+        (8192, 1024, "0.01", "safety fraction"),
+    ],
+)
+def test_a_capability_refuses_what_is_not_a_count_naming_it(
+    window: object, max_out: object, safety: object, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        ctxcore.ModelCapability("m", "", window, max_out, "cl100k_base", TokenKind.ESTIMATE, safety)  # type: ignore[arg-type]
