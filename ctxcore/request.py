@@ -737,6 +737,11 @@ class AssemblyRequest:
             raise TypeError(f"query must be a Query or str, got {type(self.query).__name__}")
         msgs = parse_messages(self.messages)
         object.__setattr__(self, "messages", msgs)
+        if isinstance(self.tools, (Mapping, str, bytes)):
+            raise TypeError(
+                f"tools must be a sequence of tool schemas (JSON objects), got a single "
+                f"{type(self.tools).__name__}: wrap one tool in a list"
+            )
         tools = tuple(self.tools)
         for i, t in enumerate(tools):
             if not isinstance(t, Mapping):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -49,6 +51,46 @@ async def _in(executor: Executor | None, fn: Callable[..., _T], *args: Any) -> _
     if executor is None:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
+
+
+def _check_arguments(
+    request: object,
+    sources: object,
+    catalog: object,
+    config: object,
+    deadline: object,
+    executor: object,
+    reranker: object,
+) -> None:
+    """Raise TypeError or ValueError naming the first argument of `assemble` of the wrong
+    kind: each is checked here, before any work, rather than failing deep in a stage."""
+    expected: tuple[tuple[str, object, type, str], ...] = (
+        ("request", request, AssemblyRequest, "a ctxcore.AssemblyRequest"),
+        ("sources", sources, Sources, "ctxcore.Sources (e.g. Sources.from_store(store))"),
+    )
+    for name, value, kind, what in expected:
+        if not isinstance(value, kind):
+            raise TypeError(f"assemble: {name} must be {what}, got {type(value).__name__}")
+    optional: tuple[tuple[str, object, type, str], ...] = (
+        ("catalog", catalog, Catalog, "a ctxcore.Catalog or None"),
+        ("config", config, AssemblyConfig, "a ctxcore.AssemblyConfig or None"),
+        ("executor", executor, Executor, "a concurrent.futures.Executor or None"),
+    )
+    for name, value, kind, what in optional:
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"assemble: {name} must be {what}, got {type(value).__name__}")
+    if reranker is not None and not callable(reranker):
+        raise TypeError(
+            f"assemble: reranker must be a callable (query, texts) -> scores or None, got {type(reranker).__name__}"
+        )
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, numbers.Real):
+            raise TypeError(
+                f"assemble: deadline must be an absolute time.monotonic() time (seconds) or None, "
+                f"got {type(deadline).__name__}"
+            )
+        if not math.isfinite(float(deadline)):
+            raise ValueError(f"assemble: deadline must be a finite time.monotonic() time, got {deadline!r}")
 
 
 async def assemble(
@@ -99,6 +141,9 @@ async def assemble(
         The `AssembledContext`. Slow or failing sources degrade it; they never raise.
 
     Raises:
+        TypeError: an argument of the wrong kind (a request that is no `AssemblyRequest`,
+            sources that are no `Sources`, a deadline that is no number, ...), named.
+        ValueError: a deadline that is not finite.
         UnknownModel: the model is not in the catalog.
         ContextOverflow: directive + messages + tools alone exceed the window and the
             history policy is ``strict`` (or nothing more can be trimmed).
@@ -113,6 +158,7 @@ async def assemble(
     (('m1',), False)
     """
     t_start = time.perf_counter()
+    _check_arguments(request, sources, catalog, config, deadline, executor, reranker)
     cfg = config if config is not None else AssemblyConfig.from_env()
     cat = catalog if catalog is not None else default_catalog()
     cap = cat.get_model(request.model)

@@ -214,3 +214,45 @@ def test_valid_tools_round_trip() -> None:
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         cache_breakpoint=False,
     )["tools"] == [{"name": "f", "input_schema": {"type": "object"}}]
+
+
+# ---- the request's tools and assemble's own arguments ------------------------------------------
+
+
+@pytest.mark.parametrize("tools", [{"name": "x", "parameters": {}}, "x"])
+def test_a_single_tool_instead_of_a_list_is_named(tools: object) -> None:
+    with pytest.raises(TypeError, match=r"tools must be a sequence of tool schemas .* wrap one tool in a list"):
+        AssemblyRequest("o", "a", "gpt-4o", "q", tools=tools)  # type: ignore[arg-type]
+
+
+def _request() -> AssemblyRequest:
+    return AssemblyRequest("o", "a", "gpt-4o", "q")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"sources": None}, TypeError, r"sources must be ctxcore\.Sources .*got NoneType"),
+        ({"request": {"model": "gpt-4o"}}, TypeError, r"request must be a ctxcore\.AssemblyRequest, got dict"),
+        ({"catalog": "x"}, TypeError, r"catalog must be a ctxcore\.Catalog or None, got str"),
+        ({"config": {}}, TypeError, r"config must be a ctxcore\.AssemblyConfig or None, got dict"),
+        ({"executor": "x"}, TypeError, r"executor must be a concurrent\.futures\.Executor or None, got str"),
+        ({"reranker": 3}, TypeError, r"reranker must be a callable"),
+        ({"deadline": "soon"}, TypeError, r"deadline must be an absolute time\.monotonic\(\) time .*got str"),
+        ({"deadline": True}, TypeError, r"deadline must be an absolute time\.monotonic\(\) time .*got bool"),
+        ({"deadline": math.nan}, ValueError, r"deadline must be a finite time\.monotonic\(\) time, got nan"),
+        ({"deadline": math.inf}, ValueError, r"deadline must be a finite"),
+    ],
+)
+def test_assemble_names_an_argument_of_the_wrong_kind(arguments: dict[str, Any], error: type, match: str) -> None:
+    import asyncio
+
+    import ctxcore
+
+    async def hot(scope: object, query: object, limit: int) -> list[ctxcore.MemoryRecord]:
+        raise AssertionError("no branch runs for a bad call")
+
+    given: dict[str, Any] = {"request": _request(), "sources": ctxcore.Sources(hot=hot)} | arguments
+    request = given.pop("request")
+    with pytest.raises(error, match=match):
+        asyncio.run(ctxcore.assemble(request, **given))
