@@ -53,6 +53,17 @@ class Plan:
     payload: RenderingCosts | None = None
 
 
+def _untrimmable(shortfall: int, most: int) -> str:
+    """What trimming the history could not do, for an overflow message: the ledger above
+    it counts the whole history, this says how much of it could go."""
+    if most == 0:
+        return " (nothing left to trim: no message before the latest user turn can go)"
+    return (
+        f" (nothing left to trim: dropping every message before the latest user turn frees {most} "
+        f"of them, {shortfall - most} too many remain)"
+    )
+
+
 def make_plan(
     request: AssemblyRequest,
     cat: Catalog,
@@ -124,7 +135,7 @@ def make_plan(
     if budget.shortfall > 0 and strict:
         raise ContextOverflow(overflow_message(budget), budget)
     if budget.shortfall > most:
-        raise ContextOverflow(overflow_message(budget) + " (nothing left to trim)", budget)
+        raise ContextOverflow(overflow_message(budget) + _untrimmable(budget.shortfall, most), budget)
     return Plan(
         lcap,
         ledger,
@@ -193,7 +204,7 @@ def settle(
         if _strict(request, of):
             raise ContextOverflow(overflow_message(budget), budget)
         if budget.shortfall > most:
-            raise ContextOverflow(overflow_message(budget) + " (nothing left to trim)", budget)
+            raise ContextOverflow(overflow_message(budget) + _untrimmable(budget.shortfall, most), budget)
     cap = request.section_budgets.get("history")
     # The history cap trims what it can: the latest user turn stays whatever it costs.
     over = min(messages_tokens - cap, most) if cap is not None else 0

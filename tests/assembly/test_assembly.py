@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -820,12 +821,35 @@ def test_a_request_that_cannot_fit_is_refused_before_any_store_query() -> None:
     with pytest.raises(ContextOverflow, match="exceed it by"):
         run(request(messages=long_history() * 4), Sources(directive, hot, None))
     only_user = [Message("user", "lorem ipsum dolor sit amet " * 2000)]
-    with pytest.raises(ContextOverflow, match="nothing left to trim"):
+    with pytest.raises(ContextOverflow, match="nothing left to trim: no message before the latest user turn can go"):
         run(
             request(messages=only_user, options=AssemblyOptions(history_policy=HistoryPolicy.TRIM_OLDEST)),
             Sources(directive, hot, None),
         )
     assert calls == []
+
+
+def test_an_overflow_trimming_cannot_cure_says_how_much_trimming_frees() -> None:
+    async def hot(scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
+        return []
+
+    old = [Message("user", "a short question"), Message("assistant", "a short answer")]
+    latest = [Message("user", "lorem ipsum dolor sit amet " * 2000)]
+    options = AssemblyOptions(history_policy=HistoryPolicy.TRIM_OLDEST)
+    with pytest.raises(ContextOverflow) as info:
+        run(request(messages=old + latest, options=options), Sources(None, hot, None))
+    message = str(info.value)
+    found = re.search(
+        r"exceed it by (\d+) tokens \(nothing left to trim: dropping every message before the latest "
+        r"user turn frees (\d+) of them, (\d+) too many remain\)$",
+        message,
+    )
+    assert found is not None, message
+    shortfall, freed, remain = (int(g) for g in found.groups())
+    # The two old messages are what can go: more than their text, far less than the history.
+    old_text = sum(ctxcore.count_tokens(m.content or "", "cl100k_base").value for m in old)
+    assert old_text < freed < info.value.budget.messages_tokens // 10
+    assert shortfall == info.value.budget.shortfall and remain == shortfall - freed > 0
 
 
 def test_100k_exact_o200k_tokens_of_history_assemble_on_gpt_4o() -> None:

@@ -221,7 +221,10 @@ def test_the_window_still_refuses_a_strict_request_it_cannot_hold() -> None:
 
 def test_a_token_budget_the_latest_turn_cannot_fit_is_refused_with_the_numbers() -> None:
     msgs = [{"role": "user", "content": "please look at this " * 200}]
-    with pytest.raises(ctxcore.ContextOverflow, match=r"token budget of 300: .* \(nothing left to trim\)"):
+    with pytest.raises(
+        ctxcore.ContextOverflow,
+        match=r"token budget of 300: .* \(nothing left to trim: no message before the latest user turn can go\)$",
+    ):
         assemble("gpt-4o", 300, messages=msgs)
 
 
