@@ -19,6 +19,7 @@ from service_support import FakeSources, make_tenants, open_config, running
 import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Query, Sources
 from ctxcore.formatting import COMPACT_SAFETY_SENTENCE
+from ctxcore.pricing.memcounts import MEMORY_COUNTS
 from ctxcore.stores.counting import count_memory_tokens
 from ctxcore.v1 import context_assembly_pb2 as pb
 
@@ -177,6 +178,9 @@ def test_verbose_by_name_carries_store_ids_and_every_attribute() -> None:
 def test_compact_costs_less_and_its_price_bounds_the_exact_count(family: str, model: str, stored: bool) -> None:
     if family not in ctxcore.exact_families():
         pytest.skip(f"{family} has no exact tokenizer installed")
+    # Counts kept from earlier requests in this process (another test's) would price these
+    # memories "cached": start from an empty count cache.
+    MEMORY_COUNTS.clear()
     compact = _assemble(_records(family, stored=stored), model)
     verbose = _assemble(_records(family, stored=stored), model, memory_format="verbose")
     for ctx in (compact, verbose):
