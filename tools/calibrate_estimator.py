@@ -592,8 +592,8 @@ def punctuation_pairs() -> npt.NDArray[np.bool_]:
     """The Latin-1 pairs (index ``prev << 8 | cp``) of two different ASCII punctuation
     characters."""
     cp = np.arange(256)
-    punct = np.array([c < 0x80 and chr(c).isprintable() and not chr(c).isalnum() and c != 0x20 for c in cp])
-    out = punct[:, None] & punct[None, :] & (cp[:, None] != cp[None, :])
+    punct = np.array([c < 0x80 and chr(c).isprintable() and not chr(c).isalnum() and c != 0x20 for c in cp], dtype=bool)
+    out: npt.NDArray[np.bool_] = punct[:, None] & punct[None, :] & (cp[:, None] != cp[None, :])
     return out.reshape(-1)
 
 
