@@ -92,6 +92,12 @@ def _cmd_init(args: argparse.Namespace, out: TextIO) -> int:
     kw: dict[str, Any] = {"embedder": embedder}
     if is_postgres_url(args.db):
         kw.update(dimensions=args.dimensions, grant_to=args.grant_to)
+    elif args.dimensions is not None or args.grant_to is not None:
+        given = " and ".join(f for f, v in (("--dimensions", args.dimensions), ("--grant-to", args.grant_to)) if v)
+        raise _cli_error(
+            f"{given} apply to a PostgreSQL store only: a SQLite store takes its dimension from its "
+            "embedder and has no roles"
+        )
     with open_cli_store(args.db, **kw) as store:
         dims = getattr(store, "dimensions", None)
         return _out(
@@ -100,6 +106,17 @@ def _cmd_init(args: argparse.Namespace, out: TextIO) -> int:
             {"db": shown_db(args.db), "dimensions": dims},
             f"memory store ready at {shown_db(args.db)}" + (f" ({dims} dimensions)" if dims else ""),
         )
+
+
+def _dimensions(text: str) -> int:
+    """Argparse type of ``--dimensions``: a whole number of dimensions >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of dimensions, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def _days(text: str) -> float:
@@ -185,7 +202,9 @@ def add_lifecycle_subcommands(mem: Any) -> None:
     db_help = "the memory store: a SQLite file path or a postgresql:// URL"
     i = mem.add_parser("init", help="create the memory store's schema (PostgreSQL: run as the schema owner)")
     i.add_argument("--db", required=True, help=db_help)
-    i.add_argument("--dimensions", type=int, help="embedding dimension to fix in the schema (default: the embedder's)")
+    i.add_argument(
+        "--dimensions", type=_dimensions, help="embedding dimension to fix in the schema (default: the embedder's)"
+    )
     i.add_argument("--grant-to", metavar="ROLE", help="PostgreSQL: grant the app role its table privileges")
     i.add_argument(
         "--embedder",

@@ -439,6 +439,8 @@ def test_eval_checks_its_plot_before_it_evaluates(tmp_path: Path) -> None:
         (["pack", str(EXAMPLE), "--budget", "10", "--cell-ceiling", "0"], "--cell-ceiling"),
         (["memories", "forget", "--db", "x.db", "--org", "o", "--older-than-days", "-1"], "--older-than-days"),
         (["serve", "--max-queue", "0"], "--max-queue"),
+        (["memories", "init", "--db", "x.db", "--dimensions", "0"], "--dimensions"),
+        (["memories", "init", "--db", "x.db", "--dimensions", "-3"], "--dimensions"),
         (["serve", "--cpu-workers", "0"], "--cpu-workers"),
     ],
 )
@@ -449,3 +451,19 @@ def test_bad_flag_values_exit_2_naming_the_flag(tmp_path: Path, args: list[str],
     assert out.returncode == 2, out.stderr
     assert f"argument {flag}" in out.stderr and "Traceback" not in out.stderr
     assert "max_age_seconds" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--dimensions", "384"], "--dimensions apply"),
+        (["--grant-to", "app"], "--grant-to apply"),
+        (["--dimensions", "384", "--grant-to", "app"], "--dimensions and --grant-to apply"),
+    ],
+)
+def test_postgres_only_init_flags_are_refused_for_a_sqlite_store(tmp_path: Path, flags: list[str], named: str) -> None:
+    db = tmp_path / "m.db"
+    out = run("memories", "init", "--db", str(db), *flags)
+    assert out.returncode == 1
+    assert named in one_error_line(out) and "PostgreSQL store only" in out.stderr
+    assert not db.exists()
