@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["decode_utf8", "jsonl_objects", "read_utf8"]
+__all__ = ["STDIN", "decode_utf8", "jsonl_objects", "read_utf8"]
+
+#: The file argument that means standard input, on every command that reads a file.
+STDIN = "-"
 
 #: Makes the exception a caller raises from a message.
 Fail = Callable[[str], Exception]

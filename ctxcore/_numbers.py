@@ -14,12 +14,13 @@ the caller raises its own error naming the field.
 
 from __future__ import annotations
 
+import argparse
 import numbers
 import operator
 
 import numpy as np
 
-__all__ = ["as_int", "as_real"]
+__all__ = ["as_int", "as_real", "non_negative_int_arg", "positive_int_arg"]
 
 
 def as_int(value: object) -> int | None:
@@ -66,3 +67,32 @@ def as_real(value: object) -> int | float | None:
         except (OverflowError, ValueError):
             return None
     return None
+
+
+def non_negative_int_arg(text: str) -> int:
+    """Argparse type: an integer >= 0 (budgets, token counts).
+
+    >>> non_negative_int_arg("12")
+    12
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int_arg(text: str) -> int:
+    """Argparse type: an integer >= 1 (counts, dimensions).
+
+    >>> positive_int_arg("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be >= 1, got 0
+    """
+    value = non_negative_int_arg(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from . import __version__
-from ._files import decode_utf8, jsonl_objects, read_utf8
+from ._files import STDIN, decode_utf8, jsonl_objects, read_utf8
+from ._numbers import non_negative_int_arg, positive_int_arg
 from .errors import InvalidCandidate
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
 
@@ -44,9 +45,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 #: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
-
-#: The file argument that means standard input.
-STDIN = "-"
 
 
 class CliError(Exception):
@@ -59,25 +57,6 @@ class UsageError(CliError):
     """A bad command line that argparse's types cannot catch: exit status 2."""
 
     exit_status = EXIT_USAGE
-
-
-def _non_negative_int(text: str) -> int:
-    """Argparse type: an integer >= 0 (budgets, token counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """Argparse type: an integer >= 1."""
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _plot_file(text: str) -> str:
@@ -469,27 +448,27 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages ('-': stdin)")
     p.add_argument(
         "--max-memories",
-        type=_positive_int,
+        type=positive_int_arg,
         default=None,
         help="most memories in the context (default: no count cap, the token budget decides)",
     )
     p.add_argument(
         "--token-budget",
-        type=_positive_int,
+        type=positive_int_arg,
         default=None,
         metavar="N",
         help="a cap on the whole payload in the model's tokens (default: the model's window)",
     )
     p.add_argument(
         "--history-budget",
-        type=_non_negative_int,
+        type=non_negative_int_arg,
         default=None,
         metavar="N",
         help="a cap on the kept history's tokens (oldest turns go first; the latest user turn stays)",
     )
     p.add_argument(
         "--memory-budget",
-        type=_non_negative_int,
+        type=non_negative_int_arg,
         default=None,
         metavar="N",
         help="a cap on the memory elements' tokens",
@@ -746,9 +725,13 @@ def _add_eval(sub: Any) -> None:
 def _add_pack(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack candidates from a JSON Lines file into a token budget")
     p.add_argument("file", help="JSON Lines: one {id, tokens, score, pinned?} object per line ('-': stdin)")
-    p.add_argument("--budget", type=_non_negative_int, required=True, help="the hard token budget")
-    p.add_argument("--bucket-tokens", type=_positive_int, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)")
-    p.add_argument("--cell-ceiling", type=_positive_int, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)")
+    p.add_argument("--budget", type=non_negative_int_arg, required=True, help="the hard token budget")
+    p.add_argument(
+        "--bucket-tokens", type=positive_int_arg, default=DEFAULT_BUCKET_TOKENS, help="DP granularity (tokens)"
+    )
+    p.add_argument(
+        "--cell-ceiling", type=positive_int_arg, default=DEFAULT_CELL_CEILING, help="largest DP table (cells)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=_cmd_pack)
 
@@ -885,7 +868,7 @@ def _add_memories_reembed(mem: Any) -> None:
         help="the new embedder (as for `memories add`: wordllama, minilm, hashing, "
         "sentence-transformers:PATH, openai:MODEL)",
     )
-    mr.add_argument("--batch", type=_positive_int, default=256, help="memories per embedder call and transaction")
+    mr.add_argument("--batch", type=positive_int_arg, default=256, help="memories per embedder call and transaction")
     mr.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
     mr.set_defaults(func=_cmd_memories_reembed)

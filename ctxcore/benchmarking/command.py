@@ -22,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from .._files import STDIN
 from .gates import (
     DEFAULT_GATES,
     DEFAULT_REFERENCE_ROUNDS,
@@ -63,8 +64,6 @@ class DataError(ValueError):
 #: Exit status of bad data or a failure at run time, and of a bad command line (as for
 #: every ``ctxcore`` command).
 EXIT_ERROR, EXIT_USAGE = 1, 2
-#: The file argument that means standard input.
-STDIN = "-"
 
 
 def add_subcommand(sub: Any) -> argparse.ArgumentParser:

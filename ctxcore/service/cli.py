@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._files import decode_utf8
+from .._files import STDIN, decode_utf8
+from .._numbers import positive_int_arg
 from ..errors import ConfigError
 from .config import (
     ASSEMBLY_SETTINGS,
@@ -31,8 +32,6 @@ from .config import (
 
 __all__ = ["add_subcommands", "config_from_args"]
 
-# The file argument that means standard input (as everywhere on the ``ctxcore`` command line).
-STDIN = "-"
 
 # The [assembly] settings in milliseconds have flags of their own.
 _ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
@@ -47,17 +46,6 @@ def _workers(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
-
-
-def _positive_int(text: str) -> int:
-    """Argparse type: a count >= 1 (the configuration checks its upper bound)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def _max_running(text: str) -> int | str:
@@ -126,9 +114,11 @@ def add_subcommands(sub: Any) -> None:
     t.add_argument("--shutdown-grace-s", type=float, metavar="S", help="time in-flight calls get after SIGTERM")
     t.add_argument("--drain-delay-s", type=float, metavar="S", help="NOT_SERVING this long before refusing calls")
     t.add_argument(
-        "--max-queue", type=_positive_int, metavar="N", help="assemblies admitted at a time (admission control)"
+        "--max-queue", type=positive_int_arg, metavar="N", help="assemblies admitted at a time (admission control)"
     )
-    t.add_argument("--cpu-workers", type=_positive_int, metavar="N", help="threads for the assembly's CPU-heavy stages")
+    t.add_argument(
+        "--cpu-workers", type=positive_int_arg, metavar="N", help="threads for the assembly's CPU-heavy stages"
+    )
     s.add_argument(
         "--workers",
         type=_workers,

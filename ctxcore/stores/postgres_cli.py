@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._numbers import positive_int_arg
 from .urls import is_postgres_url
 
 __all__ = ["add_lifecycle_subcommands", "open_cli_store", "shown_db"]
@@ -108,17 +109,6 @@ def _cmd_init(args: argparse.Namespace, out: TextIO) -> int:
         )
 
 
-def _dimensions(text: str) -> int:
-    """Argparse type of ``--dimensions``: a whole number of dimensions >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of dimensions, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
 def _days(text: str) -> float:
     """Argparse type of ``--older-than-days``: a finite number of days >= 0."""
     try:
@@ -203,7 +193,7 @@ def add_lifecycle_subcommands(mem: Any) -> None:
     i = mem.add_parser("init", help="create the memory store's schema (PostgreSQL: run as the schema owner)")
     i.add_argument("--db", required=True, help=db_help)
     i.add_argument(
-        "--dimensions", type=_dimensions, help="embedding dimension to fix in the schema (default: the embedder's)"
+        "--dimensions", type=positive_int_arg, help="embedding dimension to fix in the schema (default: the embedder's)"
     )
     i.add_argument("--grant-to", metavar="ROLE", help="PostgreSQL: grant the app role its table privileges")
     i.add_argument(
