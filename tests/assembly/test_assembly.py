@@ -396,7 +396,13 @@ def test_a_branch_cancelled_at_the_wall_is_a_timeout_whatever_it_raises_then() -
     for branch in ("hot", "cold"):
         record = _record(ctx, branch)
         assert record.status == BranchStatus.TIMEOUT
-        assert record.error == "cancelled at the server_deadline wall (10.0 ms)"
+        # The wall and the branch's own timer (cut to what is left of the wall) end
+        # together: either may be the one that cancels (on Python 3.13 the branch's fires
+        # first). The source's own answer to the cancellation is not what is recorded.
+        assert record.error is not None and "interrupted" not in record.error
+        assert re.fullmatch(
+            r"cancelled at the server_deadline wall \(10\.0 ms\)|no answer within \d+(\.\d+)? ms", record.error
+        ), record.error
 
 
 def test_cancelling_the_call_cancels_its_branches() -> None:
