@@ -368,7 +368,7 @@ def test_run_time_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_a_failing_cold_read_degrades_the_assembly(tmp_path: Path) -> None:
-    """A store whose recorded embedder no longer matches its embeddings: the cold branch
+    """A store whose recorded embedder does not match its embeddings: the cold branch
     fails, the assembly says so and still answers."""
     import sqlite3
 
