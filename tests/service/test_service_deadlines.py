@@ -278,14 +278,15 @@ def test_server_memory_stays_flat_over_10k_cancelled_calls() -> None:
         mib = [round(s / 2**20, 1) for s in samples]
         # A leak grows with every call; the allocator grows its arenas in steps (a few MiB,
         # at a moment that depends on the machine's load) and then stays. So the second
-        # half of the run, medians of three samples ~3,500 calls apart, must be flat: 6 MiB
-        # there is ~1.7 KB per call. The whole run is bounded more loosely.
+        # half of the run, medians of three samples ~3,500 calls apart, must be flat but for
+        # one such step (6 MiB in one clean-clone run): 10 MiB there is ~3 KB per call. The
+        # whole run is bounded more loosely.
         late = sorted(mib[-3:])[1] - sorted(mib[4:7])[1]
         growth = sorted(mib[-3:])[1] - sorted(mib[:3])[1]
         print(f"\nserver RSS (MiB) every 1,000 of {done} cancelled calls: {mib}; in flight {in_flight}")
         assert done >= 9900  # (a call whose branches all answer within its 0-8 ms is not cancelled)
         assert in_flight == 0
-        assert late < 6, mib
+        assert late < 10, mib
         assert growth < 32, mib
     finally:
         proc.send_signal(signal.SIGTERM)
