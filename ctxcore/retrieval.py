@@ -8,8 +8,10 @@ what is left of the wall. On Python 3.12 and later the tasks start eagerly
 (`asyncio.eager_task_factory`): a branch that answers without waiting (a cache hit, a read
 of microseconds) is done when its task is created, without a pass of the event loop, and
 only the branches that wait are waited for. When the wall is reached the branches still
-running are cancelled and awaited (no task outlives the call), and a branch that
-completed is kept.
+running are cancelled and given `CANCEL_GRACE_MS` to stop; a branch that completed is
+kept. A source that ignores its cancellation (catches `CancelledError` and goes on) is
+not waited for past the grace: its task is left to finish on its own, its result or
+exception discarded, and its branch is recorded as a timeout that says so.
 Every branch ends with a `BranchRecord`: ``ok``, ``timeout`` (its timeout or the wall
 came first), ``error`` (the source raised, a `TimeoutError` or `CancelledError` of its
 own included, or returned malformed data) or ``skipped``, with its latency. Memories are
@@ -24,7 +26,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_DIRECTIVE_TIMEOUT_MS",
     "DEFAULT_HOT_TIMEOUT_MS",
     "DEFAULT_SERVER_DEADLINE_MS",
+    "CANCEL_GRACE_MS",
     "BranchTimeouts",
     "Retrieved",
     "compute_wall",
@@ -53,6 +56,9 @@ DEFAULT_SERVER_DEADLINE_MS = 40.0
 DEFAULT_DIRECTIVE_TIMEOUT_MS = 5.0
 DEFAULT_HOT_TIMEOUT_MS = 15.0
 DEFAULT_COLD_TIMEOUT_MS = 45.0
+#: How long a cancelled branch is given to stop before the call goes on without it.
+#: A source that honours cancellation stops within a pass or two of the event loop.
+CANCEL_GRACE_MS = 2.0
 #: Longest error text kept in a branch record: enough to diagnose, never a memory dump.
 _MAX_ERROR_CHARS = 200
 
@@ -318,30 +324,23 @@ async def retrieve(
 
     waiting = [t for t in tasks.values() if not t.done()]
     pending: set[asyncio.Task[_Outcome]] = set()
+    running: set[asyncio.Task[_Outcome]] = set()
     if waiting:
         try:
             _, pending = await asyncio.wait(waiting, timeout=max(0.0, wall_end - time.perf_counter()))
         except asyncio.CancelledError:
-            for t in tasks.values():
-                t.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await _cancel(tasks.values())
             raise
-        for t in pending:
-            t.cancel()
-        if pending:
-            # Cancelled branches are awaited so no task outlives this call.
-            await asyncio.gather(*pending, return_exceptions=True)
+        running = await _cancel(pending)
     for branch, task in tasks.items():
         if task not in pending and not task.cancelled():
             outcomes[branch] = task.result()
         else:
+            error = f"cancelled at the {wall.source.value} wall ({wall.limit_ms:.1f} ms)"
+            if task in running:
+                error += f"; still running {CANCEL_GRACE_MS:g} ms later, left to finish without this call"
             outcomes[branch] = _Outcome(
-                BranchRecord(
-                    branch,
-                    BranchStatus.TIMEOUT,
-                    (time.perf_counter() - start) * 1000.0,
-                    f"cancelled at the {wall.source.value} wall ({wall.limit_ms:.1f} ms)",
-                )
+                BranchRecord(branch, BranchStatus.TIMEOUT, (time.perf_counter() - start) * 1000.0, error)
             )
 
     records = []
@@ -364,6 +363,32 @@ async def retrieve(
                 parts.append(o.value)
             foreign.extend(o.out_of_scope)
     return Retrieved(directive, Chain(parts), tuple(foreign), tuple(records), wall)
+
+
+#: Branch tasks that did not stop within the grace, held until they end (the event loop
+#: keeps only weak references to tasks).
+_LEFT_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+def _left_to_finish(task: asyncio.Task[Any]) -> None:
+    _LEFT_RUNNING.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a source's late failure is not "never retrieved"
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[_Outcome]]) -> set[asyncio.Task[_Outcome]]:
+    """Cancel `tasks` and wait up to `CANCEL_GRACE_MS` for them to stop; return those that
+    did not, which are left to finish on their own."""
+    live = [t for t in tasks if not t.done()]
+    for t in live:
+        t.cancel()
+    if not live:
+        return set()
+    _, running = await asyncio.wait(live, timeout=CANCEL_GRACE_MS / 1000.0)
+    for t in running:
+        _LEFT_RUNNING.add(t)
+        t.add_done_callback(_left_to_finish)
+    return running
 
 
 def _has_source(sources: Sources, branch: Branch) -> bool:

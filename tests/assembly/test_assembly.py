@@ -11,6 +11,7 @@ import random
 import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -403,6 +404,68 @@ def test_a_branch_cancelled_at_the_wall_is_a_timeout_whatever_it_raises_then() -
         assert re.fullmatch(
             r"cancelled at the server_deadline wall \(10\.0 ms\)|no answer within \d+(\.\d+)? ms", record.error
         ), record.error
+
+
+def test_a_source_that_ignores_its_cancellation_does_not_hold_the_call() -> None:
+    finished: list[str] = []
+
+    async def ignores_cancellation(*args: object) -> list[MemoryRecord]:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                continue  # carries on regardless
+        finished.append("ignored")
+        raise RuntimeError("late failure, nobody is waiting")
+
+    cfg = AssemblyConfig(client_timeout_ms=45, server_deadline_ms=20, hot_timeout_ms=1000, cold_timeout_ms=1000)
+
+    async def main() -> tuple[ctxcore.AssembledContext, float, list[str]]:
+        t0 = time.monotonic()
+        ctx = await ctxcore.assemble(
+            request(), sources=Sources(None, memories_of([mem(1)]), ignores_cancellation), config=cfg
+        )
+        elapsed = time.monotonic() - t0
+        done_then = list(finished)
+        await asyncio.sleep(0.5)  # the source ends on its own, its exception retrieved
+        return ctx, elapsed, done_then
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctx, elapsed, done_then = asyncio.run(main())
+    assert done_then == [] and finished == ["ignored"]
+    # Returned at the wall, not 0.3 s later (generous slack: shared machine).
+    assert elapsed < 0.2
+    cold = _record(ctx, "cold")
+    assert cold.status == BranchStatus.TIMEOUT and cold.error is not None
+    assert "left to finish without this call" in cold.error
+    assert _record(ctx, "hot").status == BranchStatus.OK and ctx.selected_ids == ("m1",)
+
+
+def test_cancelling_the_call_does_not_wait_for_a_source_that_ignores_it() -> None:
+    cfg = AssemblyConfig(client_timeout_ms=5000, server_deadline_ms=5000, hot_timeout_ms=5000, cold_timeout_ms=5000)
+
+    async def ignores_cancellation(*args: object) -> list[MemoryRecord]:
+        for _ in range(30):
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass
+        return [mem(1)]
+
+    async def main() -> float:
+        call = asyncio.create_task(
+            ctxcore.assemble(request(), sources=Sources(None, ignores_cancellation, _hang), config=cfg)
+        )
+        await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 0.15
 
 
 def test_cancelling_the_call_cancels_its_branches() -> None:
