@@ -344,16 +344,23 @@ class Admission:
         tail = max(self.floor_tail_ms, m.predict(0) + m.margin())
         return self.min_retrieval_ms + tail + self.response_headroom_ms
 
+    def floor_need_ms(self) -> float:
+        """The least time any assembly needs here, in ms, learned from nothing: the least
+        retrieval, the floor of the tail and the response headroom."""
+        return self.min_retrieval_ms + self.floor_tail_ms + self.response_headroom_ms
+
     def decide(self, remaining_ms: float | None) -> Decision:
         """Whether a call with `remaining_ms` to its deadline (None: no deadline) may run.
 
         A queue or saturation refusal is made for load (`Decision.overload`); so is a
         deadline refusal when the deadline would be enough with nobody ahead and a prompt
         loop (`idle_need_ms`: what makes the call late is the calls ahead or the loop's
-        lag), or while the event loop runs more than `LOADED_LAG_MS` late (the call then
-        waited for the loop before it reached admission, which is why its deadline is
-        short). Only a call whose deadline
-        is too short for an assembly on a quiet server is refused for its deadline alone.
+        lag), while the event loop runs more than `LOADED_LAG_MS` late, or while other
+        calls are admitted and the deadline is above `floor_need_ms` (the call's time then
+        went to waiting in line before admission saw it, in the server or in its client:
+        under load the tail learned for a call with nobody ahead is itself inflated). Only
+        a call whose deadline is too short for an assembly on a quiet server, or below the
+        least any assembly needs, is refused for its deadline alone.
 
         An admitted call must be `release`d when it ends.
         """
@@ -393,7 +400,11 @@ class Admission:
         if remaining_ms is not None:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             if remaining_ms < need:
-                overload = self.lag_ms > LOADED_LAG_MS or remaining_ms >= self.idle_need_ms()
+                overload = (
+                    self.lag_ms > LOADED_LAG_MS
+                    or remaining_ms >= self.idle_need_ms()
+                    or (self.admitted > 0 and remaining_ms >= self.floor_need_ms())
+                )
                 return Decision(
                     False,
                     "refused-deadline",

@@ -239,6 +239,27 @@ def test_a_deadline_refusal_is_for_load_unless_the_server_is_quiet() -> None:
     assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
 
 
+def test_a_deadline_refusal_is_for_load_while_calls_are_admitted() -> None:
+    adm = Admission(min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    assert adm.floor_need_ms() == pytest.approx(7.0)
+    for _ in range(50):  # calls that took 20 ms after their retrieval
+        assert adm.decide(100.0).admitted
+        adm.release(0, 21.0, 1.0)
+    assert adm.idle_need_ms() > 20.0
+    # Quiet: 10 ms is less than an assembly has taken here with nobody ahead: the caller's.
+    d = adm.decide(10.0)
+    assert (d.admitted, d.reason, d.overload, d.retry_after_ms) == (False, "refused-deadline", False, 0)
+    # With a call admitted the same 10 ms is load: what is learned for nobody ahead is
+    # learned under load, and the call's time went to waiting before it arrived.
+    assert adm.decide(100.0).admitted
+    d = adm.decide(10.0)
+    assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
+    assert "refused for load" in d.details and d.retry_after_ms >= 1
+    # Below the least any assembly needs (1 + 5 + 1 ms): the caller's, whatever the load.
+    d = adm.decide(6.0)
+    assert (d.admitted, d.overload) == (False, False)
+
+
 def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_admitted() -> None:
     adm = Admission(max_queue=8, min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
     adm.lag_ms = 10.0
