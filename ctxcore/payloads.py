@@ -27,6 +27,7 @@ the hook through which `ctxcore.assemble` puts that framing into the budget ledg
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,6 +122,7 @@ ANTHROPIC_REPLY_PRIMING = "\n\nAssistant:"
 _DEVELOPER_ROLE_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 _CACHE_BREAKPOINT = {"type": "ephemeral"}
 _JSON = {"ensure_ascii": False, "separators": (",", ":")}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def default_directive_role(model: str) -> str:
@@ -154,6 +156,34 @@ def _openai_message(m: Message) -> dict[str, Any]:
             for c in m.tool_calls
         ]
     return out
+
+
+def _utf8(value: Any) -> Any:
+    """`value` with every str made writable as UTF-8, the form the SDKs send: a surrogate
+    pair read as the character it encodes and a lone surrogate replaced by U+FFFD, which
+    is how tiktoken reads such text, so the payload is the text the ledger counted."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value) is None:
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8(v) for v in value]
+    return value
+
+
+def _has_surrogate(directive: str | None, messages: Sequence[Message]) -> bool:
+    """Whether the directive or a message holds a surrogate: one scan of their texts, so
+    that a history without any (nearly every one) is not walked again."""
+    texts = [directive or ""]
+    for m in messages:
+        texts.append(m.content)  # the parts joined, when there are parts
+        if m.tool_call_id is not None:
+            texts.append(m.tool_call_id)
+        for c in m.tool_calls:
+            texts += (c.id, c.name, c.arguments)
+    return _SURROGATE.search("".join(texts)) is not None
 
 
 def _copy(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,6 +250,10 @@ def render_openai(
             system message would lend them the operator's authority.
         directive_role: ``system`` or ``developer`` (see `default_directive_role`).
 
+    Every text is written as UTF-8 can carry it, as tiktoken reads it: a pair of surrogates
+    is the character it encodes, and a lone surrogate, which no request body can hold,
+    becomes U+FFFD.
+
     Raises:
         ValueError: tool calls and results that do not pair up, or a tool that is not a
             function tool, named by index.
@@ -238,8 +272,10 @@ def render_openai(
     if memory_block:
         out.append({"role": "user", "content": memory_block})
     payload: dict[str, Any] = {"messages": out}
+    if _has_surrogate(directive, messages):
+        payload = _utf8(payload)
     if tools:
-        payload["tools"] = [_openai_tool(s, i) for i, s in enumerate(_specs(tools))]
+        payload["tools"] = _utf8([_openai_tool(s, i) for i, s in enumerate(_specs(tools))])
     return payload
 
 
@@ -258,7 +294,13 @@ def _anthropic_blocks(m: Message, i: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if t]
     for j, c in enumerate(m.tool_calls):
         out.append(
-            {"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c, f"messages[{i}].tool_calls[{j}]")}
+            {
+                "type": "tool_use",
+                "id": c.id,
+                "name": c.name,
+                # A JSON escape of a lone surrogate ("\\ud800") becomes one when read.
+                "input": _utf8(tool_input(c, f"messages[{i}].tool_calls[{j}]")),
+            }
         )
     return out
 
@@ -288,6 +330,8 @@ def render_anthropic(
         cache_breakpoint: mark the last block before the memory block (the end of the
             part that stays the same from one turn to the next) with
             ``cache_control: {"type": "ephemeral"}``.
+
+    Surrogates are written as in `render_openai` (a lone one becomes U+FFFD).
 
     Raises:
         ValueError: unpaired tool calls or results, tool arguments that are not a JSON
@@ -329,8 +373,10 @@ def render_anthropic(
     if system:
         payload["system"] = system
     payload["messages"] = turns
+    if _has_surrogate(directive, messages):
+        payload = _utf8(payload)
     if rendered_tools:
-        payload["tools"] = rendered_tools
+        payload["tools"] = _utf8(rendered_tools)
     return payload
 
 

@@ -342,6 +342,39 @@ def test_the_sdks_send_the_payloads_as_they_are() -> None:
     assert sent[-1] == {"model": "claude-opus-4-1", "max_tokens": 512, **ctx.to_anthropic()}
 
 
+def test_surrogates_are_written_as_utf8_can_carry_them_and_the_sdks_send_them() -> None:
+    # A lone surrogate (text decoded with errors="surrogateescape", a JSON "\\ud800") has no
+    # UTF-8 form: the payload carries U+FFFD, a pair the character it encodes, as tiktoken
+    # counts them, so the exact count stays within the ledger.
+    history = [
+        Message("user", "order 4\ud800 arrived broken"),
+        Message(
+            "assistant", parts=("Checking \ud83d\ude00.",), tool_calls=(ToolCall("c1", "lookup", '{"q": "\\udfff"}'),)
+        ),
+        Message("tool", "status \udc80", tool_call_id="c1"),
+        Message("user", "refund?"),
+    ]
+    tool = {"name": "lookup", "description": "Look \ud800 up.", "parameters": {"type": "object"}}
+    for model, rendering in (("gpt-4o", "openai"), ("gpt-4", "anthropic")):
+        ctx = assemble(model, history, rendering=rendering, mems=memories(2), tools=[tool], directive="Be \udbff kind.")
+        payload = ctx.to_openai() if rendering == "openai" else ctx.to_anthropic()
+        wire = json.dumps(payload, ensure_ascii=False)
+        assert "\ufffd" in wire and "\U0001f600" in wire
+        wire.encode("utf-8")  # no surrogate left
+        family = ctx.budget.tokenizer_family
+        count = lambda t: ctxcore.count_tokens(t, family).value  # noqa: E731
+        sent: list[dict[str, Any]] = []
+        if rendering == "openai":
+            _mock_client("openai", sent).chat.completions.create(model=model, **payload)
+            n = count_openai(payload, count, model=model).total
+        else:
+            _mock_client("anthropic", sent).messages.create(model="claude-sonnet-4-5", max_tokens=64, **payload)
+            n = count_anthropic(payload, count, model=model).total
+            assert payload["messages"][1]["content"][1]["input"] == {"q": "\ufffd"}  # a JSON "\\udfff"
+        assert sent and sent[-1]["messages"] == payload["messages"]
+        assert ctx.prompt_tokens is not None and n <= ctx.prompt_tokens.value
+
+
 def test_anthropic_input_round_trips_and_renders_for_openai() -> None:
     history = [
         {"role": "user", "content": [{"type": "text", "text": "Refund order 7 and 9."}]},
