@@ -279,19 +279,25 @@ def render_openai(
     return payload
 
 
+def _says_something(text: str) -> bool:
+    """Whether a text goes into the Messages API as a text block: the API refuses empty
+    and whitespace-only ones (400 "text content blocks must contain non-whitespace
+    text"), and such a text says nothing."""
+    return bool(text) and not text.isspace()
+
+
 def _anthropic_blocks(m: Message, i: int) -> list[dict[str, Any]]:
     texts = m.parts if m.parts is not None else (m.content,)
     if m.role == Role.TOOL:
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
         if m.parts is not None:
-            block["content"] = [{"type": "text", "text": t} for t in m.parts if t]
-        elif m.content:
+            block["content"] = [{"type": "text", "text": t} for t in m.parts if _says_something(t)]
+        elif _says_something(m.content):
             block["content"] = m.content
         if m.is_error:
             block["is_error"] = True
         return [block]
-    # The Messages API refuses empty text blocks; an empty text says nothing.
-    out: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if t]
+    out: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if _says_something(t)]
     for j, c in enumerate(m.tool_calls):
         out.append(
             {
@@ -319,7 +325,8 @@ def render_anthropic(
     ``system`` text blocks (the Messages API has no system turns). Consecutive messages
     of one side are merged into one turn of content blocks, so roles alternate; tool
     results are ``tool_result`` blocks of a user turn, first in it as the API requires.
-    Messages with nothing to say (empty text, no calls) are left out. The memory block
+    Texts with nothing to say (empty or whitespace only, which the API refuses as text
+    blocks) are left out, and so are messages left with no blocks. The memory block
     is a text block after the latest user turn's content (or a user turn of its own).
 
     Args:
@@ -343,12 +350,13 @@ def render_anthropic(
     """
     check_tool_pairs(messages)
     system: list[dict[str, Any]] = []
-    if directive:
+    if directive is not None and _says_something(directive):
         system.append({"type": "text", "text": directive})
     turns: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if m.role in (Role.SYSTEM, Role.DEVELOPER):
-            system.extend({"type": "text", "text": t} for t in (m.parts if m.parts is not None else (m.content,)) if t)
+            texts = m.parts if m.parts is not None else (m.content,)
+            system.extend({"type": "text", "text": t} for t in texts if _says_something(t))
             continue
         blocks = _anthropic_blocks(m, i)
         if not blocks:
@@ -728,7 +736,7 @@ def message_tokens(m: Message, rendering: Rendering, count: Callable[[str], int]
     if rendering is not Rendering.ANTHROPIC:
         raise ValueError(f"message_tokens prices the payload renderings, not {rendering.value!r}")
     if m.role in (Role.SYSTEM, Role.DEVELOPER):
-        return sum(count(t) for t in (m.parts if m.parts is not None else (m.content,)) if t), 0
+        return sum(count(t) for t in (m.parts if m.parts is not None else (m.content,)) if _says_something(t)), 0
     blocks = _anthropic_blocks(m, index)
     if not blocks:
         return 0, 0

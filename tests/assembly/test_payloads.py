@@ -375,6 +375,31 @@ def test_surrogates_are_written_as_utf8_can_carry_them_and_the_sdks_send_them() 
         assert ctx.prompt_tokens is not None and n <= ctx.prompt_tokens.value
 
 
+def test_anthropic_payload_has_no_whitespace_only_text_blocks() -> None:
+    # The Messages API refuses a text block of whitespace alone (400 "text content blocks
+    # must contain non-whitespace text"): such texts say nothing and are left out.
+    history = [
+        Message("system", " \n"),
+        Message("user", "Where is order 7?"),
+        Message("assistant", "\n\n", tool_calls=(ToolCall("c1", "lookup", '{"order": 7}'),)),
+        Message("tool", "\t", tool_call_id="c1"),
+        Message("user", parts=(" ", "Thanks.")),
+        Message("assistant", " \t"),
+        Message("user", "Refund?"),
+    ]
+    ctx = assemble("claude-sonnet-4-5", history, rendering="anthropic", mems=memories(1), directive="  ")
+    p = ctx.to_anthropic()
+    check_anthropic(p)
+    assert "system" not in p
+    texts = [b["text"] for t in p["messages"] for b in t["content"] if b["type"] == "text"]
+    assert texts[:-1] == ["Where is order 7?", "Thanks.", "Refund?"]
+    assert all(says_something(t) for t in texts)
+    result = p["messages"][2]["content"][0]
+    assert result == {"type": "tool_result", "tool_use_id": "c1"}
+    assert [t["role"] for t in p["messages"]] == ["user", "assistant", "user"]
+    assert ctx.prompt_tokens is not None
+
+
 def test_anthropic_input_round_trips_and_renders_for_openai() -> None:
     history = [
         {"role": "user", "content": [{"type": "text", "text": "Refund order 7 and 9."}]},
@@ -720,15 +745,23 @@ def is_subsequence(kept: Sequence[Message], full: Sequence[Message]) -> bool:
     return all(any(k is f or k == f for f in it) for k in kept)
 
 
+def says_something(text: str) -> bool:
+    """A text the Messages API takes as a text block: not empty, not whitespace only."""
+    return text.strip() != ""
+
+
 def anthropic_atoms(messages: Sequence[Message]) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] = []
     for m in messages:
         texts = m.parts if m.parts is not None else (m.content,)
         if m.role == Role.TOOL:
-            body = tuple(t for t in m.parts if t) if m.parts is not None else m.content
+            if m.parts is not None:
+                body: Any = tuple(t for t in m.parts if says_something(t))
+            else:
+                body = m.content if says_something(m.content) else ""
             out.append(("result", m.tool_call_id, body, m.is_error))
         elif m.role in (Role.USER, Role.ASSISTANT):
-            out.extend(("text", m.role.value, t) for t in texts if t)
+            out.extend(("text", m.role.value, t) for t in texts if says_something(t))
             out.extend(("call", c.id, c.name, json.loads(c.arguments)) for c in m.tool_calls)
     return out
 
@@ -834,7 +867,11 @@ def check_random_history(family: str, rendering: str, history: list[Message], n_
         block = memory_block_of(p, "anthropic")
         assert payload_atoms(p["messages"], block) == anthropic_atoms(kept)
         assert [b["text"] for b in p["system"]] == [ctx.directive] + [
-            t for m in kept if m.role in (Role.SYSTEM, Role.DEVELOPER) for t in (m.parts or (m.content,)) if t
+            t
+            for m in kept
+            if m.role in (Role.SYSTEM, Role.DEVELOPER)
+            for t in (m.parts or (m.content,))
+            if says_something(t)
         ]
         n = count_anthropic(p, lambda t: ctxcore.count_tokens(t, family).value, model=model).total
     check_pairs_in_payload(p, rendering)
