@@ -196,14 +196,14 @@ def _openai_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     if spec.shape == "openai":
         return _copy(spec.source)
     if spec.shape == "anthropic":
-        extra = set(spec.source) - {"name", "description", "input_schema", "type"}
+        extra = set(spec.source) - {"name", "description", "input_schema", "type", "strict"}
         if extra:
             raise ValueError(f"tools[{i}] ({spec.name!r}): {sorted(extra)} cannot be carried by an OpenAI tool")
     fn: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:
         fn["description"] = spec.description
     fn["parameters"] = _copy(spec.parameters)
-    if spec.shape == "function" and "strict" in spec.source:
+    if spec.source.get("strict") is not None:
         fn["strict"] = spec.source["strict"]
     return {"type": "function", "function": fn}
 
@@ -212,12 +212,13 @@ def _anthropic_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     if spec.shape == "anthropic":
         return _copy(spec.source)
     fn = spec.source["function"] if spec.shape == "openai" else spec.source
-    if "strict" in fn:
-        raise ValueError(f"tools[{i}] ({spec.name!r}): 'strict' cannot be carried by an Anthropic tool")
     out: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:
         out["description"] = spec.description
     out["input_schema"] = _copy(spec.parameters)
+    # Both APIs hold a function to its schema with the same key.
+    if fn.get("strict") is not None:
+        out["strict"] = fn["strict"]
     return out
 
 

@@ -96,7 +96,8 @@ class ToolSpec:
     "parameters"}``) and the Anthropic shape (``{"name", "description",
     "input_schema"}``); `source` keeps the mapping as given, so a rendering for the same
     provider hands it over unchanged and a rendering for the other provider refuses keys
-    it cannot carry instead of dropping them.
+    it cannot carry instead of dropping them. ``strict`` (a bool, or None for unset), which
+    both providers take, is carried either way.
 
     >>> ToolSpec.from_mapping({"name": "search", "input_schema": {"type": "object"}}).parameters
     {'type': 'object'}
@@ -127,7 +128,7 @@ class ToolSpec:
                 raise ValueError(f"unsupported keys {sorted(outer)} beside 'function' in an OpenAI tool")
         elif "input_schema" in tool:
             fn, shape, schema_key = tool, "anthropic", "input_schema"
-            known = {"name", "description", "input_schema", "type", "cache_control"}
+            known = {"name", "description", "input_schema", "type", "cache_control", "strict"}
             if tool.get("type", "custom") != "custom":
                 raise ValueError(f"an Anthropic {tool['type']!r} tool is not a function tool")
         elif "name" in tool and "type" not in tool:
@@ -143,6 +144,9 @@ class ToolSpec:
             raise ValueError("a tool needs a non-empty str name")
         if description is not None and not isinstance(description, str):
             raise ValueError(f"tool {name!r}: description must be a str")
+        strict = fn.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ValueError(f"tool {name!r}: strict must be a bool, got {type(strict).__name__}")
         params = fn.get(schema_key, {"type": "object", "properties": {}})
         if not isinstance(params, Mapping):
             raise ValueError(f"tool {name!r}: {schema_key} must be a JSON Schema object")

@@ -511,10 +511,47 @@ def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
         )
     strict = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
     assert render_openai(tools=[strict])["tools"] == [strict]
-    with pytest.raises(ValueError, match=r"tools\[0\] \('f'\): 'strict' cannot be carried by an Anthropic tool"):
-        render_anthropic(tools=[strict])
+    cached = {"name": "g", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
+    with pytest.raises(
+        ValueError, match=r"tools\[0\] \('g'\): \['cache_control'\] cannot be carried by an OpenAI tool"
+    ):
+        render_openai(tools=[cached])
     with pytest.raises(ValueError, match=r"tools\[1\]: not a function tool"):
         render_openai(tools=[strict, {"type": "code_interpreter"}])
+
+
+def test_strict_tools_keep_strict_in_both_renderings() -> None:
+    # Both APIs take strict (OpenAI's function.strict, Anthropic's ToolParam.strict).
+    schema = {
+        "type": "object",
+        "properties": {"q": {"type": "string"}},
+        "required": ["q"],
+        "additionalProperties": False,
+    }
+    shapes = [
+        {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}},
+        {"name": "f", "parameters": schema, "strict": True},
+        {"name": "f", "input_schema": schema, "strict": True},
+    ]
+    for tool in shapes:
+        oa = render_openai(messages=[Message("user", "hi")], tools=[tool])
+        check_openai(oa)
+        assert oa["tools"] == [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]
+        an = render_anthropic(messages=[Message("user", "hi")], tools=[tool], cache_breakpoint=False)
+        check_anthropic(an)
+        assert an["tools"] == [{"name": "f", "input_schema": schema, "strict": True}]
+        for rendering in ("openai", "anthropic"):
+            ctx = assemble("gpt-4o", [Message("user", "hi")], rendering=rendering, tools=[tool])
+            assert ctx.budget.tool_schema_tokens > 0
+    with pytest.raises(ValueError, match=r"tools\[0\]: tool 'f': strict must be a bool, got str"):
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "gpt-4o",
+            Query("q"),
+            tools=({"name": "f", "input_schema": schema, "strict": "yes"},),
+            options=AssemblyOptions(rendering="anthropic"),
+        )
 
 
 def test_developer_role_and_parts_are_messages_of_their_own() -> None:
