@@ -283,6 +283,8 @@ def parse_messages(items: Iterable[Message | Mapping[str, Any]]) -> tuple[Messag
     """
     if isinstance(items, (str, bytes, Mapping)):
         raise TypeError(f"messages must be a sequence of messages, got a single {type(items).__name__}")
+    if not isinstance(items, Iterable):
+        raise TypeError(f"messages must be a sequence of messages, got {type(items).__name__}")
     out: list[Message] = []
     for i, m in enumerate(items):
         if isinstance(m, Message):
@@ -746,6 +748,8 @@ class AssemblyRequest:
                 f"tools must be a sequence of tool schemas (JSON objects), got a single "
                 f"{type(self.tools).__name__}: wrap one tool in a list"
             )
+        if not isinstance(self.tools, Iterable):
+            raise TypeError(f"tools must be a sequence of tool schemas (JSON objects), got {type(self.tools).__name__}")
         tools = tuple(self.tools)
         for i, t in enumerate(tools):
             if not isinstance(t, Mapping):

@@ -225,6 +225,13 @@ def test_a_single_tool_instead_of_a_list_is_named(tools: object) -> None:
         AssemblyRequest("o", "a", "gpt-4o", "q", tools=tools)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["messages", "tools"])
+@pytest.mark.parametrize("value", [None, 3])
+def test_messages_or_tools_that_are_no_sequence_are_named(field: str, value: object) -> None:
+    with pytest.raises(TypeError, match=rf"^{field} must be a sequence of .*, got {type(value).__name__}$"):
+        AssemblyRequest("o", "a", "gpt-4o", "q", **{field: value})  # type: ignore[arg-type]
+
+
 def _request() -> AssemblyRequest:
     return AssemblyRequest("o", "a", "gpt-4o", "q")
 
