@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -820,14 +821,40 @@ def check_tool_pairs(messages: Sequence[Message]) -> None:
                 )
 
 
+class _NoJsonForm(ValueError):
+    """A number in tool arguments that strict JSON cannot write."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NoJsonForm(name)
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if x in (math.inf, -math.inf):
+        raise _NoJsonForm(text)
+    return x
+
+
 def tool_input(call: ToolCall, where: str = "tool call") -> dict[str, Any]:
     """A tool call's arguments as the JSON object the Anthropic Messages API takes.
+
+    Strict JSON: ``NaN``, ``Infinity`` and numbers beyond a double's range, which
+    Python's reader takes but no request body can carry, are refused.
+
+    Raises:
+        ValueError: arguments that are not a strict JSON object, naming `where`.
 
     >>> tool_input(ToolCall("c1", "f", '{"q": 1}'))
     {'q': 1}
     """
     try:
-        value = json.loads(call.arguments)
+        value = json.loads(call.arguments, parse_constant=_no_constant, parse_float=_finite)
+    except _NoJsonForm as exc:
+        raise ValueError(
+            f"{where}: arguments hold {str(exc)[:40]!r}, a number JSON cannot carry (NaN, Infinity or beyond "
+            "a double's range)"
+        ) from None
     except (json.JSONDecodeError, RecursionError):
         raise ValueError(f"{where}: arguments are not valid JSON") from None
     if not isinstance(value, dict):

@@ -499,6 +499,39 @@ def test_unpaired_tool_calls_and_results_are_refused_for_payloads() -> None:
         )
 
 
+@pytest.mark.parametrize("arguments", ['{"x": NaN}', '{"x": [1, -Infinity]}', '{"x": {"y": 1e400}}'])
+def test_tool_arguments_without_a_json_form_are_refused_for_anthropic(arguments: str) -> None:
+    # Python's JSON reader takes these, but the request body cannot carry them: the SDK
+    # would fail at send time ("Out of range float values are not JSON compliant").
+    history = (
+        Message("assistant", tool_calls=(ToolCall("a", "f", arguments),)),
+        Message("tool", "1", tool_call_id="a"),
+        Message("user", "x"),
+    )
+    with pytest.raises(
+        ValueError, match=r"messages\[0\]\.tool_calls\[0\]: arguments hold .* a number JSON cannot carry"
+    ):
+        AssemblyRequest(
+            ORG, AGENT, "claude-sonnet-4", Query("q"), messages=history, options=AssemblyOptions(rendering="anthropic")
+        )
+    with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls\[0\]: arguments hold"):
+        render_anthropic(messages=history)
+    mapped = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {"x": float("nan")}}],
+    }
+    with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls\[0\]: arguments hold 'NaN'"):
+        AssemblyRequest(
+            ORG,
+            AGENT,
+            "claude-sonnet-4",
+            Query("q"),
+            messages=(mapped, *history[1:]),
+            options=AssemblyOptions(rendering="anthropic"),
+        )
+    assert render_openai(messages=history)["messages"][0]["tool_calls"][0]["function"]["arguments"] == arguments
+
+
 def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
     with pytest.raises(ValueError, match=r"tools\[0\]: an Anthropic 'web_search_20250305' tool"):
         AssemblyRequest(
