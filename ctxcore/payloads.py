@@ -195,10 +195,9 @@ def _copy(value: Mapping[str, Any]) -> dict[str, Any]:
 def _openai_tool(spec: ToolSpec, i: int) -> dict[str, Any]:
     if spec.shape == "openai":
         return _copy(spec.source)
-    if spec.shape == "anthropic":
-        extra = set(spec.source) - {"name", "description", "input_schema", "type", "strict"}
-        if extra:
-            raise ValueError(f"tools[{i}] ({spec.name!r}): {sorted(extra)} cannot be carried by an OpenAI tool")
+    extra = spec.uncarried(Rendering.OPENAI)
+    if extra:
+        raise ValueError(f"tools[{i}] ({spec.name!r}): {extra} cannot be carried by an OpenAI tool")
     fn: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:
         fn["description"] = spec.description

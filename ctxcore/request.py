@@ -88,6 +88,10 @@ class ToolCall:
             raise TypeError("tool call arguments must be a JSON string")
 
 
+#: The keys of an Anthropic tool that an OpenAI function tool has a place for.
+_OPENAI_CARRIES = frozenset({"name", "description", "input_schema", "type", "strict"})
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A tool definition in the providers' common terms: name, description, JSON Schema.
@@ -109,6 +113,19 @@ class ToolSpec:
     parameters: Mapping[str, Any]
     shape: str  #: ``openai``, ``function`` or ``anthropic``: the shape it arrived in
     source: Mapping[str, Any]
+
+    def uncarried(self, rendering: Rendering) -> list[str]:
+        """The keys of `source` that a tool of `rendering` has no place for, sorted (the
+        shape's own rendering carries them all).
+
+        >>> ToolSpec.from_mapping({"name": "f", "input_schema": {}, "cache_control": {"type": "ephemeral"}}).uncarried(
+        ...     Rendering.OPENAI
+        ... )
+        ['cache_control']
+        """
+        if rendering is Rendering.OPENAI and self.shape == "anthropic":
+            return sorted(set(self.source) - _OPENAI_CARRIES)
+        return []
 
     @classmethod
     def from_mapping(cls, tool: Mapping[str, Any]) -> ToolSpec:
@@ -768,9 +785,12 @@ class AssemblyRequest:
             check_tool_pairs(msgs)
             for i, t in enumerate(tools):
                 try:
-                    ToolSpec.from_mapping(t)
+                    spec = ToolSpec.from_mapping(t)
                 except ValueError as exc:
                     raise ValueError(f"tools[{i}]: {exc}") from None
+                extra = spec.uncarried(self.options.rendering)
+                if extra:
+                    raise ValueError(f"tools[{i}] ({spec.name!r}): {extra} cannot be carried by an OpenAI tool")
             if self.options.rendering is Rendering.ANTHROPIC:
                 for i, m in enumerate(msgs):
                     for j, c in enumerate(m.tool_calls):

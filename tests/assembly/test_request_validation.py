@@ -202,6 +202,20 @@ def test_an_openai_tool_with_an_extra_top_level_key_is_refused() -> None:
         )
 
 
+def test_an_anthropic_tool_the_openai_rendering_cannot_carry_is_refused_by_the_request() -> None:
+    tool = {"name": "g", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
+    with pytest.raises(
+        ValueError, match=r"tools\[0\] \('g'\): \['cache_control'\] cannot be carried by an OpenAI tool"
+    ):
+        AssemblyRequest(
+            "org-1", "agent-1", "gpt-4o", Query("q"), tools=[tool], options=AssemblyOptions(rendering="openai")
+        )
+    for rendering in ("anthropic", "text"):
+        AssemblyRequest(
+            "org-1", "agent-1", "gpt-4o", Query("q"), tools=[tool], options=AssemblyOptions(rendering=rendering)
+        )
+
+
 def test_valid_tools_round_trip() -> None:
     openai_tool = {
         "type": "function",

@@ -125,3 +125,22 @@ def test_an_unpaired_tool_result_is_invalid_argument_for_a_payload_rendering() -
         asyncio.run(call())
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "messages[0]: the tool result for 'c1'" in (err.value.details() or "")
+
+
+def test_an_anthropic_tool_the_openai_rendering_cannot_carry_is_invalid_argument() -> None:
+    import grpc
+
+    tool = {"name": "g", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
+    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=(Message("user", "x"),), tools=(tool,))
+    msg = ctxcore.service.convert.request_to_proto(req)
+    msg.options.rendering = pb.RENDERING_OPENAI
+
+    async def call() -> None:
+        async with running(open_config(assembly=ROOMY), sources=sources()) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=5.0) as client:
+                await client.assemble(msg)
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        asyncio.run(call())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "['cache_control'] cannot be carried by an OpenAI tool" in (err.value.details() or "")
