@@ -19,13 +19,19 @@ from .compute import Budget
 
 def message_item(m: Message) -> dict[str, str]:
     """A message as the formatter takes it. Tool calls and tool results are part of the
-    conversation the model sees, so they are written into the content (and counted)."""
+    conversation the model sees, so they are written into the content (and counted); a
+    result that reports a failure (`Message.is_error`) says so.
+
+    >>> message_item(Message("tool", "not found", tool_call_id="c1", is_error=True))["content"]
+    '[tool result c1 (error)] not found'
+    """
     content = m.content
     if m.tool_calls:
         calls = "\n".join(f"[tool call {c.id}] {c.name}({c.arguments})" for c in m.tool_calls)
         content = f"{content}\n{calls}" if content else calls
     if m.role == Role.TOOL:
-        content = f"[tool result {m.tool_call_id}] {content}"
+        error = " (error)" if m.is_error else ""
+        content = f"[tool result {m.tool_call_id}{error}] {content}"
     return {"role": m.role.value, "content": content}
 
 

@@ -849,6 +849,22 @@ def test_trim_oldest_drops_atomic_groups_and_keeps_the_latest_user_turn() -> Non
         assert drop.count >= 1 and drop.tokens > 0
 
 
+def test_the_text_rendering_says_which_tool_results_are_errors() -> None:
+    msgs = [
+        Message("user", "Where are orders 7 and 9?"),
+        Message("assistant", tool_calls=(ToolCall("c1", "lookup", '{"id": 7}'), ToolCall("c2", "lookup", '{"id": 9}'))),
+        Message("tool", "shipped", tool_call_id="c1"),
+        Message("tool", "order not found", tool_call_id="c2", is_error=True),
+        Message("user", "And now?"),
+    ]
+    ctx = run(request(messages=msgs), Sources(None, memories_of([mem(1)]), None))
+    history = ctx.sections["history"]
+    assert "[tool result c1] shipped" in history
+    assert "[tool result c2 (error)] order not found" in history
+    assert ctx.prompt_tokens is not None
+    assert ctxcore.count_tokens(ctx.text, "cl100k_base").value <= ctx.prompt_tokens.value
+
+
 def test_trimming_drops_exactly_what_is_needed_in_one_pass() -> None:
     """20,000 short turns: the oldest groups go, as few as make it fit (one fewer would
     not), tool-call groups stay whole, the latest user turn stays; the trimmed request's
