@@ -181,15 +181,17 @@ class FormattedContext:
 
     Attributes:
         text: the whole context, sections joined by a blank line.
-        nonce: the nonce every memory element carries (32+ lowercase hex digits).
+        nonce: the nonce every memory element carries: 32 lowercase hex digits in the
+            verbose rendering, three digits and four words in the compact one.
         sections: section name -> that section's text (from its opening tag to the end of
             its closing tag), in output order; only non-empty sections are present, and
             each value is a substring of `text`. Read-only.
         replaced_chars: characters replaced by U+FFFD because XML 1.0 cannot carry them
             (C0 controls other than tab/LF/CR, lone surrogates, U+FFFE, U+FFFF).
-        handles: in the compact rendering, each element's handle (``m1``..``mN``, its
-            ``id`` attribute) -> the memory's own id; empty in the verbose rendering,
-            whose ``id`` attributes are the ids themselves. Read-only.
+        handles: in the compact rendering, each element's handle (``m1``..``mN``, the
+            name of the attribute that holds the nonce: ``<m m1="NONCE">``) -> the
+            memory's own id; empty in the verbose rendering, whose ``id`` attributes are
+            the ids themselves. Read-only.
 
     >>> out = format_context(directive="Be brief.", nonce="0" * 32)
     >>> out.text
