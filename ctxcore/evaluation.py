@@ -317,20 +317,25 @@ def _rankings(index: _ScopeIndex, query: str, embedder: Any) -> dict[str, npt.ND
     matched = np.flatnonzero(bm > 0)
     # Ties: the newer memory first, then the later position (both deterministic).
     out["bm25"] = matched[np.lexsort((-matched, -index.created_at[matched], -bm[matched]))]
-    if index.vectors is not None and embedder is not None:
+    if embedder is not None:
+        # Every label gets a dense and a fused ranking when the store has an embedder, so
+        # each system is averaged over the same labels: a query without direction (or a
+        # scope whose memories have none) is 0 to every memory, an empty scope ranks nothing.
         from .stores.embedders import embed_many
 
-        (qv,) = embed_many(embedder, [query])
-        if qv is not None and index.vectors.shape[1] == qv.shape[0]:
-            q = qv / max(float(np.linalg.norm(qv)), 1e-12)
-            cos = index.vectors @ q.astype(np.float32)
-            pos = np.arange(n)
-            out["dense"] = pos[np.lexsort((-pos, -index.created_at, -cos))]
-            fused = np.zeros(n)
-            for ranking in (out["bm25"], out["dense"]):
-                fused[ranking] += 1.0 / (BASELINE_RRF_K + 1.0 + np.arange(ranking.shape[0]))
-            cand = np.flatnonzero(fused > 0)
-            out["rrf"] = cand[np.lexsort((-cand, -index.created_at[cand], -fused[cand]))]
+        cos = np.zeros(n, dtype=np.float32)
+        if index.vectors is not None and n:
+            (qv,) = embed_many(embedder, [query])
+            if qv is not None and index.vectors.shape[1] == qv.shape[0]:
+                q = qv / max(float(np.linalg.norm(qv)), 1e-12)
+                cos = index.vectors @ q.astype(np.float32)
+        pos = np.arange(n)
+        out["dense"] = pos[np.lexsort((-pos, -index.created_at, -cos))]
+        fused = np.zeros(n)
+        for ranking in (out["bm25"], out["dense"]):
+            fused[ranking] += 1.0 / (BASELINE_RRF_K + 1.0 + np.arange(ranking.shape[0]))
+        cand = np.flatnonzero(fused > 0)
+        out["rrf"] = cand[np.lexsort((-cand, -index.created_at[cand], -fused[cand]))]
     pos = np.arange(n)
     out["recency"] = pos[np.lexsort((-pos, -index.created_at))]
     return out

@@ -124,6 +124,27 @@ def test_missing_evidence_is_counted_and_missed(store_and_labels: tuple[Path, Pa
     assert report.score("bm25", 512).recall == 0.5 and report.score("bm25", 512).all_evidence == 0.0
 
 
+def test_every_system_is_averaged_over_every_label(store_and_labels: tuple[Path, Path]) -> None:
+    # A query without direction for the embedder, and a scope that holds no memories: each
+    # system still answers every label, so a report's mean is the mean of its labels'.
+    db, _ = store_and_labels
+    labels = [
+        Label("What did Sam say about the kayak?", frozenset({"fact1"}), ORG, AGENT),
+        Label("???", frozenset({"fact2"}), ORG, AGENT),
+        Label("What did Sam say about the kayak?", frozenset({"fact1"}), "no-such-org", AGENT),
+    ]
+    with SqliteMemoryStore(str(db), embedder=HashingEmbedder(64)) as s:
+        together = evaluate_sync(s, labels, budgets=(64, 512))
+        alone = [evaluate_sync(s, [label], budgets=(64, 512)) for label in labels]
+    assert {(x.system, x.budget) for x in together.scores} == {(name, b) for name in SYSTEMS for b in (64, 512)}
+    for x in together.scores:
+        per_label = [r.score(x.system, x.budget) for r in alone]
+        assert x.recall == pytest.approx(sum(p.recall for p in per_label) / len(labels))
+        assert x.all_evidence == pytest.approx(sum(p.all_evidence for p in per_label) / len(labels))
+        assert x.spent == pytest.approx(sum(p.spent for p in per_label) / len(labels))
+    assert together.score("dense", 512).recall <= 2 / 3
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
