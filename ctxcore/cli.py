@@ -91,16 +91,27 @@ def read_text_arg(path: str) -> str:
     return read_utf8(path, CliError)
 
 
+#: The keys of a ``ctxcore pack`` line.
+CANDIDATE_KEYS = ("id", "tokens", "score", "pinned")
+
+
 def read_candidates_jsonl(path: Path | str) -> list[dict[str, Any]]:
     """Read candidates from a JSON Lines file (``-``: standard input), naming the line of
     any bad entry.
 
-    Blank lines are skipped; every other line must be a JSON object.
+    Blank lines are skipped; every other line must be a JSON object with no keys but
+    `CANDIDATE_KEYS` (a misspelled ``pinned`` would otherwise be dropped in silence).
     """
     text = read_text_arg(str(path))
     path = source_name(str(path))
     out: list[dict[str, Any]] = []
     for lineno, obj in jsonl_objects(text, path, CliError):
+        unknown = sorted(set(obj) - set(CANDIDATE_KEYS))
+        if unknown:
+            raise CliError(
+                f"{path}:{lineno}: unknown key(s) {', '.join(map(repr, unknown))} "
+                f"(a candidate has {', '.join(CANDIDATE_KEYS)})"
+            )
         obj["_line"] = lineno
         out.append(obj)
     return out

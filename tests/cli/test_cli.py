@@ -61,6 +61,10 @@ def test_pack_example_as_tables() -> None:
             '{"id": "a", "tokens": 1, "score": 1}\n\n{"id": "a", "tokens": 2, "score": 1}\n',
             ":3: candidate 'a' (index 1): duplicate id",
         ),
+        (
+            '{"id": "a", "tokens": 1, "score": 1}\n{"id": "b", "tokens": 1, "score": 1, "pined": true}\n',
+            ":2: unknown key(s) 'pined' (a candidate has id, tokens, score, pinned)",
+        ),
     ],
 )
 def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) -> None:
