@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +92,7 @@ class LatencyGate:
 
     def pack(
         self,
-        candidates: Sequence[Any],
+        candidates: Iterable[Any],
         budget: int,
         *,
         packer: Callable[..., Any] | None = None,
@@ -101,10 +101,13 @@ class LatencyGate:
     ) -> Gated:
         """Gate ``ctxcore.pack(candidates, budget, **options)``; the reference is the
         exact numpy DP on the same costs and scores. `packer` replaces ``ctxcore.pack``
-        (same signature), e.g. your wrapper around it."""
+        (same signature), e.g. your wrapper around it. An iterator of candidates is read
+        once, and every round packs all of them."""
         __tracebackhide__ = True
         from ..packing import pack
 
+        if not isinstance(candidates, Sequence):
+            candidates = list(candidates)
         bounds, opts = self._split(options)
         ref = reference
         if ref is True:
@@ -114,7 +117,7 @@ class LatencyGate:
 
     def pack_arrays(
         self,
-        ids: Sequence[str],
+        ids: Iterable[str],
         tokens: Any,
         scores: Any,
         budget: int,
@@ -124,10 +127,13 @@ class LatencyGate:
         **options: Any,
     ) -> Gated:
         """Gate ``ctxcore.pack_arrays(ids, tokens, scores, budget, **options)`` beside
-        the exact numpy DP. `packer` replaces ``ctxcore.pack_arrays``."""
+        the exact numpy DP. `packer` replaces ``ctxcore.pack_arrays``. An iterator of
+        ids is read once, and every round packs all of them."""
         __tracebackhide__ = True
         from ..packing import pack_arrays
 
+        if not isinstance(ids, Sequence):
+            ids = list(ids)
         bounds, opts = self._split(options)
         ref = reference
         if ref is True:

@@ -211,6 +211,30 @@ def test_gates_pass_on_generous_bounds_and_fail_on_impossible_ones(user_dir: Pat
     assert assemble["reference"]["name"] == "pack_arrays alone"
 
 
+def test_iterators_are_packed_whole_in_every_round(tmp_path: Path) -> None:
+    (tmp_path / "test_iter.py").write_text(
+        textwrap.dedent("""
+        import ctxcore
+
+        def test_pack_a_generator(ctxcore_gate):
+            cands = (ctxcore.Candidate(f"c{i}", 10, 1.0) for i in range(5))
+            gated = ctxcore_gate.pack(cands, 100, rounds=20)
+            assert gated.value.ids == ("c0", "c1", "c2", "c3", "c4")
+
+        def test_pack_arrays_with_an_iterator_of_ids(ctxcore_gate):
+            gated = ctxcore_gate.pack_arrays(iter(["a", "b"]), [10, 10], [1.0, 2.0], 15, rounds=20)
+            assert gated.value.ids == ("b",)
+    """),
+        encoding="utf-8",
+    )
+    proc = _pytest(tmp_path, "test_iter.py")
+    out = proc.stdout + proc.stderr
+    assert _outcomes(out) == {
+        "test_pack_a_generator": "PASSED",
+        "test_pack_arrays_with_an_iterator_of_ids": "PASSED",
+    }, out
+
+
 def test_skipped_with_a_reason_under_benchmark_disable(user_dir: Path) -> None:
     proc = _pytest(user_dir, "test_user.py::test_pack_generous", "test_user.py::test_plain", "--benchmark-disable")
     out = proc.stdout + proc.stderr
