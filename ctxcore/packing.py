@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core
+from ._numbers import as_real
 from .errors import InvalidCandidate, invalid
 
 __all__ = [
@@ -557,11 +558,8 @@ def pack_arrays(
     node_limit = _as_int(search_node_limit, "search_node_limit")
     if node_limit < 0:
         raise ValueError(f"search_node_limit must be >= 0, got {node_limit}")
-    if (
-        isinstance(rank_tolerance, bool)
-        or not isinstance(rank_tolerance, (int, float))
-        or not 0.0 <= rank_tolerance < 1.0
-    ):
+    tolerance = as_real(rank_tolerance)  # any real number, numpy's too
+    if tolerance is None or not 0.0 <= tolerance < 1.0:  # NaN fails the comparison too
         raise ValueError(f"rank_tolerance must be a number in [0, 1), got {rank_tolerance!r:.40}")
 
     score_arr = _scores_array(scores)
@@ -597,7 +595,7 @@ def pack_arrays(
         _to_int64(ceiling),
         _to_int64(node_limit),
         CORE_CELL_LIMIT,
-        float(rank_tolerance),
+        float(tolerance),
         grp_arr,
     )
     (

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._numbers import as_real
 from ..errors import ConfigError
 from ..memory import FULLTEXT_RELEVANCE_SENTINEL
 
@@ -114,17 +116,19 @@ class ScoringConfig:
     min_similarity: float = DEFAULT_MIN_SIMILARITY
 
     def __post_init__(self) -> None:
-        f = self.relevance_floor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
-            raise ConfigError(f"relevance_floor must be a finite number, got {f!r}")
+        f = as_real(self.relevance_floor)
+        if f is None or not -math.inf < f < math.inf:  # NaN, infinities and ints past float range
+            raise ConfigError(f"relevance_floor must be a finite number, got {self.relevance_floor!r:.40}")
         if not 0 <= f < FULL_TEXT_RELEVANCE:
             raise ConfigError(
                 f"relevance_floor must be in [0, {FULL_TEXT_RELEVANCE}): full-text hits carry the fixed relevance "
-                f"{FULL_TEXT_RELEVANCE} and a floor at or above it drops every one of them (got {f!r})"
+                f"{FULL_TEXT_RELEVANCE} and a floor at or above it drops every one of them (got {self.relevance_floor!r:.40})"
             )
-        m = self.min_similarity
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or not -1 <= m <= 1:
-            raise ConfigError(f"min_similarity must be a number in [-1, 1], got {m!r}")
+        m = as_real(self.min_similarity)
+        if m is None or not -1 <= m <= 1:  # NaN fails the comparison too
+            raise ConfigError(f"min_similarity must be a number in [-1, 1], got {self.min_similarity!r:.40}")
+        object.__setattr__(self, "relevance_floor", f)
+        object.__setattr__(self, "min_similarity", m)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +149,10 @@ class ScoreWeights:
             w = getattr(self, name)
             if w is None:
                 continue
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-                raise ConfigError(f"weight for {name} must be a finite number >= 0, got {w!r}")
+            x = as_real(w)
+            if x is None or not 0 <= x <= sys.float_info.max:  # NaN, inf and ints past float range fail too
+                raise ConfigError(f"weight for {name} must be a finite number >= 0, got {w!r:.40}")
+            object.__setattr__(self, name, x)
 
     def given(self) -> dict[str, float]:
         """The weights that were set, by component.
@@ -422,9 +428,12 @@ class FusionMethod(enum.StrEnum):
 
 
 def _weight(name: str, v: object, *, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+    """`v` as a float: a real number of any type (numpy's too), finite, >= 0 (> 0 when
+    `positive`); else a `ConfigError` naming it."""
+    x = as_real(v)
+    if x is None or not 0 <= x <= sys.float_info.max or (positive and x == 0):  # NaN, inf, huge ints fail
         raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r:.40}")
-    return float(v)
+    return float(x)
 
 
 @dataclass(frozen=True, slots=True)

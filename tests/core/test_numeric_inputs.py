@@ -248,3 +248,53 @@ def test_far_times_still_score_and_pack(when: float) -> None:
 
     r = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "a", "gpt-4o", "q"), sources=Sources(hot=hot), config=CFG))
     assert r.selected_ids == ("m1",) and not r.degraded
+
+
+@pytest.mark.parametrize(
+    "make, field, value",
+    [
+        (lambda v: ctxcore.ValueModel(sharpness=v), "sharpness", 4.0),
+        (lambda v: ctxcore.ValueModel(rrf_k=v), "rrf_k", 20.0),
+        (lambda v: ctxcore.ValueModel(rank_tolerance=v), "rank_tolerance", 0.25),
+        (lambda v: ctxcore.ScoringConfig(relevance_floor=v), "relevance_floor", 0.25),
+        (lambda v: ctxcore.ScoringConfig(min_similarity=v), "min_similarity", 0.25),
+        (lambda v: ctxcore.ScoreWeights(similarity=v), "similarity", 0.25),
+    ],
+)
+@pytest.mark.parametrize("kind", [np.float32, np.float64, Fraction, float])
+def test_scoring_settings_take_real_numbers_of_any_type(make: Any, field: str, value: float, kind: Any) -> None:
+    given = kind(value) if kind is not Fraction else Fraction(value)
+    built = make(given)
+    got = getattr(built, field)
+    assert type(got) in (int, float) and got == value
+
+
+@pytest.mark.parametrize("value", [np.int64(20), np.uint8(3)])
+def test_value_model_counts_take_numpy_integers(value: Any) -> None:
+    assert ctxcore.ValueModel(rrf_k=value).rrf_k == float(value)
+
+
+@pytest.mark.parametrize(
+    "make, names",
+    [
+        (lambda: ctxcore.ValueModel(rrf_k=HUGE), "rrf_k"),
+        (lambda: ctxcore.ValueModel(sharpness=np.float32("nan")), "sharpness"),
+        (lambda: ctxcore.ScoringConfig(relevance_floor=HUGE), "relevance_floor"),
+        (lambda: ctxcore.ScoringConfig(min_similarity=np.float64("inf")), "min_similarity"),
+        (lambda: ctxcore.ScoreWeights(confidence=HUGE), "confidence"),
+        (lambda: ctxcore.ScoreWeights(confidence="1"), "confidence"),
+    ],
+)
+def test_scoring_settings_out_of_range_are_a_config_error(make: Any, names: str) -> None:
+    with pytest.raises(ctxcore.ConfigError, match=names):
+        make()
+
+
+@pytest.mark.parametrize("tolerance", [np.float32(0.2), np.float64(0.2), Fraction(1, 5), np.int64(0)])
+def test_pack_takes_a_rank_tolerance_of_any_real_type(tolerance: Any) -> None:
+    tied = [ctxcore.Candidate("a", 60, 1.0), ctxcore.Candidate("b", 50, 0.55), ctxcore.Candidate("c", 50, 0.55)]
+    want = ctxcore.pack(tied, 100, rank_tolerance=float(tolerance))
+    got = ctxcore.pack(tied, 100, rank_tolerance=tolerance)
+    assert got.ids == want.ids and got.rank_order == want.rank_order
+    with pytest.raises(ValueError, match="rank_tolerance"):
+        ctxcore.pack(tied, 100, rank_tolerance=np.float32(1.0))
