@@ -538,7 +538,9 @@ class AssemblyOptions:
             value model ranks).
         max_memories: at most this many memories are selected; None (the default): the
             token budget alone decides.
-        pinned_memory_ids: memories taken first (while they fit) when retrieved.
+        pinned_memory_ids: memories taken first (while they fit) when retrieved: they
+            pass the relevance floor whatever their relevance, and `max_memories` counts
+            them first.
         history_policy: what to do when the fixed parts alone overflow the window.
         context_enabled: False skips retrieval: directive-only/history-only context.
         skip_memory: True skips the memory branches but still fetches the directive.

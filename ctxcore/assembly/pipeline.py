@@ -261,7 +261,9 @@ def _score(
         trace.add(m.id, TraceReason.OUT_OF_SCOPE, m.origin)
     cols = Columns.of(retrieved.memories, plan.cap.tokenizer_family)
     model = _value_model(request)
-    cand, scoring_record, signals = gate(cols, weights, scoring_config, opts.max_memories, trace, model)
+    cand, scoring_record, signals = gate(
+        cols, weights, scoring_config, opts.max_memories, trace, model, opts.pinned_memory_ids
+    )
     return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
 
 

@@ -266,12 +266,15 @@ def gate(
     max_memories: int | None,
     trace: TraceTable,
     model: ValueModel | None = None,
+    pinned: frozenset[str] = frozenset(),
 ) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
     """Score the candidates, gate them on relevance, keep the best-scored row of each id
-    and at most `max_memories` of them (best first, then by id; None: no count cap). With
-    `model` and no `weights`, the fused value model scores; otherwise the interim or the
-    weighted formula. Sets ``cols.scores`` and ``cols.relevance``; every row that goes no
-    further is added to `trace` with its reason. Returns the rows that go on to pricing and
+    and at most `max_memories` of them (the `pinned` ids first, then best first, then by
+    id; None: no count cap). A pinned memory passes the relevance floor: it is the
+    request's guaranteed context, taken first while it fits. With `model` and no
+    `weights`, the fused value model scores; otherwise the interim or the weighted
+    formula. Sets ``cols.scores`` and ``cols.relevance``; every row that goes no further
+    is added to `trace` with its reason. Returns the rows that go on to pricing and
     packing, the scoring record, and each row's dominant signal (empty strings outside the
     fused model)."""
     if not cols.n:
@@ -298,6 +301,9 @@ def gate(
         record = scored.record()
     first = _best_of_each_id(cols)
     keep = kept.copy()
+    is_pinned = np.fromiter((i in pinned for i in cols.ids), dtype=bool, count=cols.n) if pinned else None
+    if is_pinned is not None:
+        keep |= is_pinned
     reason = np.full(cols.n, REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
     if first is not None:
         keep &= first
@@ -317,7 +323,8 @@ def gate(
     cand = np.flatnonzero(keep)
     if max_memories is not None and cand.size > max_memories:
         ids, sc = cols.ids, cols.scores
-        ranked = np.array(sorted(cand.tolist(), key=lambda i: (-sc[i], ids[i])), dtype=np.intp)
+        pin = is_pinned if is_pinned is not None else np.zeros(cols.n, dtype=bool)
+        ranked = np.array(sorted(cand.tolist(), key=lambda i: (not pin[i], -sc[i], ids[i])), dtype=np.intp)
         over = ranked[max_memories:]
         trace.add_rows(
             TraceRows(

@@ -765,6 +765,27 @@ def test_pinned_memories_come_first() -> None:
     assert {e.memory_id: e.reason for e in ctx.trace}["m3"] == TraceReason.PINNED
 
 
+@pytest.mark.parametrize("value_model", ["interim", "fused"])
+def test_a_pinned_memory_passes_the_relevance_floor(value_model: str) -> None:
+    weak = mem(3, "Always greet the customer by name.", sim=0.01)
+    sources = Sources(None, memories_of([mem(1, sim=0.9), mem(2, sim=0.85), weak]), None)
+    pinned = AssemblyOptions(pinned_memory_ids={"m3"}, relevance_floor=0.4, value_model=value_model)
+    ctx = run(request(options=pinned), sources)
+    assert ctx.selected_ids[0] == "m3"
+    assert {e.memory_id: e.reason for e in ctx.trace}["m3"] == TraceReason.PINNED
+    # Unpinned, the same memory is below the floor.
+    plain = run(request(options=AssemblyOptions(relevance_floor=0.4, value_model=value_model)), sources)
+    assert {e.memory_id: e.reason for e in plain.trace}["m3"] == TraceReason.BELOW_RELEVANCE_FLOOR
+
+
+def test_max_memories_counts_pinned_memories_first() -> None:
+    sources = Sources(None, memories_of([mem(1, sim=0.9), mem(2, sim=0.85), mem(3, sim=0.6)]), None)
+    ctx = run(request(options=AssemblyOptions(pinned_memory_ids={"m3"}, max_memories=2)), sources)
+    assert ctx.selected_ids == ("m3", "m1")
+    reasons = {e.memory_id: e.reason for e in ctx.trace}
+    assert reasons == {"m3": TraceReason.PINNED, "m1": TraceReason.SELECTED, "m2": TraceReason.OVER_MAX_MEMORIES}
+
+
 def test_stored_token_counts_of_another_family_are_recounted() -> None:
     # An estimate ledger (Claude: no exact tokenizer) keeps a matching stored estimate.
     same = mem(1, token_count=5, token_family="claude", token_kind="estimate")
