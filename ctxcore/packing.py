@@ -674,7 +674,8 @@ def pack(
         The `PackResult`.
 
     Raises:
-        InvalidCandidate: naming the first bad candidate.
+        InvalidCandidate: naming the first bad candidate; or `candidates` is one mapping
+            or str rather than an iterable of candidates.
         ValueError: an option out of range (``bucket_tokens``, ``cell_ceiling``,
             ``search_node_limit``, ``rank_tolerance``).
 
@@ -685,6 +686,11 @@ def pack(
     >>> pack(tied, 100).ids, pack(tied, 100, rank_tolerance=0.2).ids
     (('b', 'c'), ('a',))
     """
+    if isinstance(candidates, (Mapping, str, bytes)):
+        # Iterating one would read its keys (or characters) as candidates.
+        raise invalid(
+            f"candidates must be an iterable of candidates, not a single {type(candidates).__name__}: pass [candidate]"
+        )
     cands = candidates if isinstance(candidates, (list, tuple)) else list(candidates)
     fields = _extract_fast(cands)
     if fields is None:

@@ -106,7 +106,7 @@ class LatencyGate:
         __tracebackhide__ = True
         from ..packing import pack
 
-        if not isinstance(candidates, Sequence):
+        if not isinstance(candidates, (Sequence, Mapping)):  # ctxcore.pack names a lone mapping
             candidates = list(candidates)
         bounds, opts = self._split(options)
         ref = reference

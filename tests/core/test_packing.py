@@ -472,6 +472,13 @@ def test_non_str_id_is_named() -> None:
     assert info.value.index == 0
 
 
+@pytest.mark.parametrize("one", [{"id": "a", "tokens": 1, "score": 1.0}, "abc", b"abc"])
+def test_one_candidate_instead_of_an_iterable_is_named(one: object) -> None:
+    with pytest.raises(InvalidCandidate, match=rf"not a single {type(one).__name__}: pass \[candidate\]") as info:
+        ctxcore.pack(one, 10)  # type: ignore[arg-type]
+    assert (info.value.index, info.value.candidate_id) == (-1, None)
+
+
 def test_duplicate_ids_name_both_positions() -> None:
     with pytest.raises(
         InvalidCandidate, match=r"candidate 'a' \(index 2\): duplicate id \(first seen at index 0\)"
