@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._extras import require
+from ._numbers import as_int
 from .errors import ConfigError, ContextOverflow
 from .memory import MemoryBatch, Query, Scope, Sources
 from .request import AssemblyOptions, AssemblyRequest
@@ -373,17 +374,32 @@ async def evaluate(
     ctxcore runs `ctxcore.assemble` per label and spend with ``token_budget`` = the spend,
     the store's hot and cold branches (no directive: only memories are compared) and
     `options` (its defaults when None); `config` is passed to assemble. Each system is
-    charged in the exact tokens of `model`'s tokenizer family.
+    charged in the exact tokens of `model`'s tokenizer family. The report's budgets are
+    the distinct spends given, smallest first (as ``ctxcore eval --budget`` reads them).
+
+    Raises:
+        ConfigError: no budgets, a budget that is not a positive integer (of any integer
+            type), or a store that cannot list a scope's memories.
+        LabelError: no labels.
+        TypeError: a label that is not a `Label` (its index is named).
     """
     from .assembly import assemble
     from .catalog import default_catalog
 
     require("eval", "ctxcore.evaluation")
-    spends = tuple(budgets)
-    if not spends or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in spends):
-        raise ConfigError(f"budgets must be positive ints, got {list(spends)!r:.80}")
+    given = list(budgets)
+    whole = [as_int(b) for b in given]
+    if not given or any(b is None or b <= 0 for b in whole):
+        raise ConfigError(f"budgets must be positive ints, got {given!r:.80}")
+    spends = tuple(sorted({b for b in whole if b is not None}))
     if not labels:
         raise LabelError("no labels to evaluate")
+    for i, label in enumerate(labels):
+        if not isinstance(label, Label):
+            raise TypeError(
+                f"labels[{i}] must be a Label (ctxcore.evaluation.read_labels or Label.parse make them), "
+                f"got {type(label).__name__}"
+            )
     scan = getattr(store, "memories", None)
     if not callable(scan):
         raise ConfigError(

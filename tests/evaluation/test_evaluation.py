@@ -180,6 +180,22 @@ def test_budgets_and_stores_are_checked(store_and_labels: tuple[Path, Path]) -> 
         evaluate_sync(object(), labels)
 
 
+def test_budgets_are_the_distinct_spends_and_labels_must_be_labels(store_and_labels: tuple[Path, Path]) -> None:
+    import numpy as np
+
+    db, path = store_and_labels
+    labels = read_labels(path, organization_id=ORG, agent_id=AGENT)[:2]
+    with SqliteMemoryStore(str(db), embedder=HashingEmbedder(64)) as s:
+        report = evaluate_sync(s, labels, budgets=(256, np.int64(64), 256))
+        assert report.budgets == (64, 256)
+        assert sorted((x.system, x.budget) for x in report.scores) == sorted(
+            (name, b) for name in SYSTEMS for b in (64, 256)
+        )
+        assert report.table().splitlines()[0].split()[1:] == ["64", "tokens", "256", "tokens"]
+        with pytest.raises(TypeError, match=r"labels\[1\] must be a Label"):
+            evaluate_sync(s, [labels[0], {"query": "x", "evidence": ["fact1"]}], budgets=(64,))
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     beside = Path(sys.executable).with_name("ctxcore")
     exe = str(beside) if beside.exists() else shutil.which("ctxcore")
