@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._extras import require
+from ._numbers import as_int, as_real
 from .errors import ConfigError
 
 __all__ = [
@@ -90,16 +91,16 @@ class RerankRecord:
         }
 
 
-def check_rerank_settings(pool: object, timeout_ms: object) -> None:
-    """Raise `ConfigError` naming a bad rerank pool size or timeout."""
-    if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
+def check_rerank_settings(pool: object, timeout_ms: object) -> tuple[int, float]:
+    """The rerank pool size and timeout as a plain int and float (given as numbers of any
+    type, numpy's too); `ConfigError` naming a bad one."""
+    n = as_int(pool)
+    if n is None or n < 1:
         raise ConfigError(f"rerank_pool must be an int >= 1, got {pool!r:.40}")
-    if (
-        isinstance(timeout_ms, bool)
-        or not isinstance(timeout_ms, (int, float))
-        or not (math.isfinite(timeout_ms) and timeout_ms > 0)
-    ):
+    ms = as_real(timeout_ms)
+    if ms is None or not 0 < ms <= sys.float_info.max:  # NaN, inf and ints past float range fail too
         raise ConfigError(f"rerank_timeout_ms must be a finite number of milliseconds > 0, got {timeout_ms!r:.40}")
+    return n, float(ms)
 
 
 _THREADS: ThreadPoolExecutor | None = None

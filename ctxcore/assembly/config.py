@@ -71,7 +71,9 @@ class AssemblyConfig:
     rerank_timeout_ms: float = DEFAULT_RERANK_TIMEOUT_MS
 
     def __post_init__(self) -> None:
-        check_rerank_settings(self.rerank_pool, self.rerank_timeout_ms)
+        pool, timeout_ms = check_rerank_settings(self.rerank_pool, self.rerank_timeout_ms)
+        object.__setattr__(self, "rerank_pool", pool)
+        object.__setattr__(self, "rerank_timeout_ms", timeout_ms)
         for name in _ENV:
             if name in ("relevance_floor", "min_similarity", "rerank_timeout_ms"):
                 continue

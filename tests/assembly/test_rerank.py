@@ -171,6 +171,14 @@ def test_bad_rerank_settings_are_config_errors() -> None:
     with pytest.raises(ctxcore.ConfigError, match="rerank_timeout_ms"):
         ctxcore.AssemblyConfig(rerank_timeout_ms=float("inf"))
     assert ctxcore.AssemblyConfig.from_env({"CTXCORE_RERANK_TIMEOUT_MS": "7"}).rerank_timeout_ms == 7.0
+    # Numbers of any type, kept as plain ones.
+    cfg = ctxcore.AssemblyConfig(rerank_pool=np.int64(8), rerank_timeout_ms=np.float32(5.0))
+    assert (cfg.rerank_pool, cfg.rerank_timeout_ms) == (8, 5.0)
+    assert (type(cfg.rerank_pool), type(cfg.rerank_timeout_ms)) == (int, float)
+    with pytest.raises(ctxcore.ConfigError, match="rerank_timeout_ms"):
+        ctxcore.AssemblyConfig(rerank_timeout_ms=10**400)
+    with pytest.raises(ctxcore.ConfigError, match="rerank_pool"):
+        ctxcore.AssemblyConfig(rerank_pool=8.0)
 
 
 class PairModel:
