@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import gc
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
+
+from .._numbers import as_int, as_real
 
 __all__ = [
     "DEFAULT_GATES",
@@ -202,9 +205,10 @@ class Verdict:
 
 
 def _bound(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise GateUsageError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
+    x = as_real(value)  # a real number of any type, numpy's too
+    if x is None or not 0 < x <= sys.float_info.max:  # NaN, inf and ints past float range fail too
+        raise GateUsageError(f"{name} must be a positive finite number, got {value!r:.40}")
+    return float(x)
 
 
 def make_gates(
@@ -231,13 +235,15 @@ def make_gates(
 
 def check_rounds(rounds: object, warmup: object, gates: Sequence[Gate], reference_rounds: object = 1) -> None:
     """Reject round counts the gates cannot be measured with."""
+    counts = []
     for name, v, least in (("rounds", rounds, 1), ("warmup", warmup, 0), ("reference_rounds", reference_rounds, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise GateUsageError(f"{name} must be an integer >= {least}, got {v!r}")
-    assert isinstance(rounds, int)
-    if any(g.kind is GateKind.P99 for g in gates) and rounds < MIN_ROUNDS:
+        n = as_int(v)  # an integer of any type, numpy's too
+        if n is None or n < least:
+            raise GateUsageError(f"{name} must be an integer >= {least}, got {v!r:.40}")
+        counts.append(n)
+    if any(g.kind is GateKind.P99 for g in gates) and counts[0] < MIN_ROUNDS:
         raise GateUsageError(
-            f"a p99 bound needs at least {MIN_ROUNDS} rounds (got {rounds}): with fewer, the "
+            f"a p99 bound needs at least {MIN_ROUNDS} rounds (got {counts[0]}): with fewer, the "
             "99th percentile is just the slowest round"
         )
 

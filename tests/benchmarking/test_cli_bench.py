@@ -425,3 +425,18 @@ def test_shipped_pack_families_have_their_shapes() -> None:
             room -= int(skewed.tokens[i])
             greedy += float(skewed.scores[i])
     assert greedy <= 0.6 * best
+
+
+def test_gate_bounds_and_rounds_take_numbers_of_any_type() -> None:
+    from ctxcore.benchmarking.gates import GateKind, GateUsageError, check_rounds, make_gates
+
+    gates = make_gates(p99_ms=np.float32(5.0), median_ms=np.int64(2), max_ratio=np.float64(0.5))
+    assert [(g.kind, g.bound) for g in gates] == [(GateKind.P99, 5.0), (GateKind.MEDIAN, 2.0), (GateKind.RATIO, 0.5)]
+    assert all(type(g.bound) is float for g in gates)
+    check_rounds(np.int64(100), np.int32(0), gates, np.uint8(11))
+    with pytest.raises(GateUsageError, match="a p99 bound needs at least 100 rounds"):
+        check_rounds(np.int64(99), 0, gates)
+    with pytest.raises(GateUsageError, match="p99_ms must be a positive finite number"):
+        make_gates(p99_ms=10**400)
+    with pytest.raises(GateUsageError, match="rounds must be an integer >= 1"):
+        check_rounds(100.0, 0, ())
