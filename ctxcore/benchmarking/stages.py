@@ -61,14 +61,15 @@ class Subject:
 
 
 def pack_stage(cs: CandidateSet, budget: int, *, family: str, reference: bool = True) -> Subject:
-    """`ctxcore.pack_arrays` on the set's columns (texts priced in `family`), beside the
-    exact numpy DP."""
+    """`ctxcore.pack_arrays` on the set's columns (texts priced in `family`, its pinned
+    candidates pinned), beside the exact numpy DP."""
     from ..packing import pack_arrays
 
     ids, tokens, scores = cs.pack_columns(family)
+    pinned = cs.pinned
 
     def call() -> object:
-        return pack_arrays(ids, tokens, scores, budget)
+        return pack_arrays(ids, tokens, scores, budget, pinned=pinned)
 
     ref = (lambda: numpy_dp(tokens, scores, budget)) if reference else None
     info = {"name": cs.name, "candidates": len(cs), "budget": budget}
@@ -104,12 +105,14 @@ def assemble_stage(
 ) -> Iterator[Subject]:
     """`ctxcore.assemble` of one request on a private event loop: over the set's memories
     from in-process sources (half hot, half cold), or against `store` (retrieval
-    included). The reference is `ctxcore.pack_arrays` alone on the same candidate costs."""
+    included), the set's pinned candidates pinned. The reference is `ctxcore.pack_arrays`
+    alone on the same candidate costs."""
     from ..assembly import assemble
     from ..memory import Query, Sources
     from ..packing import pack_arrays
     from ..request import AssemblyOptions, AssemblyRequest, Message, Role
 
+    pins: frozenset[str] = frozenset()
     if store is not None:
         sources = Sources.from_store(store)
         max_memories = 64
@@ -142,6 +145,8 @@ def assemble_stage(
 
         sources = Sources(directive, hot, cold)
         max_memories = max(1, len(mems))
+        if cs.pinned is not None:
+            pins = frozenset(i for i, p in zip(cs.ids, cs.pinned.tolist()) if p)
         info = {"name": cs.name, "candidates": len(cs), "model": model}
     req = AssemblyRequest(
         organization_id,
@@ -149,7 +154,7 @@ def assemble_stage(
         model,
         Query(query),
         messages=(Message(Role.USER, query),),
-        options=AssemblyOptions(max_memories=max_memories),
+        options=AssemblyOptions(max_memories=max_memories, pinned_memory_ids=pins),
     )
     loop = asyncio.new_event_loop()
     try:

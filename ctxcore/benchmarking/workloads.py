@@ -77,6 +77,9 @@ class CandidateSet:
         similarity: cosine similarities, or None.
         confidence: confidences, or None.
         budget: the set's own token budget for packing, if it has one.
+        pinned: which candidates are pinned (taken first while they fit), or None for
+            none: the pack stage packs them pinned, the assemble stage pins their ids.
+        sources: each memory's source, or None (the format stage writes it).
 
     >>> cs = load_workload("pack-memory")
     >>> len(cs), cs.budget
@@ -92,6 +95,8 @@ class CandidateSet:
     similarity: npt.NDArray[np.float64] | None
     confidence: npt.NDArray[np.float64] | None
     budget: int | None = None
+    pinned: npt.NDArray[np.bool_] | None = None
+    sources: list[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -128,10 +133,17 @@ class CandidateSet:
         return self.ids, costs, self.scores_or_interim()
 
     def memories(self) -> list[dict[str, Any]]:
-        """The set as `ctxcore.format_context` memories (``id``, ``text``, ``score``)."""
+        """The set as `ctxcore.format_context` memories (``id``, ``text``, ``score``, and
+        ``source`` where the set gives one)."""
         texts = self.need_texts("format")
         scores = self.scores_or_interim().tolist()
-        return [{"id": i, "text": t, "score": round(s, 4)} for i, t, s in zip(self.ids, texts, scores)]
+        out: list[dict[str, Any]] = [
+            {"id": i, "text": t, "score": round(s, 4)} for i, t, s in zip(self.ids, texts, scores)
+        ]
+        for m, source in zip(out, self.sources or ()):
+            if source is not None:
+                m["source"] = source
+        return out
 
     def records(self, organization_id: str, agent_id: str) -> list[Any]:
         """The set as `ctxcore.MemoryRecord` objects of one scope (similarity defaults to
@@ -217,6 +229,15 @@ def _from_rows(
     texts = _column(rows, "text", where, lambda v: isinstance(v, str), "a string")
     sim = _column(rows, "similarity", where, lambda v: _is_finite(v) and -1.0 <= v <= 1.0, "a number in [-1, 1]")
     conf = _column(rows, "confidence", where, lambda v: _is_finite(v) and 0.0 <= v <= 1.0, "a number in [0, 1]")
+    # Optional on each line: a candidate without them is not pinned and has no source.
+    pinned = [r.get("pinned", False) for r in rows]
+    for k, v in enumerate(pinned):
+        if not isinstance(v, bool):
+            raise WorkloadError(f"{where(k)}: 'pinned' must be true or false, got {v!r:.60}")
+    sources = [r.get("source") for r in rows]
+    for k, v in enumerate(sources):
+        if v is not None and not isinstance(v, str):
+            raise WorkloadError(f"{where(k)}: 'source' must be a string, got {v!r:.60}")
     if tokens is None and texts is None:
         raise WorkloadError(f"{where(0)}: a candidate needs 'tokens' or 'text' (its cost, or the text to price)")
     if scores is None and sim is None:
@@ -231,6 +252,8 @@ def _from_rows(
         similarity=None if sim is None else np.array(sim, dtype=np.float64),
         confidence=None if conf is None else np.array(conf, dtype=np.float64),
         budget=budget,
+        pinned=np.array(pinned, dtype=bool) if any(pinned) else None,
+        sources=sources if any(v is not None for v in sources) else None,
     )
 
 
@@ -239,9 +262,11 @@ def read_candidates(path: str | Path, text: str | None = None) -> CandidateSet:
     when given, is parsed instead (`path` then only names the source, e.g. ``<stdin>``).
 
     One JSON object per line with ``id`` and any of ``tokens`` (int), ``score``,
-    ``text``, ``similarity``, ``confidence`` (a field given on one line must be on all);
-    packing needs ``tokens`` or ``text`` and ``score`` or ``similarity``; formatting and
-    assembly need ``text``. Blank lines are skipped. Errors name the file and line.
+    ``text``, ``similarity``, ``confidence`` (a field given on one line must be on all),
+    and optionally ``pinned`` (bool: packed pinned, and pinned in the assembly) and
+    ``source`` (str); packing needs ``tokens`` or ``text`` and ``score`` or
+    ``similarity``; formatting and assembly need ``text``. Blank lines are skipped.
+    Errors name the file and line.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp(), "c.jsonl")

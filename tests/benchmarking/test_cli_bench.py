@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import ctxcore
 from ctxcore.benchmarking import WorkloadError, load_workload, read_candidates, workload_names
 from ctxcore.benchmarking.command import report_schema
 from ctxcore.benchmarking.workloads import generate
@@ -263,6 +264,8 @@ def test_a_store_whose_assemblies_retrieve_nothing_fails(tmp_path: Path) -> None
         (['{"id": "a", "tokens": 5, "score": NaN}'], "bad.jsonl:1: 'score' must be a finite number"),
         (['{"id": "a", "tokens": 5, "score": 1, "colour": "red"}'], "bad.jsonl:1: unknown field(s) colour"),
         (['{"id": "a", "score": 1}'], "a candidate needs 'tokens' or 'text'"),
+        (['{"id": "a", "tokens": 5, "score": 1, "pinned": 1}'], "bad.jsonl:1: 'pinned' must be true or false"),
+        (['{"id": "a", "tokens": 5, "score": 1, "source": 7}'], "bad.jsonl:1: 'source' must be a string"),
     ],
 )
 def test_bad_candidates_name_the_line(tmp_path: Path, lines: list[str], message: str) -> None:
@@ -273,6 +276,30 @@ def test_bad_candidates_name_the_line(tmp_path: Path, lines: list[str], message:
     assert message in str(info.value)
     proc = bench(tmp_path, "--candidates", str(path), "--stage", "pack")
     assert proc.returncode == 1 and proc.stderr.startswith("ctxcore: error: ") and message in proc.stderr
+
+
+def test_pinned_candidates_are_timed_pinned(tmp_path: Path) -> None:
+    from ctxcore import Reason
+    from ctxcore.benchmarking.stages import assemble_stage, format_stage, pack_stage
+
+    path = tmp_path / "pinned.jsonl"
+    lines = [
+        '{"id": "guard", "text": "Never share card numbers.", "tokens": 90, "score": 0.1, "pinned": true,'
+        ' "source": "policy"}',
+        '{"id": "a", "text": "Refunds take five days.", "tokens": 60, "score": 0.9}',
+        '{"id": "b", "text": "Refunds go to the card.", "tokens": 60, "score": 0.8, "pinned": false}',
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cs = read_candidates(path)
+    assert cs.pinned is not None and cs.pinned.tolist() == [True, False, False]
+    packed = pack_stage(cs, 160, family="cl100k_base", reference=False).call()
+    assert isinstance(packed, ctxcore.PackResult)
+    assert packed.ids == ("guard", "a") and packed.decisions[0].reason is Reason.PINNED
+    assert [m.get("source") for m in cs.memories()] == ["policy", None, None]
+    assert format_stage(cs, reference=False).call() is not None
+    with assemble_stage(cs, model="gpt-4o", reference=False) as subject:
+        ctx = subject.call()
+    assert isinstance(ctx, ctxcore.AssembledContext) and ctx.selected_ids[0] == "guard"
 
 
 def test_a_packing_only_set_cannot_be_formatted(tmp_path: Path) -> None:
