@@ -79,10 +79,13 @@ def _vectors_array(vectors: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:
 
 def _similar_pairs(vectors: npt.NDArray[np.float64], threshold: float) -> tuple[npt.NDArray[np.intp], ...]:
     """The pairs (i < j) whose cosine is at least `threshold`, block by block."""
-    norms = np.linalg.norm(vectors, axis=1)
     # Rows scaled to unit length; a zero vector has no direction and is close to nothing.
-    with np.errstate(over="ignore"):
-        unit = np.divide(vectors, norms[:, None], out=np.zeros_like(vectors), where=norms[:, None] > 0)
+    # Each row is first divided by its largest magnitude, so the sum of squares neither
+    # overflows (1e200) nor vanishes (1e-200) for any finite vector.
+    top = np.max(np.abs(vectors), axis=1) if vectors.shape[1] else np.zeros(vectors.shape[0])
+    scaled = np.divide(vectors, top[:, None], out=np.zeros_like(vectors), where=top[:, None] > 0)
+    norms = np.linalg.norm(scaled, axis=1)
+    unit = np.divide(scaled, norms[:, None], out=np.zeros_like(scaled), where=norms[:, None] > 0)
     firsts: list[npt.NDArray[np.intp]] = []
     seconds: list[npt.NDArray[np.intp]] = []
     n = unit.shape[0]

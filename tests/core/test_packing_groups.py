@@ -269,6 +269,17 @@ def test_vectors_above_the_threshold_share_a_group_transitively() -> None:
     assert ctxcore.near_duplicate_groups(["x", "y", "z"], copies, threshold=1.0).tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize("scale", [1e300, 1e200, 1.0, 1e-200, 1e-320])
+def test_vectors_of_any_finite_scale_keep_their_direction(scale: float) -> None:
+    # The squares of 1e200 overflow and those of 1e-200 vanish: each row is scaled by its
+    # largest value before its length is taken.
+    texts = ["a", "b", "c", "d"]
+    vectors = np.array([[3.0, 4.0], [3.0, 4.0], [4.0, -3.0], [0.0, 0.0]]) * scale
+    assert ctxcore.near_duplicate_groups(texts, vectors).tolist() == [0, 0, -1, -1]
+    mixed = np.array([[3.0 * scale, 4.0 * scale], [0.3, 0.4], [4.0, -3.0], [0.0, 0.0]])
+    assert ctxcore.near_duplicate_groups(texts, mixed).tolist() == [0, 0, -1, -1]
+
+
 def test_text_and_vector_pairs_join_one_group() -> None:
     texts = ["same text", "Same text.", "other", "unrelated"]
     vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
