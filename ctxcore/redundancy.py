@@ -15,13 +15,12 @@ a chain of near-duplicates is one group.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from ._numbers import as_real
 from .errors import invalid
 
 __all__ = [
@@ -167,11 +166,8 @@ def near_duplicate_groups(
     >>> near_duplicate_groups(["a", "b", "c"], [[1.0, 0.0], [0.99, 0.05], [0.0, 1.0]]).tolist()
     [0, 0, -1]
     """
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, numbers.Real)
-        or not (math.isfinite(float(threshold)) and 0.0 < float(threshold) <= 1.0)
-    ):
+    cutoff = as_real(threshold)  # any real number, numpy's too; None for anything else
+    if cutoff is None or not 0.0 < cutoff <= 1.0:  # NaN and ints past float range fail too
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r:.40}")
     if isinstance(texts, str):
         raise invalid("texts must be a sequence of str, not a single str")
@@ -196,7 +192,7 @@ def near_duplicate_groups(
     firsts.append(np.array(same_a, np.intp))
     seconds.append(np.array(same_b, np.intp))
     if vec is not None and n > 1:
-        a, b = _similar_pairs(vec, float(threshold))
+        a, b = _similar_pairs(vec, float(cutoff))
         firsts.append(a)
         seconds.append(b)
     root = _components(n, np.concatenate(firsts), np.concatenate(seconds))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import pickle
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -347,6 +348,7 @@ def test_a_thousand_candidates_with_vectors_are_grouped() -> None:
         (["a"], None, float("nan"), ValueError, "threshold must be a number in (0, 1]"),
         (["a"], None, True, ValueError, "threshold must be a number in (0, 1]"),
         (["a"], None, "0.9", ValueError, "threshold must be a number in (0, 1]"),
+        pytest.param(["a"], None, 10**400, ValueError, "threshold must be a number in (0, 1]", id="huge-int"),
     ],
 )
 def test_bad_input_to_the_grouping_is_named(
@@ -355,6 +357,13 @@ def test_bad_input_to_the_grouping_is_named(
     with pytest.raises(error) as err:
         ctxcore.near_duplicate_groups(texts, vectors, threshold=threshold)  # type: ignore[arg-type]
     assert message in str(err.value)
+
+
+def test_threshold_takes_real_numbers_of_any_type() -> None:
+    vectors = [[1.0, 0.0], [0.96, 0.28], [0.0, 1.0]]  # cos(a, b) = 0.96
+    for threshold in (np.float32(0.95), np.float64(0.95), Fraction(19, 20)):
+        assert ctxcore.near_duplicate_groups(["a", "b", "c"], vectors, threshold=threshold).tolist() == [0, 0, -1]
+    assert ctxcore.near_duplicate_groups(["a", "b", "c"], vectors, threshold=np.int64(1)).tolist() == [-1, -1, -1]
 
 
 # ---- in the assembly ---------------------------------------------------------------------------
