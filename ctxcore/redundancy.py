@@ -61,6 +61,12 @@ def normalized_text_key(text: str) -> str:
 
 
 def _vectors_array(vectors: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:
+    if isinstance(vectors, np.ma.MaskedArray):
+        # numpy drops the mask on conversion: masked entries would be compared as data.
+        raise invalid(
+            "vectors must not be a masked array (np.ma.MaskedArray): its mask would be ignored; "
+            "leave the masked rows out, or pass .filled(value)"
+        )
     arr = np.asarray(vectors)
     if arr.ndim != 2:
         raise invalid(f"vectors must be a 2-D array (one row per text), got {arr.ndim} dimensions")
@@ -153,8 +159,9 @@ def near_duplicate_groups(
         smallest position in its group. Pass them as ``groups=`` to `ctxcore.pack_arrays`.
 
     Raises:
-        InvalidCandidate: a text that is not a str, vectors of the wrong shape or with a
-            NaN or infinity, mismatched lengths (naming the candidate where one is at fault).
+        InvalidCandidate: a text that is not a str, vectors of the wrong shape, masked
+            (`numpy.ma.MaskedArray`) or with a NaN or infinity, mismatched lengths (naming
+            the candidate where one is at fault).
         ValueError: a threshold outside (0, 1].
 
     Cost: the texts are normalised once each; the vectors take one matrix product in
