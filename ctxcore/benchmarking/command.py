@@ -87,7 +87,11 @@ def add_subcommand(sub: Any) -> argparse.ArgumentParser:
     )
     b.add_argument("--budget", type=int, help="token budget for packing (default: the workload's, else 8000)")
     b.add_argument("--model", default="gpt-4o", help="model for assembly and for pricing texts (default gpt-4o)")
-    b.add_argument("--db", metavar="STORE", help="assemble against this SQLite memory store (retrieval included)")
+    b.add_argument(
+        "--db",
+        metavar="STORE",
+        help="assemble against this memory store, a SQLite file or a postgresql:// URL (retrieval included)",
+    )
     b.add_argument("--org", help="organization id of the assembly against --db")
     b.add_argument("--agent", help="agent id of the assembly against --db")
     b.add_argument("--query", help="the query of the assembly")
@@ -133,8 +137,21 @@ def _open_store(args: argparse.Namespace) -> Iterator[Any]:
         return
     if not args.org or not args.agent:
         raise UsageError("--db needs --org and --agent: the scope the assembly reads")
+    from ..stores import is_postgres_url
+
+    if is_postgres_url(args.db):
+        from ..stores.errors import MemoryStoreError
+        from ..stores.postgres_cli import open_cli_store
+
+        try:
+            pg_store = open_cli_store(args.db)
+        except (ValueError, MemoryStoreError) as exc:
+            raise DataError(str(exc)) from None
+        with pg_store:
+            yield pg_store
+        return
     if "://" in args.db:
-        raise UsageError(f"--db takes a SQLite file here, got {args.db!r}")
+        raise UsageError(f"--db takes a SQLite file or a postgresql:// URL, got {args.db!r}")
     if not Path(args.db).exists():
         raise DataError(f"no database at {args.db}")
     from ..stores import SqliteMemoryStore

@@ -774,3 +774,22 @@ def test_the_cli_says_a_login_or_a_database_or_pgvector_is_missing_in_one_line(
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         assert re.search(expected, err.strip()), err
         assert password not in err
+
+
+def test_bench_assembles_against_a_postgresql_store(pg_server: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from ctxcore.cli import main
+
+    db = pg_server.new_database()
+    with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder()) as s:
+        s.add_many([NewMemory(f"m{i}", "acme", "support", f"refunds take {i} days") for i in range(20)])
+    args = ["bench", "--stage", "assemble", "--db", db.owner_url, "--org", "acme", "--agent", "support"]
+    status = main([*args, "--rounds", "100", "--warmup", "1", "--p99-ms", "60000", "--no-reference", "--json"])
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    doc = json.loads(out.out)
+    workload = doc["stages"]["assemble"]["workload"]
+    # A branch may miss its few milliseconds on a loaded machine; not every assembly does.
+    assert workload["memories"] == 20 and workload["degraded"] < workload["assemblies"], workload
+    assert doc["passed"] and doc["problems"] == []
