@@ -33,6 +33,25 @@ __all__ = [
 NUMPY_DP = "numpy DP"
 MARKUPSAFE = "markupsafe.escape"
 PACK_ONLY = "pack_arrays alone"
+#: The largest row a DP reference allocates (float64 cells: 256 MiB). Its budget is first
+#: cut to what the positively scored candidates weigh together (beyond it everything
+#: fits, so the optimum is the same); a row still larger is refused by name.
+MAX_DP_CELLS = 1 << 25
+
+
+def _dp_capacity(weights: npt.NDArray[np.int64], scores: npt.NDArray[np.float64], budget: int) -> int:
+    """`budget` cut to the total weight of the positively scored candidates (exact: a
+    larger budget holds all of them), or a `GateUsageError` when the DP row would still
+    exceed `MAX_DP_CELLS`."""
+    total = int(sum(weights[scores > 0].tolist()))
+    cap = min(int(budget), total)
+    if cap + 1 > MAX_DP_CELLS:
+        raise GateUsageError(
+            f"the numpy DP reference needs a row of {cap + 1:,} cells for a budget of {budget:,} "
+            f"(at most {MAX_DP_CELLS:,}): gate a smaller budget, or without the reference "
+            "(reference=None, or ctxcore bench --no-reference)"
+        )
+    return cap
 
 
 def numpy_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int) -> float:
@@ -45,13 +64,14 @@ def numpy_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int) -> float
     s = np.asarray(scores, dtype=np.float64)
     if budget < 0:
         return 0.0
-    dp = np.zeros(int(budget) + 1)
+    cap = _dp_capacity(t, s, budget)
+    dp = np.zeros(cap + 1)
     for ti, si in zip(t.tolist(), s.tolist()):
         if ti == 0:
             dp += max(si, 0.0)
-        elif ti <= budget:
+        elif ti <= cap:
             np.maximum(dp[ti:], dp[:-ti] + si, out=dp[ti:])
-    return float(dp[budget])
+    return float(dp[cap])
 
 
 def numpy_mckp(tokens: npt.ArrayLike, scores: npt.ArrayLike, groups: npt.ArrayLike, budget: int) -> float:
@@ -70,19 +90,20 @@ def numpy_mckp(tokens: npt.ArrayLike, scores: npt.ArrayLike, groups: npt.ArrayLi
     rows: dict[int, list[int]] = {}
     for i, label in enumerate(g.tolist()):
         rows.setdefault(label if label >= 0 else -1 - i, []).append(i)
-    dp = np.zeros(int(budget) + 1)
+    cap = _dp_capacity(t, s, budget)
+    dp = np.zeros(cap + 1)
     for members in rows.values():
         row = dp.copy()
         for i in members:
             ti, si = int(t[i]), float(s[i])
-            if si <= 0 or ti > budget:
+            if si <= 0 or ti > cap:
                 continue
             if ti == 0:
                 np.maximum(row, dp + si, out=row)
             else:
                 np.maximum(row[ti:], dp[:-ti] + si, out=row[ti:])
         dp = row
-    return float(dp[budget])
+    return float(dp[cap])
 
 
 def numpy_bucket_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int, bucket: int = 16) -> float:
@@ -93,12 +114,15 @@ def numpy_bucket_dp(tokens: npt.ArrayLike, scores: npt.ArrayLike, budget: int, b
     0.9
     """
     t = np.asarray(tokens, dtype=np.int64)
+    s = np.asarray(scores, dtype=np.float64)
     weights = np.maximum(1, (t + bucket // 2) // bucket)
-    cap = (budget + bucket // 2) // bucket
+    if budget < 0:
+        return 0.0
+    cap = _dp_capacity(weights, s, (budget + bucket // 2) // bucket)
     dp = np.zeros(cap + 1)
-    for w, s in zip(weights.tolist(), np.asarray(scores, dtype=np.float64).tolist()):
+    for w, si in zip(weights.tolist(), s.tolist()):
         if w <= cap:
-            np.maximum(dp[w:], dp[:-w] + s, out=dp[w:])
+            np.maximum(dp[w:], dp[:-w] + si, out=dp[w:])
     return float(dp[cap])
 
 

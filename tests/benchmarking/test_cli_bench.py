@@ -467,3 +467,24 @@ def test_gate_bounds_and_rounds_take_numbers_of_any_type() -> None:
         make_gates(p99_ms=10**400)
     with pytest.raises(GateUsageError, match="rounds must be an integer >= 1"):
         check_rounds(100.0, 0, ())
+
+
+def test_a_budget_beyond_every_candidate_is_gated_without_a_huge_reference(tmp_path: Path) -> None:
+    from ctxcore.benchmarking.references import numpy_bucket_dp, numpy_dp, numpy_mckp
+
+    # Past the candidates' total weight the optimum is all of them: the DP row stops there.
+    assert numpy_dp([5, 7, 3], [1.0, 2.0, -1.0], 10**15) == 3.0
+    assert numpy_mckp([5, 7, 3], [1.0, 2.0, 4.0], [0, 0, -1], 10**15) == 6.0
+    assert numpy_bucket_dp([5, 7], [1.0, 2.0], 10**15) == 3.0
+    proc = bench(tmp_path, "--stage", "pack", "--budget", str(10**12), "--p99-ms", "5000", "--max-ratio", "100", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    # Candidates that weigh 2**40 together would still need a row of 2**40 cells: refused by name.
+    path = tmp_path / "heavy.jsonl"
+    path.write_text('{"id": "a", "tokens": 1099511627776, "score": 1}\n{"id": "b", "tokens": 5, "score": 1}\n')
+    proc = bench(tmp_path, "--stage", "pack", "--candidates", str(path), "--budget", str(2 * 10**12), *FAST)
+    assert proc.returncode == 2 and proc.stderr.startswith("ctxcore: error: the numpy DP reference needs a row")
+    assert "--no-reference" in proc.stderr and "Traceback" not in proc.stderr
+    proc = bench(
+        tmp_path, "--stage", "pack", "--candidates", str(path), "--budget", str(2 * 10**12), "--no-reference", *FAST
+    )
+    assert proc.returncode == 0, proc.stderr
