@@ -144,11 +144,17 @@ class LatencyGate:
         self, *, formatter: Callable[..., Any] | None = None, reference: ReferenceArg = True, **options: Any
     ) -> Gated:
         """Gate ``ctxcore.format_context(**options)`` (``directive``, ``history``,
-        ``memories``, ``tools``, ...) beside markupsafe escaping the memory bodies alone."""
+        ``memories``, ``tools``, ...) beside markupsafe escaping the memory bodies alone.
+        An iterator of history, memories or tools is read once, and every round formats
+        all of it."""
         __tracebackhide__ = True
         from ..formatting import format_context
 
         bounds, opts = self._split(options)
+        for name in ("history", "memories", "tools"):
+            given = opts.get(name)
+            if given is not None and not isinstance(given, (Sequence, Mapping)):
+                opts[name] = list(given)
         ref = reference
         if ref is True:
             ref = markupsafe_escape(texts_of(opts.get("memories") or ()))

@@ -224,6 +224,11 @@ def test_iterators_are_packed_whole_in_every_round(tmp_path: Path) -> None:
         def test_pack_arrays_with_an_iterator_of_ids(ctxcore_gate):
             gated = ctxcore_gate.pack_arrays(iter(["a", "b"]), [10, 10], [1.0, 2.0], 15, rounds=20)
             assert gated.value.ids == ("b",)
+
+        def test_format_a_generator_of_memories(ctxcore_gate):
+            memories = ({"id": f"m{i}", "text": f"memory {i}"} for i in range(3))
+            gated = ctxcore_gate.format_context(memories=memories, rounds=20)
+            assert gated.value.text.count("</memory>") == 3
     """),
         encoding="utf-8",
     )
@@ -232,6 +237,7 @@ def test_iterators_are_packed_whole_in_every_round(tmp_path: Path) -> None:
     assert _outcomes(out) == {
         "test_pack_a_generator": "PASSED",
         "test_pack_arrays_with_an_iterator_of_ids": "PASSED",
+        "test_format_a_generator_of_memories": "PASSED",
     }, out
 
 
