@@ -520,9 +520,10 @@ def pack_arrays(
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
         rank_tolerance: in [0, 1). When > 0, the rank-order packing (by score, each
-            candidate that still fits) is kept unless the optimized packing's total score
-            exceeds it by more than this share (``rank_order`` says which was kept); 0
-            keeps the optimized packing.
+            candidate that still fits) is kept while its total score is at least
+            ``1 - rank_tolerance`` of the optimized packing's, both counted over the
+            candidates the packing decides (pinned and zero-token ones are in both);
+            ``rank_order`` says which was kept. 0 keeps the optimized packing.
         groups: optional 1-D integers, one per candidate: candidates with the same value
             >= 0 are near-duplicates and at most one of them is selected (-1: in no
             group). Pinned members claim their group in emit order; the others left out
@@ -534,8 +535,9 @@ def pack_arrays(
         The `PackResult`; ``tokens_used <= budget`` always.
 
     Raises:
-        InvalidCandidate: a bad candidate (negative tokens, non-finite score, empty or
-            duplicate id, a group below -1, ...), mismatched lengths, or arrays of the
+        InvalidCandidate: a bad candidate (negative tokens, non-finite score, positive
+            scores whose sum overflows a float, empty or duplicate id, a group below -1,
+            ...), mismatched lengths, or arrays of the
             wrong shape or dtype, or masked (`numpy.ma.MaskedArray`, whose mask numpy
             drops), naming the candidate or the array.
         ValueError: an option out of range (``bucket_tokens``, ``cell_ceiling``,
@@ -665,8 +667,8 @@ def pack(
         cell_ceiling: largest DP table (items x buckets) before the fallback.
         search_node_limit: node budget of the branch-and-bound improvement (0 disables).
         rank_tolerance: in [0, 1), as for `pack_arrays`: when > 0, the rank-order
-            packing is kept unless the optimized packing's total score exceeds it by
-            more than this share; 0 keeps the optimized packing.
+            packing is kept while its total score is at least ``1 - rank_tolerance`` of
+            the optimized packing's; 0 keeps the optimized packing.
         groups: optional group labels, one per candidate in the same order (see
             `pack_arrays`): at most one candidate of each group is selected.
 
