@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ctxcore.cli import main
-from ctxcore.memory import Query, Scope
-from ctxcore.stores import InvalidMemory, MemoryStoreError, NewMemory, SqliteMemoryStore
+from ctxcore.memory import MemoryOrigin, Query, Scope
+from ctxcore.stores import HashingEmbedder, InvalidMemory, MemoryStoreError, NewMemory, SqliteMemoryStore
 
 
 def test_replace_never_touches_another_scopes_memory(tmp_path: Path) -> None:
@@ -99,3 +99,30 @@ def test_scope_arguments_of_store_operations_are_named_by_operation(tmp_path: Pa
     with SqliteMemoryStore(tmp_path / "m.db") as s:
         with pytest.raises(InvalidMemory, match=what):
             call(s)  # type: ignore[operator]
+
+
+def test_a_changed_or_replaced_newest_memory_is_searched_by_its_own_embedding(tmp_path: Path) -> None:
+    # The scope's embeddings are kept in memory between reads; the newest memory's new
+    # text, or a memory stored after the newest was deleted, is searched by its own vector.
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=HashingEmbedder()) as s:
+
+        def vector_hits(text: str) -> list[tuple[str, str]]:
+            found = asyncio.run(s.cold(scope, Query(text), 10, 0.5))
+            return [(r.id, r.text) for r in found if r.origin is MemoryOrigin.VECTOR]
+
+        s.add_many([NewMemory("m1", "o", "a", "apples and pears"), NewMemory("m2", "o", "a", "zebra stripes")])
+        assert vector_hits("zebra stripes") == [("m2", "zebra stripes")]
+        assert s.update(scope, "m2", text="bananas are yellow")
+        assert vector_hits("zebra stripes") == []
+        assert vector_hits("bananas are yellow") == [("m2", "bananas are yellow")]
+
+        s.add(NewMemory("m3", "o", "a", "zebra crossing"))
+        assert vector_hits("zebra crossing") == [("m3", "zebra crossing")]
+        assert s.delete(scope, ["m3"]) == 1
+        s.add(NewMemory("m4", "o", "a", "quantum physics"))
+        assert vector_hits("zebra crossing") == []
+        assert vector_hits("quantum physics") == [("m4", "quantum physics")]
+    # The same in a process that opens the file afterwards.
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        assert vector_hits("quantum physics") == [("m4", "quantum physics")]

@@ -23,6 +23,7 @@ __all__ = [
     "delete_memories",
     "insert_batch",
     "insert_memory",
+    "next_rowid",
     "remove_rows",
     "remove_where",
 ]
@@ -34,19 +35,45 @@ OnConflict = Literal["error", "skip", "replace"]
 PROGRESS_CHUNK = 512
 
 _INSERT = (
-    "INSERT INTO memories (id, organization_id, agent_id, text, embedding, confidence, "
+    "INSERT INTO memories (rowid, id, organization_id, agent_id, text, embedding, confidence, "
     "importance, created_at, accessed_at, token_count, token_family, token_kind, exact_tokens) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: The ``meta`` key holding the highest rowid of a removed memory. A rowid is never given
+#: twice: a kept embedding matrix (`ctxcore.stores.sqlite.vectors`) and a resumed
+#: re-embedding know a memory by its rowid, and SQLite alone would give the rowid of a
+#: removed newest memory to the next one.
+ROWID_HIGH = "rowid_high"
 
 
-def insert_memory(conn: sqlite3.Connection, values: tuple[Any, ...]) -> None:
-    """Insert one memory row (`values` in the column order of ``_INSERT``) and its
-    full-text entry."""
-    cur = conn.execute(_INSERT, values)
+def next_rowid(conn: sqlite3.Connection) -> int:
+    """The rowid the next memory takes: past every stored memory's and every removed
+    one's."""
+    (n,) = conn.execute(
+        "SELECT max(coalesce((SELECT max(rowid) FROM memories), 0), "
+        "coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?), 0))",
+        (ROWID_HIGH,),
+    ).fetchone()
+    return int(n) + 1
+
+
+def _note_removed(conn: sqlite3.Connection, rowids: Sequence[int]) -> None:
+    """Keep the highest of `rowids` (memories about to be removed) from being given again."""
+    if rowids:
+        conn.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
+            "value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+            (ROWID_HIGH, str(max(rowids))),
+        )
+
+
+def insert_memory(conn: sqlite3.Connection, rowid: int, values: tuple[Any, ...]) -> None:
+    """Insert one memory row at `rowid` (`next_rowid`; `values` in the column order of
+    ``_INSERT`` after the rowid) and its full-text entry."""
+    conn.execute(_INSERT, (rowid, *values))
     conn.execute(
         "INSERT INTO memory_words (rowid, body) VALUES (?, ?)",
-        (cur.lastrowid, fts_body(values[1], values[2], values[3])),
+        (rowid, fts_body(values[1], values[2], values[3])),
     )
 
 
@@ -120,9 +147,11 @@ def insert_batch(
     if dim is not None:
         check_dims(batch, [None if v is None else v.size for v in vectors], dim, whose)
     bumps: dict[tuple[str, str], list[int]] = {}
-    for m, created, n_tokens, v, ex in zip(batch, created_times(batch, now), counts, vectors, exact):
+    first_rowid = next_rowid(conn)
+    for k, (m, created, n_tokens, v, ex) in enumerate(zip(batch, created_times(batch, now), counts, vectors, exact)):
         insert_memory(
             conn,
+            first_rowid + k,
             (
                 m.id,
                 m.organization_id,
@@ -158,6 +187,7 @@ def remove_rows(conn: sqlite3.Connection, rows: Sequence[tuple[int, str, str, in
     # The scope's write counter moves and its counts drop, so every process's embedding
     # matrix of the scope is rebuilt (its cached rows + new rows no longer add up to the
     # stored count).
+    _note_removed(conn, [r[0] for r in rows])
     ids = json.dumps([r[0] for r in rows])
     conn.execute("DELETE FROM memory_words WHERE rowid IN (SELECT value FROM json_each(?))", (ids,))
     conn.execute(
@@ -198,6 +228,7 @@ def delete_memories(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
         "WHERE id IN (SELECT value FROM json_each(?))",
         (wanted,),
     ).fetchall()
+    _note_removed(conn, [r[0] for r in rows])
     conn.executemany("DELETE FROM memory_words WHERE rowid = ?", [(r[0],) for r in rows])
     conn.execute("DELETE FROM memory_reads WHERE id IN (SELECT value FROM json_each(?))", (wanted,))
     conn.executemany("DELETE FROM memories WHERE rowid = ?", [(r[0],) for r in rows])

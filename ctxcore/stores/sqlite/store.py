@@ -61,6 +61,7 @@ from .ingest import (
     check_dims,
     insert_batch,
     insert_memory,
+    next_rowid,
     remove_rows,
     remove_where,
 )
@@ -1195,6 +1196,7 @@ class SqliteMemoryStore:
             remove_rows(conn, [(rowid, scope.organization_id, scope.agent_id, row[2] is not None)])
             insert_memory(
                 conn,
+                next_rowid(conn),
                 (
                     memory_id,
                     scope.organization_id,
