@@ -126,3 +126,27 @@ def test_a_changed_or_replaced_newest_memory_is_searched_by_its_own_embedding(tm
     # The same in a process that opens the file afterwards.
     with SqliteMemoryStore(tmp_path / "m.db") as s:
         assert vector_hits("quantum physics") == [("m4", "quantum physics")]
+
+
+@pytest.mark.parametrize("new", [HashingEmbedder(64, seed=7), HashingEmbedder(32)], ids=["same-dimension", "smaller"])
+def test_after_reembed_a_read_scores_by_the_new_vectors_and_an_add_takes_the_new_dimension(
+    tmp_path: Path, new: HashingEmbedder
+) -> None:
+    scope = Scope("o", "a")
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=HashingEmbedder(64)) as s:
+        s.add_many([NewMemory("m1", "o", "a", "apples and pears"), NewMemory("m2", "o", "a", "zebra stripes")])
+
+        def best() -> tuple[str, float]:
+            found = asyncio.run(s.cold(scope, Query("zebra stripes"), 10, -1.0))
+            top = next(r for r in found if r.origin is MemoryOrigin.VECTOR)
+            assert top.similarity is not None
+            return top.id, top.similarity
+
+        assert best() == ("m2", pytest.approx(1.0))  # the scope's embeddings are kept from here
+        assert s.reembed(new) == 2
+        assert best() == ("m2", pytest.approx(1.0))
+        assert s.dimensions == new.dim
+        s.add(NewMemory("m3", "o", "a", "given its own vector", embedding=[1.0] * new.dim))
+        if new.dim != 64:
+            with pytest.raises(InvalidMemory, match=f"has 64 dimensions.*makes {new.dim}"):
+                s.add(NewMemory("m4", "o", "a", "of the old dimension", embedding=[1.0] * 64))

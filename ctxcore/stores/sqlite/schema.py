@@ -16,10 +16,12 @@ from .fulltext import FTS_TOKENIZER, fts_body
 __all__ = [
     "ACCESSED_AT_SQL",
     "BUSY_TIMEOUT_MS",
+    "EMBEDDING_GENERATION",
     "MEMORY_COLUMNS",
     "MEMORY_FROM",
     "SCHEMA_VERSION",
     "connect",
+    "embedding_generation",
     "init_schema",
     "scope_version",
     "stored_dim",
@@ -226,6 +228,18 @@ def stored_dim(conn: sqlite3.Connection) -> int | None:
     """The dimension of the stored embeddings, None before the first one."""
     row = conn.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
     return None if row is None else int(row[0])
+
+
+#: The ``meta`` key counting the store's re-embeddings (`SqliteMemoryStore.reembed`): every
+#: stored vector changes at one without a memory added or removed, so a kept embedding
+#: matrix of another count is read again whole.
+EMBEDDING_GENERATION = "embedding_generation"
+
+
+def embedding_generation(conn: sqlite3.Connection) -> int:
+    """How many times the store's memories were re-embedded (0: never)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (EMBEDDING_GENERATION,)).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def scope_version(conn: sqlite3.Connection, scope: Scope) -> int | None:

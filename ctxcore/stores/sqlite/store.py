@@ -69,6 +69,7 @@ from .readers import DEFAULT_READERS, Busy, Job, ReaderPool
 from .schema import (
     ACCESSED_AT_SQL,
     BUSY_TIMEOUT_MS,
+    EMBEDDING_GENERATION,
     MEMORY_COLUMNS,
     MEMORY_FROM,
     connect,
@@ -547,6 +548,7 @@ class SqliteMemoryStore:
                 progress(min(done + len(rows), total), total)
         self._embedder = embedder
         self._embedder_name = embedder.name
+        self._dim_of_embedder = None  # the new embedder's, found at its first need
         self._query_vectors = QueryVectors()
         return embedded
 
@@ -568,6 +570,11 @@ class SqliteMemoryStore:
             "UPDATE scopes SET version = version + 1, embedded = (SELECT count(*) FROM memories m "
             "WHERE m.organization_id = scopes.organization_id AND m.agent_id = scopes.agent_id "
             "AND m.embedding IS NOT NULL)"
+        )
+        # Every kept embedding matrix (in every process) is read again whole.
+        w.execute(
+            "INSERT INTO meta VALUES (?, '1') ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+            (EMBEDDING_GENERATION,),
         )
         w.execute("DELETE FROM meta WHERE key = 'reembed_to'")
         w.execute("DROP TABLE reembed_vectors")

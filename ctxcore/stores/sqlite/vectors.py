@@ -18,6 +18,7 @@ import numpy.typing as npt
 from ...memory import Scope
 from ..errors import MemoryStoreError
 from .readers import Job
+from .schema import embedding_generation
 
 __all__ = ["DEFAULT_CACHE_BYTES", "Matrix", "VectorCache", "nearest"]
 
@@ -28,13 +29,15 @@ DEFAULT_CACHE_BYTES = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class Matrix:
-    """A scope's embeddings as of `version`: the first `n` rows of the buffers are valid
-    and never written again (appends go past `n`, or into new buffers)."""
+    """A scope's embeddings as of `version` and re-embedding `generation`: the first `n`
+    rows of the buffers are valid and never written again (appends go past `n`, or into
+    new buffers)."""
 
     version: int
     n: int
     rowids: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
+    generation: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -122,13 +125,16 @@ class VectorCache:
                             self._cache.move_to_end(scope)
                     return cached
                 job.check()
+                generation = embedding_generation(conn)
+                if cached is not None and cached.generation != generation:
+                    cached = None  # re-embedded since: every vector is another
                 since = int(cached.rowids[cached.n - 1]) if cached is not None and cached.n else 0
                 fresh = _load(conn, scope, since)
                 if cached is not None and cached.n + len(fresh[0]) == embedded:
-                    mat = _append(cached, version, *fresh)
+                    mat = _append(cached, version, generation, *fresh)
                 else:  # not a pure append (or nothing cached): rebuild the scope
                     rowids, blobs = fresh if cached is None else _load(conn, scope, 0)
-                    mat = _append(None, version, rowids, blobs)
+                    mat = _append(None, version, generation, rowids, blobs)
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
@@ -153,10 +159,10 @@ def _load(conn: sqlite3.Connection, scope: Scope, since: int) -> tuple[list[int]
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
-def _append(base: Matrix | None, version: int, rowids: list[int], blobs: list[bytes]) -> Matrix:
+def _append(base: Matrix | None, version: int, generation: int, rowids: list[int], blobs: list[bytes]) -> Matrix:
     k = len(rowids)
     if k == 0 and base is not None:
-        return Matrix(version, base.n, base.rowids, base.vectors)
+        return Matrix(version, base.n, base.rowids, base.vectors, generation)
     if base is not None and base.n == 0:
         base = None  # an empty matrix (e.g. after a forget) has no dimension to append to
     dim = len(blobs[0]) // 4 if k else 0
@@ -166,7 +172,7 @@ def _append(base: Matrix | None, version: int, rowids: list[int], blobs: list[by
         # Room left: write past row n, which no published snapshot reads.
         base.rowids[n : n + k] = rowids
         base.vectors[n : n + k] = new_vecs
-        return Matrix(version, n + k, base.rowids, base.vectors)
+        return Matrix(version, n + k, base.rowids, base.vectors, generation)
     capacity = max(n + k, 2 * n)  # doubling: appending one memory at a time stays linear
     ids = np.empty(capacity, dtype=np.int64)
     vecs = np.empty((capacity, dim), dtype=np.float32)
@@ -175,4 +181,4 @@ def _append(base: Matrix | None, version: int, rowids: list[int], blobs: list[by
         vecs[:n] = base.vectors[:n]
     ids[n : n + k] = rowids
     vecs[n : n + k] = new_vecs
-    return Matrix(version, n + k, ids, vecs)
+    return Matrix(version, n + k, ids, vecs, generation)
