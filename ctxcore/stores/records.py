@@ -107,6 +107,20 @@ def _text_problem(name: str, value: object) -> str | None:
     return None
 
 
+def _id_problem(name: str, value: object) -> str | None:
+    """What is wrong with `value` as a memory id (None: nothing): `_text_problem`'s rules,
+    and no NUL (U+0000), which neither store can look an id up by (SQLite's JSON
+    functions end a string there; PostgreSQL text cannot hold it).
+
+    >>> _id_problem("id", "m" + chr(0))
+    'id contains NUL (U+0000), which no store can look a memory up by'
+    """
+    problem = _text_problem(name, value)
+    if problem is None and "\x00" in str(value):
+        return f"{name} contains NUL (U+0000), which no store can look a memory up by"
+    return problem
+
+
 def check_owner(organization_id: object, agent_id: object, what: str) -> None:
     """Raise `InvalidMemory` naming `what` (the operation) unless `organization_id` is a
     non-empty str and `agent_id` one or None, both valid Unicode text.
@@ -193,7 +207,7 @@ class NewMemory:
         label = _where(self.id, -1)
         try:
             for name in ("id", "organization_id", "agent_id", "text"):
-                problem = _text_problem(name, getattr(self, name))
+                problem = (_id_problem if name == "id" else _text_problem)(name, getattr(self, name))
                 if problem:
                     raise ValueError(f"{label}: {problem}")
             object.__setattr__(self, "confidence", _unit(self.confidence, "confidence", label, False))
@@ -423,6 +437,8 @@ def check_ids(ids: Iterable[str]) -> list[str]:
     for i in out:
         if not isinstance(i, str) or not i:
             raise ValueError(f"memory ids must be non-empty str, got {i!r:.80}")
+        if "\x00" in i:
+            raise ValueError(f"memory id {i!r:.80} contains NUL (U+0000), which no store can look a memory up by")
     return out
 
 

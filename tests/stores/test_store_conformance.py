@@ -428,6 +428,24 @@ def test_a_taken_id_fails_the_whole_batch(make: Factory) -> None:
     assert [r.text for r in run(s.hot(B, Query(""), 10))] == ["first"]
 
 
+def test_an_id_holding_nul_is_refused_and_never_reaches_another_memory(make: Factory) -> None:
+    s = make()
+    s.add(NewMemory("m", "acme", "support", "kept"))
+    with pytest.raises(InvalidMemory, match=r"'m\\x00x' \(index 1\): id contains NUL") as info:
+        s.add_many(
+            [
+                NewMemory("n0", "acme", "support", "new"),
+                {"id": "m\x00x", "organization_id": "acme", "agent_id": "support", "text": "another"},
+            ]
+        )
+    assert (info.value.index, info.value.memory_id) == (1, "m\x00x")
+    with pytest.raises(ValueError, match="contains NUL"):
+        s.delete(A, ["m\x00x"])
+    with pytest.raises(InvalidMemory, match="id contains NUL"):
+        s.update(A, "m\x00x", text="changed")
+    assert [(r.id, r.text) for r in run(s.hot(A, Query(""), 10))] == [("m", "kept")]
+
+
 # ---- lifecycle -----------------------------------------------------------------------------------
 
 
