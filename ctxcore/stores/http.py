@@ -251,11 +251,17 @@ def _memory(item: object, k: int) -> MemoryRecord:
         v = item.get(name)
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        x = math.nan
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                x = float(v)
+            except OverflowError:  # an integer beyond any float: it overflows to infinity
+                x = math.inf
+        if not math.isfinite(x) or not lo <= x <= hi:
             raise fail(
                 f"{name} must be a finite number in [{lo:g}, {hi:g}]{' or null' if optional else ''}, got {v!r:.60}"
             )
-        return float(v)
+        return x
 
     similarity = number("similarity", -1.0, 1.0, True)
     confidence = number("confidence", 0.0, 1.0, False)

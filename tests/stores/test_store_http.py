@@ -223,6 +223,14 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         b'{"memories": [' + json.dumps(memory()).replace("0.83", "1e999").encode() + b"]}",
         "similarity must be",
     ),
+    *[
+        (
+            f"{f} an integer beyond any float",
+            json.dumps({"memories": [memory(**{f: 10**400})]}).encode(),
+            f"{f} must be a finite number",
+        )
+        for f in ("similarity", "confidence", "importance", "created_at", "accessed_at")
+    ],
     ("confidence null", json.dumps({"memories": [memory(confidence=None)]}).encode(), "confidence must be"),
     ("confidence bool", json.dumps({"memories": [memory(confidence=True)]}).encode(), "confidence must be"),
     ("confidence negative", json.dumps({"memories": [memory(confidence=-0.1)]}).encode(), "confidence must be"),
