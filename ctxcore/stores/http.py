@@ -58,6 +58,28 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
+def _check_base_url(base_url: object) -> None:
+    """Raise ValueError unless `base_url` is an http:// or https:// URL naming a host (and
+    a port in 1-65535, if any).
+
+    >>> _check_base_url("http://")
+    Traceback (most recent call last):
+    ...
+    ValueError: base_url must be an http:// or https:// URL with a host, got 'http://'
+    """
+    if not isinstance(base_url, str):
+        raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r:.80}")
+    try:
+        url = httpx.URL(base_url)
+        port = url.port
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url is not a valid URL ({exc}): {base_url!r:.80}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r:.80}")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"base_url's port must be in 1-65535, got {port} in {base_url!r:.80}")
+
+
 class HttpMemorySource:
     """A memory service over HTTP, as a `MemoryStore`.
 
@@ -91,8 +113,7 @@ class HttpMemorySource:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        _check_base_url(base_url)
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf)
         ):

@@ -371,9 +371,10 @@ def test_connection_refused() -> None:
 
 
 def test_bad_arguments() -> None:
-    for url in ("ftp://x", "", "127.0.0.1:80"):
+    for url in ("ftp://x", "", "127.0.0.1:80", "http://", "https:///v1", "http://:80", "http://[::1", "http://h:99999"):
         with pytest.raises(ValueError, match="base_url"):
             HttpMemorySource(url)
+    assert HttpMemorySource("HTTP://memory.example:8080/").base_url == "HTTP://memory.example:8080"
     for timeout in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="timeout"):
             HttpMemorySource("http://127.0.0.1:9", timeout=timeout)
