@@ -232,6 +232,17 @@ def test_a_connection_string_libpq_cannot_read_is_refused_without_its_password(
         assert not any(secret in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("secret", ["pa#ss", "pa?ss", "p#?@ss"])
+def test_a_password_holding_a_hash_or_question_mark_never_shows(secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    # libpq reads the user info up to its "@", so these characters are the password's.
+    dsn = f"postgresql://u:{secret}@127.0.0.1:1/x"
+    assert redact_dsn(dsn) == "postgresql://u:***@127.0.0.1:1/x"
+    with caplog.at_level("DEBUG"), pytest.raises(MemoryStoreError, match="cannot reach") as info:
+        PostgresMemoryStore(dsn)
+    assert secret not in str(info.value) and "u:***@127.0.0.1:1/x" in str(info.value)
+    assert not any(secret in r.getMessage() for r in caplog.records)
+
+
 def test_a_url_opens_the_postgres_store(pg_server: PgServer, tmp_path: Path) -> None:
     db = pg_server.new_database()
     assert is_postgres_url(db.owner_url) and not is_postgres_url(str(tmp_path / "m.db"))

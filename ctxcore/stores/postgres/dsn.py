@@ -27,8 +27,16 @@ def redact_dsn(dsn: str) -> str:
 
     >>> redact_dsn("postgresql:///m?host=/tmp&password=x&user=a")
     'postgresql:///m?host=/tmp&password=***&user=a'
+    >>> redact_dsn("postgresql://app:pa#ss@db/m")
+    'postgresql://app:***@db/m'
     """
     if is_postgres_url(dsn):
+        # The user info as libpq reads it: up to the first "@" before any "/", so a "#" or
+        # "?" in an unencoded password is part of it (urllib would end the host there).
+        scheme, _, rest = dsn.partition("://")
+        at = next((i for i, c in enumerate(rest) if c in "@/"), len(rest))
+        if rest[at : at + 1] == "@" and ":" in rest[:at]:
+            dsn = f"{scheme}://{rest[:at].split(':', 1)[0]}:***{rest[at:]}"
         try:
             parts = urllib.parse.urlsplit(dsn)
         except ValueError:  # not a URL urllib can split (an unclosed "[" host): by pattern
