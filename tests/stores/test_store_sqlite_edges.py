@@ -9,6 +9,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,39 @@ def test_after_reembed_a_read_scores_by_the_new_vectors_and_an_add_takes_the_new
         if new.dim != 64:
             with pytest.raises(InvalidMemory, match=f"has 64 dimensions.*makes {new.dim}"):
                 s.add(NewMemory("m4", "o", "a", "of the old dimension", embedding=[1.0] * 64))
+
+
+class _Renamed:
+    """A hashing embedder under a name ctxcore cannot rebuild (as an endpoint's)."""
+
+    name = "custom/lexical"
+
+    def embed(self, text: str) -> Any:
+        return HashingEmbedder(64, seed=3).embed(text)
+
+
+def test_a_store_takes_up_the_embedder_another_process_reembedded_it_with(tmp_path: Path) -> None:
+    path, scope, query = tmp_path / "m.db", Scope("o", "a"), Query("zebra stripes")
+
+    def cold(store: SqliteMemoryStore) -> dict[str, float | None]:
+        return {r.id: r.similarity for r in asyncio.run(store.cold(scope, query, 10, -1.0))}
+
+    with SqliteMemoryStore(path, embedder=HashingEmbedder(64)) as server:
+        server.add_many([NewMemory("m1", "o", "a", "apples and pears"), NewMemory("m2", "o", "a", "zebra stripes")])
+        assert cold(server)["m2"] == pytest.approx(1.0)  # the scope's embeddings are kept from here
+        with SqliteMemoryStore(path) as other:  # another process
+            other.reembed(HashingEmbedder(64, seed=9))
+        hot = {r.id: r.similarity for r in asyncio.run(server.hot(scope, query, 10))}
+        assert hot["m2"] == pytest.approx(1.0)
+        assert cold(server)["m2"] == pytest.approx(1.0)
+        assert server.embedder is not None and server.embedder.name == HashingEmbedder(64, seed=9).name
+        # What it writes from now on is in the new embedder's space too.
+        server.add(NewMemory("m3", "o", "a", "zebra stripes"))
+        assert server.update(scope, "m1", text="zebra stripes")
+        with SqliteMemoryStore(path) as other:
+            assert cold(other) == pytest.approx({"m1": 1.0, "m2": 1.0, "m3": 1.0})
+            other.reembed(_Renamed())
+        with pytest.raises(MemoryStoreError, match="re-embedded with 'custom/lexical'.*open the store again"):
+            cold(server)
+    with SqliteMemoryStore(path, embedder=_Renamed()) as s:
+        assert cold(s) == pytest.approx({"m1": 1.0, "m2": 1.0, "m3": 1.0})

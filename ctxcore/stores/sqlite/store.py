@@ -35,7 +35,7 @@ from ...memory import (
 from ...tokens import estimator_families, exact_families
 from ..counting import DEFAULT_TOKEN_FAMILY, count_memory_tokens, exact_json, stored_token_counts
 from ..directives import DIRECTIVE_CACHE_SECONDS, DirectiveCache
-from ..embedders import DEFAULT_BATCH, embed, embed_many
+from ..embedders import DEFAULT_BATCH, embed, embed_many, embedder_from_name
 from ..embedding import Embedder
 from ..errors import InvalidMemory, MemoryStoreError
 from ..fusion import cold_batch, merge_hits
@@ -73,6 +73,7 @@ from .schema import (
     MEMORY_COLUMNS,
     MEMORY_FROM,
     connect,
+    embedding_generation,
     init_schema,
     scope_version,
     stored_dim,
@@ -91,6 +92,11 @@ _T = TypeVar("_T")
 
 class _HandOff(Exception):
     """A read begun on the caller's thread that needs a reader thread (`_cold_here`)."""
+
+
+class _Reembedded(Exception):
+    """The store was re-embedded by another process after a write embedded its memories
+    (`add_many` embeds them again with the new embedder)."""
 
 
 def _by_time(times: Mapping[str, float]) -> dict[float, list[str]]:
@@ -194,6 +200,8 @@ class SqliteMemoryStore:
             self._writer.execute("PRAGMA synchronous = NORMAL")
             with self._write_lock:
                 self._embedder, self._embedder_name = init_schema(self._writer, self._path, self._embedder)
+                # Moved by each `reembed`, in any process: `_follow_reembedding`.
+                self._generation = embedding_generation(self._writer)
         except sqlite3.Error as exc:
             self._writer.close()
             raise MemoryStoreError(f"{self._path} is not a usable memory database: {exc}") from exc
@@ -388,11 +396,7 @@ class SqliteMemoryStore:
             raise ValueError(f"on_conflict must be 'error', 'skip' or 'replace', got {on_conflict!r}")
         if not batch and not directives:
             return []
-        # An embedding of another dimension than the embedder's is refused before any work
-        # (and would make every later embedding of the store incomparable).
-        want = self._embedder_dim() if any(m.embedding is not None for m in batch) else None
-        if want is not None:
-            check_dims(batch, [None if m.embedding is None else len(m.embedding) for m in batch], want, self._wanted())
+        want = self._wanted_dim(batch)
         counts: list[int] = []
         exact: list[str | None] = []
         vectors: list[npt.NDArray[np.float32] | None] = []
@@ -406,8 +410,44 @@ class SqliteMemoryStore:
                 progress(len(part))
         now = time.time()
         kind = "exact" if self._exact else "estimate"
+        while True:
+            try:
+                return self._add_prepared(batch, seen, counts, exact, vectors, want, directives, on_conflict, now, kind)
+            except _Reembedded:
+                # Another process re-embedded the store meanwhile: the new embedder's vectors.
+                want = self._wanted_dim(batch)
+                vectors = self._vectors(batch)
+
+    def _wanted_dim(self, batch: list[NewMemory]) -> int | None:
+        """The dimension the batch's given embeddings must have (None: any), checked."""
+        # An embedding of another dimension than the embedder's is refused before any work
+        # (and would make every later embedding of the store incomparable).
+        want = self._embedder_dim() if any(m.embedding is not None for m in batch) else None
+        if want is not None:
+            check_dims(batch, [None if m.embedding is None else len(m.embedding) for m in batch], want, self._wanted())
+        return want
+
+    def _add_prepared(
+        self,
+        batch: list[NewMemory],
+        seen: dict[str, int],
+        counts: list[int],
+        exact: list[str | None],
+        vectors: list[npt.NDArray[np.float32] | None],
+        want: int | None,
+        directives: Sequence[Directive],
+        on_conflict: OnConflict,
+        now: float,
+        kind: str,
+    ) -> list[str]:
+        """`add_many`'s transaction; `_Reembedded` when the vectors are of an embedder the
+        store no longer has."""
+        embedder = self._embedder
 
         def write(conn: sqlite3.Connection) -> list[NewMemory]:
+            self._follow_reembedding(conn)
+            if self._embedder is not embedder:
+                raise _Reembedded
             written = insert_batch(
                 conn,
                 batch,
@@ -434,6 +474,35 @@ class SqliteMemoryStore:
             if on_conflict == "replace":  # a replaced memory is noted at its next read
                 self._reads.reset()
         return [m.id for m in batch]
+
+    def _follow_reembedding(self, conn: sqlite3.Connection) -> None:
+        """Take up the embedder a `reembed` (in any process) made the store's since this
+        store last looked: its vectors replaced every stored one, so queries and new
+        memories are embedded with it from now on.
+
+        Raises:
+            MemoryStoreError: it is one ctxcore cannot rebuild from its name (an endpoint,
+                a local model): the store must be opened again with it.
+        """
+        generation = embedding_generation(conn)
+        if generation == self._generation:
+            return
+        row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+        name = None if row is None else str(row[0])
+        with self._state_lock:
+            if generation == self._generation:
+                return
+            if name != self._embedder_name:
+                new = None if name is None else embedder_from_name(name)
+                if new is None and name is not None:
+                    raise MemoryStoreError(
+                        f"{self._path} was re-embedded with {name!r} by another process, which ctxcore cannot "
+                        "rebuild from its name: open the store again with that embedder"
+                    )
+                self._embedder, self._embedder_name = new, name
+                self._dim_of_embedder = None
+                self._query_vectors = QueryVectors()
+            self._generation = generation
 
     def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
         """Set (or with ``text=None`` remove) the directive of an organization
@@ -470,8 +539,10 @@ class SqliteMemoryStore:
         The new vectors go to a side table in one short write transaction per batch, so
         the store keeps serving with its current embedder meanwhile; the last transaction
         swaps them in, records the new embedder's name and dimension, and moves every
-        scope's write counter (cached vectors are read again, in every process). An
-        interrupted run resumes where it stopped when called again with the same
+        scope's write counter (cached vectors are read again, in every process). Every
+        store open on the file takes up `embedder` at its next read or write (one that
+        cannot rebuild it from its name raises `MemoryStoreError` until opened again with
+        it). An interrupted run resumes where it stopped when called again with the same
         embedder (memories added meanwhile are embedded too); another embedder is refused
         until that run completes. Memories stored with caller-supplied embeddings get the
         new embedder's. `progress(done, total)` is called after each batch. Returns how
@@ -546,10 +617,13 @@ class SqliteMemoryStore:
             embedded += len(rows)
             if progress is not None and rows:
                 progress(min(done + len(rows), total), total)
-        self._embedder = embedder
-        self._embedder_name = embedder.name
-        self._dim_of_embedder = None  # the new embedder's, found at its first need
-        self._query_vectors = QueryVectors()
+        with self._state_lock:
+            self._embedder = embedder
+            self._embedder_name = embedder.name
+            self._dim_of_embedder = None  # the new embedder's, found at its first need
+            self._query_vectors = QueryVectors()
+            with self._write_lock:
+                self._generation = embedding_generation(w)
         return embedded
 
     def _swap_in(self, w: sqlite3.Connection, embedder: Embedder, dim: int | None) -> None:
@@ -848,6 +922,7 @@ class SqliteMemoryStore:
             return rows_to_batch(scope, [], [], np.empty(0))
         hot = self._hot_rows.get(scope, limit, version)
         if hot is None:
+            self._follow_reembedding(conn)
             fetched = conn.execute(
                 f"SELECT {MEMORY_COLUMNS}, embedding FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
                 "ORDER BY created_at DESC, memories.rowid DESC LIMIT ?",
@@ -905,7 +980,12 @@ class SqliteMemoryStore:
                     raise _HandOff
             else:
                 mat = self._vectors_cache.matrix(conn, job, scope, version)
-            if mat is not None:
+            if mat is not None and mat.generation != self._generation:
+                if here:
+                    raise _HandOff
+                self._follow_reembedding(conn)  # the matrix holds another embedder's vectors
+                qv = self._query_vector(query)
+            if mat is not None and qv is not None:
                 version = mat.version
                 if mat.n:
                     vector_hits, text_sims, vector_stats = nearest(mat, qv, min_similarity, limit, text_hits)
@@ -1168,6 +1248,12 @@ class SqliteMemoryStore:
         new_exact = exact_json([memory_id], [text])[0] if text is not None else None
 
         def run(conn: sqlite3.Connection) -> bool:
+            nonlocal new_vec
+            before = self._embedder
+            self._follow_reembedding(conn)
+            if self._embedder is not before and embedding is None and text is not None:
+                # Re-embedded by another process since: the new embedder's vector.
+                new_vec = None if self._embedder is None else embed(self._embedder, text)
             row = conn.execute(
                 "SELECT memories.rowid, text, embedding, confidence, importance, created_at, "
                 f"{ACCESSED_AT_SQL}, token_count, token_family, token_kind, exact_tokens FROM {MEMORY_FROM} "
