@@ -123,12 +123,9 @@ def ingest_jsonl(
                 [m for _, m in memories], directives=directives, on_conflict=on_conflict, progress=progress
             )
         else:
-            # Another store (PostgreSQL): its memories in one transaction, then the directives.
             if on_conflict != "error":
                 raise ValueError(f"on_conflict={on_conflict!r} is supported by the SQLite store only")
-            stored = store.add_many([m for _, m in memories])
-            for d in directives:
-                store.set_directive(d.organization_id, d.agent_id, d.text)
+            stored = store.add_many([m for _, m in memories], directives=directives)
     except InvalidMemory as exc:
         if 0 <= exc.index < len(memories):
             raise InvalidMemory(f"{name}:{memories[exc.index][0]}: {exc}", exc.index, exc.memory_id) from None

@@ -21,6 +21,7 @@ from pg_support import OLD_PGVECTOR, PgServer
 
 from ctxcore.memory import MemoryOrigin, Query, Scope
 from ctxcore.stores import (
+    Directive,
     HashingEmbedder,
     MemoryStoreError,
     NewMemory,
@@ -260,6 +261,27 @@ def test_nul_characters_are_named_at_ingest(pg_server: PgServer) -> None:
         with pytest.raises(InvalidMemory, match=r"'b' \(index 1\): text contains NUL"):
             s.add_many([NewMemory("a", "o", "x", "fine"), NewMemory("b", "o", "x", "bad\x00")])
         assert asyncio.run(s.hot(Scope("o", "x"), Query(""), 5)) == []
+
+
+def test_a_file_ingest_stores_its_memories_and_directives_in_one_transaction(pg_server: PgServer) -> None:
+    from ctxcore.stores import InvalidMemory, ingest_jsonl
+
+    lines = [
+        '{"id": "m1", "organization_id": "o", "agent_id": "x", "text": "hello"}',
+        '{"type": "directive", "organization_id": "o", "text": "Be brief."}',
+        '{"type": "directive", "organization_id": "o", "agent_id": "x", "text": "bad\\u0000directive"}',
+    ]
+    db = pg_server.new_database()
+    with PostgresMemoryStore(db.owner_url) as s:
+        with pytest.raises(InvalidMemory, match="directive: contains NUL"):
+            ingest_jsonl(s, "in.jsonl", "\n".join(lines))
+        assert s.stats("o").memories == 0 and s.stats("o").directives == 0  # none of the file
+        report = ingest_jsonl(s, "in.jsonl", "\n".join(lines[:2]))
+        assert (report.memories, report.directives) == (1, 1)
+        assert asyncio.run(s.directive(Scope("o", "x"))) == "Be brief."
+        assert [r.id for r in asyncio.run(s.hot(Scope("o", "x"), Query(""), 5))] == ["m1"]
+        s.add_many([], directives=[Directive("o", "x", "You are x.")])
+        assert asyncio.run(s.directive(Scope("o", "x"))) == "Be brief.\n\nYou are x."
 
 
 def _v1_database(pg_server: PgServer, memories: list[NewMemory], embedder: HashingEmbedder) -> Any:

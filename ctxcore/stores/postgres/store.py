@@ -155,6 +155,11 @@ async def _all(
         return await cur.fetchall()
 
 
+def _check_directive_nul(organization_id: str, agent_id: str | None, text: str | None) -> None:
+    if any("\x00" in v for v in (organization_id, agent_id or "", text or "")):
+        raise InvalidMemory("directive: contains NUL (U+0000), which PostgreSQL text cannot hold")
+
+
 def _check_nul(mem: NewMemory, i: int) -> None:
     for name in ("id", "organization_id", "agent_id", "text"):
         if "\x00" in getattr(mem, name):
@@ -597,8 +602,11 @@ class PostgresMemoryStore:
         """
         return self.add_many([memory])[0]
 
-    def add_many(self, memories: Iterable[NewMemory | Mapping[str, Any]]) -> list[str]:
-        """Store several memories in one transaction: all of them, or none.
+    def add_many(
+        self, memories: Iterable[NewMemory | Mapping[str, Any]], *, directives: Sequence[Directive] = ()
+    ) -> list[str]:
+        """Store several memories in one transaction: all of them, or none. `directives`
+        (set as `set_directive` sets them) join the same transaction.
 
         Token counts are taken at insert in the store's family (tagged exact or
         estimate); memories without an embedding get one from the embedder, if any.
@@ -606,11 +614,15 @@ class PostgresMemoryStore:
         Raises:
             InvalidMemory: naming the first bad memory (its `index` and id): invalid
                 fields, an id used twice or already stored, or an embedding of another
-                dimension than the store's.
+                dimension than the store's; or a directive PostgreSQL cannot hold.
         """
         self._check_open()
         batch, _ = check_batch(memories, _check_nul)
-        if not batch:
+        if isinstance(directives, Directive) or not all(isinstance(d, Directive) for d in directives):
+            raise TypeError("directives must be a sequence of Directive records")
+        for d in directives:
+            _check_directive_nul(d.organization_id, d.agent_id, d.text)
+        if not batch and not directives:
             return []
         counts = self._count([m.text for m in batch])
         exact = exact_json([m.id for m in batch], [m.text for m in batch])
@@ -652,12 +664,21 @@ class PostgresMemoryStore:
         ]
         terms = [doc_terms(m.text) for m in batch]
         dim = next(iter(dims)) if dims else None
-        self._run(self._insert(batch, rows, terms, dim))
+        try:
+            self._run(self._insert(batch, rows, terms, dim, directives))
+        finally:
+            if directives:  # written or rolled back: either way no cached read stays valid
+                self._directives.invalidate()
         self._forget_counts()
         return [m.id for m in batch]
 
     async def _insert(
-        self, batch: list[NewMemory], rows: list[tuple[Any, ...]], terms: list[list[str]], dim: int | None
+        self,
+        batch: list[NewMemory],
+        rows: list[tuple[Any, ...]],
+        terms: list[list[str]],
+        dim: int | None,
+        directives: Sequence[Directive] = (),
     ) -> None:
         assert self._pool is not None
         by_scope: dict[tuple[str, str], list[int]] = {}
@@ -711,14 +732,17 @@ class PostgresMemoryStore:
                     first = next(i for i, m in enumerate(batch) if m.id not in inserted)
                     mid = batch[first].id
                     raise InvalidMemory(f"memory {mid!r} (index {first}): id {mid!r} is already stored", first, mid)
+                for d in directives:
+                    await self._set_scope(conn, d.organization_id, d.agent_id)
+                    key = (d.organization_id, ORG_WIDE if d.agent_id is None else d.agent_id)
+                    await conn.execute(stmt.UPSERT_DIRECTIVE, (*key, d.text, time.time()))
 
     def set_directive(self, organization_id: str, agent_id: str | None, text: str | None) -> None:
         """Set (or with ``text=None`` remove) the directive of an organization
         (``agent_id=None``: all its agents) or of one agent."""
         self._check_open()
         Directive(organization_id, agent_id, "-" if text is None else text)  # validates
-        if any("\x00" in v for v in (organization_id, agent_id or "", text or "")):
-            raise InvalidMemory("directive: contains NUL (U+0000), which PostgreSQL text cannot hold")
+        _check_directive_nul(organization_id, agent_id, text)
         self._run(self._set_directive(organization_id, agent_id, text))
         self._directives.invalidate()
 
