@@ -263,6 +263,25 @@ def test_nul_characters_are_named_at_ingest(pg_server: PgServer) -> None:
         assert asyncio.run(s.hot(Scope("o", "x"), Query(""), 5)) == []
 
 
+def test_embeddings_wider_than_the_hnsw_index_takes_are_refused_by_name(pg_server: PgServer) -> None:
+    from ctxcore.stores import InvalidMemory
+    from ctxcore.stores.postgres import MAX_DIMENSIONS
+
+    wide = MAX_DIMENSIONS + 1
+    with pytest.raises(ValueError, match=rf"dimensions must be an int in \[1, {MAX_DIMENSIONS}\].*HNSW"):
+        PostgresMemoryStore("postgresql://u@127.0.0.1:1/x", dimensions=wide)
+    db = pg_server.new_database()
+    with pytest.raises(MemoryStoreError, match=f"makes embeddings of {wide} dimensions.*at most {MAX_DIMENSIONS}"):
+        PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(wide))
+    with PostgresMemoryStore(db.owner_url) as s:
+        with pytest.raises(InvalidMemory, match=rf"'w' \(index 1\): embedding has {wide} dimensions.*HNSW") as info:
+            s.add_many([NewMemory("n", "o", "x", "narrow"), NewMemory("w", "o", "x", "wide", embedding=[1.0] * wide)])
+        assert info.value.memory_id == "w"
+        assert s.dimensions is None and s.stats().memories == 0
+        s.add(NewMemory("m", "o", "x", "at the bound", embedding=[1.0] * MAX_DIMENSIONS))
+        assert s.dimensions == MAX_DIMENSIONS
+
+
 def test_a_file_ingest_stores_its_memories_and_directives_in_one_transaction(pg_server: PgServer) -> None:
     from ctxcore.stores import InvalidMemory, ingest_jsonl
 

@@ -75,6 +75,9 @@ from .terms import doc_terms, query_keys
 
 _log = logging.getLogger("ctxcore.stores.postgres")
 
+#: The largest embedding dimension the store takes: the cold path searches pgvector's
+#: HNSW index, which indexes ``vector`` columns of at most 2,000 dimensions.
+MAX_DIMENSIONS = 2000
 #: Connections the pool keeps open at most (two retrieval branches read at once per
 #: assembly; eight leaves room for several assemblies and a writer).
 DEFAULT_POOL_SIZE = 8
@@ -222,9 +225,12 @@ class PostgresMemoryStore:
         if not isinstance(token_family, str) or token_family not in estimator_families():
             raise ValueError(f"unknown token_family {token_family!r}; known: {', '.join(estimator_families())}")
         if dimensions is not None and (
-            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= 16000
+            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= MAX_DIMENSIONS
         ):
-            raise ValueError(f"dimensions must be an int in [1, 16000], got {dimensions!r}")
+            raise ValueError(
+                f"dimensions must be an int in [1, {MAX_DIMENSIONS}] (pgvector's HNSW index takes at most "
+                f"{MAX_DIMENSIONS}), got {dimensions!r}"
+            )
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
         for name, value in (
@@ -376,6 +382,11 @@ class PostgresMemoryStore:
             dim = await self._meta(conn, "embedding_dim")
             if dim is None and self._dim is None and self._embedder is not None:
                 probe = embed(self._embedder, "dimension probe")
+                if probe is not None and probe.size > MAX_DIMENSIONS:
+                    raise MemoryStoreError(
+                        f"the embedder {self._embedder.name!r} makes embeddings of {probe.size} dimensions; "
+                        f"pgvector's HNSW index, which the store searches, takes at most {MAX_DIMENSIONS}"
+                    )
                 self._dim = None if probe is None else int(probe.size)
             if dim is None and self._dim is not None:
                 await self._set_dim(conn, self._dim)
@@ -634,6 +645,14 @@ class PostgresMemoryStore:
                 mid = batch[i].id
                 raise InvalidMemory(
                     f"memory {mid!r} (index {i}): embedding has {v.size} dimensions, the store's have {want}", i, mid
+                )
+            if v is not None and v.size > MAX_DIMENSIONS:
+                mid = batch[i].id
+                raise InvalidMemory(
+                    f"memory {mid!r} (index {i}): embedding has {v.size} dimensions; pgvector's HNSW index, "
+                    f"which the store searches, takes at most {MAX_DIMENSIONS}",
+                    i,
+                    mid,
                 )
             if v is not None and want is None:  # mixed dimensions in a batch for a store without one
                 first = next(u for u in vectors if u is not None)
