@@ -83,13 +83,25 @@ class EmbedderError(MemoryStoreError):
     or does not answer in time, an answer of the wrong shape."""
 
 
+# A code point of the surrogate range: in a Python str, always a lone surrogate.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _texts(texts: Sequence[str]) -> list[str]:
+    """`texts` as a list of str, a lone surrogate (which no tokenizer or JSON endpoint
+    takes: a query text may hold one) replaced by U+FFFD as the formatter replaces it.
+
+    >>> _texts(["refunds \\udfff"])
+    ['refunds \ufffd']
+    """
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of str, not one str")
     out = list(texts)
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
+        if not t.isascii() and _SURROGATE.search(t):
+            out[i] = _SURROGATE.sub("\ufffd", t)
     return out
 
 

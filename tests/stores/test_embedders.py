@@ -750,3 +750,17 @@ def test_memories_reembed_on_the_command_line(tmp_path: Path) -> None:
     doc = json.loads(run.stdout)
     assert doc["embedded"] == 30 and doc["embedder"] == "wordllama/l2_supercat/dim=256"
     assert doc["previous"].startswith("hashing-v1/")
+
+
+@pytest.mark.parametrize("kind", ["wordllama", "minilm"])
+def test_a_query_holding_a_lone_surrogate_is_embedded_as_with_the_replacement_character(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # A query text may hold a lone surrogate (memories may not): the tokenizers take none.
+    embedder = request.getfixturevalue(kind)
+    assert np.array_equal(embedder.embed("refunds \udfff"), embedder.embed("refunds \ufffd"))
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=embedder) as s:
+        s.add(NewMemory("m1", ORG, AGENT, "Refunds are accepted within 30 days."))
+        scope = ctxcore.Scope(ORG, AGENT)
+        assert [r.id for r in asyncio.run(s.cold(scope, Query("\ud800 refunds"), 5, 0.0))] == ["m1"]
+        assert [r.id for r in asyncio.run(s.hot(scope, Query("refunds \udfff"), 5))] == ["m1"]
