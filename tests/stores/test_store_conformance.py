@@ -446,6 +446,26 @@ def test_an_id_holding_nul_is_refused_and_never_reaches_another_memory(make: Fac
     assert [(r.id, r.text) for r in run(s.hot(A, Query(""), 10))] == [("m", "kept")]
 
 
+@pytest.mark.parametrize("scope", [Scope("acme\x00", "support"), Scope("acme", "support\x00")], ids=["org", "agent"])
+def test_a_scope_holding_nul_with_nothing_stored_reads_and_changes_nothing(make: Factory, scope: Scope) -> None:
+    s = make(embedder=HashingEmbedder())
+    s.add(NewMemory("m", "acme", "support", "refunds within 30 days"))
+    s.set_directive("acme", None, "Be brief.")
+    assert len(run(s.hot(scope, Query("refunds"), 5))) == 0
+    assert len(run(s.cold(scope, Query("refunds"), 5, 0.0))) == 0
+    assert len(s.memories(scope)) == 0
+    assert run(s.directive(scope)) == (None if "\x00" in scope.organization_id else "Be brief.")
+    assert s.delete(scope, ["m"]) == 0
+    assert s.update(scope, "m", text="changed") is False
+    assert s.forget(scope.organization_id, scope.agent_id) == ForgetReport(0, 0)
+    if "\x00" in scope.organization_id:
+        assert s.forget(scope.organization_id) == ForgetReport(0, 0)
+        assert s.expire(0, organization_id=scope.organization_id) == 0
+        assert s.stats(scope.organization_id).scopes == ()
+    assert [(r.id, r.text) for r in run(s.hot(A, Query(""), 5))] == [("m", "refunds within 30 days")]
+    assert run(s.directive(A)) == "Be brief."
+
+
 # ---- lifecycle -----------------------------------------------------------------------------------
 
 

@@ -158,6 +158,13 @@ async def _all(
         return await cur.fetchall()
 
 
+def _holds_nul(organization_id: str | None, agent_id: str | None = None) -> bool:
+    """Whether an organization or agent id holds NUL (U+0000): PostgreSQL text cannot, so
+    the store holds no memory or directive of it, and a read or change of it finds nothing
+    (without asking the server, which would refuse the statement)."""
+    return "\x00" in (organization_id or "") or "\x00" in (agent_id or "")
+
+
 def _check_directive_nul(organization_id: str, agent_id: str | None, text: str | None) -> None:
     if any("\x00" in v for v in (organization_id, agent_id or "", text or "")):
         raise InvalidMemory("directive: contains NUL (U+0000), which PostgreSQL text cannot hold")
@@ -794,6 +801,8 @@ class PostgresMemoryStore:
         then (as in the SQLite store) served at once for up to a minute more while one
         background read refreshes it."""
         check_scope(scope)
+        if _holds_nul(scope.organization_id):
+            return None
         return await self._directives.fetch(
             scope,
             lambda: self._call(self._directive(scope)),
@@ -802,10 +811,14 @@ class PostgresMemoryStore:
 
     async def _directive(self, scope: Scope) -> str | None:
         assert self._pool is not None
+        # An agent id holding NUL has no directive of its own: the organization's alone.
+        agent = None if _holds_nul(None, scope.agent_id) else scope.agent_id
         async with self._pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():  # one round trip
-                await self._set_scope(conn, scope.organization_id, scope.agent_id)
-                cur = await conn.execute(stmt.READ_DIRECTIVES, (scope.organization_id, ORG_WIDE, scope.agent_id))
+                await self._set_scope(conn, scope.organization_id, agent)
+                cur = await conn.execute(
+                    stmt.READ_DIRECTIVES, (scope.organization_id, ORG_WIDE, ORG_WIDE if agent is None else agent)
+                )
                 rows = await cur.fetchall()
         return "\n\n".join(text for (text,) in rows) if rows else None
 
@@ -815,7 +828,7 @@ class PostgresMemoryStore:
         check_scope(scope)
         check_limit(limit)
         check_query(query)
-        if limit == 0:
+        if limit == 0 or _holds_nul(scope.organization_id, scope.agent_id):
             return []
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
@@ -855,6 +868,8 @@ class PostgresMemoryStore:
         (``ctxcore eval``). It reads the whole scope; the assembly never calls it."""
         self._check_open()
         check_scope(scope)
+        if _holds_nul(scope.organization_id, scope.agent_id):
+            return rows_to_batch(scope, [], [], np.empty(0))
         return self._run(self._memories(scope))
 
     async def _memories(self, scope: Scope) -> MemoryBatch:
@@ -882,7 +897,7 @@ class PostgresMemoryStore:
         check_limit(limit)
         min_similarity = check_min_similarity(min_similarity)
         check_query(query)
-        if limit == 0:
+        if limit == 0 or _holds_nul(scope.organization_id, scope.agent_id):
             return []
         qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
@@ -1129,7 +1144,7 @@ class PostgresMemoryStore:
         self._check_open()
         check_scope(scope)
         wanted = check_ids(ids)
-        if not wanted:
+        if not wanted or _holds_nul(scope.organization_id, scope.agent_id):
             return 0
         return self._run(
             self._scoped_rowcount(
@@ -1153,6 +1168,8 @@ class PostgresMemoryStore:
         directives. Returns the counts."""
         self._check_open()
         check_owner(organization_id, agent_id, "forget")
+        if _holds_nul(organization_id, agent_id):
+            return ForgetReport(0, 0)
         report = self._run(self._forget(organization_id, agent_id))
         self._directives.invalidate()
         return report
@@ -1188,6 +1205,8 @@ class PostgresMemoryStore:
         self._check_open()
         check_scope(scope)
         fields = _check_update(scope, memory_id, text, confidence, importance, embedding)
+        if _holds_nul(scope.organization_id, scope.agent_id):
+            return False
         new_vec: npt.NDArray[np.float32] | None = None
         sets: list[str] = []
         params: list[Any] = []
@@ -1274,6 +1293,8 @@ class PostgresMemoryStore:
         cutoff = expiry_cutoff(max_age_seconds, now)
         if organization_id is not None:
             check_owner(organization_id, None, "expire")
+            if _holds_nul(organization_id):
+                return 0
             return self._run(
                 self._scoped_rowcount(organization_id, None, stmt.EXPIRE_ORGANIZATION, (organization_id, cutoff))
             )
@@ -1302,6 +1323,8 @@ class PostgresMemoryStore:
         self._check_open()
         if organization_id is not None:
             check_owner(organization_id, None, "stats")
+            if _holds_nul(organization_id):
+                return StoreStats((), 0)
         return self._run(self._stats(organization_id))
 
     async def _stats(self, org: str | None) -> StoreStats:
