@@ -46,7 +46,7 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _SALT_WORD, _SALT_BIGRAM, _SALT_TRIGRAM = (np.uint64((k * 0x632BE59BD9B4E019) % 2**64) for k in (1, 2, 3))
 _SPACE = np.uint64(32)
-_NAME = re.compile(r"hashing-v1/dim=([0-9]{2,6})/seed=([0-9]{1,10})")
+_NAME = re.compile(r"hashing-v1/dim=([1-9][0-9]*)/seed=(0|[1-9][0-9]*)")
 
 
 def unit(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float32] | None:
@@ -149,9 +149,16 @@ class HashingEmbedder:
         HashingEmbedder(dim=128, seed=3)
         >>> HashingEmbedder.from_name("text-embedding-3-small") is None
         True
+        >>> HashingEmbedder.from_name("hashing-v1/dim=8/seed=0") is None  # no dimension it takes
+        True
         """
-        m = _NAME.fullmatch(name) if isinstance(name, str) else None
-        return cls(int(m.group(1)), seed=int(m.group(2))) if m else None
+        m = _NAME.fullmatch(name) if isinstance(name, str) and len(name) <= 64 else None
+        if m is None:
+            return None
+        try:
+            return cls(int(m.group(1)), seed=int(m.group(2)))
+        except ValueError:  # a dimension or seed out of range: no embedder of this class
+            return None
 
     def __repr__(self) -> str:
         return f"HashingEmbedder(dim={self._dim}, seed={self._seed})"

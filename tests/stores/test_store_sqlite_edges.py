@@ -187,3 +187,16 @@ def test_a_store_takes_up_the_embedder_another_process_reembedded_it_with(tmp_pa
             cold(server)
     with SqliteMemoryStore(path, embedder=_Renamed()) as s:
         assert cold(s) == pytest.approx({"m1": 1.0, "m2": 1.0, "m3": 1.0})
+
+
+def test_a_store_reopened_without_an_embedder_rebuilds_a_hashing_embedder_of_any_dimension(tmp_path: Path) -> None:
+    wide = HashingEmbedder(1_000_000, seed=2**32 - 1)
+    with SqliteMemoryStore(tmp_path / "m.db", embedder=wide) as s:
+        s.add(NewMemory("m1", "o", "a", "refunds within 30 days"))
+    with SqliteMemoryStore(tmp_path / "m.db") as s:
+        assert s.embedder is not None and s.embedder.name == wide.name
+        found = asyncio.run(s.cold(Scope("o", "a"), Query("refunds within 30 days"), 5, 0.5))
+        assert [(r.id, r.origin) for r in found] == [("m1", MemoryOrigin.VECTOR)]
+    # A name of no dimension or seed the embedder takes names no hashing embedder.
+    assert HashingEmbedder.from_name("hashing-v1/dim=8/seed=0") is None
+    assert HashingEmbedder.from_name(f"hashing-v1/dim=64/seed={2**32}") is None
