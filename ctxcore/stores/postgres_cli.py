@@ -115,7 +115,7 @@ def _days(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
-    if not 0 <= value < float("inf"):
+    if not 0 <= value * 86400.0 < float("inf"):  # finite in seconds too, as expire takes it
         raise argparse.ArgumentTypeError(f"must be a finite number of days >= 0, got {text}")
     return value
 

@@ -442,6 +442,7 @@ def test_eval_checks_its_plot_before_it_evaluates(tmp_path: Path) -> None:
     [
         (["pack", str(EXAMPLE), "--budget", "10", "--cell-ceiling", "0"], "--cell-ceiling"),
         (["memories", "forget", "--db", "x.db", "--org", "o", "--older-than-days", "-1"], "--older-than-days"),
+        (["memories", "forget", "--db", "x.db", "--org", "o", "--older-than-days", "1e305"], "--older-than-days"),
         (["serve", "--max-queue", "0"], "--max-queue"),
         (["memories", "init", "--db", "x.db", "--dimensions", "0"], "--dimensions"),
         (["memories", "init", "--db", "x.db", "--dimensions", "-3"], "--dimensions"),
