@@ -200,3 +200,21 @@ def test_a_store_reopened_without_an_embedder_rebuilds_a_hashing_embedder_of_any
     # A name of no dimension or seed the embedder takes names no hashing embedder.
     assert HashingEmbedder.from_name("hashing-v1/dim=8/seed=0") is None
     assert HashingEmbedder.from_name(f"hashing-v1/dim=64/seed={2**32}") is None
+
+
+def test_another_applications_database_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO customers (name) VALUES ('alice')")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(MemoryStoreError, match="not a ctxcore memory store.*'customers'.*left as it is"):
+        SqliteMemoryStore(path)
+    assert main(["memories", "stats", "--db", str(path)]) == 1
+    assert path.read_bytes() == before and not Path(f"{path}-wal").exists()
+    # An empty file is a new store.
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with SqliteMemoryStore(empty) as s:
+        assert s.stats().memories == 0

@@ -20,6 +20,7 @@ __all__ = [
     "MEMORY_COLUMNS",
     "MEMORY_FROM",
     "SCHEMA_VERSION",
+    "check_not_foreign",
     "connect",
     "embedding_generation",
     "init_schema",
@@ -164,6 +165,21 @@ def connect(path: str) -> sqlite3.Connection:
         raise MemoryStoreError(f"cannot open memory database {path!r}: {exc}") from exc
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     return conn
+
+
+def check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
+    """Raise `MemoryStoreError` when the file at `path` is a SQLite database of something
+    else: tables, and no ctxcore schema version. Checked before anything is written to it
+    (its journal mode included), so another application's database is never changed."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version:
+        return
+    row = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 1").fetchone()
+    if row is not None:
+        raise MemoryStoreError(
+            f"{path} is a SQLite database but not a ctxcore memory store (it holds other tables, such as "
+            f"{row[0]!r}); it is left as it is: choose another path"
+        )
 
 
 def init_schema(conn: sqlite3.Connection, path: str, embedder: Embedder | None) -> tuple[Embedder | None, str | None]:

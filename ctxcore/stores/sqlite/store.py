@@ -72,6 +72,7 @@ from .schema import (
     EMBEDDING_GENERATION,
     MEMORY_COLUMNS,
     MEMORY_FROM,
+    check_not_foreign,
     connect,
     embedding_generation,
     init_schema,
@@ -196,6 +197,7 @@ class SqliteMemoryStore:
         self._write_lock = threading.Lock()
         self._writer = connect(self._path)
         try:
+            check_not_foreign(self._writer, self._path)
             self._writer.execute("PRAGMA journal_mode = WAL")
             self._writer.execute("PRAGMA synchronous = NORMAL")
             with self._write_lock:
