@@ -282,6 +282,30 @@ def test_embeddings_wider_than_the_hnsw_index_takes_are_refused_by_name(pg_serve
         assert s.dimensions == MAX_DIMENSIONS
 
 
+def test_a_store_opened_before_the_dimension_is_fixed_searches_embeddings_once_it_is(pg_server: PgServer) -> None:
+    from ctxcore.stores.postgres import DIMENSION_RECHECK_SECONDS
+
+    db = pg_server.new_database()
+    PostgresMemoryStore(db.owner_url, grant_to=db.app).close()  # no embedder: the dimension is not fixed
+    scope, query = Scope("o", "x"), Query("", embedding=(1.0, 0.0, 0.0))
+    with PostgresMemoryStore(db.app_url, migrate=False) as replica:
+        assert replica.dimensions is None
+        assert asyncio.run(replica.cold(scope, query, 5, 0.5)) == []
+        with PostgresMemoryStore(db.owner_url) as ingest:  # its first embedded memories fix it
+            ingest.add_many(
+                [
+                    NewMemory("m1", "o", "x", "alpha", embedding=[1.0, 0.0, 0.0]),
+                    NewMemory("m2", "o", "x", "beta", embedding=[0.0, 1.0, 0.0]),
+                ]
+            )
+        time.sleep(DIMENSION_RECHECK_SECONDS)
+        found = asyncio.run(replica.cold(scope, query, 5, 0.5))
+        assert [(r.id, r.origin) for r in found] == [("m1", MemoryOrigin.VECTOR)]
+        assert replica.dimensions == 3
+        assert replica.update(scope, "m2", embedding=[1.0, 0.0, 0.1])
+        assert {r.id for r in asyncio.run(replica.cold(scope, query, 5, 0.5))} == {"m1", "m2"}
+
+
 def test_a_file_ingest_stores_its_memories_and_directives_in_one_transaction(pg_server: PgServer) -> None:
     from ctxcore.stores import InvalidMemory, ingest_jsonl
 

@@ -88,6 +88,9 @@ _ROW_VECTOR = 4
 HNSW_MIN_SCOPE = 2_000
 #: How long a scope's memory count (for the stop-word threshold and the plan) is reused.
 SCOPE_SIZE_SECONDS = 60.0
+#: While the schema fixes no embedding dimension, a query with a vector reads it again at
+#: most this often (seconds): another process fixes it with its first embedded memory.
+DIMENSION_RECHECK_SECONDS = 1.0
 # A search key's noted count when it is a stop word of the scope.
 _STOP_WORD = -1
 # HNSW candidates per probe; with iterative scans (pgvector >= 0.8) a scope's filter keeps
@@ -196,7 +199,9 @@ class PostgresMemoryStore:
         token_family: the tokenizer family memory token counts are taken in (exact where
             ``ctxcore.count_tokens`` has it, else an estimate; both tagged).
         dimensions: the embedding dimension, fixed in the schema (the ``vector`` column and
-            its HNSW index). Default: the embedder's, else the first embedded memory's.
+            its HNSW index). Default: the embedder's, else the first embedded memory's
+            (added through any store: one opened before reads it again, at most once per
+            `DIMENSION_RECHECK_SECONDS`, while it has none).
         migrate: apply missing migrations at open (the role must own the schema or may
             create in it); False only checks that the schema is current.
         grant_to: a role to grant the app privileges to while migrating (``SELECT``,
@@ -257,6 +262,7 @@ class PostgresMemoryStore:
         self._family = token_family
         self._exact = token_family in exact_families()
         self._dim: int | None = dimensions
+        self._dim_checked = -math.inf  # when `_fixed_dim` last read the schema's
         self._directives = DirectiveCache(float(directive_cache_seconds))
         self._flush_every = float(access_flush_seconds)
         self._reads: ReadTimes[int] = ReadTimes(float(access_resolution_seconds))
@@ -401,6 +407,21 @@ class PostgresMemoryStore:
                 role = sql.Identifier(grant_to)
                 await conn.execute(sql.SQL(stmt.GRANT_TABLES).format(role))
                 await conn.execute(sql.SQL(stmt.GRANT_META).format(role))
+
+    async def _fixed_dim(self, *, now: bool = False) -> int | None:
+        """The embedding dimension the schema fixes: as known, or while none is, read again
+        (at most once per `DIMENSION_RECHECK_SECONDS` unless `now`): another process fixes
+        it with its first embedded memory, and a store opened before then searches and
+        updates embeddings from that moment on."""
+        if self._dim is None and (now or time.monotonic() >= self._dim_checked + DIMENSION_RECHECK_SECONDS):
+            self._dim_checked = time.monotonic()
+            assert self._pool is not None
+            async with self._pool.connection() as conn:
+                async with conn.transaction():
+                    dim = await self._meta(conn, "embedding_dim")
+            if dim is not None and self._dim is None:
+                self._dim = int(dim)
+        return self._dim
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
         # Fixing the dimension makes the column indexable; the HNSW index (cosine) follows.
@@ -900,6 +921,8 @@ class PostgresMemoryStore:
         if limit == 0 or _holds_nul(scope.organization_id, scope.agent_id):
             return []
         qv = self._query_vector(query)
+        if qv is not None and self._dim is None:
+            await self._call(self._fixed_dim())
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
         terms = self._search_keys(scope, query_keys(fts_terms(query.text)))
@@ -1214,6 +1237,8 @@ class PostgresMemoryStore:
             new_vec = np.asarray(fields["embedding"], dtype=np.float32)
         elif "text" in fields and self._embedder is not None:
             new_vec = embed(self._embedder, fields["text"])
+        if new_vec is not None and self._dim is None:
+            self._run(self._fixed_dim(now=True))
         if new_vec is not None and self._dim is not None and new_vec.size != self._dim:
             raise InvalidMemory(
                 f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have {self._dim}",
