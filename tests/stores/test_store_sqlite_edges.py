@@ -218,3 +218,20 @@ def test_another_applications_database_is_refused_and_left_as_it_is(tmp_path: Pa
     empty.touch()
     with SqliteMemoryStore(empty) as s:
         assert s.stats().memories == 0
+
+
+def test_a_store_opened_without_an_embedder_takes_up_the_one_another_process_records(tmp_path: Path) -> None:
+    path, scope = tmp_path / "m.db", Scope("o", "a")
+    with SqliteMemoryStore(path) as server:  # a new file: no embedder recorded
+        assert len(asyncio.run(server.cold(scope, Query("zebra"), 5, 0.3))) == 0
+        with SqliteMemoryStore(path, embedder=HashingEmbedder(64)) as ingest:  # another process
+            ingest.add_many(
+                [NewMemory("m1", "o", "a", "apples and pears"), NewMemory("m2", "o", "a", "zebras have stripes")]
+            )
+        found = asyncio.run(server.cold(scope, Query("zebras have stripes"), 5, 0.5))
+        assert [(r.id, r.origin) for r in found] == [("m2", MemoryOrigin.VECTOR)]
+        assert server.embedder is not None and server.embedder.name == HashingEmbedder(64).name
+        server.add(NewMemory("m3", "o", "a", "zebras have stripes"))  # embedded as the file's are
+    with SqliteMemoryStore(path) as s:
+        found = asyncio.run(s.cold(scope, Query("zebras have stripes"), 5, 0.9))
+        assert {r.id for r in found if r.origin is MemoryOrigin.VECTOR} == {"m2", "m3"}

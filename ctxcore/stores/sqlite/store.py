@@ -125,6 +125,8 @@ class SqliteMemoryStore:
             without one (e.g. `HashingEmbedder`). Its `name` is recorded in the database,
             and opening it later with a different embedder raises `MemoryStoreError`;
             opening it with None uses the recorded `HashingEmbedder`, if that is one.
+            The store takes up the embedder another process records later (the first
+            one, or a `reembed`) at its next read or write.
         token_family: the tokenizer family memory token counts are taken in: exact where
             ``ctxcore.count_tokens`` has that family, else ``ctxcore.estimate_tokens``;
             every count is stored with its family and kind.
@@ -184,6 +186,8 @@ class SqliteMemoryStore:
         if embedder is not None and not isinstance(embedder, Embedder):
             raise TypeError(f"embedder must have a name and an embed(text) method, got {type(embedder).__name__}")
         self._embedder: Embedder | None = embedder
+        # The embedder a `reembed` of this store is swapping in (`_follow_embedder`).
+        self._incoming: Embedder | None = None
         self._dim_of_embedder: int | None = None
         self._family = token_family
         self._exact = token_family in exact_families()
@@ -202,7 +206,7 @@ class SqliteMemoryStore:
             self._writer.execute("PRAGMA synchronous = NORMAL")
             with self._write_lock:
                 self._embedder, self._embedder_name = init_schema(self._writer, self._path, self._embedder)
-                # Moved by each `reembed`, in any process: `_follow_reembedding`.
+                # Moved by each `reembed`, in any process: `_follow_embedder`.
                 self._generation = embedding_generation(self._writer)
         except sqlite3.Error as exc:
             self._writer.close()
@@ -447,7 +451,7 @@ class SqliteMemoryStore:
         embedder = self._embedder
 
         def write(conn: sqlite3.Connection) -> list[NewMemory]:
-            self._follow_reembedding(conn)
+            self._follow_embedder(conn)
             if self._embedder is not embedder:
                 raise _Reembedded
             written = insert_batch(
@@ -477,31 +481,36 @@ class SqliteMemoryStore:
                 self._reads.reset()
         return [m.id for m in batch]
 
-    def _follow_reembedding(self, conn: sqlite3.Connection) -> None:
-        """Take up the embedder a `reembed` (in any process) made the store's since this
-        store last looked: its vectors replaced every stored one, so queries and new
-        memories are embedded with it from now on.
+    def _follow_embedder(self, conn: sqlite3.Connection) -> None:
+        """Take up the embedder the file records, when another process changed it since
+        this store last looked: a `reembed` (its vectors replaced every stored one), or the
+        first embedder recorded in a file this store opened without one. Queries and new
+        memories are embedded with it from now on (a store without an embedder, when
+        ctxcore cannot rebuild it from its name, as opening the file would leave it).
 
         Raises:
-            MemoryStoreError: it is one ctxcore cannot rebuild from its name (an endpoint,
-                a local model): the store must be opened again with it.
+            MemoryStoreError: the file was re-embedded with an embedder ctxcore cannot
+                rebuild from its name while this store embeds with another: the store must
+                be opened again with it.
         """
-        generation = embedding_generation(conn)
-        if generation == self._generation:
+        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN (?, 'embedder')", (EMBEDDING_GENERATION,)))
+        generation = int(rows.get(EMBEDDING_GENERATION, 0))
+        name = rows.get("embedder")
+        if generation == self._generation and (name is None or self._embedder_name is not None):
             return
-        row = conn.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
-        name = None if row is None else str(row[0])
         with self._state_lock:
-            if generation == self._generation:
-                return
             if name != self._embedder_name:
-                new = None if name is None else embedder_from_name(name)
-                if new is None and name is not None:
+                incoming = self._incoming
+                if incoming is not None and incoming.name == name:
+                    new: Embedder | None = incoming  # this store's own reembed, ending
+                else:
+                    new = None if name is None else embedder_from_name(str(name))
+                if new is None and self._embedder is not None:
                     raise MemoryStoreError(
                         f"{self._path} was re-embedded with {name!r} by another process, which ctxcore cannot "
                         "rebuild from its name: open the store again with that embedder"
                     )
-                self._embedder, self._embedder_name = new, name
+                self._embedder, self._embedder_name = new, None if name is None else str(name)
                 self._dim_of_embedder = None
                 self._query_vectors = QueryVectors()
             self._generation = generation
@@ -579,6 +588,15 @@ class SqliteMemoryStore:
                 if w.in_transaction:
                     w.execute("ROLLBACK")
                 raise
+        self._incoming = embedder
+        try:
+            return self._reembed(embedder, batch, progress)
+        finally:
+            self._incoming = None
+
+    def _reembed(self, embedder: Embedder, batch: int, progress: Callable[[int, int], None] | None) -> int:
+        """`reembed` after its run is recorded: the batches, the swap."""
+        w = self._writer
         embedded = 0
         dim: int | None = None
         while True:
@@ -619,13 +637,14 @@ class SqliteMemoryStore:
             embedded += len(rows)
             if progress is not None and rows:
                 progress(min(done + len(rows), total), total)
+        with self._write_lock:
+            generation = embedding_generation(w)
         with self._state_lock:
             self._embedder = embedder
             self._embedder_name = embedder.name
             self._dim_of_embedder = None  # the new embedder's, found at its first need
             self._query_vectors = QueryVectors()
-            with self._write_lock:
-                self._generation = embedding_generation(w)
+            self._generation = generation
         return embedded
 
     def _swap_in(self, w: sqlite3.Connection, embedder: Embedder, dim: int | None) -> None:
@@ -924,7 +943,7 @@ class SqliteMemoryStore:
             return rows_to_batch(scope, [], [], np.empty(0))
         hot = self._hot_rows.get(scope, limit, version)
         if hot is None:
-            self._follow_reembedding(conn)
+            self._follow_embedder(conn)
             fetched = conn.execute(
                 f"SELECT {MEMORY_COLUMNS}, embedding FROM {MEMORY_FROM} WHERE organization_id = ? AND agent_id = ? "
                 "ORDER BY created_at DESC, memories.rowid DESC LIMIT ?",
@@ -958,6 +977,8 @@ class SqliteMemoryStore:
         `_HandOff` rather than read or rebuild an embedding matrix."""
         if limit == 0:
             return rows_to_batch(scope, [], [], np.empty(0))
+        if self._embedder_name is None and query.embedding is None and query.text:
+            self._follow_embedder(conn)  # another process may have recorded one since
         qv = self._query_vector(query)
         # The scope's counters, read once for both paths: a kept embedding matrix of this
         # write counter is current, and full-text search weighs its terms by the count.
@@ -985,7 +1006,7 @@ class SqliteMemoryStore:
             if mat is not None and mat.generation != self._generation:
                 if here:
                     raise _HandOff
-                self._follow_reembedding(conn)  # the matrix holds another embedder's vectors
+                self._follow_embedder(conn)  # the matrix holds another embedder's vectors
                 qv = self._query_vector(query)
             if mat is not None and qv is not None:
                 version = mat.version
@@ -1252,7 +1273,7 @@ class SqliteMemoryStore:
         def run(conn: sqlite3.Connection) -> bool:
             nonlocal new_vec
             before = self._embedder
-            self._follow_reembedding(conn)
+            self._follow_embedder(conn)
             if self._embedder is not before and embedding is None and text is not None:
                 # Re-embedded by another process since: the new embedder's vector.
                 new_vec = None if self._embedder is None else embed(self._embedder, text)
