@@ -306,6 +306,28 @@ def test_a_store_opened_before_the_dimension_is_fixed_searches_embeddings_once_i
         assert {r.id for r in asyncio.run(replica.cold(scope, query, 5, 0.5))} == {"m1", "m2"}
 
 
+def test_a_store_opened_without_an_embedder_takes_up_the_one_another_process_records(pg_server: PgServer) -> None:
+    from ctxcore.stores.postgres import DIMENSION_RECHECK_SECONDS
+
+    db = pg_server.new_database()
+    PostgresMemoryStore(db.owner_url, grant_to=db.app).close()  # no embedder recorded
+    scope, query = Scope("o", "x"), Query("zebras have stripes")
+    with PostgresMemoryStore(db.app_url, migrate=False) as replica:
+        assert replica.embedder is None
+        assert asyncio.run(replica.cold(scope, query, 5, 0.5)) == []
+        with PostgresMemoryStore(db.owner_url, embedder=HashingEmbedder(64)) as ingest:  # records it
+            ingest.add_many(
+                [NewMemory("m1", "o", "x", "apples and pears"), NewMemory("m2", "o", "x", "zebras have stripes")]
+            )
+        time.sleep(DIMENSION_RECHECK_SECONDS)
+        found = asyncio.run(replica.cold(scope, query, 5, 0.5))
+        assert [(r.id, r.origin) for r in found] == [("m2", MemoryOrigin.VECTOR)]
+        assert replica.embedder is not None and replica.embedder.name == HashingEmbedder(64).name
+        replica.add(NewMemory("m3", "o", "x", "zebras have stripes"))  # embedded as the others are
+        found = asyncio.run(replica.cold(scope, query, 5, 0.9))
+        assert {r.id for r in found if r.origin is MemoryOrigin.VECTOR} == {"m2", "m3"}
+
+
 def test_a_file_ingest_stores_its_memories_and_directives_in_one_transaction(pg_server: PgServer) -> None:
     from ctxcore.stores import InvalidMemory, ingest_jsonl
 

@@ -200,8 +200,8 @@ class PostgresMemoryStore:
             ``ctxcore.count_tokens`` has it, else an estimate; both tagged).
         dimensions: the embedding dimension, fixed in the schema (the ``vector`` column and
             its HNSW index). Default: the embedder's, else the first embedded memory's
-            (added through any store: one opened before reads it again, at most once per
-            `DIMENSION_RECHECK_SECONDS`, while it has none).
+            (added through any store: one opened before reads it again, and the embedder
+            recorded, at most once per `DIMENSION_RECHECK_SECONDS`, while it knows none).
         migrate: apply missing migrations at open (the role must own the schema or may
             create in it); False only checks that the schema is current.
         grant_to: a role to grant the app privileges to while migrating (``SELECT``,
@@ -262,7 +262,7 @@ class PostgresMemoryStore:
         self._family = token_family
         self._exact = token_family in exact_families()
         self._dim: int | None = dimensions
-        self._dim_checked = -math.inf  # when `_fixed_dim` last read the schema's
+        self._dim_checked = -math.inf  # when `_read_recorded` last read the schema's
         self._directives = DirectiveCache(float(directive_cache_seconds))
         self._flush_every = float(access_flush_seconds)
         self._reads: ReadTimes[int] = ReadTimes(float(access_resolution_seconds))
@@ -408,20 +408,38 @@ class PostgresMemoryStore:
                 await conn.execute(sql.SQL(stmt.GRANT_TABLES).format(role))
                 await conn.execute(sql.SQL(stmt.GRANT_META).format(role))
 
-    async def _fixed_dim(self, *, now: bool = False) -> int | None:
-        """The embedding dimension the schema fixes: as known, or while none is, read again
-        (at most once per `DIMENSION_RECHECK_SECONDS` unless `now`): another process fixes
-        it with its first embedded memory, and a store opened before then searches and
-        updates embeddings from that moment on."""
-        if self._dim is None and (now or time.monotonic() >= self._dim_checked + DIMENSION_RECHECK_SECONDS):
-            self._dim_checked = time.monotonic()
-            assert self._pool is not None
-            async with self._pool.connection() as conn:
-                async with conn.transaction():
-                    dim = await self._meta(conn, "embedding_dim")
-            if dim is not None and self._dim is None:
-                self._dim = int(dim)
-        return self._dim
+    async def _read_recorded(self, *, now: bool = False) -> None:
+        """The embedding dimension and the embedder the schema records, read again while
+        this store knows none (at most once per `DIMENSION_RECHECK_SECONDS` unless `now`):
+        another process fixes the dimension with its first embedded memory and records its
+        embedder, and a store opened before then searches, embeds and updates with them
+        from that moment on (an embedder ctxcore cannot rebuild from its name is left out,
+        as opening the database would)."""
+        if self._dim is not None and self._embedder_name is not None:
+            return
+        if not now and time.monotonic() < self._dim_checked + DIMENSION_RECHECK_SECONDS:
+            return
+        self._dim_checked = time.monotonic()
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                dim = await self._meta(conn, "embedding_dim")
+                name = await self._meta(conn, "embedder")
+        if dim is not None and self._dim is None:
+            self._dim = int(dim)
+        if name is not None and self._embedder_name is None:
+            self._embedder_name = name
+            if self._embedder is None:
+                self._embedder = embedder_from_name(name)
+                self._query_vectors = QueryVectors()
+
+    def _knows_too_little(self, qv: npt.NDArray[np.float32] | None, query: Query) -> bool:
+        """Whether a read of `query` (its vector `qv`) needs what the schema may have
+        recorded since this store opened: a dimension for its vector, or an embedder for
+        its text."""
+        if qv is not None:
+            return self._dim is None
+        return self._embedder_name is None and query.embedding is None and bool(query.text)
 
     async def _set_dim(self, conn: psycopg.AsyncConnection[TupleRow], dim: int) -> None:
         # Fixing the dimension makes the column indexable; the HNSW index (cosine) follows.
@@ -663,6 +681,8 @@ class PostgresMemoryStore:
             _check_directive_nul(d.organization_id, d.agent_id, d.text)
         if not batch and not directives:
             return []
+        if self._embedder_name is None and any(m.embedding is None for m in batch):
+            self._run(self._read_recorded())  # an embedder another process recorded since
         counts = self._count([m.text for m in batch])
         exact = exact_json([m.id for m in batch], [m.text for m in batch])
         vectors = [self._vector_of(m) for m in batch]
@@ -852,6 +872,9 @@ class PostgresMemoryStore:
         if limit == 0 or _holds_nul(scope.organization_id, scope.agent_id):
             return []
         qv = self._query_vector(query)
+        if self._knows_too_little(qv, query):
+            await self._call(self._read_recorded())
+            qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             qv = None
         seqs, batch = await self._call(self._hot(scope, qv, limit))
@@ -921,8 +944,9 @@ class PostgresMemoryStore:
         if limit == 0 or _holds_nul(scope.organization_id, scope.agent_id):
             return []
         qv = self._query_vector(query)
-        if qv is not None and self._dim is None:
-            await self._call(self._fixed_dim())
+        if self._knows_too_little(qv, query):
+            await self._call(self._read_recorded())
+            qv = self._query_vector(query)
         if qv is not None and self._dim is not None and qv.size != self._dim:
             raise MemoryStoreError(f"query embedding has {qv.size} dimensions, the store's have {self._dim}")
         terms = self._search_keys(scope, query_keys(fts_terms(query.text)))
@@ -1238,7 +1262,7 @@ class PostgresMemoryStore:
         elif "text" in fields and self._embedder is not None:
             new_vec = embed(self._embedder, fields["text"])
         if new_vec is not None and self._dim is None:
-            self._run(self._fixed_dim(now=True))
+            self._run(self._read_recorded(now=True))
         if new_vec is not None and self._dim is not None and new_vec.size != self._dim:
             raise InvalidMemory(
                 f"memory {memory_id!r}: embedding has {new_vec.size} dimensions, the store's have {self._dim}",
