@@ -73,11 +73,26 @@ def _check_base_url(base_url: object) -> None:
         url = httpx.URL(base_url)
         port = url.port
     except httpx.InvalidURL as exc:
-        raise ValueError(f"base_url is not a valid URL ({exc}): {base_url!r:.80}") from None
+        raise ValueError(f"base_url is not a valid URL ({exc}): {_shown_url(base_url)!r:.80}") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r:.80}")
+        raise ValueError(f"base_url must be an http:// or https:// URL with a host, got {_shown_url(base_url)!r:.80}")
     if port is not None and not 0 < port < 65536:
-        raise ValueError(f"base_url's port must be in 1-65535, got {port} in {base_url!r:.80}")
+        raise ValueError(f"base_url's port must be in 1-65535, got {port} in {_shown_url(base_url)!r:.80}")
+
+
+def _shown_url(base_url: str) -> str:
+    """`base_url` as reprs and error messages show it: a password in its user info
+    replaced by ``***``.
+
+    >>> _shown_url("https://svc:s3cret@memory.internal/api")
+    'https://svc:***@memory.internal/api'
+    """
+    scheme, _, rest = base_url.partition("://")
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not at or ":" not in userinfo:
+        return base_url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{rest[end:]}"
 
 
 class HttpMemorySource:
@@ -121,6 +136,7 @@ class HttpMemorySource:
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
         self._base_url = base_url.rstrip("/")
+        self._shown = _shown_url(self._base_url)
         self._timeout = timeout
         self._client = httpx.AsyncClient(
             base_url=self._base_url,
@@ -147,12 +163,12 @@ class HttpMemorySource:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"HttpMemorySource({self._base_url!r}, timeout={self._timeout!r})"
+        return f"HttpMemorySource({self._shown!r}, timeout={self._timeout!r})"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         # httpx's timeout bounds each connect, read and write; the request as a whole (a
         # server that drips its answer a byte at a time) is bounded here.
-        where = f"{method} {self._base_url}{path}"
+        where = f"{method} {self._shown}{path}"
         try:
             async with asyncio.timeout(self._timeout):
                 body = await self._exchange(where, method, path, **kwargs)

@@ -424,3 +424,18 @@ def test_any_field_change_is_parsed_or_rejected_whole(changes: dict[str, Any]) -
         return
     assert recs[0].id == "m1" and len(recs) == 2
     assert all(isinstance(r.text, str) and 0.0 <= r.confidence <= 1.0 for r in recs)
+
+
+def test_a_password_in_the_base_url_never_shows() -> None:
+    async def go(src: HttpMemorySource) -> None:
+        async with src:
+            await src.directive(SCOPE)
+
+    src = HttpMemorySource("http://svc:s3cret@127.0.0.1:9/api", timeout=1.0)
+    assert "s3cret" not in repr(src) and "svc:***@127.0.0.1:9" in repr(src)
+    with pytest.raises(MemoryServiceError) as info:
+        asyncio.run(go(src))
+    assert "s3cret" not in str(info.value) and "http://svc:***@127.0.0.1:9/api/v1/directive" in str(info.value)
+    with pytest.raises(ValueError, match="base_url") as bad:
+        HttpMemorySource("http://svc:s3cret@h:99999")
+    assert "s3cret" not in str(bad.value)
