@@ -98,6 +98,12 @@ LOADED_LAG_MS = 1.0
 #: ... or beyond this share of the call's remaining time, whichever is larger: a call with
 #: seconds to spare is not refused for a few milliseconds of lag.
 LAG_SHARE_OF_DEADLINE = 0.1
+#: A server is quiet, for a deadline refusal, when no call is admitted and none has ended
+#: for this long. Under a closed loop of callers the server runs one call after another
+#: (turns): at each arrival nothing may be admitted, and the calls behind it wait in
+#: gRPC's queue, not in admission; a call that ended a moment ago says the server is busy,
+#: and a call arriving with little of its deadline left lost it in that queue.
+QUIET_AFTER_MS = 100.0
 #: Half-life of a finished call's weight in the tail model, in seconds: at a few hundred
 #: calls a second the model follows the last ~100 calls, and after a quiet second what it
 #: learned under load has faded into the prior.
@@ -269,6 +275,8 @@ class Admission:
         self._probe: asyncio.Task[None] | None = None
         self._idle_after_s = float(probe_idle_after_s)
         self._last_arrival = time.monotonic()
+        #: `time.monotonic()` when an admitted call last ended (-inf: none yet).
+        self.last_release = -math.inf
         self._asleep = False
         self._wake: asyncio.Event | None = None
 
@@ -344,6 +352,15 @@ class Admission:
         tail = max(self.floor_tail_ms, m.predict(0) + m.margin())
         return self.min_retrieval_ms + tail + self.response_headroom_ms
 
+    def quiet(self) -> bool:
+        """Whether no call is admitted and none ended in the last `QUIET_AFTER_MS`."""
+        return not self.admitted and (time.monotonic() - self.last_release) * 1000.0 >= QUIET_AFTER_MS
+
+    def busy_besides_one(self) -> bool:
+        """Whether, for an admitted call, another call is admitted or one ended in the last
+        `QUIET_AFTER_MS`."""
+        return self.admitted > 1 or (time.monotonic() - self.last_release) * 1000.0 < QUIET_AFTER_MS
+
     def floor_need_ms(self) -> float:
         """The least time any assembly needs here, in ms, learned from nothing: the least
         retrieval, the floor of the tail and the response headroom."""
@@ -355,12 +372,12 @@ class Admission:
         A queue or saturation refusal is made for load (`Decision.overload`); so is a
         deadline refusal when the deadline would be enough with nobody ahead and a prompt
         loop (`idle_need_ms`: what makes the call late is the calls ahead or the loop's
-        lag), while the event loop runs more than `LOADED_LAG_MS` late, or while other
-        calls are admitted and the deadline is above `floor_need_ms` (the call's time then
-        went to waiting in line before admission saw it, in the server or in its client:
-        under load the tail learned for a call with nobody ahead is itself inflated). Only
-        a call whose deadline is too short for an assembly on a quiet server, or below the
-        least any assembly needs, is refused for its deadline alone.
+        lag), while the event loop runs more than `LOADED_LAG_MS` late, or while the server
+        is not `quiet` and the deadline is above `floor_need_ms` (the call's time then went
+        to waiting in line before admission saw it, in the server's gRPC queue or in its
+        client: under load the tail learned for a call with nobody ahead is itself
+        inflated). Only a call whose deadline is too short for an assembly on a quiet
+        server, or below the least any assembly needs, is refused for its deadline alone.
 
         An admitted call must be `release`d when it ends.
         """
@@ -403,7 +420,7 @@ class Admission:
                 overload = (
                     self.lag_ms > LOADED_LAG_MS
                     or remaining_ms >= self.idle_need_ms()
-                    or (self.admitted > 0 and remaining_ms >= self.floor_need_ms())
+                    or (not self.quiet() and remaining_ms >= self.floor_need_ms())
                 )
                 return Decision(
                     False,
@@ -430,6 +447,7 @@ class Admission:
         time says nothing of an ordinary call's), of which `retrieval_ms` went to retrieval
         (None when it never got that far); `waited`: it let the event loop run on the way."""
         self.admitted = max(0, self.admitted - 1)
+        self.last_release = time.monotonic()
         if sojourn_ms > 0:  # a call refused before it started says nothing of the time one takes
             self._sojourn_ms = 0.9 * self._sojourn_ms + 0.1 * sojourn_ms if self._sojourn_ms else sojourn_ms
             self.waited_share += _WAITED_WEIGHT * (float(waited) - self.waited_share)

@@ -30,6 +30,7 @@ import dataclasses
 import gc
 import inspect
 import logging
+import math
 import secrets
 import signal
 import sys
@@ -723,10 +724,23 @@ class ContextService:
         extra = max(0.0, tail_ms - self._packing_headroom_ms)
         left_ms = remaining * 1000.0 - cfg.deadline_headroom_ms - extra
         if left_ms - self._packing_headroom_ms < cfg.min_retrieval_ms:
-            raise ServiceError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
+            details = (
                 f"{remaining * 1000.0:.2f} ms left after validation; an assembly needs at least "
-                f"{cfg.deadline_headroom_ms + self._packing_headroom_ms + extra + cfg.min_retrieval_ms:.2f} ms",
+                f"{cfg.deadline_headroom_ms + self._packing_headroom_ms + extra + cfg.min_retrieval_ms:.2f} ms"
+            )
+            if not self.admission.busy_besides_one():
+                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, details)
+            # Other calls ran or waited meanwhile (its turn came late, or validation ran
+            # behind them): refused for load, as at arrival.
+            self.metrics.refused.labels("refused-deadline").inc()
+            call = _CALL.get(None)
+            if call is not None:
+                call.fields["admission"] = "refused-deadline"
+            wait = max(1, math.ceil(tail_ms))
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{details}; refused for load, retry in {wait} ms",
+                ((ADMISSION_KEY, "refused-deadline"), (RETRY_PUSHBACK_KEY, str(wait))),
             )
         # The assembly subtracts its packing headroom from this deadline itself.
         return time.monotonic() + left_ms / 1000.0

@@ -22,7 +22,7 @@ from ctxcore.client import ContextClient
 from ctxcore.errors import ConfigError
 from ctxcore.memory import NowOrLater, Query, Sources
 from ctxcore.request import AssemblyRequest
-from ctxcore.service.admission import ADMISSION_KEY, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
+from ctxcore.service.admission import ADMISSION_KEY, QUIET_AFTER_MS, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
 from ctxcore.service.config import ServiceConfig, load_service_config
 from ctxcore.service.fullgc import HELD_FULL_COLLECTION_THRESHOLD
 from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
@@ -246,18 +246,34 @@ def test_a_deadline_refusal_is_for_load_while_calls_are_admitted() -> None:
         assert adm.decide(100.0).admitted
         adm.release(0, 21.0, 1.0)
     assert adm.idle_need_ms() > 20.0
-    # Quiet: 10 ms is less than an assembly has taken here with nobody ahead: the caller's.
-    d = adm.decide(10.0)
-    assert (d.admitted, d.reason, d.overload, d.retry_after_ms) == (False, "refused-deadline", False, 0)
-    # With a call admitted the same 10 ms is load: what is learned for nobody ahead is
-    # learned under load, and the call's time went to waiting before it arrived.
-    assert adm.decide(100.0).admitted
+    # A call ended a moment ago: the server is busy, one call after another, and the
+    # next waited in gRPC's queue with nothing admitted. 10 ms left is load: what is
+    # learned for nobody ahead is learned under load.
+    assert not adm.quiet()
     d = adm.decide(10.0)
     assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
     assert "refused for load" in d.details and d.retry_after_ms >= 1
     # Below the least any assembly needs (1 + 5 + 1 ms): the caller's, whatever the load.
     d = adm.decide(6.0)
     assert (d.admitted, d.overload) == (False, False)
+    # Quiet (nothing admitted, nothing ended for QUIET_AFTER_MS): 10 ms is less than an
+    # assembly has taken here with nobody ahead: the caller's deadline.
+    time.sleep(QUIET_AFTER_MS / 1000 + 0.02)
+    assert adm.quiet()
+    d = adm.decide(10.0)
+    assert (d.admitted, d.reason, d.overload, d.retry_after_ms) == (False, "refused-deadline", False, 0)
+    # With a call admitted the same 10 ms is load again.
+    assert adm.decide(100.0).admitted
+    assert not adm.quiet()
+    d = adm.decide(10.0)
+    assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
+    # For an admitted call that finds its deadline short once validated: alone on a quiet
+    # server it is the caller's deadline; with another admitted, or one just ended, load.
+    assert not adm.busy_besides_one()
+    assert adm.decide(100.0).admitted
+    assert adm.busy_besides_one()
+    adm.release(0, 3.0, 1.0)
+    assert adm.admitted == 1 and adm.busy_besides_one()
 
 
 def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_admitted() -> None:
