@@ -244,6 +244,19 @@ def test_a_password_holding_a_hash_or_question_mark_never_shows(secret: str, cap
     assert not any(secret in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("secret", ["sekr3t/xyz", "Qz7/a:z@w", "Zq55/word"])
+def test_a_password_holding_a_slash_never_shows(secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    # An unencoded "/" ends libpq's host before the "@": it reads the password's first
+    # part as a port. Neither the error nor a log line shows any part of it.
+    dsn = f"postgresql://u:{secret}@127.0.0.1:1/x"
+    assert redact_dsn(dsn) == "postgresql://u:***@127.0.0.1:1/x"
+    with caplog.at_level("DEBUG"), pytest.raises(MemoryStoreError, match="%2F") as info:
+        PostgresMemoryStore(dsn)
+    first = secret.split("/")[0]
+    assert first not in str(info.value) and "u:***@127.0.0.1:1/x" in str(info.value)
+    assert not any(first in r.getMessage() for r in caplog.records)
+
+
 def test_a_url_opens_the_postgres_store(pg_server: PgServer, tmp_path: Path) -> None:
     db = pg_server.new_database()
     assert is_postgres_url(db.owner_url) and not is_postgres_url(str(tmp_path / "m.db"))

@@ -29,6 +29,8 @@ def redact_dsn(dsn: str) -> str:
     'postgresql:///m?host=/tmp&password=***&user=a'
     >>> redact_dsn("postgresql://app:pa#ss@db/m")
     'postgresql://app:***@db/m'
+    >>> redact_dsn("postgresql://app:pa/ss@db/m")  # libpq reads no password; one was meant
+    'postgresql://app:***@db/m'
     """
     if is_postgres_url(dsn):
         # The user info as libpq reads it: up to the first "@" before any "/", so a "#" or
@@ -37,6 +39,14 @@ def redact_dsn(dsn: str) -> str:
         at = next((i for i, c in enumerate(rest) if c in "@/"), len(rest))
         if rest[at : at + 1] == "@" and ":" in rest[:at]:
             dsn = f"{scheme}://{rest[:at].split(':', 1)[0]}:***{rest[at:]}"
+        else:
+            # An unencoded "/" in a password ends libpq's host before the "@", so it reads
+            # no user info (and fails on the rest); what was meant is a password up to the
+            # last "@": hidden all the same (a database name holding "@" loses a part).
+            last = rest.rfind("@", 0, next((i for i, c in enumerate(rest) if c == "?"), len(rest)))
+            colon = rest.find(":", 0, last)
+            if last > 0 and colon >= 0:
+                dsn = f"{scheme}://{rest[:colon]}:***{rest[last:]}"
         try:
             parts = urllib.parse.urlsplit(dsn)
         except ValueError:  # not a URL urllib can split (an unclosed "[" host): by pattern
@@ -76,7 +86,13 @@ def password_of(dsn: str) -> str | None:
         ) from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise MemoryStoreError(f"{redact_dsn(dsn)}: the port {port!r} is not a port number (1 to 65535)")
+            # Not quoted when the URL is redacted: libpq takes the part of a password
+            # before an unencoded "/" for a port.
+            shown = "***" if "***" in redact_dsn(dsn) and "***" not in dsn else repr(port)
+            raise MemoryStoreError(
+                f"{redact_dsn(dsn)}: the port {shown} is not a port number (1 to 65535); a '/' in a password "
+                "is written %2F"
+            )
     pw = params.get("password")
     return str(pw) if pw else None
 
