@@ -447,7 +447,7 @@ class SqliteMemoryStore:
         kind: str,
     ) -> list[str]:
         """`add_many`'s transaction; `_Reembedded` when the vectors are of an embedder the
-        store no longer has."""
+        store has since replaced."""
         embedder = self._embedder
 
         def write(conn: sqlite3.Connection) -> list[NewMemory]:
