@@ -5,7 +5,7 @@ the ones the same assembly gives in process."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from service_support import open_config, running
@@ -14,6 +14,9 @@ import ctxcore
 from ctxcore import AssemblyOptions, AssemblyRequest, MemoryRecord, Message, Query, Sources, ToolCall
 from ctxcore.client import ContextClient, answer_messages, answer_tools, to_anthropic, to_openai
 from ctxcore.v1 import context_assembly_pb2 as pb
+
+if TYPE_CHECKING:
+    import grpc
 
 ORG, AGENT = "org-1", "agent-1"
 ROOMY = {
@@ -109,10 +112,10 @@ def test_served_payloads_equal_the_in_process_ones(rendering: str) -> None:
     assert block.replace(answer.nonce, local.nonce) == local.sections["memories"]
 
 
-def test_an_unpaired_tool_result_is_invalid_argument_for_a_payload_rendering() -> None:
+def _served_openai_rendering_error(req: AssemblyRequest) -> grpc.aio.AioRpcError:
+    """The error a served call of `req` with the OpenAI rendering ends in."""
     import grpc
 
-    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=(Message("tool", "x", tool_call_id="c1"),))
     msg = ctxcore.service.convert.request_to_proto(req)
     msg.options.rendering = pb.RENDERING_OPENAI
 
@@ -123,8 +126,16 @@ def test_an_unpaired_tool_result_is_invalid_argument_for_a_payload_rendering() -
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
         asyncio.run(call())
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "messages[0]: the tool result for 'c1'" in (err.value.details() or "")
+    return err.value
+
+
+def test_an_unpaired_tool_result_is_invalid_argument_for_a_payload_rendering() -> None:
+    import grpc
+
+    req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=(Message("tool", "x", tool_call_id="c1"),))
+    err = _served_openai_rendering_error(req)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "messages[0]: the tool result for 'c1'" in (err.details() or "")
 
 
 def test_an_anthropic_tool_the_openai_rendering_cannot_carry_is_invalid_argument() -> None:
@@ -132,15 +143,6 @@ def test_an_anthropic_tool_the_openai_rendering_cannot_carry_is_invalid_argument
 
     tool = {"name": "g", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
     req = AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=(Message("user", "x"),), tools=(tool,))
-    msg = ctxcore.service.convert.request_to_proto(req)
-    msg.options.rendering = pb.RENDERING_OPENAI
-
-    async def call() -> None:
-        async with running(open_config(assembly=ROOMY), sources=sources()) as svc:
-            async with ContextClient(f"127.0.0.1:{svc.port}", timeout=5.0) as client:
-                await client.assemble(msg)
-
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(call())
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "['cache_control'] cannot be carried by an OpenAI tool" in (err.value.details() or "")
+    err = _served_openai_rendering_error(req)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "['cache_control'] cannot be carried by an OpenAI tool" in (err.details() or "")
