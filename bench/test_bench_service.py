@@ -501,17 +501,17 @@ def test_overload_is_refused_at_arrival(db: Path, servers: list[Server]) -> None
 
 #: The share of calls that may end DEADLINE_EXCEEDED with 16 in flight at the 45 ms client
 #: timeout against a default `ctxcore serve` (the rest answered in time or refused at
-#: arrival, RESOURCE_EXHAUSTED with a retry hint). The target is under 1%; runs on the
-#: shared 2-core machine, the driver on the same cores, measure 0.6-2.8% (most of what is
-#: left: calls that wait out their deadline in gRPC's queue before the server's handler
-#: sees them), so the gate keeps headroom above the target, which is printed beside it.
+#: arrival, RESOURCE_EXHAUSTED with a retry hint): under 1%. Runs on the shared 2-core
+#: machine, the driver on the same cores, measure 0.1-0.5% and, in the machine's slow
+#: spells, 1.1-1.3% (calls that wait out their deadline in gRPC's queue before the server's
+#: handler sees them); the gate takes the best of its attempts.
 DEADLINE_EXCEEDED_TARGET = 0.01
-DEADLINE_EXCEEDED_SHARE = 0.04
+DEADLINE_EXCEEDED_SHARE = DEADLINE_EXCEEDED_TARGET
 DEADLINE_SECONDS = 10.0
 #: Attempts before the gate fails, 20 s apart (a neighbour's burst on the shared 2-core
 #: machine, which the driver shares with the server, makes calls late in the driver
-#: itself; a real regression fails all three).
-DEADLINE_ATTEMPTS = 3
+#: itself; a real regression fails them all).
+DEADLINE_ATTEMPTS = 4
 _DEADLINE_KEYS = ("calls", "rps", "ok_share", "deadline_exceeded_share", "ok_p99_ms", "errors", "degraded")
 
 

@@ -22,7 +22,16 @@ from ctxcore.client import ContextClient
 from ctxcore.errors import ConfigError
 from ctxcore.memory import NowOrLater, Query, Sources
 from ctxcore.request import AssemblyRequest
-from ctxcore.service.admission import ADMISSION_KEY, QUIET_AFTER_MS, RETRY_PUSHBACK_KEY, Admission, TailModel, Turns
+from ctxcore.service.admission import (
+    ADMISSION_KEY,
+    QUIET_AFTER_MS,
+    RETRY_PUSHBACK_KEY,
+    SHED_NEED_FACTOR,
+    SHEDDING_FOR_MS,
+    Admission,
+    TailModel,
+    Turns,
+)
 from ctxcore.service.config import ServiceConfig, load_service_config
 from ctxcore.service.fullgc import HELD_FULL_COLLECTION_THRESHOLD
 from ctxcore.service.wire import METHOD_PREFIX, request_to_proto
@@ -239,6 +248,42 @@ def test_a_deadline_refusal_is_for_load_unless_the_server_is_quiet() -> None:
     assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
 
 
+def test_while_shedding_load_a_call_needs_twice_the_time_an_assembly_needs() -> None:
+    adm = Admission(min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
+    need = adm.idle_need_ms()
+    assert need == pytest.approx(7.0)
+    # Not shedding: a call with just over the need is admitted.
+    assert not adm.shedding()
+    assert adm.decide(need + 0.5).admitted
+    # A refusal for load (the queue is full) starts shedding ...
+    adm.max_queue = 1
+    d = adm.decide(100.0)
+    assert (d.reason, d.overload) == ("refused-queue", True)
+    adm.max_queue = 64
+    assert adm.shedding()
+    # ... and while it lasts a call needs twice as much; one refused for the difference is
+    # refused for load, with a retry hint.
+    d = adm.decide(need + 0.5)
+    assert (d.admitted, d.reason, d.overload) == (False, "refused-deadline", True)
+    assert d.retry_after_ms >= 1 and f"{SHED_NEED_FACTOR:g} times that while the server sheds load" in d.details
+    tail = adm.tail_estimate()
+    assert adm.decide(SHED_NEED_FACTOR * (1.0 + tail + 1.0) + 0.5).admitted
+    # A refusal the server makes after admission (a turn that did not come) counts too.
+    time.sleep(SHEDDING_FOR_MS / 1000 + 0.02)
+    assert not adm.shedding()
+    adm.shed()
+    assert adm.shedding()
+    # A deadline refused for its own shortness is not load and does not start shedding.
+    time.sleep(SHEDDING_FOR_MS / 1000 + 0.02)
+    for _ in range(2):
+        adm.release(0, 0.0, None)
+    time.sleep(QUIET_AFTER_MS / 1000 + 0.02)
+    d = adm.decide(3.0)
+    assert (d.reason, d.overload) == ("refused-deadline", False)
+    assert not adm.shedding()
+    assert adm.decide(need + 0.5).admitted
+
+
 def test_a_deadline_refusal_is_for_load_while_calls_are_admitted() -> None:
     adm = Admission(min_retrieval_ms=1.0, response_headroom_ms=1.0, floor_tail_ms=5.0)
     assert adm.floor_need_ms() == pytest.approx(7.0)
@@ -286,6 +331,9 @@ def test_the_loops_lag_counts_in_the_share_of_calls_that_wait_for_the_loop_once_
         adm.release(0, 2.0, 1.0, waited=False)
     assert adm.waited_share < 0.01
     assert adm.tail_estimate() == pytest.approx(5.0, abs=0.1)
+    # (The first refusal was for load, the loop being late: once the server has not shed
+    # for a while, a call needs the time an assembly needs, not twice that.)
+    time.sleep(SHEDDING_FOR_MS / 1000 + 0.02)
     assert adm.decide(8.0).admitted  # 1 + 5 + 1 = 7 ms needed now
     adm.release(0, 2.0, 1.0, waited=False)
     for _ in range(100):  # calls that waited for the loop again

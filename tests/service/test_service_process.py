@@ -319,14 +319,16 @@ def test_serve_changes_the_interpreter_only_when_asked(tune: bool) -> None:
     import gc
     import sys
 
-    from ctxcore.service.server import SWITCH_INTERVAL_S, serve
+    from ctxcore.service.server import SERVING_FULL_COLLECTION_THRESHOLD, SWITCH_INTERVAL_S, serve
 
     before = sys.getswitchinterval()
     frozen = gc.get_freeze_count()
-    seen: list[tuple[float, int]] = []
+    thresholds = gc.get_threshold()
+    assert thresholds[2] < SERVING_FULL_COLLECTION_THRESHOLD  # Python's default, 10
+    seen: list[tuple[float, int, tuple[int, ...]]] = []
 
     def on_serving(svc: ContextService) -> None:
-        seen.append((sys.getswitchinterval(), gc.get_freeze_count()))
+        seen.append((sys.getswitchinterval(), gc.get_freeze_count(), gc.get_threshold()))
         asyncio.get_running_loop().create_task(svc.stop(0))
 
     asyncio.run(
@@ -338,9 +340,11 @@ def test_serve_changes_the_interpreter_only_when_asked(tune: bool) -> None:
         )
     )
     assert len(seen) == 1
-    interval, freeze_count = seen[0]
+    interval, freeze_count, serving_thresholds = seen[0]
     if tune:
         assert interval == SWITCH_INTERVAL_S != before and freeze_count > frozen
+        assert serving_thresholds == (*thresholds[:2], SERVING_FULL_COLLECTION_THRESHOLD)
     else:
-        assert interval == before and freeze_count == frozen
+        assert interval == before and freeze_count == frozen and serving_thresholds == thresholds
     assert sys.getswitchinterval() == before and gc.get_freeze_count() == frozen
+    assert gc.get_threshold() == thresholds
