@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
 from .._files import read_utf8
 from ..errors import ConfigError
@@ -49,6 +50,8 @@ __all__ = [
 #: (RFC 7518 section 3.2 requires at least the hash size; 32 bytes covers HS256).
 MIN_HMAC_SECRET_BYTES = 32
 _HASH_PREFIX = "sha256:"
+#: Private keys PyJWT may read from ``auth.jwt.key_file``: each verifies with its public key.
+_PRIVATE_KEYS = (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)
 
 
 class AuthMethod(enum.StrEnum):
@@ -149,9 +152,12 @@ class _JwtVerifier:
                 self.keys[alg] = secret
                 continue
             try:
-                self.keys[alg] = jwt.get_algorithm_by_name(alg).prepare_key(raw)
+                key = jwt.get_algorithm_by_name(alg).prepare_key(raw)
             except Exception as exc:  # PyJWT raises several types for unusable keys
                 raise ConfigError(f"auth.jwt.key_file {cfg.key_file} is not a {alg} public key: {exc}") from None
+            # A private key verifies with its public half: PyJWT's RSA and PSS verifiers
+            # cannot use the private key itself (its EC and EdDSA ones can).
+            self.keys[alg] = key.public_key() if isinstance(key, _PRIVATE_KEYS) else key
 
     def verify(self, token: str) -> str:
         try:

@@ -260,3 +260,25 @@ def test_server_tls_with_bearer_tokens(tmp_path: Path, keys: dict[str, Any]) -> 
                 assert (await _call(c, T1.organization_id, T1.agent_id))[0] == UNAUTH
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("alg", ["RS256", "PS256"])
+def test_issuer_private_key_as_key_file_verifies_tokens(tmp_path: Path, alg: str) -> None:
+    """A private key in auth.jwt.key_file verifies with its public half: a good token is
+    OK and a token signed by another key is UNAUTHENTICATED, neither is INTERNAL."""
+    priv, _ = rsa_keypair()
+    other, _ = rsa_keypair()
+    (tmp_path / "issuer-key.pem").write_bytes(priv)
+    cfg = ServiceConfig(
+        bind="127.0.0.1:0",
+        auth=AuthConfig(jwt=JwtConfig(ISSUER, AUDIENCE, (alg,), tmp_path / "issuer-key.pem"), principals=PRINCIPALS),
+    )
+
+    async def main() -> None:
+        async with running(cfg, sources=FakeSources(TENANTS).sources()) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", token=make_jwt(priv, "alice", alg=alg)) as c:
+                assert (await _call(c, T0.organization_id, T0.agent_id))[0] == OK
+            async with ContextClient(f"127.0.0.1:{svc.port}", token=make_jwt(other, "alice", alg=alg)) as c:
+                assert await _call(c, T0.organization_id, T0.agent_id) == (UNAUTH, "bearer token signature is invalid")
+
+    asyncio.run(main())
