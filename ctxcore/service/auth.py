@@ -149,6 +149,15 @@ class _JwtVerifier:
                     raise ConfigError(
                         f"auth.jwt.key_file: an HMAC secret must be at least {MIN_HMAC_SECRET_BYTES} bytes"
                     )
+                try:
+                    # PyJWT refuses, at every token, a secret that is a PEM or SSH key or
+                    # a certificate (a public key must never double as an HMAC secret).
+                    jwt.get_algorithm_by_name(alg).prepare_key(secret)
+                except jwt.InvalidKeyError:
+                    raise ConfigError(
+                        f"auth.jwt.key_file {cfg.key_file} holds a PEM or SSH key or a certificate, not an HMAC "
+                        f"secret ({alg} needs the shared secret)"
+                    ) from None
                 self.keys[alg] = secret
                 continue
             try:

@@ -282,3 +282,17 @@ def test_issuer_private_key_as_key_file_verifies_tokens(tmp_path: Path, alg: str
                 assert await _call(c, T0.organization_id, T0.agent_id) == (UNAUTH, "bearer token signature is invalid")
 
     asyncio.run(main())
+
+
+def test_public_key_as_hmac_secret_is_refused_at_start(tmp_path: Path, keys: dict[str, Any]) -> None:
+    """An HS* key_file holding a PEM public key is refused when the server is built:
+    PyJWT would refuse it as a secret at every token."""
+    from ctxcore.errors import ConfigError
+    from ctxcore.service import ContextService
+
+    cfg = ServiceConfig(
+        bind="127.0.0.1:0",
+        auth=AuthConfig(jwt=JwtConfig(ISSUER, AUDIENCE, ("HS256",), keys["dir"] / "issuer.pem"), principals=PRINCIPALS),
+    )
+    with pytest.raises(ConfigError, match=r"issuer\.pem holds a PEM or SSH key or a certificate, not an HMAC secret"):
+        ContextService(cfg, sources=FakeSources(TENANTS).sources())
