@@ -108,13 +108,17 @@ def message_from_proto(m: pb.Message, calls: tuple[ToolCall, ...] | None = None)
 
     >>> message_from_proto(message_to_proto(Message("user", parts=("a", "b")))).parts
     ('a', 'b')
+    >>> message_from_proto(pb.Message(role="user", content="c", parts=["a"], has_parts=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: content must be empty or the parts joined by a newline when parts are given
     """
     if calls is None:
         calls = tuple(ToolCall(c.id, c.name, c.arguments or "{}") for c in m.tool_calls)
     parts = tuple(m.parts) if m.has_parts or m.parts else None
-    return Message(
-        cast(Any, m.role), "" if parts is not None else m.content, calls, m.tool_call_id or None, parts, m.is_error
-    )
+    # With parts, `content` is empty or their join (the form `message_to_proto` writes):
+    # `Message` refuses any other, which the parts would otherwise silently replace.
+    return Message(cast(Any, m.role), m.content, calls, m.tool_call_id or None, parts, m.is_error)
 
 
 def message_to_proto(m: Message) -> pb.Message:

@@ -538,3 +538,27 @@ def test_a_query_embedding_of_the_wrong_dimension_is_invalid_argument(demo_db: P
     assert "query.embedding" in wrong[1] and "3 dimensions" in wrong[1] and "256" in wrong[1], wrong
     # (a branch may still time out on a loaded machine; none fails)
     assert right[0] == grpc.StatusCode.OK and not [r for r in right[2] if r.endswith("_error")], right
+
+
+# ---- a message's content beside its parts ------------------------------------------------
+
+
+def test_content_that_is_not_the_join_of_the_parts_is_invalid_argument() -> None:
+    """With parts, a message's content is empty or the parts joined by a newline; any
+    other content is refused by name rather than replaced by the parts."""
+
+    def msg(content: str, parts: list[str]) -> pb.AssembleContextRequest:
+        return _req(
+            messages=[
+                pb.Message(role="user", content="first"),
+                pb.Message(role="user", content=content, parts=parts, has_parts=True),
+            ]
+        )
+
+    got = _outcomes([msg("other text", ["a", "b"]), msg("lost", []), msg("a\nb", ["a", "b"]), msg("", ["a", "b"])])
+    for code, details in got[:2]:
+        assert (code, details) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "messages[1]: content must be empty or the parts joined by a newline when parts are given",
+        )
+    assert got[2:] == [(grpc.StatusCode.OK, "")] * 2, got
