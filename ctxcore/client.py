@@ -162,7 +162,10 @@ def _surrogate_field(req: AssemblyRequest) -> str:
 
 
 def _text_field(what: str, value: str) -> str:
-    """A name sent as a protobuf string: ValueError naming it when it holds a lone surrogate."""
+    """A name sent as a protobuf string: TypeError naming it when it is not a str,
+    ValueError when it holds a lone surrogate."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     if not is_valid_unicode(value):
         raise ValueError(f"{what}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)")
     return value
@@ -359,6 +362,7 @@ class ContextClient:
             record, trace, branch records, wall, degradation, timings.
 
         Raises:
+            TypeError: a request that is neither (gRPC would send it as an empty request).
             ValueError: a timeout that is not a finite number in (0, `MAX_TIMEOUT_S`]; a
                 field holding a lone surrogate (named), which the wire cannot carry.
         """
@@ -370,8 +374,13 @@ class ContextClient:
                 raise ValueError(
                     f"{_surrogate_field(request)}: holds a lone surrogate (not valid Unicode; the wire carries UTF-8)"
                 ) from None
-        else:
+        elif isinstance(request, pb.AssembleContextRequest):
             msg = request
+        else:
+            raise TypeError(
+                f"request must be a ctxcore.AssemblyRequest or a ctxcore.v1.AssembleContextRequest, "
+                f"got {type(request).__name__}"
+            )
         result: pb.AssembledContext = await self._call(0, msg, deadline)
         return result
 
@@ -388,7 +397,11 @@ class ContextClient:
         formatter_overhead_tokens: int = 0,
         timeout: float | None = None,
     ) -> Budget:
-        """The server's budget ledger for `model` and the given fixed costs."""
+        """The server's budget ledger for `model` and the given fixed costs.
+
+        Raises:
+            TypeError: a `model` that is not a str.
+        """
         deadline = self._call_timeout(timeout)
         msg = pb.ComputeBudgetRequest(
             model=_text_field("model", model),
@@ -401,7 +414,11 @@ class ContextClient:
         return budget_from_proto(answer)
 
     async def model_capabilities(self, *models: str, timeout: float | None = None) -> tuple[ModelCapability, ...]:
-        """Catalog entries for the named models (names or aliases), or all of them."""
+        """Catalog entries for the named models (names or aliases), or all of them.
+
+        Raises:
+            TypeError: a name that is not a str (named by its place, ``models[1]``).
+        """
         deadline = self._call_timeout(timeout)
         names = [_text_field(f"models[{i}]", m) for i, m in enumerate(models)]
         answer = await self._call(2, pb.GetModelCapabilitiesRequest(models=names), deadline)

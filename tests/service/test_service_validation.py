@@ -562,3 +562,33 @@ def test_content_that_is_not_the_join_of_the_parts_is_invalid_argument() -> None
             "messages[1]: content must be empty or the parts joined by a newline when parts are given",
         )
     assert got[2:] == [(grpc.StatusCode.OK, "")] * 2, got
+
+
+@pytest.mark.parametrize(
+    "bad", [{"organization_id": ORG, "agent_id": AGENT, "model": "gpt-4o"}, None, pb.ComputeBudgetRequest(model="m")]
+)
+def test_the_client_refuses_arguments_of_the_wrong_type(bad: Any) -> None:
+    """A request or a model name of the wrong type is a TypeError naming it, before
+    anything is sent (gRPC would send an empty or a foreign request in its place)."""
+
+    async def body(client: ContextClient) -> list[str]:
+        out = []
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: client.assemble(bad),
+            lambda: client.compute_budget(bad),
+            lambda: client.model_capabilities("gpt-4o", bad),
+        ]
+        for call in calls:
+            with pytest.raises(TypeError) as ei:
+                await call()
+            out.append(str(ei.value))
+        await client.assemble(_req())  # the client still works
+        return out
+
+    got = _with_client(body)
+    kind = type(bad).__name__
+    assert got == [
+        f"request must be a ctxcore.AssemblyRequest or a ctxcore.v1.AssembleContextRequest, got {kind}",
+        f"model must be a str, got {kind}",
+        f"models[1] must be a str, got {kind}",
+    ]
