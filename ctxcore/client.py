@@ -55,6 +55,7 @@ from .v1 import context_assembly_pb2 as pb
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "CONNECTION_COST_DECAY_S",
+    "LOAD_BALANCING_POLICIES",
     "MAX_CONNECTIONS",
     "MAX_TIMEOUT_S",
     "ContextClient",
@@ -67,6 +68,10 @@ __all__ = [
 #: Per-call deadline when none is given: the proxy's client timeout, 45 ms
 #: ("Client/outer retrieval timeout: IBEX_CONTEXT_TIMEOUT=45ms").
 DEFAULT_TIMEOUT_S = DEFAULT_CLIENT_TIMEOUT_MS / 1000
+#: The gRPC load-balancing policies `ContextClient` takes (those that need no configuration
+#: of their own). gRPC reads any other name only when the channel connects, and then
+#: fails every call with a status that looks like the server's.
+LOAD_BALANCING_POLICIES = ("round_robin", "pick_first", "weighted_round_robin")
 #: Most connections one client may open (`ContextClient`'s ``connections``).
 MAX_CONNECTIONS = 64
 #: Longest deadline a call may be given, in seconds (about three years). grpcio turns a
@@ -198,7 +203,8 @@ class ContextClient:
             the target's host.
         timeout: default per-call deadline in seconds: a finite number in
             (0, `MAX_TIMEOUT_S`]; so is a call's own ``timeout``.
-        load_balancing: gRPC load-balancing policy (``"round_robin"`` or ``"pick_first"``).
+        load_balancing: gRPC load-balancing policy, one of `LOAD_BALANCING_POLICIES`
+            (``"round_robin"``, ``"pick_first"``, ``"weighted_round_robin"``).
         options: extra channel options.
         connections: how many connections to open to the target (1 to `MAX_CONNECTIONS`;
             to every replica of a target list). A server run with ``ctxcore serve
@@ -216,7 +222,7 @@ class ContextClient:
     Raises:
         ValueError: a timeout out of range; an `api_key` or `token` that is not printable
             ASCII (gRPC metadata cannot carry it); a certificate without its key;
-            `connections` out of range.
+            `connections` out of range; an unknown `load_balancing` policy.
     """
 
     def __init__(
@@ -241,6 +247,10 @@ class ContextClient:
             or not (1 <= connections <= MAX_CONNECTIONS)
         ):
             raise ValueError(f"connections must be an int in [1, {MAX_CONNECTIONS}], got {connections!r:.40}")
+        if load_balancing not in LOAD_BALANCING_POLICIES:
+            raise ValueError(
+                f"load_balancing must be one of {', '.join(LOAD_BALANCING_POLICIES)}, got {load_balancing!r:.40}"
+            )
         if (certificate_chain is None) != (private_key is None):
             raise ValueError("certificate_chain and private_key go together (mTLS)")
         if api_key is not None:

@@ -592,3 +592,20 @@ def test_the_client_refuses_arguments_of_the_wrong_type(bad: Any) -> None:
         f"model must be a str, got {kind}",
         f"models[1] must be a str, got {kind}",
     ]
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "ROUND_ROBIN", "", "ring_hash_experimental"])
+def test_an_unknown_load_balancing_policy_is_refused_by_the_client(policy: str) -> None:
+    """gRPC would read the name only at the first call, and fail every call with
+    INVALID_ARGUMENT or INTERNAL as if the server had refused it."""
+    with pytest.raises(ValueError, match="load_balancing must be one of round_robin, pick_first") as ei:
+        ContextClient("127.0.0.1:1", load_balancing=policy)
+    assert repr(policy) in str(ei.value)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "pick_first", "weighted_round_robin"])
+def test_the_client_load_balancing_policies_are_served(policy: str) -> None:
+    async def body(client: ContextClient) -> str:
+        return (await client.assemble(_req())).model
+
+    assert _with_client(body, load_balancing=policy) == "gpt-4o"
