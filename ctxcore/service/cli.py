@@ -33,6 +33,21 @@ from .config import (
 __all__ = ["add_subcommands", "config_from_args"]
 
 
+# The flags whose value is a file, an address or a JWT claim: an empty one is refused.
+_TEXT_FLAGS = (
+    "config",
+    "bind",
+    "db",
+    "catalog",
+    "metrics_bind",
+    "api_key_file",
+    "jwt_issuer",
+    "jwt_audience",
+    "jwt_key_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+)
 # The [assembly] settings in milliseconds have flags of their own.
 _ASSEMBLY_FLAGS = tuple(n for n in ASSEMBLY_SETTINGS if n.endswith("_ms"))
 
@@ -146,8 +161,12 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     """The TOML file (if any) with the command line's flags on top.
 
     Raises:
-        ConfigError: a bad file or flag (named).
+        ConfigError: a bad file or flag (named), an empty value among them (an unset
+            variable in ``--tls-cert "$CERT"``), which would otherwise be dropped.
     """
+    for name in _TEXT_FLAGS:
+        if getattr(args, name) == "":
+            raise ConfigError(f"--{name.replace('_', '-')} must not be empty")
     if args.config == STDIN:
         # Relative paths in a configuration read from standard input are relative to here.
         text = decode_utf8(sys.stdin.buffer.read(), "<stdin>", ConfigError, what="config")

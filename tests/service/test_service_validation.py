@@ -609,3 +609,26 @@ def test_the_client_load_balancing_policies_are_served(policy: str) -> None:
         return (await client.assemble(_req())).model
 
     assert _with_client(body, load_balancing=policy) == "gpt-4o"
+
+
+@pytest.mark.parametrize(
+    ("flag", "rest"),
+    [
+        ("--config", ["--allow-unauthenticated"]),
+        ("--db", ["--allow-unauthenticated"]),
+        ("--catalog", ["--allow-unauthenticated"]),
+        ("--metrics-bind", ["--allow-unauthenticated", "--metrics-port", "0"]),
+        ("--api-key-file", ["--grant", "svc=org/agent"]),
+        ("--tls-cert", ["--tls-key", "key.pem", "--allow-unauthenticated"]),
+        ("--tls-key", ["--tls-cert", "cert.pem", "--allow-unauthenticated"]),
+        ("--tls-client-ca", ["--tls-cert", "cert.pem", "--tls-key", "key.pem", "--grant", "svc=org/agent"]),
+        ("--jwt-issuer", ["--jwt-audience", "a", "--jwt-key-file", "k.pem", "--jwt-algorithm", "RS256"]),
+        ("--jwt-audience", ["--jwt-issuer", "i", "--jwt-key-file", "k.pem", "--jwt-algorithm", "RS256"]),
+        ("--jwt-key-file", ["--jwt-issuer", "i", "--jwt-audience", "a", "--jwt-algorithm", "RS256"]),
+    ],
+)
+def test_an_empty_flag_value_is_named(flag: str, rest: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty value (an unset variable in ``--tls-cert "$CERT"``) is refused by name,
+    never taken as the flag left out (a server without TLS, say, or the default store)."""
+    line = _cli_error(["serve", "--bind", "127.0.0.1:0", flag, "", *rest], capsys)
+    assert line == f"ctxcore: error: {flag} must not be empty", line
