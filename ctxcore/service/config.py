@@ -378,15 +378,34 @@ def _non_negative(name: str, v: object) -> None:
 
 
 def host_port(bind: str) -> tuple[str, int | None]:
+    """A bind address's host and port (None for ``unix:PATH``), read as gRPC reads it.
+
+    Raises:
+        ConfigError: any other form: a ``unix:`` without a path, a port that is not ASCII
+            digits, an IPv6 address without brackets (gRPC takes ``::1:50051`` for one
+            address on port 443, not ``::1`` on 50051).
+
+    >>> host_port("[::1]:50051")
+    ('::1', 50051)
+    >>> host_port("::1:50051")
+    Traceback (most recent call last):
+    ...
+    ctxcore.ConfigError: server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got '::1:50051' (an IPv6 address goes in brackets)
+    """
+    form = f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}"
     if not isinstance(bind, str) or not bind:
-        raise ConfigError(f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}")
+        raise ConfigError(form)
     if bind.startswith("unix:"):
+        if bind == "unix:":
+            raise ConfigError(f"{form} (a unix: bind needs the socket's path)")
         return bind, None
     host, sep, port = bind.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
+        raise ConfigError(form)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(f"{form} (an IPv6 address goes in brackets)")
     return host, int(port)
 
 

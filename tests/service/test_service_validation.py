@@ -632,3 +632,21 @@ def test_an_empty_flag_value_is_named(flag: str, rest: list[str], capsys: pytest
     never taken as the flag left out (a server without TLS, say, or the default store)."""
     line = _cli_error(["serve", "--bind", "127.0.0.1:0", flag, "", *rest], capsys)
     assert line == f"ctxcore: error: {flag} must not be empty", line
+
+
+@pytest.mark.parametrize(
+    ("bind", "why"),
+    [
+        ("::1:50051", " (an IPv6 address goes in brackets)"),
+        ("[::1:50051", " (an IPv6 address goes in brackets)"),
+        ("unix:", " (a unix: bind needs the socket's path)"),
+        ("127.0.0.1:\u0665\u0660\u0660\u0665\u0661", ""),  # Arabic-Indic digits
+    ],
+)
+def test_a_bind_grpc_would_read_otherwise_is_refused(bind: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bind gRPC reads differently (``::1:50051`` is one IPv6 address on port 443, not
+    the loopback on 50051), or cannot serve on, is refused by name before anything starts."""
+    line = _cli_error(["serve", "--bind", bind, "--allow-unauthenticated"], capsys)
+    assert line == f"ctxcore: error: server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}{why}"
+    with pytest.raises(ConfigError, match="server.bind must be"):
+        parse_service_config(f"[server]\nbind = {json.dumps(bind)}")
