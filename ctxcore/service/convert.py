@@ -501,7 +501,28 @@ def request_from_proto(msg: pb.AssembleContextRequest) -> AssemblyRequest:
             org, agent, model, query, messages, tuple(tools), options, token_budget, dict(msg.section_budgets)
         )
     except (TypeError, ValueError) as exc:
-        raise _bad("request", str(exc)[:200]) from None
+        raise _request_error(str(exc)[:200]) from None
+
+
+#: The item an `AssemblyRequest` refusal starts with (``tools[2]``, ``messages[4]``).
+_ITEM = re.compile(r"(tools|messages)\[\d+\]")
+
+
+def _request_error(message: str) -> ServiceError:
+    """An `AssemblyRequest`'s refusal (what the payload renderings cannot carry) with its
+    item named in wire terms: ``tools[2]`` is ``tools_json[2]``; other refusals are the
+    request's.
+
+    >>> _request_error("tools[2]: not a function tool").details
+    'tools_json[2]: not a function tool'
+    >>> _request_error("messages[0]: the tool result for 'c9' does not follow ...").details
+    "messages[0]: the tool result for 'c9' does not follow ..."
+    """
+    m = _ITEM.match(message)
+    if m is None:
+        return _bad("request", message)
+    wire = "tools_json" if m[1] == "tools" else m[1]
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, (wire + message[len(m[1]) :])[:MAX_DETAILS_CHARS])
 
 
 # ---- outbound -----------------------------------------------------------------------

@@ -650,3 +650,20 @@ def test_a_bind_grpc_would_read_otherwise_is_refused(bind: str, why: str, capsys
     assert line == f"ctxcore: error: server.bind must be 'host:port', '[v6]:port' or 'unix:PATH', got {bind!r}{why}"
     with pytest.raises(ConfigError, match="server.bind must be"):
         parse_service_config(f"[server]\nbind = {json.dumps(bind)}")
+
+
+def test_what_a_payload_rendering_cannot_carry_is_named_in_wire_terms() -> None:
+    """A tool or a tool result the payload renderings cannot carry is named by its wire
+    field (``tools_json[1]``, ``messages[0]``), not by the Python request's."""
+    openai = pb.AssemblyOptions(rendering=pb.RENDERING_OPENAI)
+    got = _outcomes(
+        [
+            _req(tools_json=['{"name":"ok"}', '{"x":1}'], options=openai),
+            _req(messages=[pb.Message(role="tool", content="42", tool_call_id="c9")], options=openai),
+        ]
+    )
+    assert [code for code, _ in got] == [grpc.StatusCode.INVALID_ARGUMENT] * 2, got
+    assert got[0][1].startswith("tools_json[1]: not a function tool"), got
+    assert (
+        got[1][1] == "messages[0]: the tool result for 'c9' does not follow the assistant message that made that call"
+    )
