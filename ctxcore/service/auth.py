@@ -188,6 +188,11 @@ class _JwtVerifier:
             )
         except jwt.ExpiredSignatureError:
             raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, "bearer token has expired") from None
+        except jwt.ImmatureSignatureError:
+            raise ServiceError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "bearer token is not valid yet (its 'nbf' or 'iat' is in the future: check the clocks)",
+            ) from None
         except jwt.InvalidAudienceError:
             raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, "bearer token is for another audience") from None
         except jwt.InvalidIssuerError:

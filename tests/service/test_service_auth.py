@@ -6,6 +6,7 @@ the authenticated principal, not the request, scopes retrieval."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,21 @@ def test_public_key_as_hmac_secret_is_refused_at_start(tmp_path: Path, keys: dic
     )
     with pytest.raises(ConfigError, match=r"issuer\.pem holds a PEM or SSH key or a certificate, not an HMAC secret"):
         ContextService(cfg, sources=FakeSources(TENANTS).sources())
+
+
+def test_a_token_not_valid_yet_says_so(keys: dict[str, Any]) -> None:
+    """A token whose 'nbf' or 'iat' lies ahead (a clock out of step) is UNAUTHENTICATED
+    with the reason, not as an invalid token."""
+    future = int(time.time()) + 600
+
+    async def main() -> list[tuple[grpc.StatusCode, Any]]:
+        out = []
+        async with running(_bearer_config(keys), sources=FakeSources(TENANTS).sources()) as svc:
+            for claim in ("nbf", "iat"):
+                token = make_jwt(keys["priv"], "alice", **{claim: future})
+                async with ContextClient(f"127.0.0.1:{svc.port}", token=token) as client:
+                    out.append(await _call(client, T0.organization_id, T0.agent_id))
+        return out
+
+    for got in asyncio.run(main()):
+        assert got == (UNAUTH, "bearer token is not valid yet (its 'nbf' or 'iat' is in the future: check the clocks)")
