@@ -204,7 +204,12 @@ class _JwtVerifier:
         except jwt.PyJWTError:
             raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, "bearer token is invalid") from None
         name = claims.get(c.principal_claim)
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str):
+            raise ServiceError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"bearer token {c.principal_claim!r} claim must be a string, got {type(name).__name__}",
+            )
+        if not name:
             raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, f"bearer token {c.principal_claim!r} claim is empty")
         return name
 

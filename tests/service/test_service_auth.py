@@ -315,3 +315,32 @@ def test_a_token_not_valid_yet_says_so(keys: dict[str, Any]) -> None:
 
     for got in asyncio.run(main()):
         assert got == (UNAUTH, "bearer token is not valid yet (its 'nbf' or 'iat' is in the future: check the clocks)")
+
+
+def test_a_principal_claim_that_is_not_a_string_is_named(keys: dict[str, Any]) -> None:
+    """With principal_claim = "client_id", a token whose client_id is a number is refused
+    saying what it is, an empty one saying it is empty."""
+    cfg = ServiceConfig(
+        bind="127.0.0.1:0",
+        auth=AuthConfig(
+            jwt=JwtConfig(ISSUER, AUDIENCE, ("RS256",), keys["dir"] / "issuer.pem", principal_claim="client_id"),
+            principals=PRINCIPALS,
+        ),
+    )
+
+    async def main() -> list[tuple[grpc.StatusCode, Any]]:
+        out = []
+        async with running(cfg, sources=FakeSources(TENANTS).sources()) as svc:
+            for client_id in (12345, ["alice"], "", "alice"):
+                token = make_jwt(keys["priv"], "someone", client_id=client_id)
+                async with ContextClient(f"127.0.0.1:{svc.port}", token=token) as client:
+                    code, body = await _call(client, T0.organization_id, T0.agent_id)
+                    out.append((code, body if code != OK else body.principal))
+        return out
+
+    assert asyncio.run(main()) == [
+        (UNAUTH, "bearer token 'client_id' claim must be a string, got int"),
+        (UNAUTH, "bearer token 'client_id' claim must be a string, got list"),
+        (UNAUTH, "bearer token 'client_id' claim is empty"),
+        (OK, "alice"),
+    ]
