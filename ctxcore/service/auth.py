@@ -29,7 +29,7 @@ from .._files import read_utf8
 from ..errors import ConfigError
 from ..memory import Scope
 from .algorithms import check_jwt_algorithms
-from .config import AuthConfig, ClientAuth, Grant, JwtConfig
+from .config import BOM, AuthConfig, ClientAuth, Grant, JwtConfig
 from .errors import ServiceError
 from .wire import API_KEY_HEADER, AUTHORIZATION_HEADER
 
@@ -116,7 +116,7 @@ def load_api_key_file(path: Path) -> dict[str, str]:
     Raises:
         ConfigError: unreadable, a malformed line (named by number), or a digest used twice.
     """
-    text = read_utf8(path, ConfigError, what="API key file")
+    text = read_utf8(path, ConfigError, what="API key file").removeprefix(BOM)  # else part of a principal
     out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()

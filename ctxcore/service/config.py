@@ -92,6 +92,9 @@ __all__ = [
     "usable_cpus",
 ]
 
+#: The byte order mark some editors put at the start of a UTF-8 file: skipped where the
+#: configuration and the API key file are read.
+BOM = "\ufeff"
 #: Where the server listens when nothing is said: loopback only, gRPC's usual port.
 DEFAULT_BIND = "127.0.0.1:50051"
 #: gRPC's own default receive limit (4 MiB); a context request is a few hundred KiB at most.
@@ -615,7 +618,8 @@ def parse_service_config(text: str, source: str = "<string>", base: Path | None 
     """
     base = base if base is not None else Path.cwd()
     try:
-        doc = tomllib.loads(text)
+        # A byte order mark (editors on Windows write one) is not TOML, and says nothing.
+        doc = tomllib.loads(text.removeprefix(BOM))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     unknown = set(doc) - set(_SECTIONS)

@@ -344,3 +344,21 @@ def test_a_principal_claim_that_is_not_a_string_is_named(keys: dict[str, Any]) -
         (UNAUTH, "bearer token 'client_id' claim is empty"),
         (OK, "alice"),
     ]
+
+
+def test_a_byte_order_mark_is_not_part_of_a_principal(tmp_path: Path) -> None:
+    """An API key file saved with a UTF-8 byte order mark (as editors on Windows write
+    it) authenticates its first line's principal by its name."""
+    from ctxcore.service import hash_api_key
+
+    path = tmp_path / "keys.txt"
+    path.write_text(f"alice {hash_api_key('alice-key-' + 'a' * 40)}\n", encoding="utf-8-sig")
+    cfg = ServiceConfig(bind="127.0.0.1:0", auth=AuthConfig(api_key_file=path, principals=PRINCIPALS))
+
+    async def main() -> tuple[grpc.StatusCode, Any]:
+        async with running(cfg, sources=FakeSources(TENANTS).sources()) as svc:
+            async with ContextClient(f"127.0.0.1:{svc.port}", api_key="alice-key-" + "a" * 40) as client:
+                code, body = await _call(client, T0.organization_id, T0.agent_id)
+                return code, body if code != OK else body.principal
+
+    assert asyncio.run(main()) == (OK, "alice")

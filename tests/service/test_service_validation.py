@@ -667,3 +667,11 @@ def test_what_a_payload_rendering_cannot_carry_is_named_in_wire_terms() -> None:
     assert (
         got[1][1] == "messages[0]: the tool result for 'c9' does not follow the assistant message that made that call"
     )
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "ctxcore.toml"
+    path.write_text('[server]\nbind = "127.0.0.1:7001"\n', encoding="utf-8-sig")
+    from ctxcore.service import load_service_config
+
+    assert load_service_config(path).bind == "127.0.0.1:7001"
