@@ -266,6 +266,8 @@ def _cmd_api_key(args: argparse.Namespace, out: TextIO) -> int:
     principal = args.principal
     if not principal or any(c.isspace() for c in principal):
         raise ConfigError("the principal must be a non-empty name without spaces")
+    if principal.startswith("#"):
+        raise ConfigError("the principal must not start with '#': the API key file reads that line as a comment")
     key = new_api_key()
     out.write(f"key:  {key}\n")
     out.write(f"line: {principal} {hash_api_key(key)}\n")

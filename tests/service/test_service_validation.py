@@ -675,3 +675,21 @@ def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     from ctxcore.service import load_service_config
 
     assert load_service_config(path).bind == "127.0.0.1:7001"
+
+
+def test_api_key_refuses_a_principal_the_key_file_would_read_as_a_comment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ctxcore api-key '#admin'`` would print a line the key file skips as a comment,
+    so that the key it gives out never authenticates: it is refused by name."""
+    line = _cli_error(["api-key", "#admin"], capsys)
+    assert line == (
+        "ctxcore: error: the principal must not start with '#': the API key file reads that line as a comment"
+    )
+    assert ctxcore.cli.main(["api-key", "ad#min"]) == 0  # a '#' inside a name is part of it
+    printed = capsys.readouterr().out
+    entry = next(x for x in printed.splitlines() if x.startswith("line:")).split(None, 1)[1]
+    (tmp_path / "keys.txt").write_text(entry + "\n")
+    from ctxcore.service.auth import load_api_key_file
+
+    assert list(load_api_key_file(tmp_path / "keys.txt").values()) == ["ad#min"]
