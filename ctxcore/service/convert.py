@@ -190,7 +190,9 @@ def _too_many(field: str, n: int, limit_name: str) -> ServiceError:
     )
 
 
-_CONTROL = re.compile(r"[\x00-\x1f]")  # what `_id` refuses inside an id
+#: What `_id` refuses inside an id: the control characters (Unicode category Cc: C0, DEL
+#: and C1, among them NEL, which splits a line of text as a newline does).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _id(field: str, value: str) -> str:

@@ -693,3 +693,22 @@ def test_api_key_refuses_a_principal_the_key_file_would_read_as_a_comment(
     from ctxcore.service.auth import load_api_key_file
 
     assert list(load_api_key_file(tmp_path / "keys.txt").values()) == ["ad#min"]
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x1b", "\x7f", "\x85", "\x9f"])
+def test_ids_holding_a_control_character_are_invalid_argument(char: str) -> None:
+    """Every control character (C0, DEL and C1: NEL splits a log line as a newline does)
+    is refused inside an organization, agent or pinned memory id, by field."""
+    got = _outcomes(
+        [
+            pb.AssembleContextRequest(organization_id=f"org{char}1", agent_id=AGENT, model="gpt-4o"),
+            pb.AssembleContextRequest(organization_id=ORG, agent_id=f"agent{char}", model="gpt-4o"),
+            _req(options=pb.AssemblyOptions(pinned_memory_ids=[f"m{char}1"])),
+        ]
+    )
+    why = "must not contain surrounding whitespace or control characters"
+    assert got == [
+        (grpc.StatusCode.INVALID_ARGUMENT, f"organization_id: {why}"),
+        (grpc.StatusCode.INVALID_ARGUMENT, f"agent_id: {why}"),
+        (grpc.StatusCode.INVALID_ARGUMENT, f"options.pinned_memory_ids[0]: {why}"),
+    ]
