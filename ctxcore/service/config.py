@@ -57,6 +57,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import math
+import re
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -92,6 +93,11 @@ __all__ = [
     "usable_cpus",
 ]
 
+#: What an organization, agent or memory id may not hold (nor surrounding whitespace):
+#: the control characters, Unicode category Cc (C0, DEL and C1, among them NEL, which
+#: splits a line of text as a newline does). A request holding one is refused, so a grant
+#: holding one could never match.
+ID_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: The byte order mark some editors put at the start of a UTF-8 file: skipped where the
 #: configuration and the API key file are read.
 BOM = "\ufeff"
@@ -157,6 +163,12 @@ class ClientAuth(enum.StrEnum):
     # require, so an optional certificate's name could not be trusted.
 
 
+def _id_like(value: str) -> bool:
+    """Whether `value` is an id a request may carry: no surrounding whitespace, no
+    control character (`ID_CONTROL`)."""
+    return value == value.strip() and not ID_CONTROL.search(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """One (organization, agent) a principal may act for; agent ``*`` means any agent.
@@ -179,6 +191,11 @@ class Grant:
             problem = f"has an empty {'organization' if not org else 'agent'}"
         elif org == "*":
             problem = "names the organization '*': the organization cannot be a wildcard, only the agent"
+        elif bad := next((w for w, v in (("organization", org), ("agent", agent)) if not _id_like(v)), None):
+            problem = (
+                f"has surrounding whitespace or a control character in its {bad}: "
+                f"no request's {bad} id can hold one, so it would match none"
+            )
         else:
             return cls(org, agent)
         raise ConfigError(f"grant {text!r} {problem} (expected 'ORG/AGENT' or 'ORG/*')")

@@ -41,6 +41,7 @@ from ..scoring import COMPONENTS as WEIGHT_COMPONENTS
 from ..tokens import TokenKind
 from ..trace import TRACE_REASONS, TraceRows
 from ..v1 import context_assembly_pb2 as pb
+from .config import ID_CONTROL
 from .errors import ServiceError
 from .wire import (
     budget_from_proto,
@@ -190,9 +191,7 @@ def _too_many(field: str, n: int, limit_name: str) -> ServiceError:
     )
 
 
-#: What `_id` refuses inside an id: the control characters (Unicode category Cc: C0, DEL
-#: and C1, among them NEL, which splits a line of text as a newline does).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = ID_CONTROL  # what `_id` refuses inside an id
 
 
 def _id(field: str, value: str) -> str:

@@ -331,6 +331,9 @@ def test_tls_files_are_checked_for_form_not_key_size(tmp_path: Path) -> None:
         ("acme", "has no slash"),
         ("acme/", "has an empty agent"),
         ("*/x", "the organization cannot be a wildcard"),
+        ("acme /x", "has surrounding whitespace or a control character in its organization"),
+        ("acme/ x", "has surrounding whitespace or a control character in its agent"),
+        ("acme/x\x7f", "has surrounding whitespace or a control character in its agent"),
     ],
 )
 def test_a_bad_grant_says_what_is_wrong(grant: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -339,7 +342,7 @@ def test_a_bad_grant_says_what_is_wrong(grant: str, needle: str, capsys: pytest.
     if grant != "*/x":
         assert "wildcard" not in line, line
     with pytest.raises(ConfigError, match=needle.replace("*", r"\*")):
-        parse_service_config(f"[auth.principals]\nsvc = [{grant!r}]")
+        parse_service_config(f"[auth.principals]\nsvc = [{json.dumps(grant)}]")
 
 
 # ---- 8. a second signal stops at once -------------------------------------------------
