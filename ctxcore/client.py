@@ -220,9 +220,10 @@ class ContextClient:
             call has idle connections to choose from.
 
     Raises:
-        ValueError: a timeout out of range; an `api_key` or `token` that is not printable
-            ASCII (gRPC metadata cannot carry it); a certificate without its key;
-            `connections` out of range; an unknown `load_balancing` policy.
+        TypeError: a `target` that is not a str.
+        ValueError: an empty `target`; a timeout out of range; an `api_key` or `token`
+            that is not printable ASCII (gRPC metadata cannot carry it); a certificate
+            without its key; `connections` out of range; an unknown `load_balancing` policy.
     """
 
     def __init__(
@@ -240,6 +241,11 @@ class ContextClient:
         options: Sequence[tuple[str, Any]] = (),
         connections: int = 1,
     ) -> None:
+        if not isinstance(target, str):
+            raise TypeError(f"target must be a str (a gRPC target such as 'host:port'), got {type(target).__name__}")
+        if not target.strip():
+            # gRPC reads an empty target only at the first call, and fails every call UNKNOWN.
+            raise ValueError("target must not be empty: a gRPC target such as 'host:port'")
         self.timeout = _timeout(timeout)
         if (
             isinstance(connections, bool)

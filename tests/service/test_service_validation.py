@@ -715,3 +715,13 @@ def test_ids_holding_a_control_character_are_invalid_argument(char: str) -> None
         (grpc.StatusCode.INVALID_ARGUMENT, f"agent_id: {why}"),
         (grpc.StatusCode.INVALID_ARGUMENT, f"options.pinned_memory_ids[0]: {why}"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("target", "error"), [("", ValueError), ("  ", ValueError), (None, TypeError), (7001, TypeError)]
+)
+def test_the_client_refuses_a_target_that_is_not_one(target: Any, error: type[Exception]) -> None:
+    """gRPC reads an empty target only at the first call and fails every call UNKNOWN
+    (a None or a number, AttributeError): the client refuses it when built."""
+    with pytest.raises(error, match="target must"):
+        ContextClient(target)
