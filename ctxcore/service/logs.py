@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -19,6 +20,10 @@ from typing import Any
 __all__ = ["JsonFormatter", "configure_logging", "error_frames", "log_event"]
 
 LOGGER = logging.getLogger("ctxcore.service")
+#: The line boundaries besides those JSON escapes (NEL, LINE and PARAGRAPH SEPARATOR),
+#: written as JSON escapes so that each record stays one line to every reader.
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+_NEEDS_ESCAPE = re.compile("[\x85\u2028\u2029]")
 #: Fields every line of this process carries (a worker's index, see `configure_logging`).
 _PROCESS_FIELDS: dict[str, Any] = {}
 
@@ -37,7 +42,10 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             doc.update(fields)
-        return json.dumps(doc, ensure_ascii=False, default=str, separators=(",", ":"))
+        line = json.dumps(doc, ensure_ascii=False, default=str, separators=(",", ":"))
+        # JSON leaves these raw, and a reader that splits text at every Unicode line boundary
+        # (str.splitlines, say) would cut the record at one a caller sent in an id.
+        return line.translate(_LINE_BREAKS) if _NEEDS_ESCAPE.search(line) else line
 
 
 def configure_logging(level: str = "info", **process_fields: Any) -> None:

@@ -725,3 +725,28 @@ def test_the_client_refuses_a_target_that_is_not_one(target: Any, error: type[Ex
     (a None or a number, AttributeError): the client refuses it when built."""
     with pytest.raises(error, match="target must"):
         ContextClient(target)
+
+
+def test_each_log_record_stays_one_line_for_every_reader(demo_db: Path, tmp_path: Path) -> None:
+    """An id holding U+2028 or U+2029 (line boundaries to str.splitlines) is logged
+    escaped: every line of the log is one JSON record, and the id reads back whole."""
+    org = "acme\u2028re\u2029tail"
+    s = ServeProcess(tmp_path, "--db", str(demo_db), "--allow-unauthenticated")
+
+    async def main() -> grpc.StatusCode:
+        async with ContextClient(s.target, timeout=10.0) as client:
+            try:
+                await client.assemble(
+                    pb.AssembleContextRequest(organization_id=org, agent_id="support", model="gpt-4o")
+                )
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    try:
+        assert asyncio.run(main()) == grpc.StatusCode.OK
+    finally:
+        assert s.stop() == 0
+    lines = s.log_path.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["organization_id"] for r in records if r["event"] == "call"] == [org]
