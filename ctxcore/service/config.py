@@ -334,6 +334,12 @@ class ServiceConfig:
             raise ConfigError(f"unknown [assembly] keys {sorted(unknown)} (allowed: {sorted(ASSEMBLY_KEYS)})")
         for k, v in self.assembly.items():
             _non_negative(f"assembly.{k}", v)
+        try:
+            # The settings' own bounds (a relevance floor below 0.5, ...), named as keys here.
+            settings: dict[str, Any] = dict(self.assembly)
+            AssemblyConfig(**settings)
+        except ConfigError as exc:
+            raise ConfigError(f"assembly.{exc}") from None
 
     @property
     def loopback(self) -> bool:

@@ -750,3 +750,18 @@ def test_each_log_record_stays_one_line_for_every_reader(demo_db: Path, tmp_path
     lines = s.log_path.read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["organization_id"] for r in records if r["event"] == "call"] == [org]
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [("relevance_floor = 0.7", "assembly.relevance_floor"), ("rerank_timeout_ms = 0", "assembly.rerank_timeout_ms")],
+)
+def test_an_assembly_setting_out_of_its_bounds_is_named_with_its_file(
+    toml: str, key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value ``AssemblyConfig`` refuses is named as the key of its section, after the
+    file it is in, as every other bad setting is."""
+    path = tmp_path / "ctxcore.toml"
+    path.write_text(f"[assembly]\n{toml}\n")
+    line = _cli_error(["serve", "--config", str(path), "--allow-unauthenticated", "--bind", "127.0.0.1:0"], capsys)
+    assert line.startswith(f"ctxcore: error: {path}: {key} must be "), line
