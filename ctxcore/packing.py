@@ -320,13 +320,16 @@ def _tokens_array(tokens: object, ids: Sequence[object]) -> npt.NDArray[np.int64
     raise invalid(f"tokens must be integers, got an array of dtype {arr.dtype}")
 
 
-def _token_error(value: float, i: int, cid: object) -> None:
-    if not math.isfinite(value) or value != math.floor(value):
-        what = f"tokens must be an integer, got {value!r}"
-    elif value < 0:
-        what = f"tokens must be >= 0, got {value:.0f}"
+def _token_error(value: int | float, i: int, cid: object) -> None:
+    # An int is shown as it is (as a float it would be rounded, or overflow past 1e308).
+    if isinstance(value, int):
+        sign = "a negative" if value < 0 else "an"
+        shown = str(value) if value.bit_length() <= 128 else f"{sign} integer of {value.bit_length()} bits"
+    elif not math.isfinite(value) or value != math.floor(value):
+        raise invalid(f"{_name(i, cid)}: tokens must be an integer, got {value!r}", i, _id_or_none(cid))
     else:
-        what = f"tokens must be <= 2**40, got {value:.0f}"
+        shown = f"{value:.0f}"
+    what = f"tokens must be >= 0, got {shown}" if value < 0 else f"tokens must be <= 2**40, got {shown}"
     raise invalid(f"{_name(i, cid)}: {what}", i, _id_or_none(cid))
 
 

@@ -466,6 +466,27 @@ def test_bad_candidates_are_named(cand: dict[str, object], fragment: str) -> Non
     assert "index 1" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("tokens", "shown"),
+    [
+        (10**26, "got 100000000000000000000000000$"),
+        (10**400, "got an integer of 1329 bits$"),
+        (-(10**400), ">= 0, got a negative integer of 1329 bits$"),
+    ],
+    ids=["past-float-precision", "past-float-range", "negative-past-float-range"],
+)
+def test_out_of_range_int_tokens_are_named_as_written(tokens: int, shown: str) -> None:
+    # Ints past a float's precision or range are shown exactly, never through a float.
+    for call in (
+        lambda: ctxcore.pack([Candidate("a", tokens, 1.0)], 10),
+        lambda: ctxcore.pack([{"id": "a", "tokens": tokens, "score": 1.0}], 10),
+        lambda: ctxcore.pack_arrays(["a"], [tokens], [1.0], 10),
+    ):
+        with pytest.raises(InvalidCandidate, match=shown) as info:
+            call()
+        assert (info.value.index, info.value.candidate_id) == (0, "a")
+
+
 def test_non_str_id_is_named() -> None:
     with pytest.raises(InvalidCandidate, match="id must be str, got int") as info:
         ctxcore.pack([Candidate(7, 1, 1.0)], 10)  # type: ignore[arg-type]
