@@ -18,11 +18,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STDIN", "decode_utf8", "jsonl_objects", "read_utf8"]
+__all__ = ["STDIN", "decode_utf8", "json_value", "jsonl_objects", "read_utf8"]
 
 #: The file argument that means standard input, on every command that reads a file.
 STDIN = "-"
@@ -65,6 +66,31 @@ def read_utf8(path: str | os.PathLike[str], fail: Fail, what: str = "", *, gzipp
     return decode_utf8(raw, name, fail, what)
 
 
+def json_value(text: str, where: str, fail: Fail, *, column: bool = False, line: bool = False) -> Any:
+    """The JSON value `text` holds, or ``fail`` naming `where` (and the column, with
+    `column`, or the line, with `line`) and why it is not JSON, including an integer
+    longer than Python reads (``sys.get_int_max_str_digits()``) and nesting deeper than
+    the parser recurses.
+
+    >>> json_value('{"a": [1' + "0" * 5000 + "]}", "x.json", ValueError)
+    Traceback (most recent call last):
+    ...
+    ValueError: x.json: invalid JSON: a number is too long (integers may have at most 4300 digits)
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f" (column {exc.colno})" if column else f" (line {exc.lineno})" if line else ""
+        raise fail(f"{where}: invalid JSON: {exc.msg}{at}") from None
+    except RecursionError:
+        raise fail(f"{where}: invalid JSON: nested too deeply") from None
+    except ValueError:  # int() past Python's digit limit, the only other ValueError json raises
+        raise fail(
+            f"{where}: invalid JSON: a number is too long "
+            f"(integers may have at most {sys.get_int_max_str_digits()} digits)"
+        ) from None
+
+
 def jsonl_objects(text: str, name: str, fail: Fail, *, column: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of JSON Lines `text`; ``fail`` names
     `name` and the line (and the column, with `column`) of the first line that is not
@@ -74,11 +100,7 @@ def jsonl_objects(text: str, name: str, fail: Fail, *, column: bool = False) -> 
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            where = f" (column {exc.colno})" if column else ""
-            raise fail(f"{name}:{lineno}: invalid JSON: {exc.msg}{where}") from None
+        obj = json_value(line, f"{name}:{lineno}", fail, column=column)
         if not isinstance(obj, dict):
             raise fail(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj

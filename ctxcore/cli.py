@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from . import __version__
-from ._files import STDIN, decode_utf8, jsonl_objects, read_utf8
+from ._files import STDIN, decode_utf8, json_value, jsonl_objects, read_utf8
 from ._numbers import non_negative_int_arg, positive_int_arg
 from .errors import InvalidCandidate
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
@@ -249,10 +249,7 @@ def _read_messages(path: str | None) -> tuple[Any, ...]:
 
     text = read_text_arg(path)
     path = source_name(path)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    doc = json_value(text, path, CliError, line=True)
     if not isinstance(doc, list):
         raise CliError(f"{path}: expected a JSON array of messages")
     try:

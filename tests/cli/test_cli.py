@@ -65,6 +65,11 @@ def test_pack_example_as_tables() -> None:
             '{"id": "a", "tokens": 1, "score": 1}\n{"id": "b", "tokens": 1, "score": 1, "pined": true}\n',
             ":2: unknown key(s) 'pined' (a candidate has id, tokens, score, pinned)",
         ),
+        (
+            '{"id": "a", "tokens": 1, "score": 1}\n{"id": "b", "tokens": 1' + "0" * 5000 + ', "score": 1}\n',
+            ":2: invalid JSON: a number is too long (integers may have at most 4300 digits)",
+        ),
+        ("[" * 100_000 + "]" * 100_000 + "\n", ":1: invalid JSON: nested too deeply"),
     ],
 )
 def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) -> None:
@@ -74,6 +79,14 @@ def test_bad_files_name_the_line(tmp_path: Path, content: str, fragment: str) ->
     assert out.returncode == 1
     assert fragment in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_messages_nested_too_deeply_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "messages.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    out = run("demo", "--db", str(tmp_path / "demo.db"), "--messages", str(path))
+    assert out.returncode == 1
+    assert one_error_line(out) == f"ctxcore: error: {path}: invalid JSON: nested too deeply"
 
 
 def test_missing_file(tmp_path: Path) -> None:
