@@ -26,7 +26,6 @@ frozenset({'m1'})
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._extras import require
+from ._files import json_value
 from ._numbers import as_int
 from .errors import ConfigError, ContextOverflow
 from .memory import MemoryBatch, Query, Scope, Sources
@@ -133,17 +133,15 @@ def read_labels(
     names the source in messages, e.g. ``<stdin>``)."""
     p = Path(path)
     try:
-        lines = (p.read_text(encoding="utf-8") if text is None else text).splitlines()
+        # Lines end at "\n" alone: U+2028, U+2029 or U+0085 inside a query are text.
+        lines = (p.read_text(encoding="utf-8") if text is None else text).split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise LabelError(f"cannot read labels from {p}: {exc}") from None
     out = []
     for i, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise LabelError(f"{p}: line {i} is not JSON: {exc.msg}") from None
+        doc = json_value(raw, f"{p}: line {i}", LabelError)
         try:
             out.append(Label.parse(doc, line=i, organization_id=organization_id, agent_id=agent_id))
         except LabelError as exc:

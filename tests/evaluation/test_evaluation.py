@@ -148,7 +148,9 @@ def test_every_system_is_averaged_over_every_label(store_and_labels: tuple[Path,
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("not json", "line 1 is not JSON"),
+        ("not json", "line 1: invalid JSON: Expecting value"),
+        ('{"query": "x", "evidence": ["a"], "id": 1' + "0" * 5000 + "}", "line 1: invalid JSON: a number is too long"),
+        ("[" * 100_000 + "]" * 100_000, "line 1: invalid JSON: nested too deeply"),
         ('{"query": "x"}', "evidence must be a non-empty list"),
         ('{"query": "", "evidence": ["a"]}', "query must be a non-empty string"),
         ('{"query": "x", "evidence": ["a"], "answer": 1}', "unknown keys ['answer']"),
@@ -161,6 +163,15 @@ def test_bad_label_lines_are_named(tmp_path: Path, line: str, message: str) -> N
     with pytest.raises(LabelError, match="line 1") as err:
         read_labels(path, organization_id=ORG, agent_id=AGENT)
     assert message in str(err.value)
+
+
+def test_a_query_may_hold_unicode_line_separators(tmp_path: Path) -> None:
+    # JSON writes U+2028, U+2029 and U+0085 unescaped (ensure_ascii=False): they are text.
+    query = "refund\u2028policy\u2029for\x85shoes"
+    path = tmp_path / "labels.jsonl"
+    path.write_text(json.dumps({"query": query, "evidence": ["a"]}, ensure_ascii=False) + "\n", encoding="utf-8")
+    labels = read_labels(path, organization_id=ORG, agent_id=AGENT)
+    assert [(x.query, x.evidence) for x in labels] == [(query, frozenset({"a"}))]
 
 
 def test_a_label_needs_a_scope(tmp_path: Path) -> None:
