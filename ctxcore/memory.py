@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core
+from ._numbers import as_int, as_real
 
 __all__ = [
     "FULLTEXT_RELEVANCE_SENTINEL",
@@ -235,18 +236,21 @@ class MemoryRecord:
             v = getattr(self, name)
             if v is None and name != "confidence":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not is_finite_number(v):
+            # A number of any type (numpy's: a similarity computed in float32) is kept as
+            # a plain int or float; bools are refused.
+            x = as_real(v)
+            if x is None or not is_finite_number(x):
                 raise ValueError(f"memory {self.id!r}: {name} must be a finite number, got {v!r:.80}")
-            if not low <= v <= high:
+            if not low <= x <= high:
                 raise ValueError(f"memory {self.id!r}: {name} must be in [{low:g}, {high:g}], got {v!r:.80}")
-        if self.token_count is not None and (
-            isinstance(self.token_count, bool)
-            or not isinstance(self.token_count, int)
-            or not 0 <= self.token_count <= MAX_MEMORY_TOKENS
-        ):
-            raise ValueError(
-                f"memory {self.id!r}: token_count must be an int in [0, 2**40], got {self.token_count!r:.80}"
-            )
+            object.__setattr__(self, name, x)
+        if self.token_count is not None:
+            n = as_int(self.token_count)
+            if n is None or not 0 <= n <= MAX_MEMORY_TOKENS:
+                raise ValueError(
+                    f"memory {self.id!r}: token_count must be an int in [0, 2**40], got {self.token_count!r:.80}"
+                )
+            object.__setattr__(self, "token_count", n)
 
     def _check_counts(self) -> None:
         if not isinstance(self.exact_tokens, Mapping):
@@ -254,12 +258,17 @@ class MemoryRecord:
                 f"memory {self.id!r}: exact_tokens must be a mapping of family to count, "
                 f"got {type(self.exact_tokens).__name__}"
             )
+        counts: dict[str, int] = {}
         for fam, n in self.exact_tokens.items():
-            if type(fam) is not str or not fam or type(n) is not int or not 0 <= n <= MAX_MEMORY_TOKENS:
+            k = as_int(n)
+            if type(fam) is not str or not fam or k is None or not 0 <= k <= MAX_MEMORY_TOKENS:
                 raise ValueError(
                     f"memory {self.id!r}: exact_tokens must map non-empty family names to ints in [0, 2**40], "
                     f"got {fam!r:.40}: {n!r:.40}"
                 )
+            counts[fam] = k
+        if any(type(n) is not int for n in self.exact_tokens.values()):
+            object.__setattr__(self, "exact_tokens", counts)  # numpy counts as plain ints
 
     @property
     def relevance(self) -> float:

@@ -241,6 +241,36 @@ def test_a_source_building_an_out_of_range_record_degrades_its_branch(fields: di
         assert r.selected_ids == ("m2",) and r.degraded
 
 
+def test_a_source_building_records_from_numpy_numbers_is_served() -> None:
+    # Similarities computed in float32, counts summed in int64: kept as plain numbers.
+    record = MemoryRecord(
+        "m1",
+        "o",
+        "a",
+        "tea",
+        similarity=np.float32(0.9),
+        confidence=np.float32(0.8),
+        importance=np.float64(0.5),
+        created_at=np.float32(1.7e9),
+        fulltext_score=np.float32(2.5),
+        token_count=np.int64(1),
+        token_family="o200k_base",
+        token_kind="exact",
+        exact_tokens={"o200k_base": np.int64(9)},
+    )
+    assert (record.similarity, record.confidence, record.importance, record.created_at) == (0.9, 0.8, 0.5, 1.7e9)
+    assert (record.fulltext_score, record.token_count, dict(record.exact_tokens or {})) == (2.5, 1, {"o200k_base": 9})
+    numbers = [record.similarity, record.confidence, record.importance, record.created_at, record.fulltext_score]
+    assert {type(x) for x in numbers} == {float} and type(record.token_count) is int
+    assert [type(n) for n in (record.exact_tokens or {}).values()] == [int]
+
+    async def hot(scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
+        return [record]
+
+    r = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "a", "gpt-4o", "q"), sources=Sources(hot=hot), config=CFG))
+    assert r.selected_ids == ("m1",) and not r.degraded
+
+
 @pytest.mark.parametrize("when", [1e300, -1e300])
 def test_far_times_still_score_and_pack(when: float) -> None:
     async def hot(scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
