@@ -89,8 +89,12 @@ def _check_arguments(
                 f"assemble: deadline must be an absolute time.monotonic() time (seconds) or None, "
                 f"got {type(deadline).__name__}"
             )
-        if not math.isfinite(float(deadline)):
-            raise ValueError(f"assemble: deadline must be a finite time.monotonic() time, got {deadline!r}")
+        try:
+            finite = math.isfinite(float(deadline))
+        except OverflowError:  # an int beyond any float
+            finite = False
+        if not finite:
+            raise ValueError(f"assemble: deadline must be a finite time.monotonic() time, got {deadline!r:.40}")
 
 
 async def assemble(

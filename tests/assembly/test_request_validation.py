@@ -263,6 +263,7 @@ def _request() -> AssemblyRequest:
         ({"deadline": True}, TypeError, r"deadline must be an absolute time\.monotonic\(\) time .*got bool"),
         ({"deadline": math.nan}, ValueError, r"deadline must be a finite time\.monotonic\(\) time, got nan"),
         ({"deadline": math.inf}, ValueError, r"deadline must be a finite"),
+        ({"deadline": 10**400}, ValueError, r"deadline must be a finite time\.monotonic\(\) time, got 1000"),
     ],
 )
 def test_assemble_names_an_argument_of_the_wrong_kind(arguments: dict[str, Any], error: type, match: str) -> None:
