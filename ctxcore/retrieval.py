@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
+from ._numbers import as_real
 from .memory import LATER, Chain, MemoryBatch, MemoryRecord, NowOrLater, Query, Scope, Sources
 from .result import Branch, BranchRecord, BranchStatus, Wall, WallSource
 
@@ -78,8 +80,10 @@ class BranchTimeouts:
     def __post_init__(self) -> None:
         for name in ("directive_ms", "hot_ms", "cold_ms"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+            ms = as_milliseconds(v)
+            if ms is None:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r:.40}")
+            object.__setattr__(self, name, ms)
 
     def of(self, branch: Branch) -> float:
         """The timeout of `branch`, in milliseconds."""
@@ -111,12 +115,24 @@ class Retrieved:
         return next(b for b in self.branches if b.branch == which)
 
 
-def is_milliseconds(v: object) -> bool:
-    """Whether `v` is a duration in ms: a finite int or float >= 0 (not a bool, not an
-    int too large for a float)."""
+def as_milliseconds(v: object) -> float | None:
+    """`v` as a plain float when it is a duration in ms: a finite real number >= 0 of any
+    type (numpy's too; not a bool, not an int too large for a float), else None.
+
+    >>> as_milliseconds(30), as_milliseconds(-1), as_milliseconds(10**400)
+    (30.0, None, None)
+    """
     if type(v) is float:
-        return 0.0 <= v < math.inf
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v <= 1e300
+        return v if 0.0 <= v < math.inf else None
+    x = as_real(v)
+    if x is None or not 0 <= x <= sys.float_info.max:  # NaN, inf and ints past float range fail too
+        return None
+    return float(x)
+
+
+def is_milliseconds(v: object) -> bool:
+    """Whether `v` is a duration in ms (see `as_milliseconds`)."""
+    return as_milliseconds(v) is not None
 
 
 def compute_wall(
@@ -136,19 +152,23 @@ def compute_wall(
     >>> compute_wall(45, 40, deadline=100.020, headroom_ms=5, now=100.0).source.value
     'caller_deadline'
     """
+    ms: list[float] = []
     for name, v in (
         ("client_timeout_ms", client_timeout_ms),
         ("server_deadline_ms", server_deadline_ms),
         ("headroom_ms", headroom_ms),
     ):
-        if not is_milliseconds(v):
+        x = as_milliseconds(v)
+        if x is None:
             raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {v!r:.40}")
-    if client_timeout_ms <= server_deadline_ms:
-        wall = Wall(float(client_timeout_ms), WallSource.CLIENT_TIMEOUT)
+        ms.append(x)
+    client_ms, server_ms, headroom = ms
+    if client_ms <= server_ms:
+        wall = Wall(client_ms, WallSource.CLIENT_TIMEOUT)
     else:
-        wall = Wall(float(server_deadline_ms), WallSource.SERVER_DEADLINE)
+        wall = Wall(server_ms, WallSource.SERVER_DEADLINE)
     if deadline is not None:
-        remaining_ms = (deadline - (time.monotonic() if now is None else now)) * 1000.0 - headroom_ms
+        remaining_ms = (deadline - (time.monotonic() if now is None else now)) * 1000.0 - headroom
         if remaining_ms < wall.limit_ms:
             wall = Wall(max(0.0, remaining_ms), WallSource.CALLER_DEADLINE)
     return wall

@@ -19,7 +19,7 @@ from ..retrieval import (
     DEFAULT_HOT_TIMEOUT_MS,
     DEFAULT_SERVER_DEADLINE_MS,
     BranchTimeouts,
-    is_milliseconds,
+    as_milliseconds,
 )
 from ..scoring import DEFAULT_MIN_SIMILARITY, DEFAULT_RELEVANCE_FLOOR, ScoringConfig
 
@@ -78,8 +78,10 @@ class AssemblyConfig:
             if name in ("relevance_floor", "min_similarity", "rerank_timeout_ms"):
                 continue
             v = getattr(self, name)
-            if not is_milliseconds(v):
+            ms = as_milliseconds(v)  # any real type, numpy's too, kept as a plain float
+            if ms is None:
                 raise ConfigError(f"{name} must be a finite number of milliseconds >= 0, got {v!r:.40}")
+            object.__setattr__(self, name, ms)
         ScoringConfig(relevance_floor=self.relevance_floor, min_similarity=self.min_similarity)
 
     @property

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ctxcore
 from ctxcore import AssemblyConfig, AssemblyRequest, MemoryBatch, MemoryRecord, Query, Scope, Sources
-from ctxcore.retrieval import compute_wall
+from ctxcore.retrieval import BranchTimeouts, compute_wall
 from ctxcore.stores import InvalidMemory, NewMemory, SqliteMemoryStore
 
 HUGE = 10**400  # an int no float holds
@@ -86,6 +86,9 @@ def test_embeddings_of_any_finite_scale_keep_their_direction(tmp_path: Path, sca
         (lambda: ctxcore.score_candidates([HUGE], [0.5]), ValueError, "similarity"),
         (lambda: AssemblyConfig(client_timeout_ms=HUGE), ctxcore.ConfigError, "client_timeout_ms"),
         (lambda: compute_wall(-5, 100), ValueError, "client_timeout_ms"),
+        (lambda: BranchTimeouts(hot_ms=HUGE), ValueError, "hot_ms"),
+        (lambda: BranchTimeouts(cold_ms=np.float32("nan")), ValueError, "cold_ms"),
+        (lambda: AssemblyConfig(hot_timeout_ms=np.int64(-1)), ctxcore.ConfigError, "hot_timeout_ms"),
         (lambda: compute_wall(45, math.nan), ValueError, "server_deadline_ms"),
         (lambda: ctxcore.compute_budget("gpt-4o", catalog={}), TypeError, "catalog"),
         (lambda: ctxcore.AssemblyOptions(max_memories=10**30), ValueError, "max_memories"),
@@ -94,6 +97,16 @@ def test_embeddings_of_any_finite_scale_keep_their_direction(tmp_path: Path, sca
 def test_out_of_range_numbers_are_refused_by_name(make: Any, error: type[Exception], names: str) -> None:
     with pytest.raises(error, match=names):
         make()
+
+
+@pytest.mark.parametrize("kind", [np.int64, np.float32, np.float64, Fraction, int])
+def test_timeouts_take_real_numbers_of_any_type(kind: Any) -> None:
+    names = ("client_timeout_ms", "server_deadline_ms", "directive_timeout_ms", "hot_timeout_ms", "cold_timeout_ms")
+    cfg = AssemblyConfig(**{name: kind(30 + k) for k, name in enumerate(names)}, packing_headroom_ms=kind(2))
+    got = [getattr(cfg, name) for name in (*names, "packing_headroom_ms")]
+    assert got == [30.0, 31.0, 32.0, 33.0, 34.0, 2.0] and {type(x) for x in got} == {float}
+    assert cfg.branch_timeouts == BranchTimeouts(32.0, 33.0, 34.0) == BranchTimeouts(kind(32), kind(33), kind(34))
+    assert compute_wall(kind(30), kind(31), headroom_ms=kind(2)).limit_ms == 30.0
 
 
 def test_a_registered_tokenizers_count_beyond_2_40_is_refused() -> None:
