@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .formatting import FormatterOverhead, formatter_overhead
-from .request import Message, Rendering, Role, ToolSpec, check_tool_pairs, tool_input
+from .request import Message, Rendering, Role, ToolSpec, check_tool_pairs, check_unique_tool_names, tool_input
 from .tokens import count_tokens, estimator_of
 
 __all__ = [
@@ -342,7 +342,8 @@ def render_anthropic(
 
     Raises:
         ValueError: unpaired tool calls or results, tool arguments that are not a JSON
-            object, or a tool that is not a function tool, named by index.
+            object, a tool that is not a function tool, or two tools of one name, named
+            by index.
 
     >>> p = render_anthropic(directive="Be brief.", messages=[Message("user", "hi")], cache_breakpoint=False)
     >>> p["system"], p["messages"]
@@ -366,7 +367,9 @@ def render_anthropic(
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": blocks})
-    rendered_tools = [_anthropic_tool(s, i) for i, s in enumerate(_specs(tools))]
+    specs = _specs(tools)
+    check_unique_tool_names(specs)
+    rendered_tools = [_anthropic_tool(s, i) for i, s in enumerate(specs)]
     if cache_breakpoint:
         last = turns[-1]["content"] if turns else system or rendered_tools
         if last:

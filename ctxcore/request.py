@@ -38,6 +38,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "check_tool_pairs",
+    "check_unique_tool_names",
     "parse_messages",
     "tool_input",
 ]
@@ -785,6 +786,7 @@ class AssemblyRequest:
             # The payload renderings take tools and tool calls apart: refuse here, naming
             # the item, what they could not carry.
             check_tool_pairs(msgs)
+            specs = []
             for i, t in enumerate(tools):
                 try:
                     spec = ToolSpec.from_mapping(t)
@@ -793,7 +795,9 @@ class AssemblyRequest:
                 extra = spec.uncarried(self.options.rendering)
                 if extra:
                     raise ValueError(f"tools[{i}] ({spec.name!r}): {extra} cannot be carried by an OpenAI tool")
+                specs.append(spec)
             if self.options.rendering is Rendering.ANTHROPIC:
+                check_unique_tool_names(specs)
                 for i, m in enumerate(msgs):
                     for j, c in enumerate(m.tool_calls):
                         tool_input(c, f"messages[{i}].tool_calls[{j}]")
@@ -841,6 +845,28 @@ def check_tool_pairs(messages: Sequence[Message]) -> None:
                     f"messages[{at}]: the tool call(s) {pending} of this assistant message are not answered by "
                     "the tool results right after it"
                 )
+
+
+def check_unique_tool_names(specs: Sequence[ToolSpec]) -> None:
+    """Check that no two tools share a name, as the Anthropic Messages API requires (it
+    refuses such a request: "tools: Tool names must be unique").
+
+    Raises:
+        ValueError: naming both tools by index, and the name.
+
+    >>> check_unique_tool_names([ToolSpec.from_mapping({"name": "f", "input_schema": {}})] * 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: tools[1] ('f'): tools[0] has the same name; the Anthropic Messages API takes tools of distinct names
+    """
+    first: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        if spec.name in first:
+            raise ValueError(
+                f"tools[{i}] ({spec.name!r}): tools[{first[spec.name]}] has the same name; "
+                "the Anthropic Messages API takes tools of distinct names"
+            )
+        first[spec.name] = i
 
 
 class _NoJsonForm(ValueError):

@@ -553,6 +553,31 @@ def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
         render_openai(tools=[strict, {"type": "code_interpreter"}])
 
 
+def test_tools_of_one_name_are_refused_for_anthropic() -> None:
+    # The Messages API answers 400 "tools: Tool names must be unique"; in whatever shape
+    # each arrived, two tools named alike are refused, naming both.
+    tools = (
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+        {"name": "g", "input_schema": {"type": "object"}},
+        {"name": "f", "input_schema": {"type": "object"}},
+    )
+    match = r"tools\[2\] \('f'\): tools\[0\] has the same name"
+    with pytest.raises(ValueError, match=match):
+        AssemblyRequest(
+            ORG, AGENT, "claude-sonnet-4", Query("q"), tools=tools, options=AssemblyOptions(rendering="anthropic")
+        )
+    with pytest.raises(ValueError, match=match):
+        render_anthropic(messages=[Message("user", "hi")], tools=tools)
+    assert [t["function"]["name"] for t in render_openai(messages=[Message("user", "hi")], tools=tools)["tools"]] == [
+        "f",
+        "g",
+        "f",
+    ]
+    AssemblyRequest(
+        ORG, AGENT, "claude-sonnet-4", Query("q"), tools=tools[:2], options=AssemblyOptions(rendering="anthropic")
+    )
+
+
 def test_strict_tools_keep_strict_in_both_renderings() -> None:
     # Both APIs take strict (OpenAI's function.strict, Anthropic's ToolParam.strict).
     schema = {
