@@ -905,6 +905,11 @@ def tool_input(call: ToolCall, where: str = "tool call") -> dict[str, Any]:
         ) from None
     except (json.JSONDecodeError, RecursionError):
         raise ValueError(f"{where}: arguments are not valid JSON") from None
+    except ValueError:  # int() past Python's digit limit, the only other ValueError json raises
+        raise ValueError(
+            f"{where}: arguments hold a number too long to read (integers may have at most "
+            f"{sys.get_int_max_str_digits()} digits)"
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(f"{where}: arguments must be a JSON object, got {type(value).__name__}")
     return value

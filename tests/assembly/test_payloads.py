@@ -532,6 +532,21 @@ def test_tool_arguments_without_a_json_form_are_refused_for_anthropic(arguments:
     assert render_openai(messages=history)["messages"][0]["tool_calls"][0]["function"]["arguments"] == arguments
 
 
+def test_tool_arguments_with_a_number_too_long_to_read_are_named() -> None:
+    history = (
+        Message("assistant", tool_calls=(ToolCall("a", "f", '{"x": 1' + "0" * 5000 + "}"),)),
+        Message("tool", "1", tool_call_id="a"),
+        Message("user", "x"),
+    )
+    match = r"^messages\[0\]\.tool_calls\[0\]: arguments hold a number too long to read \(integers may have at most"
+    with pytest.raises(ValueError, match=match):
+        AssemblyRequest(
+            ORG, AGENT, "claude-sonnet-4", Query("q"), messages=history, options=AssemblyOptions(rendering="anthropic")
+        )
+    with pytest.raises(ValueError, match=match):
+        render_anthropic(messages=history)
+
+
 def test_tools_that_a_rendering_cannot_carry_are_refused() -> None:
     with pytest.raises(ValueError, match=r"tools\[0\]: an Anthropic 'web_search_20250305' tool"):
         AssemblyRequest(
