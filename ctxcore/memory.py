@@ -785,6 +785,14 @@ class NowOrLater:
         return f"NowOrLater({self._fn!r})"
 
 
+#: The branches of `Sources`, with the arguments each is called with.
+_BRANCH_SIGNATURES = {
+    "directive": "(scope)",
+    "hot": "(scope, query, limit)",
+    "cold": "(scope, query, limit, min_similarity)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Sources:
     """The three retrieval branches of an assembly; a branch left as None is skipped. A
@@ -798,6 +806,15 @@ class Sources:
     hot: HotFn | None = None
     cold: ColdFn | None = None
 
+    def __post_init__(self) -> None:
+        # A branch that cannot be called would fail every assembly as a branch error.
+        for name, signature in _BRANCH_SIGNATURES.items():
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise TypeError(
+                    f"Sources: {name} must be an async function {signature} or None, got {type(fn).__name__}"
+                )
+
     @classmethod
     def from_store(cls, store: MemoryStore) -> Sources:
         """All three branches served by one store; a branch whose store also has a
@@ -810,8 +827,14 @@ class Sources:
         ...     type(Sources.from_store(store).hot).__name__
         'NowOrLater'
         """
+        missing = [name for name in _BRANCH_SIGNATURES if not callable(getattr(store, name, None))]
+        if missing:
+            raise TypeError(
+                f"Sources.from_store: a store has the methods directive, hot and cold (the MemoryStore protocol); "
+                f"{type(store).__name__} has no {', '.join(missing)}"
+            )
         branches: dict[str, Any] = {}
-        for name in ("directive", "hot", "cold"):
+        for name in _BRANCH_SIGNATURES:
             fn = getattr(store, name)
             now = getattr(store, f"{name}_now", None)
             branches[name] = fn if now is None else NowOrLater(fn, now)

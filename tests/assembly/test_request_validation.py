@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import ctxcore.request
-from ctxcore import AssemblyOptions, AssemblyRequest, Message, Query, ToolCall
+from ctxcore import AssemblyOptions, AssemblyRequest, Message, Query, Scope, Sources, ToolCall
 from ctxcore.payloads import render_anthropic, render_openai
 from ctxcore.scoring import COMPONENTS
 
@@ -244,6 +244,22 @@ def test_a_single_tool_instead_of_a_list_is_named(tools: object) -> None:
 def test_messages_or_tools_that_are_no_sequence_are_named(field: str, value: object) -> None:
     with pytest.raises(TypeError, match=rf"^{field} must be a sequence of .*, got {type(value).__name__}$"):
         AssemblyRequest("o", "a", "gpt-4o", "q", **{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Sources(hot=5), r"^Sources: hot must be an async function \(scope, query, limit\) or None, got int$"),
+        (lambda: Sources(directive="store.directive"), r"^Sources: directive must be an async function .* got str$"),
+        (lambda: Sources(cold=[]), r"^Sources: cold must be an async function .* got list$"),
+        (lambda: Sources.from_store(None), r"NoneType has no directive, hot, cold$"),
+        (lambda: Sources.from_store(Scope("o", "a")), r"Scope has no directive, hot, cold$"),
+    ],
+)
+def test_sources_that_cannot_be_called_are_refused_when_built(make: Any, match: str) -> None:
+    # Else every assembly would run them and record the same branch error.
+    with pytest.raises(TypeError, match=match):
+        make()
 
 
 def _request() -> AssemblyRequest:
