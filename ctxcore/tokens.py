@@ -266,15 +266,15 @@ def estimate_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.i
         family: a tokenizer family from `estimator_families()`.
 
     Raises:
-        TypeError: `texts` is a str, or one of its items is not a str (its index is named).
+        TypeError: `texts` is a str, bytes, a mapping or not iterable, or one of its items
+            is not a str (its index is named).
         ValueError: the family is unknown.
 
     >>> estimate_tokens_batch(["", "a b c"], "cl100k_base").tolist()[0]
     0
     """
     est = estimator_for(_family(family))
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of str, not a str")
+    _check_texts(texts)
     out = est.estimate_batch(texts if isinstance(texts, (list, tuple)) else list(texts))
     out.setflags(write=False)
     return out
@@ -594,6 +594,18 @@ def exact_families() -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def _check_texts(texts: object) -> None:
+    """Raise TypeError unless `texts` is an iterable of texts: not one text (a str, or
+    bytes, whose items are ints), not a mapping (whose keys would be counted)."""
+    name = type(texts).__name__
+    if isinstance(texts, (str, bytes, bytearray)):
+        raise TypeError(f"texts must be a sequence of str, not a {name}")
+    if isinstance(texts, Mapping):
+        raise TypeError(f"texts must be a sequence of str, not a mapping ({name}): pass its values (.values())")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a sequence of str, got {name}")
+
+
 def _check_text(text: object) -> str:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -648,7 +660,8 @@ def count_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int6
         family: a family from `exact_families()`.
 
     Raises:
-        TypeError: `texts` is a str, or one of its items is not a str (its index is named).
+        TypeError: `texts` is a str, bytes, a mapping or not iterable, or one of its items
+            is not a str (its index is named).
         TokenizerUnavailable: no exact tokenizer for `family`.
         InvalidTokenizerOutput: a registered tokenizer returned the wrong number of
             counts, or a value that is not a count (its index is named).
@@ -657,8 +670,7 @@ def count_tokens_batch(texts: Sequence[str], family: str) -> npt.NDArray[np.int6
     [4, 0]
     """
     fam = _family(family)
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of str, not a str")
+    _check_texts(texts)
     items = texts if isinstance(texts, list) else list(texts)
     for i, t in enumerate(items):
         if not isinstance(t, str):

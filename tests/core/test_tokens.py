@@ -604,6 +604,23 @@ def test_count_batch_matches_single(family: str) -> None:
         assert got.tolist() == [ctxcore.count_tokens(t, family).value for t in texts]
 
 
+@pytest.mark.parametrize(
+    ("texts", "match"),
+    [
+        (None, r"^texts must be a sequence of str, got NoneType$"),
+        (7, r"^texts must be a sequence of str, got int$"),
+        (b"abc", r"^texts must be a sequence of str, not a bytes$"),
+        (bytearray(b"abc"), r"^texts must be a sequence of str, not a bytearray$"),
+        ({"m1": "a text"}, r"^texts must be a sequence of str, not a mapping \(dict\): pass its values"),
+    ],
+)
+def test_batches_name_texts_that_are_not_a_sequence_of_texts(texts: object, match: str) -> None:
+    # A mapping's keys (ids, say) would be counted in place of its texts.
+    for batch, family in ((ctxcore.estimate_tokens_batch, FAMILY), (ctxcore.count_tokens_batch, O200K)):
+        with pytest.raises(TypeError, match=match):
+            batch(texts, family)  # type: ignore[operator]
+
+
 def test_count_batch_bad_input() -> None:
     with pytest.raises(TypeError, match="not a str"):
         ctxcore.count_tokens_batch("abc", O200K)
