@@ -100,7 +100,12 @@ class TokenCount:
             object.__setattr__(self, "value", value)
         if value < 0:
             raise ValueError(f"TokenCount value must be an int >= 0, got {value!r}")
-        if type(self.family) is not str or not self.family:
+        if type(self.family) is not str:
+            if not isinstance(self.family, str):
+                raise ValueError(f"TokenCount family must be a non-empty str, got {self.family!r}")
+            # A str subclass (a StrEnum of families, say) is kept as the plain str it holds.
+            object.__setattr__(self, "family", str.__str__(self.family))
+        if not self.family:
             raise ValueError(f"TokenCount family must be a non-empty str, got {self.family!r}")
         if type(self.kind) is not TokenKind:
             object.__setattr__(self, "kind", TokenKind(self.kind))

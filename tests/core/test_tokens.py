@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import importlib.resources
 import inspect
@@ -604,6 +605,26 @@ def test_count_batch_matches_single(family: str) -> None:
         assert got.tolist() == [ctxcore.count_tokens(t, family).value for t in texts]
 
 
+def test_a_family_given_as_a_str_subclass_is_kept_as_its_str() -> None:
+    class Family(enum.StrEnum):
+        CL100K = "cl100k_base"
+
+    EXACT = ctxcore.TokenKind.EXACT
+
+    count = ctxcore.TokenCount(3, Family.CL100K, EXACT)
+    assert count.family == "cl100k_base" and type(count.family) is str
+    assert count + ctxcore.count_tokens("a b c", Family.CL100K) == ctxcore.TokenCount(6, "cl100k_base", EXACT)
+
+    class Name(str):
+        pass
+
+    assert type(ctxcore.TokenCount(3, Name("o200k_base"), EXACT).family) is str
+    with pytest.raises(ValueError, match="non-empty str"):
+        ctxcore.TokenCount(3, Name(""), EXACT)
+    with pytest.raises(ValueError, match="non-empty str"):
+        ctxcore.TokenCount(3, b"cl100k_base", EXACT)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("texts", "match"),
     [
@@ -618,7 +639,7 @@ def test_batches_name_texts_that_are_not_a_sequence_of_texts(texts: object, matc
     # A mapping's keys (ids, say) would be counted in place of its texts.
     for batch, family in ((ctxcore.estimate_tokens_batch, FAMILY), (ctxcore.count_tokens_batch, O200K)):
         with pytest.raises(TypeError, match=match):
-            batch(texts, family)  # type: ignore[operator]
+            batch(texts, family)  # type: ignore[arg-type]
 
 
 def test_count_batch_bad_input() -> None:
