@@ -522,36 +522,44 @@ class MemoryBatch(Sequence[MemoryRecord]):
         self.token_count = list(token_count) if token_count is not None else [None] * n
         self.token_family = list(token_family) if token_family is not None else [None] * n
         self.token_kind = list(token_kind) if token_kind is not None else [None] * n
-        self.exact_tokens = list(exact_tokens) if exact_tokens is not None else [None] * n
+        self.exact_tokens: list[Mapping[str, int] | str | None] = (
+            list(exact_tokens) if exact_tokens is not None else [None] * n
+        )
         for name in ("rank", "token_count", "token_family", "token_kind", "exact_tokens"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"MemoryBatch: {name} has {len(getattr(self, name))} values for {n} memories")
         if not all(c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS) for c in self.token_count):
-            k = next(
-                k
-                for k, c in enumerate(self.token_count)
-                if not (c is None or (type(c) is int and 0 <= c <= MAX_MEMORY_TOKENS))
-            )
-            raise ValueError(
-                f"MemoryBatch: memory {self.ids[k]!r}: token_count must be an int in [0, 2**40] or "
-                f"None, got {self.token_count[k]!r:.40}"
-            )
+            # Counts of any integer type (numpy's too) are kept as plain ints.
+            counts = [None if c is None else as_int(c) for c in self.token_count]
+            for k, n_k in enumerate(counts):
+                if self.token_count[k] is not None and (n_k is None or not 0 <= n_k <= MAX_MEMORY_TOKENS):
+                    raise ValueError(
+                        f"MemoryBatch: memory {self.ids[k]!r}: token_count must be an int in [0, 2**40] or "
+                        f"None, got {self.token_count[k]!r:.40}"
+                    )
+            self.token_count = counts
         for k, c in enumerate(self.exact_tokens):
             # A store's JSON texts are read (and checked) when counted; mappings here.
             if (
-                c is not None
-                and not isinstance(c, str)
-                and not (
+                c is None
+                or isinstance(c, str)
+                or (
                     isinstance(c, Mapping)
                     and all(
                         type(f) is str and f and type(v) is int and 0 <= v <= MAX_MEMORY_TOKENS for f, v in c.items()
                     )
                 )
             ):
+                continue
+            plain = {f: as_int(v) for f, v in c.items()} if isinstance(c, Mapping) else None
+            if plain is None or not all(
+                type(f) is str and f and v is not None and 0 <= v <= MAX_MEMORY_TOKENS for f, v in plain.items()
+            ):
                 raise ValueError(
                     f"MemoryBatch: memory {self.ids[k]!r}: exact_tokens must be None, a JSON object "
                     f"text or a mapping of family names to ints in [0, 2**40], got {c!r:.60}"
                 )
+            self.exact_tokens[k] = cast(dict[str, int], plain)  # numpy counts as plain ints
         self._records: list[MemoryRecord | None] = [None] * n
         #: Per signal (``"vector"``, ``"fulltext"``), the (mean, standard deviation) of its
         #: score over every memory of the scope for this query, when the store knows them

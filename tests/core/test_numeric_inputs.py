@@ -284,6 +284,31 @@ def test_a_source_building_records_from_numpy_numbers_is_served() -> None:
     assert r.selected_ids == ("m1",) and not r.degraded
 
 
+def test_a_batch_of_numpy_counts_is_served() -> None:
+    batch = MemoryBatch(
+        "o",
+        "a",
+        ids=["m1", "m2"],
+        texts=["tea", "green tea"],
+        origins=["vector", "vector"],
+        similarity=np.array([0.9, 0.8], dtype=np.float32),
+        token_count=np.array([1, 2]),
+        token_family=["o200k_base", "o200k_base"],
+        token_kind=["exact", "exact"],
+        exact_tokens=[{"o200k_base": np.int64(9)}, None],
+    )
+    assert batch.token_count == [1, 2] and [type(n) for n in batch.token_count] == [int, int]
+    assert batch.counts("o200k_base").tolist() == [9, -1] and batch[0].exact_tokens == {"o200k_base": 9}
+    with pytest.raises(ValueError, match=r"memory 'm1': token_count must be an int in \[0, 2\*\*40\]"):
+        MemoryBatch("o", "a", ids=["m1"], texts=["t"], origins=["hot"], token_count=[np.int64(-1)])
+
+    async def hot(scope: Scope, query: Query, limit: int) -> MemoryBatch:
+        return batch
+
+    r = asyncio.run(ctxcore.assemble(AssemblyRequest("o", "a", "gpt-4o", "q"), sources=Sources(hot=hot), config=CFG))
+    assert set(r.selected_ids) == {"m1", "m2"} and not r.degraded
+
+
 @pytest.mark.parametrize("when", [1e300, -1e300])
 def test_far_times_still_score_and_pack(when: float) -> None:
     async def hot(scope: Scope, query: Query, limit: int) -> list[MemoryRecord]:
