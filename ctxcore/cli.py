@@ -84,6 +84,8 @@ def read_text_arg(path: str) -> str:
         CliError: the file cannot be read or is not UTF-8 (one line naming it).
     """
     if path == STDIN:
+        if sys.stdin is None:  # the command was started with standard input closed (<&-)
+            raise CliError(f"cannot read {source_name(path)}: standard input is closed")
         try:
             raw = sys.stdin.buffer.read()
         except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -428,6 +429,20 @@ def test_every_file_argument_reads_stdin(tmp_path: Path) -> None:
     assert [m["name"] for m in json.loads(out.stdout)] == ["mine"]
     out = run_in("[server]\nmax_queue = 0\n", "serve", "--config", "-", "--db", str(db), "--allow-unauthenticated")
     assert out.returncode == 1 and "max_queue" in one_error_line(out)
+
+
+def test_a_closed_standard_input_is_one_line() -> None:
+    # Started with standard input closed (`<&-`): Python's sys.stdin is None.
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxcore", "pack", "-", "--budget", "5"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert out.returncode == 1
+    assert one_error_line(out) == "ctxcore: error: cannot read <stdin>: standard input is closed"
 
 
 def test_stdin_is_read_once(tmp_path: Path) -> None:
