@@ -984,7 +984,8 @@ def _store_errors() -> tuple[type[Exception], ...]:
 
 
 def _fail(message: object, status: int) -> int:
-    sys.stderr.write(f"ctxcore: error: {message}\n")
+    if sys.stderr is not None:  # None when started with standard error closed (2>&-)
+        sys.stderr.write(f"ctxcore: error: {message}\n")
     return status
 
 
@@ -1001,6 +1002,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
+        if sys.stdout is None and args.command != "serve":
+            # Started with standard output closed (>&-): the command could not print its
+            # result (the server logs to standard error).
+            raise CliError("cannot write to standard output: it is closed")
         _check_stdin_once(args)
         status: int = args.func(args, sys.stdout)
     except SystemExit as exc:

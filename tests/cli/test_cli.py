@@ -445,6 +445,22 @@ def test_a_closed_standard_input_is_one_line() -> None:
     assert one_error_line(out) == "ctxcore: error: cannot read <stdin>: standard input is closed"
 
 
+@pytest.mark.parametrize("args", [["catalog"], ["pack", str(EXAMPLE), "--budget", "100"]])
+def test_a_closed_standard_output_is_one_line(args: list[str]) -> None:
+    # Started with standard output closed (`>&-`): Python's sys.stdout is None.
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxcore", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert out.returncode == 1
+    assert out.stderr == "ctxcore: error: cannot write to standard output: it is closed\n"
+
+
 def test_stdin_is_read_once(tmp_path: Path) -> None:
     out = run_in("", "serve", "--config", "-", "--api-key-file", "-")
     assert out.returncode == 2 and "--api-key-file" in one_error_line(out)
