@@ -452,6 +452,8 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    from .formatting import MEMORY_ATTRIBUTES
+
     p.add_argument("--model", default="gpt-4o" if demo else None, required=not demo, help="model name or alias")
     p.add_argument("--org", default=DEMO_ORG if demo else None, required=not demo, help="organization id")
     p.add_argument("--agent", default=DEMO_AGENT if demo else None, required=not demo, help="agent id")
@@ -496,7 +498,8 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         type=_attribute_names,
         default=(),
         metavar="NAMES",
-        help="compact: optional attributes to write, comma-separated from score,source (default: none)",
+        help=f"compact: optional attributes to write, comma-separated from {','.join(MEMORY_ATTRIBUTES)} "
+        "(default: none)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text and tables")
     p.add_argument(
@@ -514,7 +517,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 
 
 def _attribute_names(value: str) -> tuple[str, ...]:
-    """A ``--memory-attributes`` value: comma-separated names from score, source."""
+    """A ``--memory-attributes`` value: comma-separated names from `MEMORY_ATTRIBUTES`."""
     from .formatting import MEMORY_ATTRIBUTES
 
     names = tuple(n.strip() for n in value.split(",") if n.strip())

@@ -461,6 +461,16 @@ def test_a_closed_standard_output_is_one_line(args: list[str]) -> None:
     assert out.stderr == "ctxcore: error: cannot write to standard output: it is closed\n"
 
 
+def test_the_memory_attributes_help_names_every_attribute() -> None:
+    from ctxcore.formatting import MEMORY_ATTRIBUTES
+
+    for command in ("demo", "assemble"):
+        out = run(command, "--help")
+        assert out.returncode == 0
+        assert f"comma-separated from {','.join(MEMORY_ATTRIBUTES)}" in " ".join(out.stdout.split())
+    assert "created_at" in MEMORY_ATTRIBUTES
+
+
 def test_stdin_is_read_once(tmp_path: Path) -> None:
     out = run_in("", "serve", "--config", "-", "--api-key-file", "-")
     assert out.returncode == 2 and "--api-key-file" in one_error_line(out)
