@@ -33,7 +33,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .formatting import FormatterOverhead, formatter_overhead
-from .request import Message, Rendering, Role, ToolSpec, check_tool_pairs, check_unique_tool_names, tool_input
+from .request import (
+    Message,
+    Rendering,
+    Role,
+    ToolSpec,
+    check_tool_pairs,
+    check_unique_call_ids,
+    check_unique_tool_names,
+    tool_input,
+)
 from .tokens import count_tokens, estimator_of
 
 __all__ = [
@@ -342,14 +351,15 @@ def render_anthropic(
 
     Raises:
         ValueError: unpaired tool calls or results, tool arguments that are not a JSON
-            object, a tool that is not a function tool, or two tools of one name, named
-            by index.
+            object, a tool that is not a function tool, two tools of one name, or two
+            tool calls of one id, named by index.
 
     >>> p = render_anthropic(directive="Be brief.", messages=[Message("user", "hi")], cache_breakpoint=False)
     >>> p["system"], p["messages"]
     ([{'type': 'text', 'text': 'Be brief.'}], [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}])
     """
     check_tool_pairs(messages)
+    check_unique_call_ids(messages)
     system: list[dict[str, Any]] = []
     if directive is not None and _says_something(directive):
         system.append({"type": "text", "text": directive})

@@ -38,6 +38,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "check_tool_pairs",
+    "check_unique_call_ids",
     "check_unique_tool_names",
     "parse_messages",
     "tool_input",
@@ -798,6 +799,7 @@ class AssemblyRequest:
                 specs.append(spec)
             if self.options.rendering is Rendering.ANTHROPIC:
                 check_unique_tool_names(specs)
+                check_unique_call_ids(msgs)
                 for i, m in enumerate(msgs):
                     for j, c in enumerate(m.tool_calls):
                         tool_input(c, f"messages[{i}].tool_calls[{j}]")
@@ -867,6 +869,31 @@ def check_unique_tool_names(specs: Sequence[ToolSpec]) -> None:
                 "the Anthropic Messages API takes tools of distinct names"
             )
         first[spec.name] = i
+
+
+def check_unique_call_ids(messages: Sequence[Message]) -> None:
+    """Check that no two tool calls of the conversation share an id, as the Anthropic
+    Messages API requires (it refuses such a request: "`tool_use` ids must be unique").
+
+    Raises:
+        ValueError: naming both calls (``messages[2].tool_calls[0]``) and the id.
+
+    >>> calls = [Message("assistant", tool_calls=(ToolCall("c1", "f"),)), Message("tool", "1", tool_call_id="c1")]
+    >>> check_unique_call_ids(calls * 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: messages[2].tool_calls[0]: the tool call id 'c1' is also messages[0].tool_calls[0]'s; the Anthropic Messages API takes tool_use ids unique in the conversation
+    """
+    first: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.tool_calls):
+            where = f"messages[{i}].tool_calls[{j}]"
+            if call.id in first:
+                raise ValueError(
+                    f"{where}: the tool call id {call.id!r} is also {first[call.id]}'s; "
+                    "the Anthropic Messages API takes tool_use ids unique in the conversation"
+                )
+            first[call.id] = where
 
 
 class _NoJsonForm(ValueError):

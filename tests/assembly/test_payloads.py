@@ -593,6 +593,28 @@ def test_tools_of_one_name_are_refused_for_anthropic() -> None:
     )
 
 
+def test_tool_calls_of_one_id_are_refused_for_anthropic() -> None:
+    # The Messages API answers 400 "`tool_use` ids must be unique" across the conversation.
+    history = (
+        Message("assistant", tool_calls=(ToolCall("c1", "f"),)),
+        Message("tool", "1", tool_call_id="c1"),
+        Message("user", "again"),
+        Message("assistant", tool_calls=(ToolCall("c2", "f"), ToolCall("c1", "f"))),
+        Message("tool", "2", tool_call_id="c2"),
+        Message("tool", "3", tool_call_id="c1"),
+        Message("user", "x"),
+    )
+    match = r"messages\[3\]\.tool_calls\[1\]: the tool call id 'c1' is also messages\[0\]\.tool_calls\[0\]'s"
+    with pytest.raises(ValueError, match=match):
+        AssemblyRequest(
+            ORG, AGENT, "claude-sonnet-4", Query("q"), messages=history, options=AssemblyOptions(rendering="anthropic")
+        )
+    with pytest.raises(ValueError, match=match):
+        render_anthropic(messages=history)
+    check_openai(render_openai(messages=history))
+    AssemblyRequest(ORG, AGENT, "gpt-4o", Query("q"), messages=history, options=AssemblyOptions(rendering="openai"))
+
+
 def test_strict_tools_keep_strict_in_both_renderings() -> None:
     # Both APIs take strict (OpenAI's function.strict, Anthropic's ToolParam.strict).
     schema = {
