@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_REFERENCE_ROUNDS",
     "DEFAULT_ROUNDS",
     "DEFAULT_WARMUP",
+    "MAX_ROUNDS",
     "MIN_ROUNDS",
     "Gate",
     "GateBounds",
@@ -62,6 +63,9 @@ __all__ = [
 DEFAULT_ROUNDS = 300
 #: Fewest rounds a p99 bound accepts: below 100 the 99th percentile is the maximum.
 MIN_ROUNDS = 100
+#: Most timed (or reference) rounds a measurement takes: each round's time is kept, and
+#: ten million rounds of the quickest stage already take minutes.
+MAX_ROUNDS = 10_000_000
 #: Untimed calls before the first timed round.
 DEFAULT_WARMUP = 10
 #: Reference rounds for a ratio bound (the reference is usually much slower; its median
@@ -236,10 +240,16 @@ def make_gates(
 def check_rounds(rounds: object, warmup: object, gates: Sequence[Gate], reference_rounds: object = 1) -> None:
     """Reject round counts the gates cannot be measured with."""
     counts = []
-    for name, v, least in (("rounds", rounds, 1), ("warmup", warmup, 0), ("reference_rounds", reference_rounds, 1)):
+    for name, v, least, most in (
+        ("rounds", rounds, 1, MAX_ROUNDS),
+        ("warmup", warmup, 0, None),
+        ("reference_rounds", reference_rounds, 1, MAX_ROUNDS),
+    ):
         n = as_int(v)  # an integer of any type, numpy's too
         if n is None or n < least:
             raise GateUsageError(f"{name} must be an integer >= {least}, got {v!r:.40}")
+        if most is not None and n > most:
+            raise GateUsageError(f"{name} must be at most {most:,}, got {v!r:.40}")
         counts.append(n)
     if any(g.kind is GateKind.P99 for g in gates) and counts[0] < MIN_ROUNDS:
         raise GateUsageError(

@@ -152,6 +152,8 @@ def test_bench_against_a_memory_store(tmp_path: Path) -> None:
         (["--stage", "unpack"], "invalid choice: 'unpack'"),
         (["--stage", "pack", "--p99-ms", "5", "--rounds", "20"], "a p99 bound needs at least 100 rounds"),
         (["--stage", "pack", "--p99-ms", "-1"], "p99_ms must be a positive finite number"),
+        (["--stage", "pack", "--rounds", str(10**20)], "rounds must be at most 10,000,000"),
+        (["--stage", "pack", "--reference-rounds", str(10**8)], "reference_rounds must be at most 10,000,000"),
         (["--stage", "pack", "--max-ratio", "2", "--no-reference"], "--max-ratio needs the references"),
         (["--stage", "pack", "--workload", "format-prose"], "not a pack workload"),
         (["--workload", "nope"], "unknown workload 'nope'"),
@@ -455,7 +457,7 @@ def test_shipped_pack_families_have_their_shapes() -> None:
 
 
 def test_gate_bounds_and_rounds_take_numbers_of_any_type() -> None:
-    from ctxcore.benchmarking.gates import GateKind, GateUsageError, check_rounds, make_gates
+    from ctxcore.benchmarking.gates import MAX_ROUNDS, GateKind, GateUsageError, check_rounds, make_gates
 
     gates = make_gates(p99_ms=np.float32(5.0), median_ms=np.int64(2), max_ratio=np.float64(0.5))
     assert [(g.kind, g.bound) for g in gates] == [(GateKind.P99, 5.0), (GateKind.MEDIAN, 2.0), (GateKind.RATIO, 0.5)]
@@ -467,6 +469,9 @@ def test_gate_bounds_and_rounds_take_numbers_of_any_type() -> None:
         make_gates(p99_ms=10**400)
     with pytest.raises(GateUsageError, match="rounds must be an integer >= 1"):
         check_rounds(100.0, 0, ())
+    check_rounds(np.int64(MAX_ROUNDS), 0, gates, MAX_ROUNDS)
+    with pytest.raises(GateUsageError, match="^rounds must be at most 10,000,000, got 10000001$"):
+        check_rounds(MAX_ROUNDS + 1, 0, gates)
 
 
 def test_a_budget_beyond_every_candidate_is_gated_without_a_huge_reference(tmp_path: Path) -> None:
