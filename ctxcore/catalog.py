@@ -198,7 +198,7 @@ class Catalog(Mapping[str, ModelCapability]):
         suggestions = tuple(dict.fromkeys(close))
         hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
         raise UnknownModel(
-            f"unknown model {name!r} in catalog {self.source}{hint} (`ctxcore catalog` lists the models)",
+            f"unknown model {_shown(name)} in catalog {self.source}{hint} (`ctxcore catalog` lists the models)",
             model=name,
             suggestions=suggestions,
         )
@@ -394,3 +394,19 @@ def default_catalog() -> Catalog:
     """
     text = importlib.resources.files("ctxcore").joinpath("data/catalog.toml").read_text(encoding="utf-8")
     return parse_catalog(text, "ctxcore/data/catalog.toml")
+
+
+#: The longest model name an error message shows whole.
+_SHOWN_NAME_CHARS = 120
+
+
+def _shown(name: str) -> str:
+    """`name` as an error message shows it: its repr, a long one cut in the middle.
+
+    >>> _shown("gpt-4o"), len(_shown("x" * 10_000)) < 200
+    ("'gpt-4o'", True)
+    """
+    if len(name) <= _SHOWN_NAME_CHARS:
+        return repr(name)
+    half = _SHOWN_NAME_CHARS // 2
+    return f"{name[:half]!r}...{name[-half:]!r} ({len(name):,} characters)"

@@ -83,6 +83,13 @@ def test_unknown_model_lists_close_matches() -> None:
     with pytest.raises(ctxcore.UnknownModel, match="unknown model 'zzzz'") as info2:
         ctxcore.default_catalog()["zzzz"]
     assert info2.value.suggestions == ()
+    # A very long name is shown cut in the middle, with its length; `model` keeps it whole.
+    long = "gpt-" + "q" * 1_000_000 + "-end"
+    with pytest.raises(
+        ctxcore.UnknownModel, match=r"unknown model 'gpt-q+'\.\.\.'q+-end' \(1,000,008 characters\)"
+    ) as info3:
+        ctxcore.default_catalog().get_model(long)
+    assert len(str(info3.value)) < 400 and info3.value.model == long
 
 
 def test_load_a_users_catalog(tmp_path: pathlib.Path) -> None:
