@@ -759,8 +759,8 @@ def _add_catalog(sub: Any) -> None:
 
 
 def _add_assemble(sub: Any) -> None:
-    a = sub.add_parser("assemble", help="assemble the context for one request from a SQLite memory store")
-    a.add_argument("--db", required=True, help="the SQLite memory store")
+    a = sub.add_parser("assemble", help="assemble the context for one request from a memory store")
+    a.add_argument("--db", required=True, help="the memory store: a SQLite file or a postgresql:// URL")
     _add_request_args(a, demo=False)
     a.set_defaults(func=_cmd_assemble)
 
@@ -792,7 +792,9 @@ def _add_memories_add(mem: Any) -> None:
         help="JSON Lines: memories {id, organization_id, agent_id, text, embedding?, ...} "
         'and directives {"type": "directive", organization_id, agent_id?, text} (\'-\': stdin)',
     )
-    ma.add_argument("--db", required=True, help="the SQLite memory store (created if missing)")
+    ma.add_argument(
+        "--db", required=True, help="the memory store: a SQLite file (created if missing) or a postgresql:// URL"
+    )
     ma.add_argument(
         "--embedder",
         default="auto",

@@ -471,6 +471,14 @@ def test_the_memory_attributes_help_names_every_attribute() -> None:
     assert "created_at" in MEMORY_ATTRIBUTES
 
 
+def test_the_db_help_names_both_stores_where_both_are_taken() -> None:
+    for command in (("assemble",), ("memories", "add"), ("eval",)):
+        out = run(*command, "--help")
+        assert out.returncode == 0
+        flat = " ".join(out.stdout.split())
+        assert "SQLite file" in flat and "postgresql:// URL" in flat, (command, flat)
+
+
 def test_stdin_is_read_once(tmp_path: Path) -> None:
     out = run_in("", "serve", "--config", "-", "--api-key-file", "-")
     assert out.returncode == 2 and "--api-key-file" in one_error_line(out)
