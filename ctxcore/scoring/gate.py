@@ -170,14 +170,18 @@ class Columns:
 _SIGNAL_NAMES = np.array(["", *SIGNALS], dtype=object)
 
 
-def _best_of_each_id(cols: Columns) -> npt.NDArray[np.bool_] | None:
-    """Which rows are the best-scored of their id (the first among equals); None when
-    every id is distinct (the common case)."""
+def _best_of_each_id(cols: Columns, passing: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_] | None:
+    """Which rows are the best-scored of their id among its `passing` rows (those the gate
+    lets through), or among all its rows when none passes (the first among equals); None
+    when every id is distinct (the common case). A memory that one path found relevant
+    enough is never dropped because another path's row of it scores higher but fails
+    the floor."""
     if cols.ids_distinct:
         return None
     codes = cols.id_codes
-    # By id, then best score first, then row: the first row of each id's run is its best.
-    order = np.lexsort((np.arange(cols.n), -cols.scores, codes))
+    # By id, then passing rows first, then best score first, then row: the first row of
+    # each id's run is its best.
+    order = np.lexsort((np.arange(cols.n), -cols.scores, ~passing, codes))
     lead = np.ones(cols.n, dtype=bool)
     run = codes[order]
     lead[1:] = run[1:] != run[:-1]
@@ -299,11 +303,11 @@ def gate(
         kept = scored.kept
         signals = [""] * cols.n
         record = scored.record()
-    first = _best_of_each_id(cols)
     keep = kept.copy()
     is_pinned = np.fromiter((i in pinned for i in cols.ids), dtype=bool, count=cols.n) if pinned else None
     if is_pinned is not None:
         keep |= is_pinned
+    first = _best_of_each_id(cols, keep)
     reason = np.full(cols.n, REASON_CODE[TraceReason.BELOW_RELEVANCE_FLOOR], dtype=np.uint8)
     if first is not None:
         keep &= first

@@ -526,6 +526,26 @@ def test_duplicates_keep_the_best_score_and_the_interim_gate_applies() -> None:
     assert selected.relevance == pytest.approx(0.9)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [AssemblyOptions(value_model="interim"), AssemblyOptions(weights={"confidence": 1.0})],
+    ids=["interim", "weighted"],
+)
+def test_a_duplicate_row_above_the_floor_keeps_the_memory(options: AssemblyOptions) -> None:
+    """One memory, two paths: the row that scores higher is below the relevance floor,
+    the other passes it. The memory goes on (by its passing row), the failing row is the
+    duplicate."""
+    hot = [mem(1, sim=0.14, confidence=1.0)]  # interim 0.269, weighted 1.0; below the 0.15 floor
+    cold = [mem(1, sim=0.16, confidence=0.2)]  # interim 0.166, weighted 0.2; passes it
+    ctx = run(request(options=options), Sources(None, memories_of(hot), memories_of(cold)))
+    assert ctx.selected_ids == ("m1",)
+    rows = [(e.reason, e.relevance) for e in ctx.trace]
+    assert sorted(rows, key=lambda r: r[1]) == [
+        (TraceReason.DUPLICATE, pytest.approx(0.14)),
+        (TraceReason.SELECTED, pytest.approx(0.16)),
+    ]
+
+
 def test_a_memory_found_by_several_paths_carries_every_signal_once() -> None:
     """Under the fused model, rows of one memory from the hot, vector and full-text paths
     share its best similarity and full-text score; one row is selected, the others are
