@@ -266,7 +266,7 @@ def _score(
     cols = Columns.of(retrieved.memories, plan.cap.tokenizer_family)
     model = _value_model(request)
     cand, scoring_record, signals = gate(
-        cols, weights, scoring_config, opts.max_memories, trace, model, opts.pinned_memory_ids
+        cols, weights, scoring_config, opts.max_memories, trace, model, opts.pinned_memory_ids, _TEXT_KEYS.keys
     )
     return _Scored(trace, cols, cand, scoring_record, signals, model, time.perf_counter())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..memory import Chain, MemoryBatch, MemoryOrigin, MemoryRecord
+from ..redundancy import normalized_text_key
 from ..result import TraceReason
 from ..trace import REASON_CODE, TraceRows, TraceTable
 from .value import (
@@ -263,6 +264,11 @@ def _fused(
     return scores, kept, signals, record
 
 
+def normalized_keys(texts: Sequence[str]) -> list[str]:
+    """`normalized_text_key` of each text."""
+    return [normalized_text_key(t) for t in texts]
+
+
 def gate(
     cols: Columns,
     weights: ScoreWeights | None,
@@ -271,6 +277,7 @@ def gate(
     trace: TraceTable,
     model: ValueModel | None = None,
     pinned: frozenset[str] = frozenset(),
+    text_keys: Callable[[Sequence[str]], list[str]] = normalized_keys,
 ) -> tuple[npt.NDArray[np.intp], dict[str, Any], list[str]]:
     """Score the candidates, gate them on relevance, keep the best-scored row of each id
     and at most `max_memories` of them (the `pinned` ids first, then best first, then by
@@ -278,7 +285,9 @@ def gate(
     request's guaranteed context, taken first while it fits. With `model` and no
     `weights`, the fused value model scores; otherwise the interim or the weighted
     formula. Sets ``cols.scores`` and ``cols.relevance``; every row that goes no further
-    is added to `trace` with its reason. Returns the rows that go on to pricing and
+    is added to `trace` with its reason. Near-duplicates (one non-empty `text_keys` key)
+    count once against `max_memories`: the packer takes at most one of them, so a memory
+    ranked after them is not left out on their account. Returns the rows that go on to pricing and
     packing, the scoring record, and each row's dominant signal (empty strings outside the
     fused model)."""
     if not cols.n:
@@ -329,7 +338,8 @@ def gate(
         ids, sc = cols.ids, cols.scores
         pin = is_pinned if is_pinned is not None else np.zeros(cols.n, dtype=bool)
         ranked = np.array(sorted(cand.tolist(), key=lambda i: (not pin[i], -sc[i], ids[i])), dtype=np.intp)
-        over = ranked[max_memories:]
+        counted = _counted(text_keys([cols.texts[i] for i in ranked.tolist()]), max_memories)
+        over = ranked[~counted]
         trace.add_rows(
             TraceRows(
                 cols.ids,
@@ -341,5 +351,24 @@ def gate(
                 signal=[signals[i] for i in over.tolist()],
             )
         )
-        cand = ranked[:max_memories]
+        cand = ranked[counted]
     return cand, record, signals
+
+
+def _counted(keys: Sequence[str], cap: int) -> npt.NDArray[np.bool_]:
+    """Which of the ranked rows with these text keys go on under a cap of `cap` memories:
+    the first `cap` distinct keys (an empty key is distinct from every other), and every
+    later row with the key of one of them (a near-duplicate, of which the packer takes at
+    most one per key)."""
+    out = np.zeros(len(keys), dtype=bool)
+    seen: set[str] = set()
+    taken = 0
+    for k, key in enumerate(keys):
+        if key and key in seen:
+            out[k] = True
+        elif taken < cap:
+            out[k] = True
+            taken += 1
+            if key:
+                seen.add(key)
+    return out

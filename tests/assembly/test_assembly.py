@@ -806,6 +806,28 @@ def test_max_memories_counts_pinned_memories_first() -> None:
     assert reasons == {"m3": TraceReason.PINNED, "m1": TraceReason.SELECTED, "m2": TraceReason.OVER_MAX_MEMORIES}
 
 
+def test_max_memories_counts_near_duplicates_once() -> None:
+    """Two near-duplicates (case and spacing) rank first under a cap of 2: the packer takes
+    one of them, so the cap still leaves room for the next distinct memory."""
+    hot = [
+        mem(1, "Refunds take five days.", sim=0.9),
+        mem(2, "refunds  take FIVE days", sim=0.89),
+        mem(3, "The customer prefers email.", sim=0.88),
+        mem(4, "Office closes at six.", sim=0.87),
+    ]
+    ctx = run(
+        request(options=AssemblyOptions(max_memories=2, value_model="interim")), Sources(None, memories_of(hot), None)
+    )
+    assert ctx.selected_ids == ("m1", "m3")
+    reasons = {e.memory_id: e.reason for e in ctx.trace}
+    assert reasons == {
+        "m1": TraceReason.SELECTED,
+        "m2": TraceReason.REDUNDANT,
+        "m3": TraceReason.SELECTED,
+        "m4": TraceReason.OVER_MAX_MEMORIES,
+    }
+
+
 def test_stored_token_counts_of_another_family_are_recounted() -> None:
     # An estimate ledger (Claude: no exact tokenizer) keeps a matching stored estimate.
     same = mem(1, token_count=5, token_family="claude", token_kind="estimate")
