@@ -628,7 +628,8 @@ def fuse(
         model: the value model (`ValueModel()` by default).
         reference: per signal (``"vector"``, ``"fulltext"``), the (mean, standard
             deviation) of its score over the whole scope, which z-score fusion
-            standardizes by; a signal without one is standardized over the candidates.
+            standardizes by; a signal without one, or with a mean or deviation that is
+            not finite, is standardized over the candidates.
 
     >>> rel, dom = fuse([0.9, 0.2, float("nan")], [float("nan"), 3.0, 1.0])
     >>> [round(x, 3) for x in rel.tolist()], dom.tolist()
@@ -688,7 +689,9 @@ def fuse(
         def standard(v: FloatArray, present: npt.NDArray[np.bool_], name: str, absent: float) -> FloatArray:
             vals = np.where(present, v, absent)
             given = ref.get(name)
-            if given is None:
+            if given is None or not all(map(math.isfinite, given)):
+                # None, or not a usable one (a NaN or infinite mean or spread): the
+                # candidates' own statistics.
                 return _standardized(vals, model.z_cap)
             mean, std = given
             if not std > 0:

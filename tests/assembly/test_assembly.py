@@ -637,6 +637,27 @@ def test_a_memory_batch_assembles_like_its_records() -> None:
     assert {e.pricing for e in b.trace if e.tokens} == {"stored"}
 
 
+@pytest.mark.parametrize(
+    "reference",
+    [(float("nan"), 0.1), (0.5, float("nan")), (float("inf"), 0.1), (0.5, float("inf"))],
+    ids=["nan-mean", "nan-std", "inf-mean", "inf-std"],
+)
+def test_a_batchs_reference_that_is_not_finite_is_not_used(reference: tuple[float, float]) -> None:
+    """A batch's scope statistics that are not finite are ignored: the vector signal is
+    standardized over the candidates, as without statistics, and nothing fails."""
+    records = [mem(1, sim=0.9), mem(2, sim=0.8)]
+    batch = _batch_of(records)
+    batch.reference = {"vector": reference}
+
+    async def cold(scope: Scope, query: Query, limit: int, *rest: object) -> ctxcore.MemoryBatch:
+        return batch
+
+    plain = run(request(), Sources(None, None, memories_of(records)))
+    ctx = run(request(), Sources(None, None, cold))
+    assert ctx.selected_ids == plain.selected_ids == ("m1", "m2")
+    assert [(e.score, e.relevance) for e in ctx.trace] == [(e.score, e.relevance) for e in plain.trace]
+
+
 def test_a_memory_batch_is_a_sequence_of_records() -> None:
     recs = [mem(1, sim=0.5, exact_tokens={"cl100k_base": 3}), mem(2, sim=None, importance=0.2)]
     b = _batch_of(recs)
