@@ -118,7 +118,8 @@ QUIET_AFTER_MS = 100.0
 #: cores (docs/performance/service.md): 0.1-0.25% of calls DEADLINE_EXCEEDED against
 #: 1.5-4.6% admitting to the need, and more answers a second.
 SHED_NEED_FACTOR = 2.0
-#: How long after a refusal for load the server counts as shedding, in ms.
+#: How long after a refusal for load the server counts as shedding, in ms (a call refused
+#: only for the reserve does not count: the shedding ends once calls meet the need again).
 SHEDDING_FOR_MS = 100.0
 #: Half-life of a finished call's weight in the tail model, in seconds: at a few hundred
 #: calls a second the model follows the last ~100 calls, and after a quiet second what it
@@ -295,6 +296,7 @@ class Admission:
         self.last_release = -math.inf
         #: `time.monotonic()` of the last refusal for load (-inf: none yet).
         self.last_shed = -math.inf
+        self._for_reserve = False
         self._asleep = False
         self._wake: asyncio.Event | None = None
 
@@ -411,8 +413,11 @@ class Admission:
 
         An admitted call must be `release`d when it ends.
         """
+        self._for_reserve = False
         d = self._decide(remaining_ms)
-        if d.overload:
+        if d.overload and not self._for_reserve:
+            # A call refused only for the reserve does not prolong the shedding: it ends
+            # once calls meet the need itself again.
             self.last_shed = time.monotonic()
         return d
 
@@ -454,6 +459,7 @@ class Admission:
             need = self.min_retrieval_ms + tail + self.response_headroom_ms
             shedding = self.shedding()
             if remaining_ms < (SHED_NEED_FACTOR * need if shedding else need):
+                self._for_reserve = remaining_ms >= need
                 overload = (
                     remaining_ms >= need
                     or self.lag_ms > LOADED_LAG_MS

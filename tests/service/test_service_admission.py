@@ -268,6 +268,10 @@ def test_while_shedding_load_a_call_needs_twice_the_time_an_assembly_needs() -> 
     assert d.retry_after_ms >= 1 and f"{SHED_NEED_FACTOR:g} times that while the server sheds load" in d.details
     tail = adm.tail_estimate()
     assert adm.decide(SHED_NEED_FACTOR * (1.0 + tail + 1.0) + 0.5).admitted
+    # A refusal for the reserve alone does not prolong the shedding.
+    shed_at = adm.last_shed
+    assert not adm.decide(need + 0.5).admitted
+    assert adm.last_shed == shed_at
     # A refusal the server makes after admission (a turn that did not come) counts too.
     time.sleep(SHEDDING_FOR_MS / 1000 + 0.02)
     assert not adm.shedding()
