@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import numbers
 import operator
-from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["as_int", "as_real", "bounded_int_arg", "non_negative_int_arg", "positive_int_arg"]
+__all__ = ["as_int", "as_real", "non_negative_int_arg", "positive_int_arg"]
 
 
 def as_int(value: object) -> int | None:
@@ -83,28 +82,6 @@ def non_negative_int_arg(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
-
-
-def bounded_int_arg(low: int, high: int) -> Callable[[str], int]:
-    """Argparse type: an integer in [`low`, `high`] (a count the code after it holds in
-    a fixed-width integer).
-
-    >>> bounded_int_arg(1, 2**31 - 1)("4294967296")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: must be in [1, 2147483647], got 4294967296
-    """
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
-        return value
-
-    return parse
 
 
 def positive_int_arg(text: str) -> int:

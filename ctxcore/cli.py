@@ -35,9 +35,8 @@ from typing import Any, Protocol, TextIO
 
 from . import __version__
 from ._files import STDIN, decode_utf8, json_value, jsonl_objects, read_utf8
-from ._numbers import bounded_int_arg, non_negative_int_arg, positive_int_arg
+from ._numbers import non_negative_int_arg, positive_int_arg
 from .errors import InvalidCandidate
-from .memory import MAX_RETRIEVAL_LIMIT
 from .packing import DEFAULT_BUCKET_TOKENS, DEFAULT_CELL_CEILING, PackResult, pack
 
 #: Exit status of a bad data file or a failure at run time.
@@ -461,7 +460,7 @@ def _add_request_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--messages", help="JSON file: an array of {role, content} recent messages ('-': stdin)")
     p.add_argument(
         "--max-memories",
-        type=bounded_int_arg(1, MAX_RETRIEVAL_LIMIT),
+        type=positive_int_arg,
         default=None,
         help="most memories in the context (default: no count cap, the token budget decides)",
     )
@@ -884,12 +883,7 @@ def _add_memories_reembed(mem: Any) -> None:
         help="the new embedder (as for `memories add`: wordllama, minilm, hashing, "
         "sentence-transformers:PATH, openai:MODEL)",
     )
-    mr.add_argument(
-        "--batch",
-        type=bounded_int_arg(1, MAX_RETRIEVAL_LIMIT),
-        default=256,
-        help="memories per embedder call and transaction",
-    )
+    mr.add_argument("--batch", type=positive_int_arg, default=256, help="memories per embedder call and transaction")
     mr.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     mr.add_argument("--json", action="store_true", help="print one JSON document")
     mr.set_defaults(func=_cmd_memories_reembed)

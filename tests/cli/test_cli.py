@@ -509,8 +509,6 @@ def test_eval_checks_its_plot_before_it_evaluates(tmp_path: Path) -> None:
         (["memories", "init", "--db", "x.db", "--dimensions", "0"], "--dimensions"),
         (["memories", "init", "--db", "x.db", "--dimensions", "-3"], "--dimensions"),
         (["serve", "--cpu-workers", "0"], "--cpu-workers"),
-        (["memories", "reembed", "--db", "x.db", "--embedder", "hashing", "--batch", "1" + "0" * 20], "--batch"),
-        (["demo", "--max-memories", str(2**31)], "--max-memories"),
     ],
 )
 def test_bad_flag_values_exit_2_naming_the_flag(tmp_path: Path, args: list[str], flag: str) -> None:
